@@ -1,0 +1,47 @@
+//! One file per subcommand. Exit codes everywhere: 0 success, 1 input that could not be read at
+//! all (or a port that could not be bound), 2 a usage error (clap's own, and ours).
+
+pub mod record;
+pub mod records;
+pub mod status;
+
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_UNREADABLE: u8 = 1;
+pub const EXIT_USAGE: u8 = 2;
+
+/// `1048576`, `64K`, `64KiB`, `16MB`, `1G`: binary multiples (K = 1024), as users of these tools
+/// expect for memory-like sizes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits_end);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 1048576, 64KiB, 16M)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("64K"), Ok(65536));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("").is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! `prefixscope records FILE...`: what recordings hold, one line per record and a summary.
+//! Bad lines are listed with their numbers; they never stop the read.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::{EXIT_OK, EXIT_UNREADABLE, status};
+use prefixscope::normalize::Api;
+use prefixscope::record::{BadLine, Record, read_jsonl};
+
+#[derive(Args)]
+pub struct RecordsArgs {
+    /// Recordings (JSON Lines, prefixscope or llmp format v1); several merge in time order.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Print a JSON summary on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Write the merged records, in time order, to this file (a recording).
+    #[arg(short, long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    files: Vec<FileSummary>,
+    records: usize,
+    bad_lines: usize,
+    by_api: BTreeMap<&'static str, usize>,
+    by_path: BTreeMap<String, usize>,
+    errors: BTreeMap<&'static str, usize>,
+    non_2xx: usize,
+    streamed: usize,
+    digest: usize,
+    bad_chunks: u64,
+    truncated: usize,
+    user_agents: BTreeMap<String, usize>,
+}
+
+#[derive(Serialize)]
+struct FileSummary {
+    path: PathBuf,
+    records: usize,
+    bad_lines: Vec<BadLine>,
+}
+
+pub fn run(args: RecordsArgs) -> u8 {
+    let mut records: Vec<Record> = Vec::new();
+    let mut files = Vec::new();
+    let mut readable = 0;
+    for path in &args.files {
+        match File::open(path) {
+            Ok(file) => {
+                readable += 1;
+                let read = read_jsonl(BufReader::new(file));
+                for bad in &read.bad_lines {
+                    eprintln!(
+                        "prefixscope: {}:{}: {}",
+                        path.display(),
+                        bad.line,
+                        bad.error
+                    );
+                }
+                files.push(FileSummary {
+                    path: path.clone(),
+                    records: read.records.len(),
+                    bad_lines: read.bad_lines,
+                });
+                records.extend(read.records);
+            }
+            Err(e) => eprintln!("prefixscope: cannot read {}: {e}", path.display()),
+        }
+    }
+    if readable == 0 {
+        return EXIT_UNREADABLE;
+    }
+    records.sort_by_key(|r| (r.t_start_ms, r.id));
+    let summary = summarize(&records, files);
+    if let Some(out) = &args.out {
+        let mut bytes = Vec::new();
+        for record in &records {
+            bytes.extend(prefixscope::record::record_line(record));
+        }
+        if let Err(e) = std::fs::write(out, bytes) {
+            eprintln!("prefixscope: cannot write {}: {e}", out.display());
+            return EXIT_UNREADABLE;
+        }
+    }
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        let _ = writeln!(
+            stdout,
+            "{}",
+            serde_json::to_string_pretty(&summary).unwrap_or_default()
+        );
+        return EXIT_OK;
+    }
+    for record in &records {
+        let _ = writeln!(stdout, "{}", status::record_line(record));
+    }
+    let _ = writeln!(stdout, "{}", text_summary(&summary));
+    EXIT_OK
+}
+
+fn summarize(records: &[Record], files: Vec<FileSummary>) -> Summary {
+    let mut s = Summary {
+        bad_lines: files.iter().map(|f| f.bad_lines.len()).sum(),
+        files,
+        records: records.len(),
+        by_api: BTreeMap::new(),
+        by_path: BTreeMap::new(),
+        errors: BTreeMap::new(),
+        non_2xx: 0,
+        streamed: 0,
+        digest: 0,
+        bad_chunks: 0,
+        truncated: 0,
+        user_agents: BTreeMap::new(),
+    };
+    for r in records {
+        *s.by_api
+            .entry(Api::from_path(&r.request.path).as_str())
+            .or_default() += 1;
+        let path = r
+            .request
+            .path
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        *s.by_path.entry(path).or_default() += 1;
+        if let Some(e) = r.error {
+            *s.errors.entry(e.as_str()).or_default() += 1;
+        }
+        if let Some(resp) = &r.response {
+            s.non_2xx += usize::from(!(200..300).contains(&resp.status));
+            s.streamed += usize::from(resp.stream.is_some());
+            s.bad_chunks += u64::from(resp.bad_chunks.unwrap_or(0));
+            s.truncated += usize::from(resp.truncated);
+        }
+        s.digest += usize::from(r.request.digest.is_some());
+        let agent = r
+            .request
+            .headers
+            .get("user-agent")
+            .cloned()
+            .unwrap_or_else(|| "unknown".into());
+        *s.user_agents.entry(agent).or_default() += 1;
+    }
+    s
+}
+
+fn text_summary(s: &Summary) -> String {
+    let mut out = format!(
+        "{} records in {} file(s), {} bad lines",
+        s.records,
+        s.files.len(),
+        s.bad_lines
+    );
+    out.push_str(&format!("\napis: {}", join_map(&s.by_api)));
+    out.push_str(&format!("\nclients: {}", join_map(&s.user_agents)));
+    out.push_str(&format!(
+        "\nstreamed {}, digest {}, non-2xx {}, errors {}, bad chunks {}, truncated {}",
+        s.streamed,
+        s.digest,
+        s.non_2xx,
+        if s.errors.is_empty() {
+            "none".to_string()
+        } else {
+            join_map(&s.errors)
+        },
+        s.bad_chunks,
+        s.truncated
+    ));
+    out
+}
+
+fn join_map<K: std::fmt::Display>(m: &BTreeMap<K, usize>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

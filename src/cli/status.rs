@@ -1,0 +1,119 @@
+//! One line per record for humans (stderr while recording, stdout for `records`). A counter the
+//! server did not report is shown as not reported, never as zero.
+
+use serde_json::Value;
+
+use prefixscope::normalize::Api;
+use prefixscope::record::Record;
+
+/// The server's top-level counters, from the body or, in digest mode, the digest.
+fn server_fields(record: &Record) -> Option<Value> {
+    let response = record.response.as_ref()?;
+    if let Some(body) = &response.body {
+        return Some(body.clone());
+    }
+    response
+        .digest
+        .as_ref()
+        .map(|d| Value::Object(d.usage.clone()))
+}
+
+fn model(record: &Record) -> Option<String> {
+    if let Some(body) = &record.request.body {
+        return body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    record.request.digest.as_ref().and_then(|d| d.model.clone())
+}
+
+fn number(fields: &Value, pointer: &str) -> Option<u64> {
+    fields.pointer(pointer).and_then(Value::as_u64)
+}
+
+/// (prompt tokens, reused tokens) as the server reported them.
+pub fn prompt_and_reused(record: &Record) -> (Option<u64>, Option<u64>) {
+    let Some(f) = server_fields(record) else {
+        return (None, None);
+    };
+    let anthropic_input = number(&f, "/usage/input_tokens").map(|input| {
+        input
+            + number(&f, "/usage/cache_read_input_tokens").unwrap_or(0)
+            + number(&f, "/usage/cache_creation_input_tokens").unwrap_or(0)
+    });
+    let prompt = number(&f, "/usage/prompt_tokens")
+        .or(anthropic_input)
+        .or_else(|| number(&f, "/prompt_eval_count"))
+        .or_else(|| Some(number(&f, "/timings/cache_n")? + number(&f, "/timings/prompt_n")?));
+    let reused = number(&f, "/timings/cache_n")
+        .or_else(|| number(&f, "/usage/prompt_tokens_details/cached_tokens"))
+        .or_else(|| number(&f, "/usage/cache_read_input_tokens"));
+    (prompt, reused)
+}
+
+pub fn record_line(record: &Record) -> String {
+    let seconds = (record.t_end_ms - record.t_start_ms).max(0) as f64 / 1000.0;
+    let mut line = format!(
+        "#{} {} {}",
+        record.id, record.request.method, record.request.path
+    );
+    match (&record.response, record.error) {
+        (Some(response), error) => {
+            line.push_str(&format!("  {}", response.status));
+            if let Some(stream) = response.stream {
+                line.push_str(if stream == prefixscope::record::StreamKind::Sse {
+                    " sse"
+                } else {
+                    " ndjson"
+                });
+            }
+            if let Some(error) = error {
+                line.push_str(&format!("  {}", error.as_str()));
+            }
+        }
+        (None, Some(error)) => line.push_str(&format!("  {}", error.as_str())),
+        (None, None) => line.push_str("  no response"),
+    }
+    line.push_str(&format!("  {seconds:.2}s"));
+    if Api::from_path(&record.request.path).is_chat() {
+        if let Some(model) = model(record) {
+            line.push_str(&format!("  {model}"));
+        }
+        match prompt_and_reused(record) {
+            (Some(p), Some(r)) if p > 0 => {
+                line.push_str(&format!("  prompt {p} reused {r} ({}%)", r * 100 / p))
+            }
+            (Some(p), _) => line.push_str(&format!("  prompt {p} reuse not reported")),
+            _ => line.push_str("  counts not reported"),
+        }
+    }
+    if let Some(agent) = record.request.headers.get("user-agent") {
+        line.push_str(&format!("  [{agent}]"));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_for_real_records() {
+        let text = include_str!("../../recordings/llmp/llama.cpp/session.jsonl");
+        let read = prefixscope::record::read_jsonl(text.as_bytes());
+        let second = record_line(&read.records[1]);
+        assert!(
+            second.starts_with("#2 POST /v1/chat/completions  200"),
+            "{second}"
+        );
+        assert!(second.contains("reused"), "{second}");
+        let digest = prefixscope::record::read_jsonl(
+            include_str!("../../recordings/llmp/llama.cpp/session.digest.jsonl").as_bytes(),
+        );
+        assert_eq!(
+            prompt_and_reused(&digest.records[1]),
+            prompt_and_reused(&read.records[1])
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! prefixscope: a recording proxy in front of an LLM server, and (as it grows) the analysis of how
+//! well the server's prefix cache serves that traffic.
+//!
+//! The core (`record`, `normalize`) is pure: no clock, no network, no terminal. The proxy is an
+//! edge behind the `net` feature; the recorder is the one consumer that touches the disk.
+
+pub mod normalize;
+pub mod record;
+pub mod recorder;
+
+#[cfg(feature = "net")]
+pub mod proxy;
+
+/// Version of the recording format (compatible with llmp's recording format v1).
+pub const RECORD_VERSION: u32 = 1;

@@ -1,0 +1,36 @@
+//! The `prefixscope` command: one subcommand, one function in `cli/`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+#[derive(Parser)]
+#[command(
+    name = "prefixscope",
+    version,
+    about = "See how well an LLM server's prefix cache serves your agents, and why it misses"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the recording proxy: point your agent at it, it forwards every byte to the server
+    /// unchanged and writes one record per exchange.
+    Record(cli::record::RecordArgs),
+    /// Read recordings (prefixscope's or llmp's) and list what they hold.
+    Records(cli::records::RecordsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Record(args) => cli::record::run(args),
+        Command::Records(args) => cli::records::run(args),
+    };
+    ExitCode::from(code)
+}

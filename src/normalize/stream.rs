@@ -1,0 +1,517 @@
+//! Merging a streamed response into the shape of its non-streamed twin, so the analysis reads one
+//! shape. Events that don't parse are counted (`bad_chunks`) and skipped; a stream with no
+//! readable event merges to `Null` and is kept as text by the caller.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::Api;
+use crate::record::StreamKind;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Merged {
+    pub body: Value,
+    pub chunks: u32,
+    pub bad_chunks: u32,
+}
+
+pub fn merge(api: Api, kind: StreamKind, raw: &[u8]) -> Merged {
+    match kind {
+        StreamKind::Ndjson => merge_ndjson(raw),
+        StreamKind::Sse => {
+            let events = sse_events(raw);
+            match api {
+                Api::AnthropicMessages => merge_anthropic(&events),
+                Api::OpenaiResponses => merge_responses(&events),
+                _ => merge_openai(&events),
+            }
+        }
+    }
+}
+
+/// The `data` of each SSE event (several `data:` lines join with `\n`), `[DONE]` left out.
+fn sse_events(raw: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(raw);
+    let mut events = Vec::new();
+    let mut data: Option<String> = None;
+    for line in text.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            events.extend(data.take());
+            continue;
+        }
+        if let Some(value) = line.strip_prefix("data:") {
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match data.as_mut() {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            }
+        }
+    }
+    events.extend(data);
+    events.retain(|e| e.trim() != "[DONE]");
+    events
+}
+
+fn parse_events(events: &[String]) -> (Vec<Map<String, Value>>, u32, u32) {
+    let mut parsed = Vec::new();
+    let mut bad = 0u32;
+    for event in events {
+        match serde_json::from_str::<Value>(event) {
+            Ok(Value::Object(object)) => parsed.push(object),
+            _ => bad += 1,
+        }
+    }
+    (parsed, u32::try_from(events.len()).unwrap_or(u32::MAX), bad)
+}
+
+#[derive(Default)]
+struct Choice {
+    role: Option<String>,
+    content: Option<String>,
+    text: Option<String>,
+    reasoning_key: Option<&'static str>,
+    reasoning: String,
+    finish_reason: Option<Value>,
+    tool_calls: BTreeMap<u64, CallAcc>,
+}
+
+#[derive(Default)]
+struct CallAcc {
+    id: Option<String>,
+    kind: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// OpenAI chat and completions: deltas concatenated, tool calls merged by index, the last
+/// non-null value of every other top-level field kept (`usage`, `timings`).
+fn merge_openai(events: &[String]) -> Merged {
+    let (parsed, chunks, bad_chunks) = parse_events(events);
+    if parsed.is_empty() {
+        return Merged {
+            body: Value::Null,
+            chunks,
+            bad_chunks,
+        };
+    }
+    let mut top = Map::new();
+    let mut choices: BTreeMap<u64, Choice> = BTreeMap::new();
+    for event in parsed {
+        for (key, value) in event {
+            match (key.as_str(), value) {
+                ("choices", Value::Array(items)) => {
+                    for (position, item) in items.iter().enumerate() {
+                        merge_choice(&mut choices, position, item);
+                    }
+                }
+                ("choices", _) | (_, Value::Null) => {}
+                (_, value) => {
+                    top.insert(key, value);
+                }
+            }
+        }
+    }
+    let completion = choices.values().any(|c| c.text.is_some());
+    if let Some(object) = top.get_mut("object") {
+        *object = Value::from(if completion {
+            "text_completion"
+        } else {
+            "chat.completion"
+        });
+    }
+    let choices = choices
+        .into_iter()
+        .map(|(index, choice)| finish_choice(index, choice))
+        .collect();
+    top.insert("choices".into(), Value::Array(choices));
+    Merged {
+        body: Value::Object(top),
+        chunks,
+        bad_chunks,
+    }
+}
+
+fn merge_choice(choices: &mut BTreeMap<u64, Choice>, position: usize, item: &Value) {
+    let index = item
+        .get("index")
+        .and_then(Value::as_u64)
+        .unwrap_or(position as u64);
+    let choice = choices.entry(index).or_default();
+    if let Some(reason) = item.get("finish_reason").filter(|r| !r.is_null()) {
+        choice.finish_reason = Some(reason.clone());
+    }
+    if let Some(text) = item.get("text").and_then(Value::as_str) {
+        choice.text.get_or_insert_with(String::new).push_str(text);
+    }
+    let Some(delta) = item.get("delta").or_else(|| item.get("message")) else {
+        return;
+    };
+    if let Some(role) = delta.get("role").and_then(Value::as_str) {
+        choice.role = Some(role.to_string());
+    }
+    if let Some(content) = delta.get("content").and_then(Value::as_str) {
+        choice
+            .content
+            .get_or_insert_with(String::new)
+            .push_str(content);
+    }
+    for key in ["reasoning_content", "reasoning"] {
+        if let Some(reasoning) = delta.get(key).and_then(Value::as_str) {
+            choice.reasoning_key.get_or_insert(key);
+            choice.reasoning.push_str(reasoning);
+            break;
+        }
+    }
+    for (position, call) in delta
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let slot = call
+            .get("index")
+            .and_then(Value::as_u64)
+            .unwrap_or(position as u64);
+        let acc = choice.tool_calls.entry(slot).or_default();
+        if let Some(id) = call.get("id").and_then(Value::as_str) {
+            acc.id = Some(id.to_string());
+        }
+        if let Some(kind) = call.get("type").and_then(Value::as_str) {
+            acc.kind = Some(kind.to_string());
+        }
+        if let Some(name) = call.pointer("/function/name").and_then(Value::as_str)
+            && acc.name.is_empty()
+        {
+            acc.name = name.to_string();
+        }
+        if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
+            acc.arguments.push_str(arguments);
+        }
+    }
+}
+
+fn finish_choice(index: u64, choice: Choice) -> Value {
+    let mut out = Map::new();
+    out.insert("index".into(), Value::from(index));
+    out.insert(
+        "finish_reason".into(),
+        choice.finish_reason.unwrap_or(Value::Null),
+    );
+    if let Some(text) = choice.text {
+        out.insert("text".into(), Value::from(text));
+        return Value::Object(out);
+    }
+    let mut message = Map::new();
+    message.insert(
+        "role".into(),
+        Value::from(choice.role.unwrap_or_else(|| "assistant".into())),
+    );
+    message.insert("content".into(), Value::from(choice.content));
+    if let Some(key) = choice.reasoning_key {
+        message.insert(key.into(), Value::from(choice.reasoning));
+    }
+    if !choice.tool_calls.is_empty() {
+        let calls = choice
+            .tool_calls
+            .into_values()
+            .map(|call| {
+                serde_json::json!({
+                    "id": call.id,
+                    "type": call.kind.unwrap_or_else(|| "function".into()),
+                    "function": {"name": call.name, "arguments": call.arguments},
+                })
+            })
+            .collect();
+        message.insert("tool_calls".into(), Value::Array(calls));
+    }
+    out.insert("message".into(), Value::Object(message));
+    Value::Object(out)
+}
+
+/// Anthropic Messages: `message_start` gives the message, content blocks are rebuilt from their
+/// deltas (`input_json_delta` parsed into `input`), `message_delta` sets `stop_reason` and
+/// updates `usage`.
+fn merge_anthropic(events: &[String]) -> Merged {
+    let (parsed, chunks, mut bad_chunks) = parse_events(events);
+    let mut message: Option<Map<String, Value>> = None;
+    let mut blocks: BTreeMap<u64, (Map<String, Value>, String)> = BTreeMap::new();
+    for event in parsed {
+        let index = event.get("index").and_then(Value::as_u64).unwrap_or(0);
+        match event.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                if let Some(Value::Object(m)) = event.get("message") {
+                    message = Some(m.clone());
+                }
+            }
+            Some("content_block_start") => {
+                if let Some(Value::Object(block)) = event.get("content_block") {
+                    blocks.insert(index, (block.clone(), String::new()));
+                }
+            }
+            Some("content_block_delta") => {
+                let (block, json) = blocks.entry(index).or_default();
+                let Some(delta) = event.get("delta") else {
+                    continue;
+                };
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => append(block, "text", delta.get("text")),
+                    Some("thinking_delta") => append(block, "thinking", delta.get("thinking")),
+                    Some("signature_delta") => append(block, "signature", delta.get("signature")),
+                    Some("input_json_delta") => json.push_str(
+                        delta
+                            .get("partial_json")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default(),
+                    ),
+                    _ => {}
+                }
+            }
+            Some("message_delta") => {
+                let m = message.get_or_insert_with(Map::new);
+                if let Some(Value::Object(delta)) = event.get("delta") {
+                    for (key, value) in delta {
+                        m.insert(key.clone(), value.clone());
+                    }
+                }
+                if let Some(Value::Object(usage)) = event.get("usage") {
+                    let target = m
+                        .entry("usage")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(target) = target {
+                        for (key, value) in usage {
+                            target.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(mut message) = message else {
+        return Merged {
+            body: Value::Null,
+            chunks,
+            bad_chunks,
+        };
+    };
+    let mut content = Vec::new();
+    for (_, (mut block, json)) in blocks {
+        if !json.is_empty() {
+            match serde_json::from_str::<Value>(&json) {
+                Ok(input) => {
+                    block.insert("input".into(), input);
+                }
+                Err(_) => bad_chunks += 1,
+            }
+        }
+        content.push(Value::Object(block));
+    }
+    message.insert("content".into(), Value::Array(content));
+    Merged {
+        body: Value::Object(message),
+        chunks,
+        bad_chunks,
+    }
+}
+
+fn append(block: &mut Map<String, Value>, key: &str, piece: Option<&Value>) {
+    let piece = piece.and_then(Value::as_str).unwrap_or_default();
+    let mut text = block
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    text.push_str(piece);
+    block.insert(key.into(), Value::from(text));
+}
+
+/// OpenAI Responses: the final event (`response.completed`, `.incomplete` or `.failed`) carries
+/// the whole response.
+fn merge_responses(events: &[String]) -> Merged {
+    let (parsed, chunks, bad_chunks) = parse_events(events);
+    let body = parsed
+        .iter()
+        .rev()
+        .find(|e| {
+            matches!(
+                e.get("type").and_then(Value::as_str),
+                Some("response.completed" | "response.incomplete" | "response.failed")
+            )
+        })
+        .and_then(|e| e.get("response").cloned())
+        .unwrap_or(Value::Null);
+    Merged {
+        body,
+        chunks,
+        bad_chunks,
+    }
+}
+
+/// Ollama NDJSON: `message.content` and `message.thinking` concatenated, tool calls collected,
+/// counters from the final object.
+fn merge_ndjson(raw: &[u8]) -> Merged {
+    let text = String::from_utf8_lossy(raw);
+    let mut chunks = 0u32;
+    let mut bad_chunks = 0u32;
+    let mut top = Map::new();
+    let mut role: Option<String> = None;
+    let mut content = String::new();
+    let mut thinking: Option<String> = None;
+    let mut tool_calls: Vec<Value> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        chunks += 1;
+        let Ok(Value::Object(object)) = serde_json::from_str::<Value>(line) else {
+            bad_chunks += 1;
+            continue;
+        };
+        for (key, value) in object {
+            if key != "message" {
+                top.insert(key, value);
+                continue;
+            }
+            if let Some(r) = value.get("role").and_then(Value::as_str) {
+                role = Some(r.to_string());
+            }
+            if let Some(c) = value.get("content").and_then(Value::as_str) {
+                content.push_str(c);
+            }
+            if let Some(t) = value.get("thinking").and_then(Value::as_str) {
+                thinking.get_or_insert_with(String::new).push_str(t);
+            }
+            if let Some(calls) = value.get("tool_calls").and_then(Value::as_array) {
+                tool_calls.extend(calls.iter().cloned());
+            }
+        }
+    }
+    if chunks == bad_chunks {
+        return Merged {
+            body: Value::Null,
+            chunks,
+            bad_chunks,
+        };
+    }
+    let mut message = Map::new();
+    message.insert(
+        "role".into(),
+        Value::from(role.unwrap_or_else(|| "assistant".into())),
+    );
+    message.insert("content".into(), Value::from(content));
+    if let Some(thinking) = thinking {
+        message.insert("thinking".into(), Value::from(thinking));
+    }
+    if !tool_calls.is_empty() {
+        message.insert("tool_calls".into(), Value::Array(tool_calls));
+    }
+    top.insert("message".into(), Value::Object(message));
+    Merged {
+        body: Value::Object(top),
+        chunks,
+        bad_chunks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sse(events: &[Value]) -> Vec<u8> {
+        let mut out = String::new();
+        for e in events {
+            out.push_str(&format!("data: {e}\n\n"));
+        }
+        out.push_str("data: [DONE]\n\n");
+        out.into_bytes()
+    }
+
+    #[test]
+    fn openai_deltas_and_tool_calls_merge() {
+        let raw = sse(&[
+            json!({"object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "lo", "tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "rf", "arguments": "{\"p"}}]}}]}),
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\":1}"}}]}, "finish_reason": "tool_calls"}], "timings": {"cache_n": 3}}),
+        ]);
+        let merged = merge(Api::OpenaiChat, StreamKind::Sse, &raw);
+        assert_eq!((merged.chunks, merged.bad_chunks), (3, 0));
+        let m = &merged.body["choices"][0]["message"];
+        assert_eq!(m["content"], "Hello");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"p\":1}");
+        assert_eq!(merged.body["object"], "chat.completion");
+        assert_eq!(merged.body["timings"]["cache_n"], 3);
+        assert_eq!(merged.body["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn bad_events_are_counted_and_all_bad_is_null() {
+        let merged = merge(
+            Api::OpenaiChat,
+            StreamKind::Sse,
+            b"data: {oops\n\ndata: {\"choices\":[]}\n\n",
+        );
+        assert_eq!((merged.chunks, merged.bad_chunks), (2, 1));
+        let none = merge(Api::OpenaiChat, StreamKind::Sse, b"data: {oops\n\n");
+        assert!(none.body.is_null());
+    }
+
+    #[test]
+    fn anthropic_stream_has_the_non_streamed_shape() {
+        let raw = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"x\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"cache_read_input_tokens\":58,\"input_tokens\":1,\"output_tokens\":0}}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Ber\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"lin\"}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"ls\",\"input\":{}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"p\\\":\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"1}\"}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":7}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let merged = merge(Api::AnthropicMessages, StreamKind::Sse, raw.as_bytes());
+        assert_eq!((merged.chunks, merged.bad_chunks), (9, 0));
+        assert_eq!(
+            merged.body["content"][0],
+            json!({"type": "text", "text": "Berlin"})
+        );
+        assert_eq!(merged.body["content"][1]["input"], json!({"p": 1}));
+        assert_eq!(merged.body["stop_reason"], "tool_use");
+        assert_eq!(
+            merged.body["usage"],
+            json!({"cache_read_input_tokens": 58, "input_tokens": 1, "output_tokens": 7})
+        );
+    }
+
+    #[test]
+    fn completions_and_responses_merge() {
+        let raw = sse(&[
+            json!({"object": "text_completion", "choices": [{"index": 0, "text": "a"}]}),
+            json!({"choices": [{"index": 0, "text": "b", "finish_reason": "stop"}]}),
+        ]);
+        let merged = merge(Api::OpenaiCompletions, StreamKind::Sse, &raw);
+        assert_eq!(merged.body["choices"][0]["text"], "ab");
+        let raw = sse(&[
+            json!({"type": "response.output_text.delta", "delta": "x"}),
+            json!({"type": "response.completed", "response": {"id": "r", "output_text": "x"}}),
+        ]);
+        assert_eq!(
+            merge(Api::OpenaiResponses, StreamKind::Sse, &raw).body["id"],
+            "r"
+        );
+    }
+
+    #[test]
+    fn ndjson_merges_like_ollama() {
+        let raw = b"{\"message\":{\"role\":\"assistant\",\"content\":\"He\"},\"done\":false}\n{\"message\":{\"content\":\"llo\",\"thinking\":\"hm\"},\"done\":true,\"prompt_eval_count\":12}\n";
+        let merged = merge(Api::OllamaChat, StreamKind::Ndjson, raw);
+        assert_eq!(merged.body["message"]["content"], "Hello");
+        assert_eq!(merged.body["message"]["thinking"], "hm");
+        assert_eq!(merged.body["prompt_eval_count"], 12);
+    }
+}

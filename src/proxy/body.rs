@@ -1,0 +1,93 @@
+//! The response body as it streams to the client: every frame passes through as it arrives,
+//! and a copy is kept (up to the recording limit) for the record.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+use super::forward::InFlight;
+use super::now_ms;
+use crate::record::ExchangeError;
+
+pub(crate) struct RecordingBody {
+    inner: Incoming,
+    flight: InFlight,
+    max_body: usize,
+}
+
+impl RecordingBody {
+    pub(crate) fn new(inner: Incoming, flight: InFlight, max_body: usize) -> RecordingBody {
+        RecordingBody {
+            inner,
+            flight,
+            max_body,
+        }
+    }
+
+    fn on_data(&mut self, data: &Bytes) {
+        let Some(capture) = self.flight.capture_mut() else {
+            return;
+        };
+        if capture.t_first_byte_ms.is_none() && !data.is_empty() {
+            capture.t_first_byte_ms = Some(now_ms());
+        }
+        let Some(response) = capture.response.as_mut() else {
+            return;
+        };
+        response.body_bytes += data.len() as u64;
+        let room = self.max_body.saturating_sub(response.body.len());
+        if data.len() > room {
+            response.truncated = true;
+        }
+        response
+            .body
+            .extend_from_slice(&data[..data.len().min(room)]);
+    }
+}
+
+impl Body for RecordingBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.on_data(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.flight.finish(Some(ExchangeError::UpstreamReset));
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                this.flight.finish(None);
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for RecordingBody {
+    fn drop(&mut self) {
+        // hyper may stop polling once `is_end_stream` says so: that is a complete exchange.
+        let error = (!self.inner.is_end_stream()).then_some(ExchangeError::ClientDisconnected);
+        self.flight.finish(error);
+    }
+}

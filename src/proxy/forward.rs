@@ -1,0 +1,309 @@
+//! One exchange: read the request, forward it, stream the response back through a recording body,
+//! and hand the capture over when the exchange ends, however it ends.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use tokio::sync::oneshot;
+
+use super::body::RecordingBody;
+use super::headers::{recorded_headers, strip_hop_by_hop};
+use super::upstream::{self, UpstreamSender};
+use super::{Shared, now_ms};
+use crate::record::{Capture, ExchangeError, ResponseCapture, stream_kind_of};
+
+pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+pub(crate) struct Connection {
+    id: u64,
+    shared: Arc<Shared>,
+    upstream: tokio::sync::Mutex<Option<UpstreamSender>>,
+    /// Set when the previous exchange's capture is waiting for room in the recorder: the next
+    /// request on this connection waits for it (back-pressure lands between exchanges, never
+    /// inside a response).
+    pending_delivery: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+impl Connection {
+    pub(crate) fn new(id: u64, shared: Arc<Shared>) -> Connection {
+        Connection {
+            id,
+            shared,
+            upstream: tokio::sync::Mutex::new(None),
+            pending_delivery: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Sends on this connection's upstream connection, opening it if needed. A reused connection
+    /// found closed before the request went out is reopened and the request sent once more; a
+    /// request that may have reached the server is never sent twice.
+    async fn send(&self, request: UpstreamRequest) -> Result<Response<Incoming>, ExchangeError> {
+        let mut slot = self.upstream.lock().await;
+        let mut request = Some(request);
+        for _ in 0..2 {
+            let reused = slot.as_ref().is_some_and(|sender| !sender.is_closed());
+            if !reused {
+                let shared = &self.shared;
+                *slot = Some(
+                    upstream::connect(
+                        &shared.upstream,
+                        shared.tls.as_ref(),
+                        shared.connect_timeout,
+                    )
+                    .await?,
+                );
+            }
+            let Some(sender) = slot.as_mut() else {
+                return Err(ExchangeError::UpstreamUnreachable);
+            };
+            if sender.ready().await.is_err() {
+                *slot = None;
+                if reused {
+                    continue;
+                }
+                return Err(ExchangeError::UpstreamReset);
+            }
+            let Some(next) = request.take() else {
+                return Err(ExchangeError::UpstreamReset);
+            };
+            match sender.try_send_request(next.build()).await {
+                Ok(response) => return Ok(response),
+                Err(mut e) => {
+                    *slot = None;
+                    // The request was not written: it can go out on a fresh connection.
+                    if reused && let Some(back) = e.take_message() {
+                        let (parts, _) = back.into_parts();
+                        request = Some(UpstreamRequest::from_parts(parts, next.body));
+                        continue;
+                    }
+                    return Err(ExchangeError::UpstreamReset);
+                }
+            }
+        }
+        Err(ExchangeError::UpstreamReset)
+    }
+}
+
+struct UpstreamRequest {
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+}
+
+impl UpstreamRequest {
+    fn from_parts(parts: hyper::http::request::Parts, body: Bytes) -> UpstreamRequest {
+        UpstreamRequest { parts, body }
+    }
+
+    fn build(&self) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(self.body.clone()));
+        *request.method_mut() = self.parts.method.clone();
+        *request.uri_mut() = self.parts.uri.clone();
+        *request.headers_mut() = self.parts.headers.clone();
+        *request.version_mut() = Version::HTTP_11;
+        request
+    }
+}
+
+/// The exchange's capture until it is handed over. Dropping it unfinished (the client went away
+/// while we waited) still records the exchange.
+pub(crate) struct InFlight {
+    capture: Option<Capture<Bytes>>,
+    connection: Arc<Connection>,
+}
+
+impl InFlight {
+    pub(crate) fn capture_mut(&mut self) -> Option<&mut Capture<Bytes>> {
+        self.capture.as_mut()
+    }
+
+    pub(crate) fn finish(&mut self, error: Option<ExchangeError>) {
+        let Some(mut capture) = self.capture.take() else {
+            return;
+        };
+        capture.t_end_ms = now_ms();
+        capture.error = error;
+        let shared = &self.connection.shared;
+        let Some(capture) = shared.captures.try_send(capture) else {
+            shared.stats.exchange_done();
+            return;
+        };
+        // The recorder is behind: wait for it off the runtime, and make this connection's next
+        // request wait for that.
+        let (done_tx, done_rx) = oneshot::channel();
+        if let Ok(mut pending) = self.connection.pending_delivery.lock() {
+            *pending = Some(done_rx);
+        }
+        let captures = shared.captures.clone();
+        let stats = Arc::clone(&shared.stats);
+        let deliver = move || {
+            captures.send_blocking(capture);
+            stats.exchange_done();
+            let _ = done_tx.send(());
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn_blocking(deliver);
+            }
+            Err(_) => deliver(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.finish(Some(ExchangeError::ClientDisconnected));
+    }
+}
+
+pub(crate) async fn forward(
+    connection: Arc<Connection>,
+    request: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let t_start_ms = now_ms();
+    let shared = Arc::clone(&connection.shared);
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    shared.stats.exchanges.fetch_add(1, Ordering::Relaxed);
+    shared.stats.in_flight.fetch_add(1, Ordering::AcqRel);
+
+    let (mut parts, body) = request.into_parts();
+    let path = parts.uri.path_and_query().map_or_else(
+        || parts.uri.path().to_string(),
+        |pq| pq.as_str().to_string(),
+    );
+    let mut flight = InFlight {
+        capture: Some(Capture {
+            id,
+            conn: connection.id,
+            t_start_ms,
+            t_first_byte_ms: None,
+            t_end_ms: t_start_ms,
+            method: parts.method.to_string(),
+            path: path.clone(),
+            request_headers: recorded_headers(&parts.headers),
+            request_body_bytes: 0,
+            request_body: None,
+            response: None,
+            error: None,
+        }),
+        connection: Arc::clone(&connection),
+    };
+
+    let previous = connection
+        .pending_delivery
+        .lock()
+        .ok()
+        .and_then(|mut p| p.take());
+    if let Some(previous) = previous {
+        let _ = previous.await;
+    }
+
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => {
+            flight.finish(Some(ExchangeError::ClientDisconnected));
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "the request body did not arrive whole",
+            );
+        }
+    };
+    if let Some(capture) = flight.capture_mut() {
+        capture.request_body_bytes = body.len() as u64;
+        capture.request_body = (body.len() <= shared.max_body).then(|| body.clone());
+    }
+
+    strip_hop_by_hop(&mut parts.headers);
+    // The client addressed the proxy; the upstream (and its TLS name) expects its own name.
+    parts
+        .headers
+        .insert(header::HOST, shared.host_header.clone());
+    parts.uri = upstream_uri(&shared.upstream.prefix, &path);
+    let upstream_request = UpstreamRequest { parts, body };
+
+    let response = match connection.send(upstream_request).await {
+        Ok(response) => response,
+        Err(error) => {
+            shared
+                .stats
+                .upstream_failures
+                .fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .last_upstream_failure_ms
+                .store(now_ms().max(0) as u64, Ordering::Relaxed);
+            flight.finish(Some(error));
+            let message = match error {
+                ExchangeError::Timeout => "connecting to the upstream server timed out",
+                ExchangeError::UpstreamUnreachable => "the upstream server is unreachable",
+                _ => "the upstream server closed the connection before answering",
+            };
+            return error_response(StatusCode::BAD_GATEWAY, message);
+        }
+    };
+    shared
+        .stats
+        .last_upstream_ok_ms
+        .store(now_ms().max(0) as u64, Ordering::Relaxed);
+
+    let (mut parts, incoming) = response.into_parts();
+    if let Some(capture) = flight.capture_mut() {
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        capture.response = Some(ResponseCapture {
+            status: parts.status.as_u16(),
+            headers: recorded_headers(&parts.headers),
+            stream: stream_kind_of(content_type),
+            ..ResponseCapture::default()
+        });
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    let body = RecordingBody::new(incoming, flight, shared.max_body);
+    Response::from_parts(parts, body.boxed())
+}
+
+fn upstream_uri(prefix: &str, path: &str) -> Uri {
+    let path = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    format!("{prefix}{path}")
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+/// The proxy's own answers (never the upstream's) say so, in a shape OpenAI clients display.
+fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({"error": {"message": format!("prefixscope: {message}"), "type": "proxy_error"}});
+    let mut response = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_uri_keeps_the_query_and_adds_the_prefix() {
+        assert_eq!(upstream_uri("", "/v1/x?a=1"), "/v1/x?a=1");
+        assert_eq!(upstream_uri("/openai", "/v1/x"), "/openai/v1/x");
+    }
+}

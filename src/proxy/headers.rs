@@ -1,0 +1,133 @@
+//! Which headers are forwarded (all but hop-by-hop, RFC 9110 §7.6.1) and which are recorded
+//! (llmp's four, plus session and conversation ids; never credentials).
+
+use std::collections::BTreeMap;
+
+use hyper::header::{self, HeaderMap, HeaderName};
+
+const RECORDED: [&str; 4] = [
+    "user-agent",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+];
+const SECRET_PARTS: [&str; 7] = [
+    "auth",
+    "cookie",
+    "key",
+    "token",
+    "secret",
+    "password",
+    "credential",
+];
+
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("proxy-connection"),
+        HeaderName::from_static("keep-alive"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Whether a header is kept in the recording.
+pub fn is_recorded(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    if RECORDED.contains(&name.as_str()) {
+        return true;
+    }
+    (name.contains("session") || name.contains("conversation"))
+        && !SECRET_PARTS.iter().any(|s| name.contains(s))
+}
+
+pub(crate) fn recorded_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        if is_recorded(name.as_str()) {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            out.entry(name.as_str().to_string())
+                .and_modify(|v: &mut String| {
+                    v.push_str(", ");
+                    v.push_str(&value);
+                })
+                .or_insert(value);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    #[test]
+    fn hop_by_hop_headers_go_and_end_to_end_stay() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Private"),
+        );
+        headers.insert("x-private", HeaderValue::from_static("1"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        headers.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        strip_hop_by_hop(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort();
+        assert_eq!(left, vec!["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn session_headers_are_recorded_and_credentials_never() {
+        for name in [
+            "user-agent",
+            "content-type",
+            "x-session-id",
+            "x-claude-code-session-id",
+            "conversation-id",
+            "X-Conversation",
+        ] {
+            assert!(is_recorded(name), "{name}");
+        }
+        for name in [
+            "authorization",
+            "cookie",
+            "x-api-key",
+            "api-key",
+            "x-session-token",
+            "session-key",
+            "proxy-authorization",
+            "accept",
+            "host",
+        ] {
+            assert!(!is_recorded(name), "{name}");
+        }
+    }
+}

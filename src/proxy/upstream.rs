@@ -1,0 +1,206 @@
+//! The upstream server: its URL (`http://` or `https://`, with an optional path prefix) and one
+//! connection to it per client connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::client::conn::http1::{self as client_http1, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::record::ExchangeError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub https: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash, prepended to every request path ("" for none).
+    pub prefix: String,
+}
+
+impl Upstream {
+    /// `http://host[:port][/prefix]` or `https://…`; a bare `host:port` means `http://`.
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        let (https, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (false, rest)
+        } else if url.contains("://") {
+            return Err(format!(
+                "upstream {url:?}: only http:// and https:// are supported"
+            ));
+        } else {
+            (false, url)
+        };
+        let (authority, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        if authority.is_empty() {
+            return Err(format!("upstream {url:?}: no host"));
+        }
+        let default_port = if https { 443 } else { 80 };
+        let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+            // IPv6: [::1]:8080
+            let end = bracketed
+                .find(']')
+                .ok_or_else(|| format!("upstream {url:?}: bad IPv6 address"))?;
+            let port = match &bracketed[end + 1..] {
+                "" => default_port,
+                p => p
+                    .strip_prefix(':')
+                    .and_then(|p| p.parse().ok())
+                    .ok_or_else(|| format!("upstream {url:?}: bad port"))?,
+            };
+            (bracketed[..end].to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (
+                    h.to_string(),
+                    p.parse()
+                        .map_err(|_| format!("upstream {url:?}: bad port {p:?}"))?,
+                ),
+                None => (authority.to_string(), default_port),
+            }
+        };
+        Ok(Upstream {
+            https,
+            host,
+            port,
+            prefix: prefix.to_string(),
+        })
+    }
+
+    /// The `Host` header value for requests to this upstream.
+    pub fn authority(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let default = if self.https { 443 } else { 80 };
+        if self.port == default {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}{}",
+            if self.https { "https" } else { "http" },
+            self.authority(),
+            self.prefix
+        )
+    }
+}
+
+/// Trust roots for `https://` upstreams: the Mozilla set plus any extra CA certificates.
+pub fn tls_connector(extra_ca_pem: Option<&[u8]>) -> Result<tokio_rustls::TlsConnector, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(pem) = extra_ca_pem {
+        let mut found = 0;
+        for cert in pem_certificates(pem)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("CA certificate: {e}"))?;
+            found += 1;
+        }
+        if found == 0 {
+            return Err("CA file holds no certificate".into());
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+fn pem_certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("CA file: {e}"))
+}
+
+pub(crate) type UpstreamSender = SendRequest<Full<Bytes>>;
+
+/// Connects (within `timeout`) and performs the HTTP/1.1 handshake.
+pub(crate) async fn connect(
+    upstream: &Upstream,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    timeout: Duration,
+) -> Result<UpstreamSender, ExchangeError> {
+    let address = (upstream.host.as_str(), upstream.port);
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(_)) => return Err(ExchangeError::UpstreamUnreachable),
+        Err(_) => return Err(ExchangeError::Timeout),
+    };
+    let _ = stream.set_nodelay(true);
+    match (upstream.https, tls) {
+        (true, Some(tls)) => {
+            let name = rustls::pki_types::ServerName::try_from(upstream.host.clone())
+                .map_err(|_| ExchangeError::UpstreamUnreachable)?;
+            let tls_stream = match tokio::time::timeout(timeout, tls.connect(name, stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(_)) => return Err(ExchangeError::UpstreamUnreachable),
+                Err(_) => return Err(ExchangeError::Timeout),
+            };
+            handshake(TokioIo::new(tls_stream)).await
+        }
+        (true, None) => Err(ExchangeError::UpstreamUnreachable),
+        (false, _) => handshake(TokioIo::new(stream)).await,
+    }
+}
+
+async fn handshake<T>(io: T) -> Result<UpstreamSender, ExchangeError>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, connection) = client_http1::handshake(io)
+        .await
+        .map_err(|_| ExchangeError::UpstreamUnreachable)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let u = Upstream::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!(
+            (u.https, u.host.as_str(), u.port, u.prefix.as_str()),
+            (false, "127.0.0.1", 8080, "")
+        );
+        let u = Upstream::parse("https://api.example.com/openai/v1/").unwrap();
+        assert_eq!(
+            (u.https, u.port, u.prefix.as_str()),
+            (true, 443, "/openai/v1")
+        );
+        assert_eq!(u.authority(), "api.example.com");
+        let u = Upstream::parse("localhost:11434").unwrap();
+        assert_eq!(u.url(), "http://localhost:11434");
+        let u = Upstream::parse("http://[::1]:9000/x").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.authority()),
+            ("::1", 9000, "[::1]:9000".to_string())
+        );
+        assert!(Upstream::parse("ftp://x").is_err());
+        assert!(Upstream::parse("http://h:notaport").is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! Digest mode: what the analysis needs and no text (llmp's digest rules, plus the Anthropic
+//! Messages API). The same functions serve full recordings, so a full and a digest recording of
+//! the same traffic give the same hashes.
+
+use serde_json::{Map, Value};
+
+use super::hash;
+use super::{
+    MessageDigest, Output, Params, Record, RequestDigest, ResponseDigest, ToolCall, ToolDigest,
+};
+use crate::normalize::{Api, anthropic};
+
+/// Characters hashed for `head` and `tail`.
+const EDGE_CHARS: usize = 256;
+
+/// Replaces bodies by digests: chat requests and their 2xx responses are digested, every other
+/// body is dropped (`body_bytes` still says how big it was).
+pub fn apply_digest(record: &mut Record) {
+    let api = Api::from_path(&record.request.path);
+    let request = &mut record.request;
+    request.digest = match (api.is_chat(), request.body.as_ref()) {
+        (true, Some(body)) => request_digest(api, body),
+        _ => None,
+    };
+    request.body = None;
+    request.body_text = None;
+    if let Some(response) = record.response.as_mut() {
+        let success = (200..300).contains(&response.status);
+        response.digest = match response.body.as_ref() {
+            Some(body) if api.is_chat() && success => Some(response_digest(api, body)),
+            _ => None,
+        };
+        response.body = None;
+        response.body_text = None;
+    }
+}
+
+/// `None` when the body has no `messages` array.
+pub fn request_digest(api: Api, body: &Value) -> Option<RequestDigest> {
+    let (messages, tools): (Vec<Value>, Vec<Value>) = if api == Api::AnthropicMessages {
+        body.get("messages")?.as_array()?;
+        (anthropic::chat_messages(body), anthropic::chat_tools(body))
+    } else {
+        let messages = body.get("messages")?.as_array()?.clone();
+        let tools = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        (messages, tools)
+    };
+    let tools_hash = (!tools.is_empty()).then(|| hash::hex_value(&Value::Array(tools.clone())));
+    Some(RequestDigest {
+        model: str_field(body, "model"),
+        params: params(api, body),
+        messages: messages.iter().map(message_digest).collect(),
+        tools: tools.iter().map(tool_digest).collect(),
+        tools_hash,
+    })
+}
+
+/// Every top-level field but the reply itself, verbatim, and the reply's sizes.
+pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {
+    let reply_keys: &[&str] = if api == Api::AnthropicMessages {
+        &["content"]
+    } else {
+        &["choices", "message"]
+    };
+    let usage = body
+        .as_object()
+        .map(|object| {
+            object
+                .iter()
+                .filter(|(key, _)| !reply_keys.contains(&key.as_str()))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect::<Map<String, Value>>()
+        })
+        .unwrap_or_default();
+    let reply = if api == Api::AnthropicMessages {
+        Some(anthropic::chat_reply(body))
+    } else {
+        body.pointer("/choices/0/message")
+            .or_else(|| body.get("message"))
+            .cloned()
+    };
+    let output = reply
+        .map(|message| Output {
+            content_chars: char_count(&content_text(message.get("content"))),
+            reasoning_chars: ["reasoning_content", "reasoning", "thinking"]
+                .iter()
+                .find_map(|key| message.get(*key).and_then(Value::as_str))
+                .map(char_count)
+                .unwrap_or_default(),
+            tool_calls: tool_calls(&message),
+        })
+        .unwrap_or_default();
+    ResponseDigest { usage, output }
+}
+
+pub fn message_digest(message: &Value) -> MessageDigest {
+    let role = str_field(message, "role").unwrap_or_default();
+    let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
+    let tool_call_id = str_field(message, "tool_call_id");
+    let identity = Value::Array(vec![
+        Value::from(role.clone()),
+        message.get("content").cloned().unwrap_or(Value::Null),
+        raw_tool_calls(message).cloned().unwrap_or(Value::Null),
+        Value::from(name.clone()),
+        Value::from(tool_call_id.clone()),
+    ]);
+    let text = message_text(message);
+    let (head, tail) = edges(&text);
+    MessageDigest {
+        role,
+        hash: hash::hex_value(&identity),
+        chars: char_count(&text),
+        head: hash::hex(head.as_bytes()),
+        tail: hash::hex(tail.as_bytes()),
+        tool_calls: tool_calls(message),
+        tool_call_id,
+        name,
+    }
+}
+
+/// A message's content (text parts joined without separator), then its tool calls as canonical
+/// JSON.
+pub fn message_text(message: &Value) -> String {
+    let mut text = content_text(message.get("content"));
+    if let Some(calls) = raw_tool_calls(message) {
+        text.push_str(&hash::canonical_json(calls));
+    }
+    text
+}
+
+fn tool_digest(tool: &Value) -> ToolDigest {
+    let canonical = hash::canonical_json(tool);
+    let name = tool
+        .pointer("/function/name")
+        .or_else(|| tool.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    ToolDigest {
+        name,
+        hash: hash::hex(canonical.as_bytes()),
+        chars: char_count(&canonical),
+    }
+}
+
+fn params(api: Api, body: &Value) -> Params {
+    let max_tokens = ["max_tokens", "max_completion_tokens", "n_predict"]
+        .iter()
+        .find_map(|key| body.get(*key).and_then(Value::as_u64))
+        .or_else(|| body.pointer("/options/num_predict").and_then(Value::as_u64))
+        .and_then(|n| u32::try_from(n).ok());
+    let response_format = is_set(body.get("format"))
+        || (is_set(body.get("response_format"))
+            && body
+                .pointer("/response_format/type")
+                .and_then(Value::as_str)
+                != Some("text"));
+    let grammar = is_set(body.get("grammar")) || is_set(body.get("json_schema"));
+    let stream = body
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(api == Api::OllamaChat);
+    Params {
+        max_tokens,
+        response_format,
+        grammar,
+        stream,
+    }
+}
+
+fn is_set(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(_) => true,
+    }
+}
+
+fn raw_tool_calls(message: &Value) -> Option<&Value> {
+    message
+        .get("tool_calls")
+        .filter(|calls| calls.as_array().is_some_and(|a| !a.is_empty()))
+}
+
+fn tool_calls(message: &Value) -> Vec<ToolCall> {
+    raw_tool_calls(message)
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|call| ToolCall {
+                    id: str_field(call, "id"),
+                    name: call
+                        .pointer("/function/name")
+                        .or_else(|| call.get("name"))
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+fn edges(text: &str) -> (String, String) {
+    let total = text.chars().count();
+    let head = text.chars().take(EDGE_CHARS).collect();
+    let tail = text
+        .chars()
+        .skip(total.saturating_sub(EDGE_CHARS))
+        .collect();
+    (head, tail)
+}
+
+fn char_count(text: &str) -> u32 {
+    u32::try_from(text.chars().count()).unwrap_or(u32::MAX)
+}
+
+fn str_field(value: &Value, key: &str) -> Option<String> {
+    value.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn identity_ignores_key_order_and_empty_tool_calls() {
+        let a = json!({"role": "user", "content": "hello"});
+        let b: Value =
+            serde_json::from_str(r#"{"content":"hello","role":"user","tool_calls":[]}"#).unwrap();
+        assert_eq!(message_digest(&a).hash, message_digest(&b).hash);
+    }
+
+    #[test]
+    fn role_content_name_and_call_id_are_identity() {
+        let base = message_digest(&json!({"role": "tool", "content": "x", "tool_call_id": "1"}));
+        for other in [
+            json!({"role": "user", "content": "x", "tool_call_id": "1"}),
+            json!({"role": "tool", "content": "y", "tool_call_id": "1"}),
+            json!({"role": "tool", "content": "x", "tool_call_id": "2"}),
+            json!({"role": "tool", "content": "x", "tool_call_id": "1", "name": "n"}),
+        ] {
+            assert_ne!(base.hash, message_digest(&other).hash);
+        }
+    }
+
+    #[test]
+    fn head_and_tail_cover_256_characters() {
+        let text = format!("{}{}", "a".repeat(300), "b".repeat(300));
+        let d = message_digest(&json!({"role": "user", "content": text}));
+        assert_eq!(d.chars, 600);
+        assert_eq!(d.head, hash::hex("a".repeat(256).as_bytes()));
+        assert_eq!(d.tail, hash::hex("b".repeat(256).as_bytes()));
+    }
+
+    #[test]
+    fn anthropic_cache_control_does_not_change_the_digest() {
+        let plain = json!({"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "Be brief."}],
+            "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
+        let mut marked = plain.clone();
+        marked["system"][0]["cache_control"] = json!({"type": "ephemeral"});
+        marked["tools"][0]["cache_control"] = json!({"type": "ephemeral"});
+        marked["messages"][0]["content"][0]["cache_control"] = json!({"type": "ephemeral"});
+        let a = request_digest(Api::AnthropicMessages, &plain).unwrap();
+        let b = request_digest(Api::AnthropicMessages, &marked).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.messages[0].role, "system");
+        assert_eq!(a.messages[0].chars, 9);
+        assert_eq!(a.params.max_tokens, Some(9));
+        assert_eq!(a.tools[0].name, "ls");
+    }
+
+    #[test]
+    fn anthropic_tool_use_and_result_become_calls_and_tool_messages() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": "read it"},
+            {"role": "assistant", "content": [{"type": "text", "text": "ok"},
+                {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "a"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "fn main"}]}]});
+        let d = request_digest(Api::AnthropicMessages, &body).unwrap();
+        assert_eq!(d.messages.len(), 3);
+        assert_eq!(
+            d.messages[1].tool_calls,
+            vec![ToolCall {
+                id: Some("toolu_1".into()),
+                name: "read_file".into()
+            }]
+        );
+        assert_eq!(d.messages[2].role, "tool");
+        assert_eq!(d.messages[2].tool_call_id.as_deref(), Some("toolu_1"));
+        assert_eq!(d.messages[2].chars, 7);
+    }
+
+    #[test]
+    fn anthropic_response_digest_keeps_usage_and_sizes() {
+        let body = json!({"id": "x", "type": "message", "role": "assistant", "model": "m",
+            "content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Paris"},
+                {"type": "tool_use", "id": "t1", "name": "ls", "input": {}}],
+            "stop_reason": "tool_use", "usage": {"input_tokens": 3, "cache_read_input_tokens": 40, "output_tokens": 2}});
+        let d = response_digest(Api::AnthropicMessages, &body);
+        assert_eq!(d.usage["usage"]["cache_read_input_tokens"], 40);
+        assert!(!d.usage.contains_key("content"));
+        assert_eq!(d.output.content_chars, 5);
+        assert_eq!(d.output.reasoning_chars, 3);
+        assert_eq!(d.output.tool_calls[0].name, "ls");
+    }
+}

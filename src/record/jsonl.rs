@@ -1,0 +1,134 @@
+//! JSON Lines reading and writing. Reading is tolerant: a bad line, an unknown `v` or a truncated
+//! last line is reported with its line number and the rest of the file is still read.
+
+use std::io::{self, BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Record;
+use crate::RECORD_VERSION;
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ReadResult {
+    /// Sorted by `id` (records are written when their exchange ends, so files are not).
+    pub records: Vec<Record>,
+    pub bad_lines: Vec<BadLine>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadLine {
+    pub line: usize,
+    pub error: String,
+}
+
+/// Reads every record it can. I/O errors mid-file end the read and are reported as a bad line.
+pub fn read_jsonl(mut reader: impl BufRead) -> ReadResult {
+    let mut result = ReadResult::default();
+    let mut buffer = Vec::new();
+    let mut number = 0usize;
+    loop {
+        buffer.clear();
+        match reader.read_until(b'\n', &mut buffer) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                result.bad_lines.push(BadLine {
+                    line: number + 1,
+                    error: format!("read error: {e}"),
+                });
+                break;
+            }
+        }
+        number += 1;
+        let complete = buffer.last() == Some(&b'\n');
+        let line = trim_ascii(&buffer);
+        if line.is_empty() {
+            continue;
+        }
+        match parse_line(line) {
+            Ok(record) => result.records.push(record),
+            Err(error) if !complete => result.bad_lines.push(BadLine {
+                line: number,
+                error: format!("truncated last line: {error}"),
+            }),
+            Err(error) => result.bad_lines.push(BadLine {
+                line: number,
+                error,
+            }),
+        }
+    }
+    result.records.sort_by_key(|r| r.id);
+    result
+}
+
+fn trim_ascii(bytes: &[u8]) -> &[u8] {
+    let start = bytes.iter().position(|b| !b.is_ascii_whitespace());
+    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace());
+    match (start, end) {
+        (Some(s), Some(e)) => &bytes[s..=e],
+        _ => &[],
+    }
+}
+
+fn parse_line(line: &[u8]) -> Result<Record, String> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    match value.get("v").and_then(Value::as_u64) {
+        Some(v) if v == u64::from(RECORD_VERSION) => {}
+        Some(v) => return Err(format!("unsupported record version {v}")),
+        None => return Err("missing record version `v`".to_string()),
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+/// One record as one line, `\n` included.
+pub fn record_line(record: &Record) -> Vec<u8> {
+    // Serializing our own types to a Vec cannot fail: every map key is a string.
+    let mut line = serde_json::to_vec(record).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+pub fn write_jsonl(mut writer: impl Write, record: &Record) -> io::Result<()> {
+    writer.write_all(&record_line(record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"v":1,"id":2,"conn":1,"t_start_ms":5,"t_first_byte_ms":null,"t_end_ms":6,"request":{"method":"GET","path":"/health","headers":{},"body_bytes":0,"body":null,"body_text":null,"digest":null},"response":null,"error":"upstream_unreachable","tokens":null}"#;
+
+    #[test]
+    fn bad_lines_are_counted_with_their_numbers_and_the_rest_is_read() {
+        let newer = GOOD.replace(r#""v":1"#, r#""v":2"#);
+        let first = GOOD.replace(r#""id":2"#, r#""id":1"#);
+        let text = format!("{GOOD}\nnot json\n\n{newer}\n{first}\n{{\"v\":1,\"id\":");
+        let result = read_jsonl(text.as_bytes());
+        assert_eq!(
+            result.records.iter().map(|r| r.id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        let lines: Vec<usize> = result.bad_lines.iter().map(|b| b.line).collect();
+        assert_eq!(lines, vec![2, 4, 6]);
+        assert!(result.bad_lines[1].error.contains("version 2"));
+        assert!(result.bad_lines[2].error.starts_with("truncated last line"));
+    }
+
+    #[test]
+    fn a_written_record_reads_back_identically() {
+        let record = read_jsonl(GOOD.as_bytes()).records.remove(0);
+        let line = record_line(&record);
+        assert_eq!(line, format!("{GOOD}\n").into_bytes());
+        assert_eq!(read_jsonl(line.as_slice()).records, vec![record]);
+    }
+
+    #[test]
+    fn invalid_utf8_is_a_bad_line_not_the_end() {
+        let mut bytes = b"\xff\xfe\n".to_vec();
+        bytes.extend_from_slice(GOOD.as_bytes());
+        let result = read_jsonl(bytes.as_slice());
+        assert_eq!(result.records.len(), 1);
+        assert_eq!(result.bad_lines[0].line, 1);
+    }
+}

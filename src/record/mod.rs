@@ -1,0 +1,147 @@
+//! The recording format (v1, compatible with llmp's): one `Record` per exchange, JSON Lines.
+//!
+//! `null` means "not measured", never zero. Extensions are new fields or new keys only, so llmp
+//! reads what we write and we read what llmp writes.
+
+mod build;
+mod digest;
+pub mod hash;
+mod jsonl;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use build::{BodyMode, Capture, ResponseCapture, build_record, stream_kind_of};
+pub use digest::{apply_digest, message_digest, message_text, request_digest, response_digest};
+pub use jsonl::{BadLine, ReadResult, read_jsonl, record_line, write_jsonl};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub v: u32,
+    pub id: u64,
+    pub conn: u64,
+    pub t_start_ms: i64,
+    pub t_first_byte_ms: Option<i64>,
+    pub t_end_ms: i64,
+    pub request: RequestRecord,
+    pub response: Option<ResponseRecord>,
+    pub error: Option<ExchangeError>,
+    pub tokens: Option<TokenCounts>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    pub method: String,
+    pub path: String,
+    pub headers: BTreeMap<String, String>,
+    pub body_bytes: u64,
+    pub body: Option<Value>,
+    pub body_text: Option<String>,
+    pub digest: Option<RequestDigest>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseRecord {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub stream: Option<StreamKind>,
+    pub chunks: Option<u32>,
+    pub bad_chunks: Option<u32>,
+    pub body_bytes: u64,
+    pub truncated: bool,
+    pub body: Option<Value>,
+    pub body_text: Option<String>,
+    pub digest: Option<ResponseDigest>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    Sse,
+    Ndjson,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExchangeError {
+    UpstreamUnreachable,
+    UpstreamReset,
+    ClientDisconnected,
+    Timeout,
+    BodyTooLarge,
+}
+
+impl ExchangeError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeError::UpstreamUnreachable => "upstream_unreachable",
+            ExchangeError::UpstreamReset => "upstream_reset",
+            ExchangeError::ClientDisconnected => "client_disconnected",
+            ExchangeError::Timeout => "timeout",
+            ExchangeError::BodyTooLarge => "body_too_large",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestDigest {
+    pub model: Option<String>,
+    pub params: Params,
+    pub messages: Vec<MessageDigest>,
+    pub tools: Vec<ToolDigest>,
+    pub tools_hash: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Params {
+    pub max_tokens: Option<u32>,
+    pub response_format: bool,
+    pub grammar: bool,
+    pub stream: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageDigest {
+    pub role: String,
+    pub hash: String,
+    pub chars: u32,
+    pub head: String,
+    pub tail: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: Option<String>,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolDigest {
+    pub name: String,
+    pub hash: String,
+    pub chars: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseDigest {
+    pub usage: Map<String, Value>,
+    pub output: Output,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Output {
+    pub content_chars: u32,
+    pub reasoning_chars: u32,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TokenCounts {
+    pub messages: BTreeMap<String, u32>,
+    pub tools: BTreeMap<String, u32>,
+}

@@ -1,0 +1,414 @@
+//! The recorder thread: turns captures into records, writes and flushes one line per record, and
+//! hands each record to the other consumers.
+//!
+//! It is the only part allowed to hold traffic back: its input channel is bounded, and the proxy
+//! makes the next request on a connection wait while it is full. Consumers get an unbounded
+//! channel each, so a slow one lags and never stalls recording. A write error (a full disk) is
+//! counted and shown; records keep flowing to consumers and the proxy keeps forwarding.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use crate::record::{BodyMode, Capture, Record, build_record, record_line};
+
+/// Captures waiting to be recorded before the proxy holds the next request back.
+pub const RECORDER_QUEUE: usize = 1024;
+
+#[derive(Debug, Clone, Default)]
+pub struct RecorderConfig {
+    /// `None`: records go to consumers only.
+    pub path: Option<PathBuf>,
+    pub mode: BodyMode,
+    /// Start a new file before one would grow past this many bytes.
+    pub max_size: Option<u64>,
+    /// Captures that may wait before the proxy holds requests back; default `RECORDER_QUEUE`.
+    pub queue: Option<usize>,
+}
+
+/// Live counters, shared with whoever shows status.
+#[derive(Debug, Default)]
+pub struct RecorderStats {
+    pub records: AtomicU64,
+    pub written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub last_error: Mutex<Option<String>>,
+    pub files: Mutex<Vec<PathBuf>>,
+}
+
+impl RecorderStats {
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.files.lock().map(|f| f.clone()).unwrap_or_default()
+    }
+}
+
+pub struct Recorder<B> {
+    sender: Option<Sender<Capture<B>>>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<RecorderStats>,
+}
+
+/// Where the proxy hands captures. Cheap to clone.
+pub struct CaptureSender<B> {
+    sender: Sender<Capture<B>>,
+}
+
+impl<B> Clone for CaptureSender<B> {
+    fn clone(&self) -> Self {
+        CaptureSender {
+            sender: self.sender.clone(),
+        }
+    }
+}
+
+impl<B> CaptureSender<B> {
+    /// Hands the capture over if there is room; gives it back if the recorder is behind.
+    pub fn try_send(&self, capture: Capture<B>) -> Option<Capture<B>> {
+        match self.sender.try_send(capture) {
+            Ok(()) => None,
+            Err(TrySendError::Full(c)) => Some(c),
+            // The recorder is gone only after shutdown; nothing is left to record into.
+            Err(TrySendError::Disconnected(_)) => None,
+        }
+    }
+
+    /// Waits for room. Call it off the async runtime.
+    pub fn send_blocking(&self, capture: Capture<B>) {
+        let _ = self.sender.send(capture);
+    }
+}
+
+impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
+    /// Opens the first file (mode 0600: recordings hold prompts) and starts the thread.
+    pub fn start(
+        config: RecorderConfig,
+        consumers: Vec<Sender<Arc<Record>>>,
+    ) -> io::Result<Recorder<B>> {
+        let stats = Arc::new(RecorderStats::default());
+        let writer = match &config.path {
+            Some(path) => Some(RotatingWriter::open(
+                path.clone(),
+                config.max_size,
+                Arc::clone(&stats),
+            )?),
+            None => None,
+        };
+        let (sender, receiver) = crossbeam_channel::bounded(config.queue.unwrap_or(RECORDER_QUEUE).max(1));
+        let thread_stats = Arc::clone(&stats);
+        let mode = config.mode;
+        let thread = std::thread::Builder::new()
+            .name("prefixscope-recorder".into())
+            .spawn(move || run(receiver, writer, mode, consumers, thread_stats))?;
+        Ok(Recorder {
+            sender: Some(sender),
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    pub fn sender(&self) -> CaptureSender<B> {
+        CaptureSender {
+            // Present until `finish`, which takes `self`.
+            sender: self
+                .sender
+                .clone()
+                .unwrap_or_else(|| crossbeam_channel::bounded(0).0),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<RecorderStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Records everything already handed over, then stops. Senders handed out must be dropped
+    /// first, or this waits for them.
+    pub fn finish(mut self) -> Arc<RecorderStats> {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        Arc::clone(&self.stats)
+    }
+}
+
+impl<B> Drop for Recorder<B> {
+    fn drop(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run<B: AsRef<[u8]>>(
+    receiver: Receiver<Capture<B>>,
+    mut writer: Option<RotatingWriter>,
+    mode: BodyMode,
+    consumers: Vec<Sender<Arc<Record>>>,
+    stats: Arc<RecorderStats>,
+) {
+    for capture in receiver {
+        let record = build_record(capture, mode);
+        if let Some(writer) = writer.as_mut() {
+            writer.write_line(&record_line(&record));
+        }
+        stats.records.fetch_add(1, Ordering::Relaxed);
+        let record = Arc::new(record);
+        for consumer in &consumers {
+            let _ = consumer.send(Arc::clone(&record));
+        }
+    }
+}
+
+struct RotatingWriter {
+    base: PathBuf,
+    max_size: Option<u64>,
+    file: File,
+    size: u64,
+    index: u32,
+    /// The last write failed part-way: start the next line on a fresh line.
+    partial: bool,
+    stats: Arc<RecorderStats>,
+}
+
+impl RotatingWriter {
+    fn open(
+        base: PathBuf,
+        max_size: Option<u64>,
+        stats: Arc<RecorderStats>,
+    ) -> io::Result<RotatingWriter> {
+        let file = create_private(&base)?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if let Ok(mut files) = stats.files.lock() {
+            files.push(base.clone());
+        }
+        Ok(RotatingWriter {
+            base,
+            max_size,
+            file,
+            size,
+            index: 0,
+            partial: false,
+            stats,
+        })
+    }
+
+    fn write_line(&mut self, line: &[u8]) {
+        if let Some(max) = self.max_size
+            && self.size > 0
+            && self.size + line.len() as u64 > max
+        {
+            self.rotate();
+        }
+        let result = if self.partial {
+            self.file
+                .write_all(b"\n")
+                .and_then(|()| self.file.write_all(line))
+        } else {
+            self.file.write_all(line)
+        };
+        match result.and_then(|()| self.file.flush()) {
+            Ok(()) => {
+                self.partial = false;
+                self.size += line.len() as u64;
+                self.stats.written.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .bytes_written
+                    .fetch_add(line.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.partial = true;
+                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut last) = self.stats.last_error.lock() {
+                    *last = Some(format!("{}: {e}", self.current_path().display()));
+                }
+            }
+        }
+    }
+
+    fn current_path(&self) -> PathBuf {
+        rotated_path(&self.base, self.index)
+    }
+
+    fn rotate(&mut self) {
+        let next = rotated_path(&self.base, self.index + 1);
+        match create_private(&next) {
+            Ok(file) => {
+                self.index += 1;
+                self.file = file;
+                self.size = 0;
+                self.partial = false;
+                if let Ok(mut files) = self.stats.files.lock() {
+                    files.push(next);
+                }
+            }
+            Err(e) => {
+                // Keep writing to the current file: an oversized file beats a lost record.
+                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut last) = self.stats.last_error.lock() {
+                    *last = Some(format!("cannot rotate to {}: {e}", next.display()));
+                }
+            }
+        }
+    }
+}
+
+/// `rec.jsonl`, then `rec.1.jsonl`, `rec.2.jsonl`…
+pub fn rotated_path(base: &Path, index: u32) -> PathBuf {
+    if index == 0 {
+        return base.to_path_buf();
+    }
+    let stem = base
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match base.extension() {
+        Some(ext) => format!("{stem}.{index}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.{index}"),
+    };
+    base.with_file_name(name)
+}
+
+fn create_private(path: &Path) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn capture(id: u64) -> Capture {
+        Capture {
+            id,
+            conn: 1,
+            t_start_ms: 1,
+            t_first_byte_ms: None,
+            t_end_ms: 2,
+            method: "GET".into(),
+            path: "/health".into(),
+            request_headers: BTreeMap::new(),
+            request_body_bytes: 0,
+            request_body: Some(Vec::new()),
+            response: None,
+            error: None,
+        }
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "prefixscope-recorder-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn writes_every_record_with_mode_0600_and_feeds_consumers() {
+        let dir = temp_dir("basic");
+        let path = dir.join("rec.jsonl");
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let recorder = Recorder::start(
+            RecorderConfig {
+                path: Some(path.clone()),
+                ..Default::default()
+            },
+            vec![tx],
+        )
+        .unwrap();
+        let sender = recorder.sender();
+        for id in 1..=5 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(stats.written.load(Ordering::Relaxed), 5);
+        assert_eq!(rx.try_iter().count(), 5);
+        let read = crate::record::read_jsonl(std::io::BufReader::new(File::open(&path).unwrap()));
+        assert_eq!(read.records.len(), 5);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+        }
+    }
+
+    #[test]
+    fn rotates_before_a_file_would_pass_max_size() {
+        let dir = temp_dir("rotate");
+        let path = dir.join("rec.jsonl");
+        let line = record_line(&build_record(capture(1), BodyMode::Full)).len() as u64;
+        let config = RecorderConfig {
+            path: Some(path.clone()),
+            max_size: Some(line * 2),
+            ..Default::default()
+        };
+        let recorder: Recorder<Vec<u8>> = Recorder::start(config, vec![]).unwrap();
+        let sender = recorder.sender();
+        for id in 1..=5 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(
+            stats.files(),
+            vec![
+                path.clone(),
+                dir.join("rec.1.jsonl"),
+                dir.join("rec.2.jsonl")
+            ]
+        );
+        let sizes: Vec<u64> = stats
+            .files()
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .collect();
+        assert_eq!(sizes, vec![line * 2, line * 2, line]);
+    }
+
+    #[test]
+    fn a_full_disk_is_counted_and_consumers_still_get_every_record() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let config = RecorderConfig {
+            path: Some(PathBuf::from("/dev/full")),
+            ..Default::default()
+        };
+        let recorder = Recorder::start(config, vec![tx]).unwrap();
+        let sender = recorder.sender();
+        for id in 1..=3 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(stats.write_errors.load(Ordering::Relaxed), 3);
+        assert!(
+            stats
+                .last_error()
+                .unwrap_or_default()
+                .contains("No space left")
+        );
+        assert_eq!(rx.try_iter().count(), 3);
+    }
+}
