@@ -97,6 +97,7 @@ pub fn run(args: RecordArgs) -> u8 {
         path: Some(path.clone()),
         mode,
         max_size: args.max_size,
+        queue: None,
     };
     let recorder = match Recorder::start(recorder_config, vec![status_tx]) {
         Ok(r) => r,
