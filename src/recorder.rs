@@ -103,7 +103,8 @@ impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
             )?),
             None => None,
         };
-        let (sender, receiver) = crossbeam_channel::bounded(config.queue.unwrap_or(RECORDER_QUEUE).max(1));
+        let (sender, receiver) =
+            crossbeam_channel::bounded(config.queue.unwrap_or(RECORDER_QUEUE).max(1));
         let thread_stats = Arc::clone(&stats);
         let mode = config.mode;
         let thread = std::thread::Builder::new()

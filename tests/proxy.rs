@@ -1,0 +1,791 @@
+//! The proxy against a scripted fake upstream: bytes and headers pass unchanged, responses stream
+//! frame by frame, every failure is a record, and no record is lost under load.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::{HeaderMap, Response, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use prefixscope::record::{BodyMode, ExchangeError, StreamKind};
+use support::*;
+
+const CHAT: &str = "/v1/chat/completions";
+
+#[derive(Clone)]
+struct Spec {
+    status: u16,
+    headers: Vec<(String, String)>,
+    chunks: Vec<Vec<u8>>,
+    streamed: bool,
+}
+
+#[derive(Clone, Default)]
+struct Seen {
+    path: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_bodies_and_headers_pass_unchanged_streamed_and_not() {
+    let seed = 0x5eed_2026_u64;
+    let mut rng = Rng(seed);
+    let specs: Arc<Mutex<HashMap<String, Spec>>> = Arc::default();
+    let seen: Arc<Mutex<HashMap<String, Seen>>> = Arc::default();
+    let upstream = {
+        let (specs, seen) = (Arc::clone(&specs), Arc::clone(&seen));
+        fake_upstream(handler(move |req| {
+            let (specs, seen) = (Arc::clone(&specs), Arc::clone(&seen));
+            async move {
+                let (parts, body) = req.into_parts();
+                let id = parts.headers["x-test-id"].to_str().unwrap().to_string();
+                let body = body.collect().await.unwrap().to_bytes();
+                let path = parts.uri.path_and_query().unwrap().as_str().to_string();
+                seen.lock().unwrap().insert(
+                    id.clone(),
+                    Seen {
+                        path,
+                        headers: parts.headers,
+                        body,
+                    },
+                );
+                let spec = specs.lock().unwrap()[&id].clone();
+                let mut builder = Response::builder().status(spec.status);
+                for (name, value) in &spec.headers {
+                    builder = builder.header(name, value);
+                }
+                if spec.streamed {
+                    let (tx, body) = channel_body();
+                    for chunk in spec.chunks {
+                        let _ = tx.send(Bytes::from(chunk));
+                    }
+                    builder
+                        .header("content-type", "text/event-stream")
+                        .body(body)
+                        .unwrap()
+                } else {
+                    builder.body(full(spec.chunks.concat())).unwrap()
+                }
+            }
+        }))
+        .await
+    };
+    let proxy = start_proxy(upstream, "passthrough", Options::default()).await;
+    let mut sent = BTreeMap::new();
+    let mut client = client(proxy.addr).await;
+    for i in 0..40 {
+        let id = format!("req-{i}");
+        let streamed = i % 2 == 1;
+        let spec = Spec {
+            status: [200, 201, 400, 404, 500, 503][rng.below(6) as usize],
+            headers: (0..rng.below(6))
+                .map(|_| (format!("x-resp-{}", rng.token(6)), rng.header_value(12)))
+                .collect(),
+            chunks: (0..1 + rng.below(5))
+                .map(|_| {
+                    let len = rng.below(3000) as usize;
+                    rng.bytes(len)
+                })
+                .collect(),
+            streamed,
+        };
+        specs.lock().unwrap().insert(id.clone(), spec.clone());
+        let body_len = rng.below(20_000) as usize;
+        let body = rng.bytes(body_len);
+        let mut request = post(CHAT, body.clone());
+        request
+            .headers_mut()
+            .insert("x-test-id", id.parse().unwrap());
+        let mut request_headers = Vec::new();
+        for _ in 0..rng.below(8) {
+            let value_len = 1 + rng.below(40) as usize;
+            let (name, value) = (
+                format!("x-rand-{}", rng.token(5)),
+                rng.header_value(value_len),
+            );
+            request.headers_mut().append(
+                name.parse::<hyper::header::HeaderName>().unwrap(),
+                value.parse().unwrap(),
+            );
+            request_headers.push((name, value));
+        }
+        // A repeated header keeps both values, in order.
+        request
+            .headers_mut()
+            .append("x-twice", "first".parse().unwrap());
+        request
+            .headers_mut()
+            .append("x-twice", "second".parse().unwrap());
+        // Hop-by-hop: a header the client names in `connection` never reaches upstream.
+        request
+            .headers_mut()
+            .insert("connection", "keep-alive, x-hop".parse().unwrap());
+        request.headers_mut().insert("x-hop", "1".parse().unwrap());
+
+        let response = send(&mut client, request).await;
+        assert_eq!(
+            response.status().as_u16(),
+            spec.status,
+            "seed {seed:#x} request {i}"
+        );
+        for (name, value) in &spec.headers {
+            let got: Vec<_> = response
+                .headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect();
+            assert!(
+                got.contains(&value.as_str()),
+                "seed {seed:#x} request {i}: response header {name}"
+            );
+        }
+        let got = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            got.as_ref(),
+            spec.chunks.concat().as_slice(),
+            "seed {seed:#x} request {i}: response body"
+        );
+
+        let seen = seen.lock().unwrap()[&id].clone();
+        assert_eq!(
+            seen.body.as_ref(),
+            body.as_slice(),
+            "request {i}: request body"
+        );
+        assert_eq!(seen.path, CHAT);
+        for (name, value) in &request_headers {
+            let got: Vec<_> = seen
+                .headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect();
+            assert!(got.contains(&value.as_str()), "request {i}: header {name}");
+        }
+        let twice: Vec<_> = seen
+            .headers
+            .get_all("x-twice")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(twice, vec!["first", "second"]);
+        assert_eq!(seen.headers["user-agent"], "prefixscope-test/1");
+        assert_eq!(seen.headers["content-type"], "application/json");
+        assert_eq!(
+            seen.headers["host"],
+            format!("127.0.0.1:{}", upstream.port()).as_str()
+        );
+        assert!(seen.headers.get("x-hop").is_none() && seen.headers.get("connection").is_none());
+        sent.insert(i as u64 + 1, (body.len() as u64, spec));
+    }
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 40);
+    for record in &records {
+        let (request_bytes, spec) = &sent[&record.id];
+        assert_eq!(record.request.body_bytes, *request_bytes);
+        let response = record.response.as_ref().unwrap();
+        assert_eq!(response.status, spec.status);
+        assert_eq!(
+            response.body_bytes,
+            spec.chunks.iter().map(|c| c.len() as u64).sum::<u64>()
+        );
+        assert_eq!(response.stream, spec.streamed.then_some(StreamKind::Sse));
+        assert_eq!(record.error, None);
+        assert!(
+            record
+                .request
+                .headers
+                .keys()
+                .all(|k| ["user-agent", "content-type", "content-length"].contains(&k.as_str()))
+        );
+    }
+}
+
+/// The upstream holds chunk 2 until the client has chunk 1: a proxy that buffered would hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_chunk_reaches_the_client_before_the_upstream_sends_the_next() {
+    let gate: Arc<Mutex<Option<oneshot::Receiver<()>>>> = Arc::default();
+    let (open_gate, gate_rx) = oneshot::channel();
+    *gate.lock().unwrap() = Some(gate_rx);
+    let upstream = {
+        let gate = Arc::clone(&gate);
+        fake_upstream(handler(move |_req| {
+            let gate = gate.lock().unwrap().take();
+            async move {
+                let (tx, body) = channel_body();
+                let _ = tx.send(Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"one\"}}]}\n\n"));
+                tokio::spawn(async move {
+                    if let Some(gate) = gate {
+                        let _ = gate.await;
+                    }
+                    let _ = tx.send(Bytes::from_static(b"data: {\"choices\":[{\"delta\":{\"content\":\"two\"}}]}\n\ndata: [DONE]\n\n"));
+                });
+                Response::builder().header("content-type", "text/event-stream").body(body).unwrap()
+            }
+        }))
+        .await
+    };
+    let proxy = start_proxy(upstream, "gate", Options::default()).await;
+    let mut client = client(proxy.addr).await;
+    let response = client
+        .send_request(post(CHAT, r#"{"model":"m","stream":true,"messages":[]}"#))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("chunk 1 arrives while the upstream still holds chunk 2")
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(first.data_ref().unwrap()).contains("one"));
+    open_gate.send(()).unwrap();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&rest).contains("two"));
+    let records = proxy.stop().await;
+    let merged = records[0].response.as_ref().unwrap().body.clone().unwrap();
+    assert_eq!(merged["choices"][0]["message"]["content"], "onetwo");
+    assert_eq!(records[0].response.as_ref().unwrap().chunks, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_a_record_and_a_502() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = start_proxy(port, "unreachable", Options::default()).await;
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("prefixscope"));
+    let records = proxy.stop().await;
+    assert_eq!(records[0].error, Some(ExchangeError::UpstreamUnreachable));
+    assert!(records[0].response.is_none());
+    assert_eq!(records[0].request.body, Some(serde_json::json!({})));
+}
+
+/// A listener whose accept queue is full drops new SYNs, so connecting hangs: on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_hangs_is_a_timeout_record() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    let mut full = false;
+    for _ in 0..64 {
+        match tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => held.push(stream),
+            _ => {
+                full = true;
+                break;
+            }
+        }
+    }
+    assert!(full, "the accept queue never filled");
+    let options = Options {
+        connect_timeout: Duration::from_millis(400),
+        ..Options::default()
+    };
+    let proxy = start_proxy(addr, "timeout", options).await;
+    let started = std::time::Instant::now();
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let records = proxy.stop().await;
+    assert_eq!(records[0].error, Some(ExchangeError::Timeout));
+    drop((held, listener));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_hangs_up_before_or_during_the_response_is_a_reset_record() {
+    // Before: reads the request and closes.
+    let before = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let before_addr = before.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = before.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+            drop(stream);
+        }
+    });
+    let proxy = start_proxy(before_addr, "reset-before", Options::default()).await;
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let records = proxy.stop().await;
+    assert_eq!(records[0].error, Some(ExchangeError::UpstreamReset));
+    assert!(records[0].response.is_none());
+
+    // During: a head promising 100 bytes, 11 of them, then a hang-up.
+    let during = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let during_addr = during.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = during.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial\":")
+                .await;
+            let _ = stream.flush().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(stream);
+        }
+    });
+    let proxy = start_proxy(during_addr, "reset-during", Options::default()).await;
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.into_body().collect().await.is_err(),
+        "the client sees a cut-off body"
+    );
+    let records = proxy.stop().await;
+    assert_eq!(records[0].error, Some(ExchangeError::UpstreamReset));
+    let response = records[0].response.as_ref().unwrap();
+    assert_eq!((response.status, response.body_bytes), (200, 11));
+    assert_eq!(response.body_text.as_deref(), Some("{\"partial\":"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_is_a_client_disconnected_record() {
+    let senders: Arc<Mutex<Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>>> = Arc::default();
+    let upstream = {
+        let senders = Arc::clone(&senders);
+        fake_upstream(handler(move |_req| {
+            let senders = Arc::clone(&senders);
+            async move {
+                let (tx, body) = channel_body();
+                let _ = tx.send(Bytes::from_static(
+                    b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+                ));
+                senders.lock().unwrap().push(tx);
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(body)
+                    .unwrap()
+            }
+        }))
+        .await
+    };
+    let proxy = start_proxy(upstream, "client-gone", Options::default()).await;
+    {
+        let mut client = client(proxy.addr).await;
+        let response = client
+            .send_request(post(CHAT, "{\"stream\":true}"))
+            .await
+            .unwrap();
+        let mut body = response.into_body();
+        body.frame().await.unwrap().unwrap();
+    } // the client's connection is dropped here
+    // The upstream goes on streaming into a closed client.
+    for _ in 0..20 {
+        for tx in senders.lock().unwrap().iter() {
+            let _ = tx.send(Bytes::from_static(
+                b"data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+            ));
+        }
+        if !proxy.records.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let record = proxy.next_record().await;
+    assert_eq!(record.error, Some(ExchangeError::ClientDisconnected));
+    assert_eq!(record.response.as_ref().map(|r| r.status), Some(200));
+    assert!(record.t_first_byte_ms.is_some());
+    senders.lock().unwrap().clear();
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_forwarded_whole_and_not_stored() {
+    let upstream = fake_upstream(handler(|req| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(full(body))
+            .unwrap()
+    }))
+    .await;
+    let options = Options {
+        max_body: 64,
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "too-large", options).await;
+    let big = format!("{{\"messages\":[],\"pad\":\"{}\"}}", "x".repeat(1000));
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, big.clone()))
+        .await
+        .unwrap();
+    let echoed = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        echoed.as_ref(),
+        big.as_bytes(),
+        "forwarded whole, both ways"
+    );
+    let records = proxy.stop().await;
+    let record = &records[0];
+    assert_eq!(record.error, Some(ExchangeError::BodyTooLarge));
+    assert_eq!(
+        (record.request.body.as_ref(), record.request.body_bytes),
+        (None, big.len() as u64)
+    );
+    let response = record.response.as_ref().unwrap();
+    assert!(response.truncated);
+    assert_eq!(response.body_bytes, big.len() as u64);
+}
+
+async fn echo_upstream() -> std::net::SocketAddr {
+    fake_upstream(handler(|req| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let reply = format!(
+            "{{\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"ok\"}}}}],\"usage\":{{\"prompt_tokens\":{}}}}}",
+            body.len()
+        );
+        Response::builder().header("content-type", "application/json").body(full(reply)).unwrap()
+    }))
+    .await
+}
+
+async fn load(clients: usize, requests: usize, options: Options, name: &str) {
+    let upstream = echo_upstream().await;
+    let proxy = start_proxy(upstream, name, options).await;
+    let addr = proxy.addr;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        tasks.push(tokio::spawn(async move {
+            let mut client = client(addr).await;
+            let mut failures = 0;
+            for r in 0..requests {
+                let body = format!("{{\"model\":\"m\",\"messages\":[{{\"role\":\"user\",\"content\":\"client {c} request {r}\"}}]}}");
+                if client.ready().await.is_err() {
+                    failures += 1;
+                    continue;
+                }
+                match client.send_request(post(CHAT, body)).await {
+                    Ok(response) if response.status() == StatusCode::OK => {
+                        if response.into_body().collect().await.is_err() {
+                            failures += 1;
+                        }
+                    }
+                    _ => failures += 1,
+                }
+            }
+            failures
+        }));
+    }
+    let mut failures = 0;
+    for task in tasks {
+        failures += task.await.unwrap();
+    }
+    assert_eq!(failures, 0, "client errors");
+    let records = proxy.stop().await;
+    assert_eq!(
+        records.len(),
+        clients * requests,
+        "every exchange recorded exactly once"
+    );
+    let ids: std::collections::BTreeSet<u64> = records.iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), clients * requests);
+    let mut per_conn: HashMap<u64, usize> = HashMap::new();
+    for r in &records {
+        *per_conn.entry(r.conn).or_default() += 1;
+        assert_eq!(r.error, None);
+    }
+    assert!(per_conn.values().all(|&n| n == requests));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_clients_times_fifty_requests_make_exactly_ten_thousand_records() {
+    load(200, 50, Options::default(), "load").await;
+}
+
+/// With room for one capture, the recorder holds requests back; nothing is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_recorder_queue_holds_requests_back_and_loses_nothing() {
+    load(
+        50,
+        20,
+        Options {
+            queue: Some(1),
+            ..Options::default()
+        },
+        "backpressure",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_path_prefix_is_added_and_the_record_keeps_the_clients_path() {
+    let paths: Arc<Mutex<Vec<String>>> = Arc::default();
+    let upstream = {
+        let paths = Arc::clone(&paths);
+        fake_upstream(handler(move |req| {
+            paths.lock().unwrap().push(req.uri().to_string());
+            async move { Response::new(full("{}")) }
+        }))
+        .await
+    };
+    let options = Options {
+        prefix: "/base".into(),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "prefix", options).await;
+    let mut c = client(proxy.addr).await;
+    c.send_request(post("/v1/chat/completions?x=1", "{}"))
+        .await
+        .unwrap();
+    let records = proxy.stop().await;
+    assert_eq!(
+        paths.lock().unwrap().as_slice(),
+        ["/base/v1/chat/completions?x=1"]
+    );
+    assert_eq!(records[0].request.path, "/v1/chat/completions?x=1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_reached_with_its_ca() {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert_der = certified.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server_config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert_der], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(
+                        Response::builder()
+                            .header("content-type", "application/json")
+                            .body(full("{\"tls\":true}"))
+                            .unwrap(),
+                    )
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    let options = Options {
+        https_ca: Some(certified.cert.pem().into_bytes()),
+        host: "localhost".into(),
+        ..Options::default()
+    };
+    let proxy = start_proxy(addr, "https", options).await;
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let records = proxy.stop().await;
+    assert_eq!(
+        records[0].response.as_ref().unwrap().body,
+        Some(serde_json::json!({"tls": true}))
+    );
+
+    // A certificate nobody vouched for is refused: an unreachable upstream, recorded.
+    let stranger = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let options = Options {
+        https_ca: Some(stranger.cert.pem().into_bytes()),
+        host: "localhost".into(),
+        ..Options::default()
+    };
+    let proxy = start_proxy(addr, "https-untrusted", options).await;
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let records = proxy.stop().await;
+    assert_eq!(records[0].error, Some(ExchangeError::UpstreamUnreachable));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_mode_keeps_no_text() {
+    let secrets = [
+        "SYSTEM-SECRET-ALPHA",
+        "USER-SECRET-BRAVO",
+        "ARG-SECRET-CHARLIE",
+        "RESULT-SECRET-DELTA",
+        "DESC-SECRET-ECHO",
+        "SCHEMA-SECRET-FOXTROT",
+        "REPLY-SECRET-GOLF",
+        "REPLYARG-SECRET-HOTEL",
+        "THINK-SECRET-INDIA",
+        "MODELS-SECRET-JULIET",
+        "ERROR-SECRET-KILO",
+    ];
+    let upstream = fake_upstream(handler(|req| async move {
+        let path = req.uri().path().to_string();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let streamed = String::from_utf8_lossy(&body).contains("\"stream\":true");
+        let json = |s: &str| Response::builder().header("content-type", "application/json").body(full(s.to_string())).unwrap();
+        match path.as_str() {
+            "/v1/models" => json(r#"{"data":[{"id":"MODELS-SECRET-JULIET"}]}"#),
+            "/v1/fail" => Response::builder().status(500).body(full("ERROR-SECRET-KILO")).unwrap(),
+            "/v1/messages" if streamed => Response::builder().header("content-type", "text/event-stream").body(full(
+                "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"gemma-test\",\"usage\":{\"input_tokens\":5,\"cache_read_input_tokens\":40,\"output_tokens\":0}}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"THINK-SECRET-INDIA\"}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_9\",\"name\":\"read_file\",\"input\":{}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"path\\\":\\\"REPLYARG-SECRET-HOTEL\\\"}\"}}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n",
+            )).unwrap(),
+            "/v1/messages" => json(r#"{"id":"msg","type":"message","role":"assistant","model":"gemma-test","content":[{"type":"text","text":"REPLY-SECRET-GOLF"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"cache_read_input_tokens":40,"output_tokens":3}}"#),
+            _ if streamed => Response::builder().header("content-type", "text/event-stream").body(full(
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"THINK-SECRET-INDIA\",\"content\":\"REPLY-SECRET-GOLF\",\"tool_calls\":[{\"index\":0,\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":\"{\\\"path\\\":\\\"REPLYARG-SECRET-HOTEL\\\"}\"}}]}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":40,\"prompt_n\":5}}\n\ndata: [DONE]\n\n",
+            )).unwrap(),
+            _ => json(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"REPLY-SECRET-GOLF","tool_calls":[{"id":"call_7","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"REPLYARG-SECRET-HOTEL\"}"}}]}}],"usage":{"prompt_tokens":45,"prompt_tokens_details":{"cached_tokens":40}},"timings":{"cache_n":40,"prompt_n":5}}"#),
+        }
+    }))
+    .await;
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "read_file", "description": "DESC-SECRET-ECHO",
+        "parameters": {"type": "object", "properties": {"SCHEMA-SECRET-FOXTROT": {"type": "string"}}}}}]);
+    let openai = |stream: bool| {
+        serde_json::json!({
+        "model": "gemma-test", "stream": stream, "tools": tools,
+        "messages": [
+            {"role": "system", "content": "SYSTEM-SECRET-ALPHA"},
+            {"role": "user", "content": "USER-SECRET-BRAVO"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"ARG-SECRET-CHARLIE\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "RESULT-SECRET-DELTA"}
+        ]})
+    };
+    let anthropic = |stream: bool| {
+        serde_json::json!({
+        "model": "gemma-test", "stream": stream, "max_tokens": 20,
+        "system": [{"type": "text", "text": "SYSTEM-SECRET-ALPHA", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "read_file", "description": "DESC-SECRET-ECHO", "input_schema": {"type": "object", "properties": {"SCHEMA-SECRET-FOXTROT": {"type": "string"}}}}],
+        "messages": [
+            {"role": "user", "content": "USER-SECRET-BRAVO"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "THINK-SECRET-INDIA", "signature": "s"},
+                {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "ARG-SECRET-CHARLIE"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "RESULT-SECRET-DELTA"}]}]}
+        ]})
+    };
+    let options = Options {
+        mode: BodyMode::Digest,
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "digest", options).await;
+    let mut c = client(proxy.addr).await;
+    for body in [openai(false), openai(true)] {
+        send(&mut c, post(CHAT, body.to_string()))
+            .await
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+    }
+    for body in [anthropic(false), anthropic(true)] {
+        send(&mut c, post("/v1/messages", body.to_string()))
+            .await
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+    }
+    for path in ["/v1/models", "/v1/fail"] {
+        let request = hyper::Request::get(path)
+            .header("host", "x")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap();
+        send(&mut c, request)
+            .await
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+    }
+    let records = proxy.stop().await;
+    let text = std::fs::read_to_string(support::temp_file_path("digest.jsonl")).unwrap();
+    for secret in secrets {
+        assert!(
+            !text.contains(secret),
+            "{secret} leaked into the digest recording"
+        );
+    }
+    for kept in [
+        "gemma-test",
+        "read_file",
+        "call_1",
+        "toolu_1",
+        "call_7",
+        "toolu_9",
+        "cache_read_input_tokens",
+    ] {
+        assert!(text.contains(kept), "{kept} should be kept");
+    }
+    assert_eq!(records.len(), 6);
+    let anthropic_stream = &records[3];
+    let usage = &anthropic_stream
+        .response
+        .as_ref()
+        .unwrap()
+        .digest
+        .as_ref()
+        .unwrap()
+        .usage;
+    assert_eq!(usage["usage"]["cache_read_input_tokens"], 40);
+    assert_eq!(usage["usage"]["output_tokens"], 9);
+    let request = anthropic_stream.request.digest.as_ref().unwrap();
+    assert_eq!(
+        request
+            .messages
+            .iter()
+            .map(|m| m.role.as_str())
+            .collect::<Vec<_>>(),
+        ["system", "user", "assistant", "tool"]
+    );
+    // Full and digest agree on identity: the OpenAI and Anthropic forms of one conversation hash alike
+    // where they say the same thing (the user message).
+    assert_eq!(
+        request.messages[1].hash,
+        records[0].request.digest.as_ref().unwrap().messages[1].hash
+    );
+}

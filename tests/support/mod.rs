@@ -1,0 +1,281 @@
+//! Test harness: a scripted fake upstream, a plain HTTP/1.1 client, and the proxy with its
+//! recorder, all in-process on 127.0.0.1.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+use prefixscope::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
+use prefixscope::record::{BodyMode, Record, read_jsonl};
+use prefixscope::recorder::{Recorder, RecorderConfig};
+
+pub type TestBody = BoxBody<Bytes, Infallible>;
+pub type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<TestBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+pub fn full(bytes: impl Into<Bytes>) -> TestBody {
+    Full::new(bytes.into()).boxed()
+}
+
+/// A body whose frames the test sends one by one.
+pub struct ChannelBody {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+pub fn channel_body() -> (mpsc::UnboundedSender<Bytes>, TestBody) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (tx, ChannelBody { rx }.boxed())
+}
+
+/// Serves every connection with `handler` until the test ends.
+pub async fn fake_upstream(handler: Handler) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let handler = Arc::clone(&handler);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let handler = Arc::clone(&handler);
+                    async move { Ok::<_, Infallible>(handler(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+pub fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<TestBody>> + Send + 'static,
+{
+    Arc::new(move |req| Box::pin(f(req)))
+}
+
+pub async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
+pub fn post(path: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("host", "proxy.test")
+        .header("content-type", "application/json")
+        .header("user-agent", "prefixscope-test/1")
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+pub struct Options {
+    pub mode: BodyMode,
+    pub max_body: usize,
+    pub connect_timeout: Duration,
+    pub queue: Option<usize>,
+    pub prefix: String,
+    pub https_ca: Option<Vec<u8>>,
+    pub host: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            mode: BodyMode::Full,
+            max_body: prefixscope::proxy::DEFAULT_MAX_BODY,
+            connect_timeout: Duration::from_secs(10),
+            queue: None,
+            prefix: String::new(),
+            https_ca: None,
+            host: "127.0.0.1".into(),
+        }
+    }
+}
+
+pub struct Harness {
+    pub addr: SocketAddr,
+    pub file: PathBuf,
+    pub records: crossbeam_channel::Receiver<Arc<Record>>,
+    pub stats: Arc<ProxyStats>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    recorder: Option<Recorder<Bytes>>,
+}
+
+pub fn temp_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("prefixscope-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(name);
+    let _ = std::fs::remove_file(&file);
+    file
+}
+
+pub async fn start_proxy(upstream: SocketAddr, name: &str, options: Options) -> Harness {
+    let file = temp_file(&format!("{name}.jsonl"));
+    let (tx, records) = crossbeam_channel::unbounded();
+    let config = RecorderConfig {
+        path: Some(file.clone()),
+        mode: options.mode,
+        max_size: None,
+        queue: options.queue,
+    };
+    let recorder = Recorder::start(config, vec![tx]).unwrap();
+    let scheme = if options.https_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let url = format!(
+        "{scheme}://{}:{}{}",
+        options.host,
+        upstream.port(),
+        options.prefix
+    );
+    let mut config = ProxyConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        Upstream::parse(&url).unwrap(),
+    );
+    config.max_body = options.max_body;
+    config.connect_timeout = options.connect_timeout;
+    config.extra_ca_pem = options.https_ca;
+    let proxy = Proxy::bind(config, recorder.sender()).await.unwrap();
+    let addr = proxy.local_addr().unwrap();
+    let stats = proxy.stats();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(proxy.run(async move {
+        let _ = stop_rx.await;
+    }));
+    Harness {
+        addr,
+        file,
+        records,
+        stats,
+        stop: Some(stop_tx),
+        task: Some(task),
+        recorder: Some(recorder),
+    }
+}
+
+impl Harness {
+    /// Stops the proxy as Ctrl-C does, waits for the recorder, and reads the file back.
+    pub async fn stop(mut self) -> Vec<Record> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("proxy stops")
+                .unwrap();
+        }
+        if let Some(recorder) = self.recorder.take() {
+            tokio::task::spawn_blocking(move || recorder.finish())
+                .await
+                .unwrap();
+        }
+        let bytes = std::fs::read(&self.file).unwrap();
+        let read = read_jsonl(bytes.as_slice());
+        assert!(read.bad_lines.is_empty(), "{:?}", read.bad_lines);
+        read.records
+    }
+
+    /// The next record handed to consumers, within a few seconds.
+    pub async fn next_record(&self) -> Arc<Record> {
+        let rx = self.records.clone();
+        tokio::task::spawn_blocking(move || {
+            rx.recv_timeout(Duration::from_secs(10))
+                .expect("a record arrives")
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// xorshift64*: reproducible randomness without a dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+    pub fn token(&mut self, len: usize) -> String {
+        (0..len)
+            .map(|_| (b'a' + self.below(26) as u8) as char)
+            .collect()
+    }
+    pub fn header_value(&mut self, len: usize) -> String {
+        let mut v: String = (0..len)
+            .map(|_| (0x21 + self.below(0x7e - 0x21) as u8) as char)
+            .collect();
+        if len > 4 {
+            v.insert(len / 2, ' ');
+        }
+        v
+    }
+}
+
+/// Where `start_proxy(…, name, …)` writes: `temp_file_path("NAME.jsonl")`.
+pub fn temp_file_path(name: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join(format!("prefixscope-test-{}", std::process::id()))
+        .join(name)
+}
+
+/// Sends on a kept-alive connection once it is ready for the next request.
+pub async fn send(
+    client: &mut SendRequest<Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Response<Incoming> {
+    client.ready().await.expect("the connection stays open");
+    client.send_request(request).await.expect("a response")
+}
