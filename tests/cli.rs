@@ -1,0 +1,341 @@
+//! The `prefixscope` binary as a user runs it: exit codes, Ctrl-C while exchanges are in flight,
+//! a full disk, rotation, digest mode.
+
+mod support;
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use hyper::Response;
+
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn usage_errors_exit_2_and_unreadable_input_exits_1() {
+    assert_eq!(run(&["record"]).status.code(), Some(2));
+    assert_eq!(run(&["nonsense"]).status.code(), Some(2));
+    let bad_upstream = run(&["record", "--upstream", "ftp://example"]);
+    assert_eq!(bad_upstream.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad_upstream.stderr).contains("only http:// and https://"));
+    let missing = run(&["records", "/nonexistent/recording.jsonl"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr)
+            .contains("cannot read /nonexistent/recording.jsonl")
+    );
+    // An existing recording is never appended to: ids restart with every run.
+    let existing = run(&[
+        "record",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "-o",
+        "recordings/llmp/llama.cpp/session.jsonl",
+    ]);
+    assert_eq!(existing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&existing.stderr).contains("already holds a recording"));
+}
+
+#[test]
+fn records_lists_a_real_recording_and_reports_bad_lines() {
+    let out = run(&[
+        "records",
+        "recordings/llmp/llama.cpp/parallel-nocache.jsonl",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["records"], 24);
+    assert_eq!(summary["bad_lines"], 0);
+    let text = run(&["records", "recordings/llmp/llama.cpp/session.jsonl"]);
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        stdout.contains("#1 POST /v1/chat/completions  200 sse"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("prompt 525 reused 438 (83%)"), "{stdout}");
+    assert!(
+        stdout.contains("9 records in 1 file(s), 0 bad lines"),
+        "{stdout}"
+    );
+
+    let damaged = temp_file("damaged.jsonl");
+    let mut content = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recordings/llmp/ollama/session.jsonl"),
+    )
+    .unwrap();
+    content.insert_str(0, "garbage\n");
+    std::fs::write(&damaged, content).unwrap();
+    let out = run(&["records", damaged.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("damaged.jsonl:1:"));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (summary["records"].as_u64(), summary["bad_lines"].as_u64()),
+        (Some(9), Some(1))
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_record(upstream: SocketAddr, port: u16, extra: &[&str]) -> Child {
+    let mut args = vec![
+        "record".to_string(),
+        "--upstream".into(),
+        format!("http://{upstream}"),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Command::new(BIN)
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_listening(port: u16) {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the proxy never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn interrupt(child: &Child) {
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+fn finish(mut child: Child) -> (Option<i32>, String, String) {
+    let status = child.wait().unwrap();
+    let (mut out, mut err) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), out, err)
+}
+
+async fn slow_upstream(delay: Duration) -> SocketAddr {
+    fake_upstream(handler(move |_req| async move {
+        tokio::time::sleep(delay).await;
+        Response::builder().header("content-type", "application/json").body(full(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"done"}}],"usage":{"prompt_tokens":10}}"#)).unwrap()
+    }))
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_finishes_the_exchanges_in_flight_and_their_records() {
+    let upstream = slow_upstream(Duration::from_millis(1500)).await;
+    let port = free_port();
+    let file = temp_file("ctrl-c.jsonl");
+    let child = spawn_record(upstream, port, &["-o", file.to_str().unwrap(), "--json"]);
+    wait_listening(port).await;
+    let request = tokio::spawn(async move {
+        let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+        let response = send(
+            &mut c,
+            post("/v1/chat/completions", r#"{"model":"m","messages":[]}"#),
+        )
+        .await;
+        (
+            response.status(),
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    interrupt(&child);
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("done"));
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("finishing 1 exchange(s) in flight"),
+        "{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (summary["exchanges"].as_u64(), summary["written"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let records = prefixscope::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, None);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_exits_at_once() {
+    let upstream = slow_upstream(Duration::from_secs(30)).await;
+    let port = free_port();
+    let file = temp_file("ctrl-c-twice.jsonl");
+    let child = spawn_record(upstream, port, &["-o", file.to_str().unwrap()]);
+    wait_listening(port).await;
+    let _request = tokio::spawn(async move {
+        let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+        let _ = c.send_request(post("/v1/chat/completions", "{}")).await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    interrupt(&child);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    interrupt(&child);
+    let (code, _, stderr) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("exiting now"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_reported_and_the_proxy_keeps_forwarding() {
+    let upstream = slow_upstream(Duration::ZERO).await;
+    let port = free_port();
+    let child = spawn_record(upstream, port, &["-o", "/dev/full"]);
+    wait_listening(port).await;
+    let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+    for _ in 0..3 {
+        let response = send(
+            &mut c,
+            post("/v1/chat/completions", r#"{"model":"m","messages":[]}"#),
+        )
+        .await;
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+    }
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    interrupt(&child);
+    let (code, _, stderr) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0));
+    assert!(stderr.contains("WRITE FAILED"), "{stderr}");
+    assert!(stderr.contains("3 NOT written"), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_size_rotates_and_digest_keeps_no_text() {
+    let upstream = slow_upstream(Duration::ZERO).await;
+    let port = free_port();
+    let file = temp_file("rotate.jsonl");
+    for n in 1..10 {
+        let _ = std::fs::remove_file(prefixscope::recorder::rotated_path(&file, n));
+    }
+    let child = spawn_record(
+        upstream,
+        port,
+        &[
+            "-o",
+            file.to_str().unwrap(),
+            "--max-size",
+            "1K",
+            "--digest",
+            "-q",
+        ],
+    );
+    wait_listening(port).await;
+    let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+    for i in 0..6 {
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"PRIVATE-{i}"}}]}}"#);
+        send(&mut c, post("/v1/chat/completions", body))
+            .await
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+    }
+    drop(c);
+    interrupt(&child);
+    let (code, _, stderr) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut total = 0;
+    for n in 0..10 {
+        let path = prefixscope::recorder::rotated_path(&file, n);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        assert!(
+            text.len() <= 1024,
+            "{} is {} bytes",
+            path.display(),
+            text.len()
+        );
+        assert!(!text.contains("PRIVATE"));
+        total += prefixscope::record::read_jsonl(text.as_bytes())
+            .records
+            .len();
+    }
+    assert_eq!(total, 6);
+    assert!(prefixscope::recorder::rotated_path(&file, 1).exists());
+}
+
+#[test]
+fn a_port_in_use_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let file = temp_file("port-in-use.jsonl");
+    let out = run(&[
+        "record",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}

