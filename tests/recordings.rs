@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use prefixscope::record::{Record, apply_digest, read_jsonl, record_line};
 
-const REAL: [&str; 5] = [
+const REAL: [&str; 7] = [
+    "recordings/xllamacpp/session.jsonl",
+    "recordings/xllamacpp/session.digest.jsonl",
     "recordings/llmp/llama.cpp/session.jsonl",
     "recordings/llmp/llama.cpp/session.digest.jsonl",
     "recordings/llmp/llama.cpp/parallel.jsonl",
@@ -56,10 +58,17 @@ fn real_recordings_read_unchanged_and_write_back_byte_for_byte() {
     }
 }
 
+/// llmp's pair (its digest proxy in front of its full one) and ours (the same with prefixscope,
+/// in front of a real llama.cpp server, OpenAI and Anthropic APIs).
 #[test]
-fn our_digest_of_the_full_recording_equals_llmps_digest_recording() {
-    let (_, full) = read("recordings/llmp/llama.cpp/session.jsonl");
-    let (_, digest) = read("recordings/llmp/llama.cpp/session.digest.jsonl");
+fn the_digest_of_a_full_recording_equals_the_digest_recording_of_the_same_traffic() {
+    digest_pair("recordings/llmp/llama.cpp/session.jsonl", "recordings/llmp/llama.cpp/session.digest.jsonl");
+    digest_pair("recordings/xllamacpp/session.jsonl", "recordings/xllamacpp/session.digest.jsonl");
+}
+
+fn digest_pair(full: &str, digest: &str) {
+    let (_, full) = read(full);
+    let (_, digest) = read(digest);
     assert_eq!(full.len(), digest.len());
     for (mut ours, theirs) in full.into_iter().zip(digest) {
         apply_digest(&mut ours);
