@@ -4,6 +4,7 @@
 //! The core (`record`, `normalize`) is pure: no clock, no network, no terminal. The proxy is an
 //! edge behind the `net` feature; the recorder is the one consumer that touches the disk.
 
+pub mod analysis;
 pub mod normalize;
 pub mod record;
 pub mod recorder;

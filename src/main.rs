@@ -24,6 +24,8 @@ enum Command {
     Record(cli::record::RecordArgs),
     /// Read recordings (prefixscope's or llmp's) and list what they hold.
     Records(cli::records::RecordsArgs),
+    /// Report on recordings: conversations, prefix breaks, tokens and time lost, and who caused it.
+    Analyze(cli::analyze::AnalyzeArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Record(args) => cli::record::run(args),
         Command::Records(args) => cli::records::run(args),
+        Command::Analyze(args) => cli::analyze::run(args),
     };
     ExitCode::from(code)
 }

@@ -62,8 +62,14 @@ fn real_recordings_read_unchanged_and_write_back_byte_for_byte() {
 /// in front of a real llama.cpp server, OpenAI and Anthropic APIs).
 #[test]
 fn the_digest_of_a_full_recording_equals_the_digest_recording_of_the_same_traffic() {
-    digest_pair("recordings/llmp/llama.cpp/session.jsonl", "recordings/llmp/llama.cpp/session.digest.jsonl");
-    digest_pair("recordings/xllamacpp/session.jsonl", "recordings/xllamacpp/session.digest.jsonl");
+    digest_pair(
+        "recordings/llmp/llama.cpp/session.jsonl",
+        "recordings/llmp/llama.cpp/session.digest.jsonl",
+    );
+    digest_pair(
+        "recordings/xllamacpp/session.jsonl",
+        "recordings/xllamacpp/session.digest.jsonl",
+    );
 }
 
 fn digest_pair(full: &str, digest: &str) {

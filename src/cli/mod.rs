@@ -1,6 +1,7 @@
 //! One file per subcommand. Exit codes everywhere: 0 success, 1 input that could not be read at
 //! all (or a port that could not be bound), 2 a usage error (clap's own, and ours).
 
+pub mod analyze;
 pub mod record;
 pub mod records;
 pub mod status;

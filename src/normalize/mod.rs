@@ -2,12 +2,13 @@
 //! stream merges into the non-streamed shape, and the Anthropic Messages API in chat form.
 
 pub mod anthropic;
+pub mod exchange;
 pub mod stream;
 
 use serde::{Deserialize, Serialize};
 
 /// Detected from the request path only (the body may be absent, e.g. in digest mode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Api {
     OpenaiChat,

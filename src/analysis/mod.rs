@@ -1,0 +1,87 @@
+//! From records to a report: which turns belong together, where each prompt stopped matching,
+//! what that cost, and who is to blame. Pure: no I/O, no clock.
+//!
+//! The batch algorithm is llmp 0.1.0's (`table`, `findings`, `report`; MIT, see NOTICE), so our
+//! figures agree with llmp's on the same recordings; prefixscope's extensions are marked where
+//! they are made.
+
+pub mod findings;
+pub mod measured;
+pub mod report;
+pub mod table;
+
+use serde::{Deserialize, Serialize};
+
+use crate::normalize::exchange::{Exchange, SkipReason, normalize};
+use crate::record::Record;
+
+pub use findings::{Confidence, Finding, FindingKind};
+pub use measured::{Measured, Source};
+pub use report::Report;
+
+/// Version of the report format (llmp's report format v1 plus prefixscope's added fields).
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub session_gap_ms: u64,
+    pub thresholds: Thresholds,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Thresholds {
+    pub tool_schema_tokens: u32,
+    pub system_tokens: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            session_gap_ms: 60_000,
+            thresholds: Thresholds::default(),
+        }
+    }
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            tool_schema_tokens: 800,
+            system_tokens: 800,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Normalized {
+    pub exchanges: Vec<Exchange>,
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Skipped {
+    pub path: String,
+    pub reason: SkipReason,
+}
+
+pub fn normalize_all(records: &[Record]) -> Normalized {
+    let mut normalized = Normalized::default();
+    for record in records {
+        match normalize(record) {
+            Ok(exchange) => normalized.exchanges.push(exchange),
+            Err(reason) => normalized.skipped.push(Skipped {
+                path: record.request.path.clone(),
+                reason,
+            }),
+        }
+    }
+    normalized
+}
+
+/// The whole analysis of `records` (in any order; rows come out in start order).
+pub fn analyze(records: &[Record], config: &Config) -> Report {
+    let normalized = normalize_all(records);
+    let table = table::build(&normalized.exchanges, config);
+    let findings = findings::find(&table, config);
+    report::assemble(records, &normalized, table, findings)
+}

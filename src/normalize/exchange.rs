@@ -1,0 +1,355 @@
+//! Record → Exchange: what the analysis reads from one chat exchange, with every count carrying
+//! its source. Adapted from llmp 0.1.0 (`normalize/`, MIT, see NOTICE), extended with the
+//! Anthropic Messages API.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Api, anthropic};
+use crate::analysis::measured::{Measured, Source};
+use crate::record::{self, Output, Params, Record, RequestDigest, ToolCall};
+
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Counts {
+    pub prompt_tokens: Option<Measured<u32>>,
+    pub completion_tokens: Option<Measured<u32>>,
+    pub reused_tokens: Option<Measured<u32>>,
+    pub evaluated_tokens: Option<Measured<u32>>,
+    pub prefill_ms: Option<Measured<f64>>,
+    pub decode_ms: Option<Measured<f64>>,
+    pub load_ms: Option<Measured<f64>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exchange {
+    pub id: u64,
+    pub t_start_ms: i64,
+    pub t_end_ms: i64,
+    pub api: Api,
+    pub model: String,
+    pub user_agent: Option<String>,
+    pub messages: Vec<Msg>,
+    pub tools: Vec<ToolDef>,
+    pub tools_hash: Option<String>,
+    pub params: Params,
+    pub counts: Counts,
+    pub output: Output,
+    pub ok: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Msg {
+    pub role: String,
+    pub hash: String,
+    pub chars: u32,
+    pub tokens: Option<Measured<u32>>,
+    pub head: String,
+    pub tail: String,
+    /// The text, in full mode only (digest recordings keep none).
+    pub text: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDef {
+    pub name: String,
+    pub hash: String,
+    pub chars: u32,
+    pub tokens: Option<Measured<u32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    NotChat,
+    Error,
+    Non2xx,
+    Unparsed,
+}
+
+/// First match wins: not a chat path, an error or no response, a non-2xx status, no messages.
+pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
+    let api = Api::from_path(&record.request.path);
+    if !api.is_chat() {
+        return Err(SkipReason::NotChat);
+    }
+    if record.error.is_some() {
+        return Err(SkipReason::Error);
+    }
+    let Some(response) = record.response.as_ref() else {
+        return Err(SkipReason::Error);
+    };
+    if !(200..300).contains(&response.status) {
+        return Err(SkipReason::Non2xx);
+    }
+    let (request, texts) = request_parts(api, record)?;
+    let response_digest = match (&response.digest, &response.body) {
+        (Some(digest), _) => Some(digest.clone()),
+        (None, Some(body)) => Some(record::response_digest(api, body)),
+        (None, None) => None,
+    };
+    let ok = response_digest.is_some();
+    let (fields, output) = response_digest.map_or((Value::Null, Output::default()), |digest| {
+        (Value::Object(digest.usage), digest.output)
+    });
+    let server = match api {
+        Api::OllamaChat => ollama_counts(&fields),
+        Api::AnthropicMessages => anthropic_counts(&fields),
+        _ => openai_counts(&fields),
+    };
+    let ttfb_ms = record
+        .t_first_byte_ms
+        .map(|first_byte| (first_byte - record.t_start_ms).max(0));
+    let counts = derive(server, response.stream.is_some(), ttfb_ms);
+
+    let tokens = record.tokens.as_ref();
+    let tokenizer = |value: &u32| Measured {
+        value: *value,
+        source: Source::Tokenizer,
+    };
+    let messages = request
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, message)| Msg {
+            tokens: tokens
+                .and_then(|t| t.messages.get(&message.hash))
+                .map(tokenizer),
+            text: texts.as_ref().and_then(|t| t.get(index).cloned()),
+            role: message.role,
+            hash: message.hash,
+            chars: message.chars,
+            head: message.head,
+            tail: message.tail,
+            tool_calls: message.tool_calls,
+            tool_call_id: message.tool_call_id,
+            name: message.name,
+        })
+        .collect();
+    let tools = request
+        .tools
+        .into_iter()
+        .map(|tool| ToolDef {
+            tokens: tokens.and_then(|t| t.tools.get(&tool.hash)).map(tokenizer),
+            name: tool.name,
+            hash: tool.hash,
+            chars: tool.chars,
+        })
+        .collect();
+    Ok(Exchange {
+        id: record.id,
+        t_start_ms: record.t_start_ms,
+        t_end_ms: record.t_end_ms,
+        api,
+        model: request.model.unwrap_or_default(),
+        user_agent: record.request.headers.get("user-agent").cloned(),
+        messages,
+        tools,
+        tools_hash: request.tools_hash,
+        params: request.params,
+        counts,
+        output,
+        ok,
+    })
+}
+
+/// The request's digest, and in full mode the messages' texts (for break location).
+fn request_parts(
+    api: Api,
+    record: &Record,
+) -> Result<(RequestDigest, Option<Vec<String>>), SkipReason> {
+    if let Some(digest) = &record.request.digest {
+        return Ok((digest.clone(), None));
+    }
+    let body = record.request.body.as_ref().ok_or(SkipReason::Unparsed)?;
+    let digest = record::request_digest(api, body).ok_or(SkipReason::Unparsed)?;
+    let messages = if api == Api::AnthropicMessages {
+        anthropic::chat_messages(body)
+    } else {
+        body.get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let texts = messages.iter().map(record::message_text).collect();
+    Ok((digest, Some(texts)))
+}
+
+/// Derivation rules, in order: 0. prompt = reused + evaluated; 1. the missing one of reused /
+/// evaluated = prompt − the known one; 2. a streamed response's proxy TTFT is the prefill time
+/// when the server gave none (an upper bound: it includes queueing).
+fn derive(mut counts: Counts, streamed: bool, ttfb_ms: Option<i64>) -> Counts {
+    if counts.prompt_tokens.is_none()
+        && let (Some(reused), Some(evaluated)) = (counts.reused_tokens, counts.evaluated_tokens)
+    {
+        counts.prompt_tokens = Some(Measured {
+            value: reused.value.saturating_add(evaluated.value),
+            source: reused.source.max(evaluated.source),
+        });
+    }
+    if let Some(prompt) = counts.prompt_tokens {
+        match (counts.reused_tokens, counts.evaluated_tokens) {
+            (Some(reused), None) => {
+                counts.evaluated_tokens = Some(Measured {
+                    value: prompt.value.saturating_sub(reused.value),
+                    source: reused.source,
+                });
+            }
+            (None, Some(evaluated)) => {
+                counts.reused_tokens = Some(Measured {
+                    value: prompt.value.saturating_sub(evaluated.value),
+                    source: evaluated.source,
+                });
+            }
+            _ => {}
+        }
+    }
+    if counts.prefill_ms.is_none()
+        && streamed
+        && let Some(ttfb_ms) = ttfb_ms
+    {
+        counts.prefill_ms = Some(Measured {
+            value: ttfb_ms as f64,
+            source: Source::Proxy,
+        });
+    }
+    counts
+}
+
+fn server_tokens(fields: &Value, pointer: &str) -> Option<Measured<u32>> {
+    let value = fields.pointer(pointer)?.as_u64()?;
+    Some(Measured {
+        value: u32::try_from(value).ok()?,
+        source: Source::Server,
+    })
+}
+
+fn server_ms(fields: &Value, pointer: &str, divisor: f64) -> Option<Measured<f64>> {
+    let value = fields.pointer(pointer)?.as_f64()?;
+    Some(Measured {
+        value: value / divisor,
+        source: Source::Server,
+    })
+}
+
+/// llama.cpp: `timings` wins over `cached_tokens` because it comes with `prompt_n` and
+/// `prompt_ms`; vLLM-style servers give `usage` only.
+fn openai_counts(fields: &Value) -> Counts {
+    Counts {
+        prompt_tokens: server_tokens(fields, "/usage/prompt_tokens"),
+        completion_tokens: server_tokens(fields, "/usage/completion_tokens")
+            .or_else(|| server_tokens(fields, "/timings/predicted_n")),
+        reused_tokens: server_tokens(fields, "/timings/cache_n")
+            .or_else(|| server_tokens(fields, "/usage/prompt_tokens_details/cached_tokens")),
+        evaluated_tokens: server_tokens(fields, "/timings/prompt_n"),
+        prefill_ms: server_ms(fields, "/timings/prompt_ms", 1.0),
+        decode_ms: server_ms(fields, "/timings/predicted_ms", 1.0),
+        load_ms: None,
+    }
+}
+
+/// Ollama's `prompt_eval_count` is the whole prompt, cached or not: no reuse is reported.
+fn ollama_counts(fields: &Value) -> Counts {
+    const NANOS_PER_MS: f64 = 1e6;
+    Counts {
+        prompt_tokens: server_tokens(fields, "/prompt_eval_count"),
+        completion_tokens: server_tokens(fields, "/eval_count"),
+        reused_tokens: None,
+        evaluated_tokens: None,
+        prefill_ms: server_ms(fields, "/prompt_eval_duration", NANOS_PER_MS),
+        decode_ms: server_ms(fields, "/eval_duration", NANOS_PER_MS),
+        load_ms: server_ms(fields, "/load_duration", NANOS_PER_MS),
+    }
+}
+
+/// Anthropic Messages: reused = `cache_read_input_tokens`; evaluated = `input_tokens` +
+/// `cache_creation_input_tokens` (both were processed this time); the prompt is their sum.
+fn anthropic_counts(fields: &Value) -> Counts {
+    let input = server_tokens(fields, "/usage/input_tokens");
+    let creation = server_tokens(fields, "/usage/cache_creation_input_tokens");
+    let evaluated = input.map(|i| Measured {
+        value: i.value.saturating_add(creation.map_or(0, |c| c.value)),
+        source: Source::Server,
+    });
+    let reused = server_tokens(fields, "/usage/cache_read_input_tokens");
+    Counts {
+        prompt_tokens: None,
+        completion_tokens: server_tokens(fields, "/usage/output_tokens"),
+        reused_tokens: reused,
+        evaluated_tokens: evaluated,
+        prefill_ms: None,
+        decode_ms: None,
+        load_ms: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn server<T>(value: T) -> Option<Measured<T>> {
+        Some(Measured {
+            value,
+            source: Source::Server,
+        })
+    }
+
+    #[test]
+    fn llama_cpp_fields_and_derivation() {
+        let c = openai_counts(
+            &json!({"timings": {"cache_n": 20, "prompt_n": 5, "prompt_ms": 21.9, "predicted_n": 4, "predicted_ms": 28.8}}),
+        );
+        let c = derive(c, true, Some(40));
+        assert_eq!(c.prompt_tokens, server(25));
+        assert_eq!(c.completion_tokens, server(4));
+        assert_eq!(c.prefill_ms, server(21.9));
+    }
+
+    #[test]
+    fn vllm_style_derives_evaluated_and_uses_ttfb_when_streamed() {
+        let c = openai_counts(
+            &json!({"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}}}),
+        );
+        let c = derive(c, true, Some(25));
+        assert_eq!(c.evaluated_tokens, server(36));
+        assert_eq!(
+            c.prefill_ms,
+            Some(Measured {
+                value: 25.0,
+                source: Source::Proxy
+            })
+        );
+        let c = derive(
+            openai_counts(&json!({"usage": {"prompt_tokens": 100}})),
+            false,
+            Some(25),
+        );
+        assert_eq!(
+            c.prefill_ms, None,
+            "a non-streamed time to first byte is the whole generation"
+        );
+    }
+
+    #[test]
+    fn anthropic_fields() {
+        let c = derive(
+            anthropic_counts(
+                &json!({"usage": {"input_tokens": 15, "cache_read_input_tokens": 44, "cache_creation_input_tokens": 5, "output_tokens": 7}}),
+            ),
+            false,
+            None,
+        );
+        assert_eq!(
+            (
+                c.prompt_tokens,
+                c.reused_tokens,
+                c.evaluated_tokens,
+                c.completion_tokens
+            ),
+            (server(64), server(44), server(20), server(7))
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! The analysis against real recordings: llmp's own reports reproduced field for field, the
+//! design's invariants on every file, full and digest recordings agreeing, the figures the
+//! issue names, and golden reports of our own (`PREFIXSCOPE_UPDATE_GOLDEN=1` rewrites them;
+//! say why in the commit).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use prefixscope::analysis::report::Report;
+use prefixscope::analysis::table::{BreakCause, Row};
+use prefixscope::analysis::{Config, analyze};
+use prefixscope::record::{Record, read_jsonl};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+const RECORDINGS: [&str; 8] = [
+    "llmp/llama.cpp/parallel-nocache",
+    "llmp/llama.cpp/parallel",
+    "llmp/llama.cpp/session",
+    "llmp/llama.cpp/session.digest",
+    "llmp/ollama/session",
+    "llmp/ollama-openai/session",
+    "xllamacpp/session",
+    "xllamacpp/session.digest",
+];
+
+fn load(name: &str) -> Vec<Record> {
+    let path = root().join("recordings").join(format!("{name}.jsonl"));
+    let read = read_jsonl(std::fs::read(&path).unwrap().as_slice());
+    assert!(read.bad_lines.is_empty(), "{name}: {:?}", read.bad_lines);
+    read.records
+}
+
+fn report(name: &str) -> Report {
+    analyze(&load(name), &Config::default())
+}
+
+/// Keeps only what `expected` has: our extensions are new fields, never changed ones.
+fn project(actual: &Value, expected: &Value) -> Value {
+    match (actual, expected) {
+        (Value::Object(a), Value::Object(e)) => Value::Object(
+            e.keys()
+                .filter_map(|k| a.get(k).map(|v| (k.clone(), project(v, &e[k]))))
+                .collect(),
+        ),
+        (Value::Array(a), Value::Array(e)) if a.len() == e.len() => {
+            Value::Array(a.iter().zip(e).map(|(x, y)| project(x, y)).collect())
+        }
+        _ => actual.clone(),
+    }
+}
+
+#[test]
+fn reports_equal_llmps_own_reports_of_its_recordings() {
+    for name in &RECORDINGS[..6] {
+        let golden = root()
+            .join("tests/data/llmp-reports")
+            .join(format!("{}.report.json", name.trim_start_matches("llmp/")));
+        let expected: Value =
+            serde_json::from_str(&std::fs::read_to_string(&golden).unwrap()).unwrap();
+        let actual = serde_json::to_value(report(name)).unwrap();
+        let projected = project(&actual, &expected);
+        if projected != expected {
+            for key in expected.as_object().unwrap().keys() {
+                assert_eq!(
+                    projected[key], expected[key],
+                    "{name}: `{key}` differs from llmp's report"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn golden_reports() {
+    let update = std::env::var_os("PREFIXSCOPE_UPDATE_GOLDEN").is_some();
+    let mut stale = Vec::new();
+    for name in RECORDINGS {
+        let actual = serde_json::to_string_pretty(&report(name)).unwrap() + "\n";
+        let golden = root()
+            .join("tests/golden/analysis")
+            .join(format!("{}.report.json", name.replace('/', "--")));
+        if update {
+            std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+            std::fs::write(&golden, &actual).unwrap();
+        } else if std::fs::read_to_string(&golden).unwrap_or_default() != actual {
+            stale.push(golden.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "reports differ from {stale:?}; if intended, rerun with PREFIXSCOPE_UPDATE_GOLDEN=1 and say why in the commit"
+    );
+}
+
+#[test]
+fn parallel_nocache_gives_the_figures_of_the_issue() {
+    let r = report("llmp/llama.cpp/parallel-nocache");
+    assert_eq!(
+        (
+            r.coverage.records,
+            r.coverage.analysed,
+            r.coverage.turns,
+            r.coverage.conversations
+        ),
+        (24, 23, 22, 5)
+    );
+    let clients: Vec<(&str, u32, u32)> = r
+        .clients
+        .iter()
+        .map(|c| (c.client.as_str(), c.requests, c.conversations))
+        .collect();
+    assert_eq!(
+        clients,
+        vec![
+            ("llmp-drive/1 #1", 12, 3),
+            ("llmp-drive/1 #2", 5, 1),
+            ("other-agent/2", 5, 1),
+            ("llmp-drive/1", 1, 0)
+        ]
+    );
+    assert_eq!(r.time.lost_tokens, 8_759);
+    let share = r.time.lost_ms.unwrap().value / r.time.prefill_ms.unwrap().value;
+    assert_eq!((share * 100.0).round(), 77.0);
+    let by_cause: BTreeMap<&str, u64> = r
+        .time
+        .by_cause
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.tokens))
+        .collect();
+    assert_eq!(
+        by_cause,
+        BTreeMap::from([
+            ("other_conversation", 7_772),
+            ("system_changed", 584),
+            ("side_call", 403)
+        ])
+    );
+}
+
+#[test]
+fn parallel_agents_are_linked_to_their_own_conversations() {
+    for name in ["llmp/llama.cpp/parallel", "llmp/llama.cpp/parallel-nocache"] {
+        let records = load(name);
+        let r = analyze(&records, &Config::default());
+        let agent_of: BTreeMap<u64, String> = records
+            .iter()
+            .filter_map(|rec| {
+                Some((
+                    rec.id,
+                    rec.request.body.as_ref()?["messages"][0]["content"]
+                        .as_str()?
+                        .chars()
+                        .take(60)
+                        .collect(),
+                ))
+            })
+            .collect();
+        let mut conversations: BTreeMap<String, BTreeMap<u32, usize>> = BTreeMap::new();
+        for row in r.rows.iter().filter(|r| r.conversation.is_some()) {
+            *conversations
+                .entry(agent_of[&row.id].clone())
+                .or_default()
+                .entry(row.conversation.unwrap())
+                .or_default() += 1;
+        }
+        assert_eq!(conversations.len(), 5, "{name}");
+        assert!(
+            conversations.values().all(|ids| ids.len() == 1),
+            "{name}: an agent split in two"
+        );
+        assert!(
+            r.rows.iter().all(
+                |r| r.break_cause.is_none() || r.break_cause == Some(BreakCause::SystemChanged)
+            ),
+            "{name}: a false break"
+        );
+    }
+}
+
+fn rows_of(name: &str) -> Vec<Row> {
+    report(name).rows
+}
+
+#[test]
+fn invariants_hold_on_every_recording() {
+    for name in RECORDINGS {
+        let r = report(name);
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(!text.contains("NaN") && !text.contains("-0.0"), "{name}");
+        for row in &r.rows {
+            let evaluated = row.counts.evaluated_tokens.map_or(0, |e| e.value);
+            let lost: u32 = [&row.lost_client, &row.lost_external]
+                .into_iter()
+                .flatten()
+                .map(|l| l.tokens)
+                .sum();
+            assert!(
+                lost <= evaluated,
+                "{name} row {}: lost {lost} > evaluated {evaluated}",
+                row.id
+            );
+            let c = &row.counts;
+            if row.loss_measured {
+                assert!(
+                    c.prompt_tokens.is_some()
+                        && c.reused_tokens.is_some()
+                        && c.evaluated_tokens.is_some()
+                        && c.prefill_ms.is_some(),
+                    "{name} row {}",
+                    row.id
+                );
+            } else {
+                assert!(
+                    row.lost_client.is_none() && row.lost_external.is_none(),
+                    "{name} row {}",
+                    row.id
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn full_and_digest_recordings_of_the_same_traffic_agree() {
+    for (full, digest) in [
+        ("llmp/llama.cpp/session", "llmp/llama.cpp/session.digest"),
+        ("xllamacpp/session", "xllamacpp/session.digest"),
+    ] {
+        let (a, b) = (report(full), report(digest));
+        assert_eq!(a.rows.len(), b.rows.len(), "{full}");
+        assert_eq!(a.tools, b.tools, "{full}");
+        for (x, y) in a.rows.iter().zip(&b.rows) {
+            assert_eq!(
+                (x.id, x.kind, x.session, x.turn, x.conversation),
+                (y.id, y.kind, y.session, y.turn, y.conversation),
+                "{full}"
+            );
+            assert_eq!(
+                (x.counts.prompt_tokens, x.counts.reused_tokens),
+                (y.counts.prompt_tokens, y.counts.reused_tokens),
+                "{full} row {}",
+                x.id
+            );
+            assert_eq!(
+                (x.prefix_tokens, x.break_cause, x.cause),
+                (y.prefix_tokens, y.break_cause, y.cause),
+                "{full} row {}",
+                x.id
+            );
+            assert_eq!(x.composition, y.composition, "{full} row {}", x.id);
+            assert_eq!(x.lost_external, y.lost_external, "{full} row {}", x.id);
+            assert_eq!(
+                x.lost_client.is_some(),
+                y.lost_client.is_some(),
+                "{full} row {}",
+                x.id
+            );
+        }
+    }
+    let _ = rows_of;
+    let _ = Path::new("");
+}
