@@ -264,3 +264,144 @@ fn full_and_digest_recordings_of_the_same_traffic_agree() {
     let _ = rows_of;
     let _ = Path::new("");
 }
+
+#[test]
+fn the_weekday_break_is_located_with_its_text_and_in_digest_mode_by_head_and_tail() {
+    let full = report("llmp/llama.cpp/session");
+    let row = full.rows.iter().find(|r| r.turn == Some(4)).unwrap();
+    assert_eq!(row.break_cause, Some(BreakCause::SystemChanged));
+    let at = row.break_location.as_ref().unwrap();
+    assert_eq!((at.message, at.role.as_deref()), (Some(0), Some("system")));
+    assert_eq!(at.before.as_deref(), Some("sentences. Today is Monday."));
+    assert_eq!(at.after.as_deref(), Some("sentences. Today is Tuesday."));
+    assert_eq!(at.char_offset, Some(1321));
+    let digest = report("llmp/llama.cpp/session.digest");
+    let at = digest
+        .rows
+        .iter()
+        .find(|r| r.turn == Some(4))
+        .unwrap()
+        .break_location
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (at.head_matched, at.tail_matched, at.before),
+        (Some(true), Some(false), None)
+    );
+}
+
+#[test]
+fn every_eviction_names_the_request_that_most_likely_caused_it() {
+    let r = report("llmp/llama.cpp/parallel-nocache");
+    let client_of: BTreeMap<u64, &str> = r.rows.iter().map(|r| (r.id, r.client.as_str())).collect();
+    let mut named = 0;
+    for row in &r.rows {
+        let expected = match row.cause {
+            Some(prefixscope::analysis::table::Cause::OtherConversation) => "other_conversation",
+            Some(prefixscope::analysis::table::Cause::SideCall) => "side_call",
+            Some(prefixscope::analysis::table::Cause::OtherModel) => "other_model",
+            _ => {
+                assert!(row.evicted_by.is_none());
+                continue;
+            }
+        };
+        let by = row
+            .evicted_by
+            .as_ref()
+            .unwrap_or_else(|| panic!("row {} names no evictor", row.id));
+        assert_eq!(by.kind, expected);
+        assert!(
+            row.side_calls_between.contains(&by.row)
+                || row.other_conversations_between.contains(&by.row)
+                || row.other_domains_between.contains(&by.row)
+        );
+        assert_eq!(by.client, client_of[&by.row]);
+        named += 1;
+    }
+    assert_eq!(named, 16);
+}
+
+/// Two turns: the second continues the first exactly, nothing runs in between, and the server
+/// reports (almost) no reuse: the server's loss, never the client's.
+#[test]
+fn a_cold_server_on_an_unchanged_prefix_is_charged_to_the_server() {
+    let mut records = load("llmp/llama.cpp/session");
+    records.truncate(2);
+    let second = records[1].response.as_mut().unwrap().body.as_mut().unwrap();
+    let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    second["timings"]["cache_n"] = serde_json::json!(5);
+    second["timings"]["prompt_n"] = serde_json::json!(prompt - 5);
+    second["usage"]["prompt_tokens_details"]["cached_tokens"] = serde_json::json!(5);
+    let r = analyze(&records, &Config::default());
+    let row = &r.rows[1];
+    assert_eq!((row.break_cause, row.lost_client.as_ref()), (None, None));
+    assert_eq!(
+        row.lost_external.as_ref().map(|l| l.cause.as_str()),
+        Some("server_empty")
+    );
+    assert!(
+        r.summary()
+            .contains("the server itself dropped cached prefixes on 1 turn"),
+        "{}",
+        r.summary()
+    );
+}
+
+fn chat_record(id: u64, system: &str, turns: usize, reused: u64) -> Record {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+    for t in 0..turns {
+        messages.push(serde_json::json!({"role": "user", "content": format!("question {t}")}));
+        if t + 1 < turns {
+            messages
+                .push(serde_json::json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    let line = serde_json::json!({
+        "v": 1, "id": id, "conn": 1, "t_start_ms": 1_000 * id, "t_first_byte_ms": 1_000 * id + 50, "t_end_ms": 1_000 * id + 90,
+        "request": {"method": "POST", "path": "/v1/chat/completions", "headers": {"user-agent": "nonce-agent/1"}, "body_bytes": 1,
+            "body": {"model": "m", "messages": messages}, "body_text": null, "digest": null},
+        "response": {"status": 200, "headers": {}, "stream": null, "chunks": null, "bad_chunks": null, "body_bytes": 1, "truncated": false,
+            "body": {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+                "timings": {"cache_n": reused, "prompt_n": 40 + 10 * turns as u64 - reused, "prompt_ms": 100.0, "predicted_n": 1, "predicted_ms": 5.0}},
+            "body_text": null, "digest": null},
+        "error": null, "tokens": null});
+    serde_json::from_value(line).unwrap()
+}
+
+#[test]
+fn a_nonce_in_the_system_prompt_is_named_with_an_example() {
+    let records: Vec<Record> = (1..=5)
+        .map(|i| {
+            chat_record(
+                i,
+                &format!(
+                    "x-billing-header: cc_version=1.0.{i}; nonce={}\nYou are a helpful agent.",
+                    1000 + i * 37
+                ),
+                i as usize,
+                3,
+            )
+        })
+        .collect();
+    let r = analyze(&records, &Config::default());
+    let finding = r
+        .findings
+        .iter()
+        .find(|f| f.kind == prefixscope::analysis::FindingKind::VolatileSystemPrompt)
+        .expect("a volatile finding");
+    assert_eq!(finding.client.as_deref(), Some("nonce-agent/1"));
+    assert_eq!(finding.evidence["changed"], 4);
+    assert_eq!(finding.evidence["char_offset"], 33);
+    assert!(
+        finding.evidence["before"]
+            .as_str()
+            .unwrap()
+            .contains("nonce=1")
+    );
+    assert!(
+        r.summary()
+            .contains("system prompt changes at character 33 on 4 of 4 turns"),
+        "{}",
+        r.summary()
+    );
+}

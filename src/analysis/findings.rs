@@ -32,6 +32,8 @@ pub enum FindingKind {
     UnusedTool,
     LargeToolSchema,
     LargeSystemPrompt,
+    /// prefixscope: a span of the system prompt that changes on most turns of a client.
+    VolatileSystemPrompt,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -96,6 +98,7 @@ pub(crate) fn find(table: &Table, config: &Config) -> Vec<Finding> {
                 .filter(|r| r.client == client)
                 .collect();
             findings.extend(prefix_breaks(model, client, &mine));
+            findings.extend(volatile_system_prompt(model, client, &mine));
             findings.extend(large_system_prompt(
                 model,
                 client,
@@ -337,6 +340,69 @@ fn other_model_eviction(
         hit.iter().filter(|r| r.loss_measured).count(),
         sum,
         object(json!({ "other_models": others })),
+    ))
+}
+
+const VOLATILE_MIN_LINKS: usize = 3;
+const VOLATILE_SHARE: f64 = 0.5;
+
+/// The system prompt changed at the same place on most of a client's links: a date, a nonce, a
+/// billing header. Names the place and shows one change (full mode).
+fn volatile_system_prompt(model: &str, client: &str, rows: &[&Row]) -> Option<Finding> {
+    let links: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.kind == RowKind::Turn && r.linked_to.is_some() && !r.new_conversation)
+        .collect();
+    let changed: Vec<&Row> = links
+        .iter()
+        .copied()
+        .filter(|r| {
+            r.break_cause == Some(BreakCause::SystemChanged)
+                && r.break_location
+                    .as_ref()
+                    .is_some_and(|l| l.role.as_deref() == Some("system"))
+        })
+        .collect();
+    if links.len() < VOLATILE_MIN_LINKS
+        || (changed.len() as f64) <= VOLATILE_SHARE * links.len() as f64
+    {
+        return None;
+    }
+    let mut offsets: BTreeMap<Option<u32>, usize> = BTreeMap::new();
+    for row in &changed {
+        *offsets
+            .entry(row.break_location.as_ref().and_then(|l| l.char_offset))
+            .or_default() += 1;
+    }
+    let offset = offsets
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .and_then(|(o, _)| *o);
+    let example = changed
+        .iter()
+        .filter_map(|r| r.break_location.as_ref())
+        .find(|l| l.char_offset == offset);
+    let mut sum = LossSum::default();
+    for loss in changed.iter().filter_map(|r| r.lost_client.as_ref()) {
+        sum.add(loss);
+    }
+    let evidence = json!({
+        "char_offset": offset,
+        "changed": changed.len(),
+        "links": links.len(),
+        "before": example.and_then(|l| l.before.clone()),
+        "after": example.and_then(|l| l.after.clone()),
+        "head_matched": example.and_then(|l| l.head_matched),
+        "tail_matched": example.and_then(|l| l.tail_matched),
+    });
+    Some(loss_finding(
+        FindingKind::VolatileSystemPrompt,
+        (model, Some(client)),
+        changed.iter().map(|r| r.id).collect(),
+        changed.iter().filter(|r| r.loss_measured).count(),
+        sum,
+        object(evidence),
     ))
 }
 

@@ -313,6 +313,9 @@ impl Report {
                 .collect();
             lines.push(format!("  by cause: {}", top.join(" · ")));
         }
+        if let Some(line) = self.server_line() {
+            lines.push(line);
+        }
         lines.push(self.coverage_line());
         if !self.findings.is_empty() {
             lines.push("findings:".into());
@@ -357,6 +360,30 @@ impl Report {
             ),
             (None, _) => "time lost re-processing prompts: not measured (no turn had the server's reuse and timing counters)".into(),
         }
+    }
+
+    /// Engine versus client: losses on turns whose prompt matched and where nothing ran in
+    /// between are the server's, and the summary says so in words.
+    fn server_line(&self) -> Option<String> {
+        let mut tokens = 0u64;
+        let mut ms = None;
+        let mut rows = 0u64;
+        for (cause, total) in &self.time.by_cause {
+            if cause.starts_with("server_") {
+                tokens += total.tokens;
+                rows += u64::from(total.rows);
+                if let Some(m) = total.ms {
+                    ms = Some(add_ms(ms, m));
+                }
+            }
+        }
+        (rows > 0).then(|| {
+            format!(
+                "  the server itself dropped cached prefixes on {} (prompt unchanged, nothing in between): {}, not the client's doing",
+                plural(rows, "turn"),
+                size(tokens, ms)
+            )
+        })
     }
 
     fn coverage_line(&self) -> String {
@@ -443,6 +470,24 @@ fn label(finding: &Finding) -> String {
             thousands(number("schema_tokens")),
             number("threshold")
         ),
+        FindingKind::VolatileSystemPrompt => {
+            let example = match (
+                evidence.get("before").and_then(|v| v.as_str()),
+                evidence.get("after").and_then(|v| v.as_str()),
+            ) {
+                (Some(before), Some(after)) => format!(": {before:?} → {after:?}"),
+                _ => String::new(),
+            };
+            format!(
+                "system prompt changes at character {} on {} of {} turns{example}{lost}",
+                evidence
+                    .get("char_offset")
+                    .and_then(|v| v.as_u64())
+                    .map_or("?".into(), |o| o.to_string()),
+                number("changed"),
+                number("links")
+            )
+        }
         FindingKind::LargeSystemPrompt => format!(
             "system prompt of {model} is {} tokens ({context} over {})",
             thousands(number("system_tokens")),

@@ -35,6 +35,34 @@ pub struct Row {
     pub other_conversations_between: Vec<u64>,
     pub other_domains_between: Vec<u64>,
     pub loss_measured: bool,
+    /// prefixscope: where the prompt stopped matching the one it was linked to.
+    pub break_location: Option<BreakLocation>,
+    /// prefixscope: the request that most likely evicted this turn's prefix.
+    pub evicted_by: Option<EvictedBy>,
+}
+
+/// Where a break is: the first differing message and, in full mode, the first differing
+/// character with up to 60 characters of text before and after; in digest mode, whether the
+/// first and last 256 characters still matched.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakLocation {
+    pub message: Option<u32>,
+    pub role: Option<String>,
+    pub char_offset: Option<u32>,
+    pub before: Option<String>,
+    pub after: Option<String>,
+    pub head_matched: Option<bool>,
+    pub tail_matched: Option<bool>,
+    pub tools_added: Vec<String>,
+    pub tools_removed: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictedBy {
+    pub row: u64,
+    pub client: String,
+    /// `side_call`, `other_conversation` or `other_model`.
+    pub kind: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +153,8 @@ const SERVER_EMPTY_BELOW: f64 = 128.0;
 const HEAD_MARGIN: f64 = 1.15;
 const BULK_MIN_EVALUATED: u32 = 50;
 const UNKNOWN_CLIENT: &str = "unknown";
+const SNIPPET_CHARS: usize = 60;
+const SNIPPET_CONTEXT: usize = 20;
 
 impl BreakCause {
     fn name(self) -> &'static str {
@@ -156,6 +186,7 @@ enum Choice {
 }
 
 struct Link {
+    location: Option<BreakLocation>,
     prefix_len: usize,
     prefix_tokens: f64,
     break_cause: Option<BreakCause>,
@@ -201,6 +232,8 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
             other_conversations_between: Vec::new(),
             other_domains_between: Vec::new(),
             loss_measured: false,
+            break_location: None,
+            evicted_by: None,
         })
         .collect();
 
@@ -243,6 +276,7 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
             continue;
         };
         let mut latest = None;
+        let mut latest_id = None;
         for between in prev + 1..cur {
             let id = order[between].id;
             if order[between].model != order[cur].model {
@@ -250,9 +284,11 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
             } else if rows[between].kind == RowKind::SideCall {
                 rows[cur].side_calls_between.push(id);
                 latest = Some(Cause::SideCall);
+                latest_id = Some(id);
             } else {
                 rows[cur].other_conversations_between.push(id);
                 latest = Some(Cause::OtherConversation);
+                latest_id = Some(id);
             }
         }
         rows[cur].linked_to = Some(order[prev].id);
@@ -273,9 +309,31 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
             latest,
             bulk_rate,
         );
+        let row = &mut rows[cur];
+        row.break_location = link.location;
+        row.evicted_by = match row.cause {
+            Some(Cause::SideCall) => latest_id.map(|id| (id, "side_call")),
+            Some(Cause::OtherConversation) => latest_id.map(|id| (id, "other_conversation")),
+            Some(Cause::OtherModel) => row
+                .other_domains_between
+                .last()
+                .map(|&id| (id, "other_model")),
+            _ => None,
+        }
+        .map(|(row, kind)| EvictedBy {
+            row,
+            client: String::new(),
+            kind: kind.into(),
+        });
     }
 
     assign_clients(&order, &mut rows);
+    let client_of: BTreeMap<u64, String> = rows.iter().map(|r| (r.id, r.client.clone())).collect();
+    for row in &mut rows {
+        if let Some(evicted_by) = row.evicted_by.as_mut() {
+            evicted_by.client = client_of.get(&evicted_by.row).cloned().unwrap_or_default();
+        }
+    }
     let tools = tool_usage(&order, &weights, &rows);
     let clients = clients(&order, &rows);
     Table {
@@ -528,6 +586,7 @@ fn link(prev: &Exchange, pw: &Weights, cur: &Exchange, cw: &Weights, fresh: bool
                 }),
         };
         return Link {
+            location: None,
             prefix_len: k,
             prefix_tokens,
             break_cause: None,
@@ -536,7 +595,25 @@ fn link(prev: &Exchange, pw: &Weights, cur: &Exchange, cw: &Weights, fresh: bool
         };
     }
     if prev.tools_hash != cur.tools_hash {
+        let names = |x: &Exchange| {
+            x.tools
+                .iter()
+                .map(|t| t.name.clone())
+                .collect::<BTreeSet<String>>()
+        };
+        let (before, after) = (names(prev), names(cur));
         return Link {
+            location: Some(BreakLocation {
+                message: None,
+                role: None,
+                char_offset: None,
+                before: None,
+                after: None,
+                head_matched: None,
+                tail_matched: None,
+                tools_added: after.difference(&before).cloned().collect(),
+                tools_removed: before.difference(&after).cloned().collect(),
+            }),
             prefix_len: 0,
             prefix_tokens: 0.0,
             break_cause: Some(BreakCause::ToolsChanged),
@@ -573,13 +650,72 @@ fn link(prev: &Exchange, pw: &Weights, cur: &Exchange, cw: &Weights, fresh: bool
     } else {
         prefix_tokens
     };
+    let location = break_cause.map(|_| locate(prev, cur, k));
     Link {
+        location,
         prefix_len: k,
         prefix_tokens,
         break_cause,
         compaction,
         already_sent,
     }
+}
+
+/// The first differing message `k` of `cur` against `prev`, and inside it the first differing
+/// character with a snippet of each side.
+fn locate(prev: &Exchange, cur: &Exchange, k: usize) -> BreakLocation {
+    let (a, b) = (prev.messages.get(k), cur.messages.get(k));
+    let mut location = BreakLocation {
+        message: Some(k as u32),
+        role: b.or(a).map(|m| m.role.clone()),
+        char_offset: None,
+        before: None,
+        after: None,
+        head_matched: None,
+        tail_matched: None,
+        tools_added: Vec::new(),
+        tools_removed: Vec::new(),
+    };
+    let (Some(a), Some(b)) = (a, b) else {
+        return location;
+    };
+    match (&a.text, &b.text) {
+        (Some(x), Some(y)) => {
+            let (offset, before, after) = snippets(x, y);
+            location.char_offset = Some(offset as u32);
+            location.before = Some(before);
+            location.after = Some(after);
+        }
+        _ => {
+            location.head_matched = Some(a.head == b.head);
+            location.tail_matched = Some(a.tail == b.tail);
+        }
+    }
+    location
+}
+
+/// The first differing character, and up to 60 characters of each text around the change:
+/// a little context before it, then the differing span.
+fn snippets(before: &str, after: &str) -> (usize, String, String) {
+    let a: Vec<char> = before.chars().collect();
+    let b: Vec<char> = after.chars().collect();
+    let head = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let shortest = a.len().min(b.len());
+    let tail = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take(shortest - head)
+        .take_while(|(x, y)| x == y)
+        .count();
+    let start = head.saturating_sub(SNIPPET_CONTEXT);
+    let cut = |text: &[char], end_of_change: usize| -> String {
+        let end = (end_of_change + SNIPPET_CONTEXT)
+            .min(text.len())
+            .min(start + SNIPPET_CHARS);
+        text[start.min(end)..end].iter().collect()
+    };
+    (head, cut(&a, a.len() - tail), cut(&b, b.len() - tail))
 }
 
 fn already_sent(prev: &Exchange, cur: &Exchange, cw: &Weights, same_tools: bool) -> f64 {
@@ -962,8 +1098,8 @@ fn round(value: f64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::hash;
     use crate::normalize::exchange::ToolDef;
+    use crate::record::hash;
     use crate::record::{Output, Params, ToolCall};
 
     fn msg(role: &str, text: &str) -> Msg {
