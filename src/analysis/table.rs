@@ -166,7 +166,7 @@ impl BreakCause {
     }
 }
 
-struct Weights {
+pub(super) struct Weights {
     messages: Vec<f64>,
     tools: Vec<f64>,
     tool_block: f64,
@@ -174,19 +174,20 @@ struct Weights {
     source: Source,
 }
 
-struct Tip {
-    row: usize,
-    conversation: u32,
-    turns: u32,
+#[derive(Debug, Clone)]
+pub(super) struct Tip {
+    pub(super) row: usize,
+    pub(super) conversation: u32,
+    pub(super) turns: u32,
 }
 
-enum Choice {
+pub(super) enum Choice {
     Continue(usize),
     Fresh(Option<usize>),
 }
 
-struct Link {
-    location: Option<BreakLocation>,
+pub(super) struct Link {
+    pub(super) location: Option<BreakLocation>,
     prefix_len: usize,
     prefix_tokens: f64,
     break_cause: Option<BreakCause>,
@@ -200,7 +201,6 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
     let weights: Vec<Weights> = order.iter().map(|x| weights(x)).collect();
     let sessions = sessions(&order, config.session_gap_ms);
     let kinds = classify(&order);
-    let bulk_rates = bulk_rates(&order);
 
     let mut rows: Vec<Row> = order
         .iter()
@@ -250,7 +250,7 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
                     && rows[tips[t].row].session == rows[cur].session
             })
             .collect();
-        let (prev, fresh) = match choose(&order, &tips, &candidates, cur) {
+        let (prev, fresh) = match choose(|i| order[i], &tips, &candidates, order[cur]) {
             Choice::Continue(t) => {
                 let tip = &mut tips[t];
                 let prev = tip.row;
@@ -300,14 +300,12 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
             &weights[cur],
             fresh,
         );
-        let bulk_rate = bulk_rates.get(order[cur].model.as_str()).copied();
         apply_link(
             &mut rows[cur],
             order[cur],
             &weights[cur],
             &link,
             latest,
-            bulk_rate,
         );
         let row = &mut rows[cur];
         row.break_location = link.location;
@@ -327,6 +325,7 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
         });
     }
 
+    price(&mut rows);
     assign_clients(&order, &mut rows);
     let client_of: BTreeMap<u64, String> = rows.iter().map(|r| (r.id, r.client.clone())).collect();
     for row in &mut rows {
@@ -343,11 +342,10 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
     }
 }
 
-fn choose(order: &[&Exchange], tips: &[Tip], candidates: &[usize], cur: usize) -> Choice {
-    let x = order[cur];
+pub(super) fn choose<'a>(at: impl Fn(usize) -> &'a Exchange, tips: &[Tip], candidates: &[usize], x: &Exchange) -> Choice {
     let lead = x.messages.iter().take_while(|m| m.role == "system").count();
     let matched = |t: usize| {
-        let prev = order[tips[t].row];
+        let prev = at(tips[t].row);
         prev.messages
             .iter()
             .zip(&x.messages)
@@ -357,8 +355,8 @@ fn choose(order: &[&Exchange], tips: &[Tip], candidates: &[usize], cur: usize) -
     let recent = |t: &usize| tips[*t].row;
     if let Some(&t) = candidates
         .iter()
-        .filter(|&&t| continues(order[tips[t].row], x))
-        .max_by_key(|&&t| (order[tips[t].row].messages.len(), recent(&t)))
+        .filter(|&&t| continues(at(tips[t].row), x))
+        .max_by_key(|&&t| (at(tips[t].row).messages.len(), recent(&t)))
     {
         return Choice::Continue(t);
     }
@@ -378,7 +376,7 @@ fn choose(order: &[&Exchange], tips: &[Tip], candidates: &[usize], cur: usize) -
     )
 }
 
-fn weights(x: &Exchange) -> Weights {
+pub(super) fn weights(x: &Exchange) -> Weights {
     let mut exact = true;
     let mut weight = |tokens: Option<Measured<u32>>, chars: u32| match tokens {
         Some(tokens) => f64::from(tokens.value),
@@ -418,7 +416,7 @@ fn weights(x: &Exchange) -> Weights {
     }
 }
 
-fn sessions(order: &[&Exchange], gap_ms: u64) -> Vec<u32> {
+pub(super) fn sessions(order: &[&Exchange], gap_ms: u64) -> Vec<u32> {
     let mut open: BTreeMap<&str, (u32, i64)> = BTreeMap::new();
     let mut next = 1u32;
     order
@@ -445,7 +443,7 @@ fn sessions(order: &[&Exchange], gap_ms: u64) -> Vec<u32> {
         .collect()
 }
 
-fn continues(a: &Exchange, b: &Exchange) -> bool {
+pub(super) fn continues(a: &Exchange, b: &Exchange) -> bool {
     let (am, bm) = (&a.messages, &b.messages);
     if am.is_empty() || am.len() > bm.len() {
         return false;
@@ -457,7 +455,7 @@ fn continues(a: &Exchange, b: &Exchange) -> bool {
     })
 }
 
-fn system_hash(x: &Exchange) -> Option<&str> {
+pub(super) fn system_hash(x: &Exchange) -> Option<&str> {
     x.messages
         .iter()
         .find(|m| m.role == "system")
@@ -527,7 +525,7 @@ fn classify(order: &[&Exchange]) -> Vec<(RowKind, Option<Shape>)> {
     kinds
 }
 
-fn summarise(x: &Exchange) -> bool {
+pub(super) fn summarise(x: &Exchange) -> bool {
     if !x.tools.is_empty() || x.messages.len() > SIDE_CALL_MAX_MESSAGES {
         return false;
     }
@@ -541,7 +539,7 @@ fn summarise(x: &Exchange) -> bool {
     user > SUMMARISE_MIN_CHARS && (user as f64) > SUMMARISE_USER_SHARE * total as f64
 }
 
-fn structured(x: &Exchange) -> bool {
+pub(super) fn structured(x: &Exchange) -> bool {
     x.tools.is_empty()
         && x.messages.len() <= SIDE_CALL_MAX_MESSAGES
         && (x.params.grammar
@@ -551,25 +549,45 @@ fn structured(x: &Exchange) -> bool {
                 .is_some_and(|n| n > 0 && n <= STRUCTURED_MAX_TOKENS))
 }
 
-fn bulk_rates<'a>(order: &[&'a Exchange]) -> BTreeMap<&'a str, f64> {
-    let mut sums: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
-    for x in order {
-        if let (Some(prefill), Some(evaluated)) = (x.counts.prefill_ms, x.counts.evaluated_tokens)
+/// Sets the milliseconds of every loss: tokens × the cheaper of the row's own prefill rate and
+/// its model's bulk rate (server-timed prefills of at least 50 evaluated tokens).
+pub(super) fn price(rows: &mut [Row]) {
+    let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for row in rows.iter() {
+        let c = &row.counts;
+        if let (Some(prefill), Some(evaluated)) = (c.prefill_ms, c.evaluated_tokens)
             && prefill.source == Source::Server
             && evaluated.value >= BULK_MIN_EVALUATED
         {
-            let entry = sums.entry(x.model.as_str()).or_default();
+            let entry = sums.entry(row.model.clone()).or_default();
             entry.0 += prefill.value;
             entry.1 += f64::from(evaluated.value);
         }
     }
-    sums.into_iter()
+    let bulk: BTreeMap<String, f64> = sums
+        .into_iter()
         .filter(|(_, (_, evaluated))| *evaluated > 0.0)
         .map(|(model, (ms, evaluated))| (model, ms / evaluated))
-        .collect()
+        .collect();
+    for row in rows.iter_mut() {
+        if row.lost_client.is_none() && row.lost_external.is_none() {
+            continue;
+        }
+        let (Some(prefill), Some(evaluated)) = (row.counts.prefill_ms, row.counts.evaluated_tokens) else {
+            continue;
+        };
+        let own_rate = (evaluated.value > 0).then(|| prefill.value / f64::from(evaluated.value));
+        let per_token = match (own_rate, bulk.get(&row.model).copied()) {
+            (Some(own), Some(bulk)) => Some(own.min(bulk)),
+            (own, bulk) => own.or(bulk),
+        };
+        for loss in [row.lost_client.as_mut(), row.lost_external.as_mut()].into_iter().flatten() {
+            loss.ms = per_token.map(|rate| Measured { value: f64::from(loss.tokens) * rate, source: prefill.source });
+        }
+    }
 }
 
-fn link(prev: &Exchange, pw: &Weights, cur: &Exchange, cw: &Weights, fresh: bool) -> Link {
+pub(super) fn link(prev: &Exchange, pw: &Weights, cur: &Exchange, cw: &Weights, fresh: bool) -> Link {
     if fresh {
         let k = prev
             .messages
@@ -772,13 +790,12 @@ fn unchanged_share(prev: &Msg, cur: &Msg) -> f64 {
     f64::from(unchanged.min(cur.chars)) / f64::from(cur.chars)
 }
 
-fn apply_link(
+pub(super) fn apply_link(
     row: &mut Row,
     x: &Exchange,
     w: &Weights,
     link: &Link,
     latest: Option<Cause>,
-    bulk_rate: Option<f64>,
 ) {
     row.prefix_tokens = Some(round(link.prefix_tokens));
     row.break_cause = link.break_cause;
@@ -834,20 +851,15 @@ fn apply_link(
         _ => 0.0,
     };
 
-    let own_rate = (evaluated.value > 0).then(|| prefill.value / evaluated_tokens);
-    let per_token = match (own_rate, bulk_rate) {
-        (Some(own), Some(bulk)) => Some(own.min(bulk)),
-        (own, bulk) => own.or(bulk),
-    };
+    // Milliseconds are priced once every row is known (`price`): the per-token rate uses the
+    // model's bulk rate over the whole recording.
+    let _ = prefill;
     let loss = |cause: &str, tokens: f64| {
         let tokens = round(tokens);
         (tokens > 0).then(|| Loss {
             cause: cause.to_string(),
             tokens,
-            ms: per_token.map(|rate| Measured {
-                value: f64::from(tokens) * rate,
-                source: prefill.source,
-            }),
+            ms: None,
         })
     };
     if let Some(cause) = charged_break {
@@ -905,7 +917,7 @@ fn cause(
     }
 }
 
-fn composition(x: &Exchange, w: &Weights, prefix_len: usize) -> Composition {
+pub(super) fn composition(x: &Exchange, w: &Weights, prefix_len: usize) -> Composition {
     let mut system = 0.0;
     let mut history = 0.0;
     let mut new_content = 0.0;
@@ -930,7 +942,7 @@ fn composition(x: &Exchange, w: &Weights, prefix_len: usize) -> Composition {
     }
 }
 
-fn assign_clients(order: &[&Exchange], rows: &mut [Row]) {
+pub(super) fn assign_clients(order: &[&Exchange], rows: &mut [Row]) {
     struct Unit<'a> {
         agent: &'a str,
         tools: BTreeSet<&'a str>,
@@ -1002,7 +1014,7 @@ fn assign_clients(order: &[&Exchange], rows: &mut [Row]) {
     }
 }
 
-fn tool_usage(order: &[&Exchange], weights: &[Weights], rows: &[Row]) -> Vec<ToolUsage> {
+pub(super) fn tool_usage(order: &[&Exchange], weights: &[Weights], rows: &[Row]) -> Vec<ToolUsage> {
     let mut usage: BTreeMap<(&str, &str), ToolUsage> = BTreeMap::new();
     for ((x, w), row) in order.iter().zip(weights).zip(rows) {
         let mut seen = BTreeSet::new();
@@ -1045,7 +1057,7 @@ fn tool_usage(order: &[&Exchange], weights: &[Weights], rows: &[Row]) -> Vec<Too
     usage.into_values().collect()
 }
 
-fn clients(order: &[&Exchange], rows: &[Row]) -> Vec<Client> {
+pub(super) fn clients(order: &[&Exchange], rows: &[Row]) -> Vec<Client> {
     let mut clients: Vec<Client> = Vec::new();
     let mut conversations: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
     let mut tools: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -1087,7 +1099,7 @@ fn clients(order: &[&Exchange], rows: &[Row]) -> Vec<Client> {
     clients
 }
 
-fn round(value: f64) -> u32 {
+pub(super) fn round(value: f64) -> u32 {
     if value.is_finite() && value > 0.0 {
         value.round().min(f64::from(u32::MAX)) as u32
     } else {
