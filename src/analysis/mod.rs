@@ -83,5 +83,11 @@ pub fn analyze(records: &[Record], config: &Config) -> Report {
     let normalized = normalize_all(records);
     let table = table::build(&normalized.exchanges, config);
     let findings = findings::find(&table, config);
-    report::assemble(records, &normalized, table, findings)
+    let input = report::Input {
+        records: records.len() as u64,
+        span: report::span(records),
+        analysed: normalized.exchanges.len() as u64,
+        skipped: &normalized.skipped,
+    };
+    report::assemble(input, table, findings)
 }

@@ -2,7 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::Normalized;
+use super::Skipped;
 use super::REPORT_VERSION;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
 use super::measured::{Measured, Source};
@@ -99,27 +99,25 @@ const SUMMARY_CAUSES: usize = 3;
 const SUMMARY_FINDINGS: usize = 3;
 const SUMMARY_CLIENTS: usize = 3;
 
-pub(crate) fn assemble(
-    records: &[Record],
-    normalized: &Normalized,
-    table: Table,
-    findings: Vec<Finding>,
-) -> Report {
-    let window = match (
-        records.iter().map(|r| r.t_start_ms).min(),
-        records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max(),
-    ) {
-        (Some(start_ms), Some(end_ms)) => Some(Window {
-            start_ms,
-            end_ms,
-            days: (end_ms - start_ms) as f64 / DAY_MS,
-        }),
-        _ => None,
-    };
+/// What the report says about its input beside the rows.
+pub(crate) struct Input<'a> {
+    pub records: u64,
+    /// Earliest start and latest end of all records (`t_end` never before `t_start`).
+    pub span: Option<(i64, i64)>,
+    pub analysed: u64,
+    pub skipped: &'a [Skipped],
+}
+
+pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
+    Some((records.iter().map(|r| r.t_start_ms).min()?, records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max()?))
+}
+
+pub(crate) fn assemble(input: Input<'_>, table: Table, findings: Vec<Finding>) -> Report {
+    let window = input.span.map(|(start_ms, end_ms)| Window { start_ms, end_ms, days: (end_ms - start_ms) as f64 / DAY_MS });
     Report {
         v: REPORT_VERSION,
         window,
-        coverage: coverage(records, normalized, &table.rows),
+        coverage: coverage(&input, &table.rows),
         servers: servers(&table.rows),
         time: time(&table.rows),
         composition: composition(&table.rows),
@@ -130,13 +128,13 @@ pub(crate) fn assemble(
     }
 }
 
-fn coverage(records: &[Record], normalized: &Normalized, rows: &[Row]) -> Coverage {
+fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
     let mut coverage = Coverage {
-        records: records.len() as u64,
-        analysed: normalized.exchanges.len() as u64,
+        records: input.records,
+        analysed: input.analysed,
         ..Coverage::default()
     };
-    for skipped in &normalized.skipped {
+    for skipped in input.skipped {
         match skipped.reason {
             SkipReason::NotChat => {
                 coverage.skipped.not_chat += 1;

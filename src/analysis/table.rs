@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -144,7 +144,7 @@ const SIDE_CALL_MAX_MESSAGES: usize = 3;
 const SUMMARISE_USER_SHARE: f64 = 0.9;
 const SUMMARISE_MIN_CHARS: u64 = 20_000;
 const STRUCTURED_MAX_TOKENS: u32 = 32;
-const STATELESS_MIN_REQUESTS: usize = 3;
+pub(super) const STATELESS_MIN_REQUESTS: usize = 3;
 const COMPACTION_RATIO: f64 = 0.7;
 const CAUSE_GAP_POINTS: f64 = 20.0;
 const COLD_SHARE: f64 = 0.05;
@@ -205,36 +205,7 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
     let mut rows: Vec<Row> = order
         .iter()
         .enumerate()
-        .map(|(i, x)| Row {
-            id: x.id,
-            api: x.api,
-            model: x.model.clone(),
-            client: String::new(),
-            t_start_ms: x.t_start_ms,
-            kind: kinds[i].0,
-            side_call_shape: kinds[i].1,
-            session: sessions[i],
-            conversation: None,
-            turn: None,
-            counts: x.counts,
-            composition: composition(x, &weights[i], 0),
-            linked_to: None,
-            new_conversation: false,
-            prefix_tokens: None,
-            break_cause: None,
-            compaction: false,
-            predicted_reuse: None,
-            observed_reuse: None,
-            cause: None,
-            lost_client: None,
-            lost_external: None,
-            side_calls_between: Vec::new(),
-            other_conversations_between: Vec::new(),
-            other_domains_between: Vec::new(),
-            loss_measured: false,
-            break_location: None,
-            evicted_by: None,
-        })
+        .map(|(i, x)| base_row(x, &weights[i], kinds[i].0, kinds[i].1, sessions[i]))
         .collect();
 
     let mut tips: Vec<Tip> = Vec::new();
@@ -275,70 +246,105 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
         let Some(prev) = prev else {
             continue;
         };
-        let mut latest = None;
-        let mut latest_id = None;
-        for between in prev + 1..cur {
-            let id = order[between].id;
-            if order[between].model != order[cur].model {
-                rows[cur].other_domains_between.push(id);
-            } else if rows[between].kind == RowKind::SideCall {
-                rows[cur].side_calls_between.push(id);
-                latest = Some(Cause::SideCall);
-                latest_id = Some(id);
-            } else {
-                rows[cur].other_conversations_between.push(id);
-                latest = Some(Cause::OtherConversation);
-                latest_id = Some(id);
-            }
-        }
+        let latest = between(|i| order[i], &kinds, prev, cur, &mut rows[cur]);
         rows[cur].linked_to = Some(order[prev].id);
         rows[cur].new_conversation = fresh;
-        let link = link(
-            order[prev],
-            &weights[prev],
-            order[cur],
-            &weights[cur],
-            fresh,
-        );
-        apply_link(
-            &mut rows[cur],
-            order[cur],
-            &weights[cur],
-            &link,
-            latest,
-        );
-        let row = &mut rows[cur];
-        row.break_location = link.location;
-        row.evicted_by = match row.cause {
-            Some(Cause::SideCall) => latest_id.map(|id| (id, "side_call")),
-            Some(Cause::OtherConversation) => latest_id.map(|id| (id, "other_conversation")),
-            Some(Cause::OtherModel) => row
-                .other_domains_between
-                .last()
-                .map(|&id| (id, "other_model")),
-            _ => None,
-        }
-        .map(|(row, kind)| EvictedBy {
-            row,
-            client: String::new(),
-            kind: kind.into(),
-        });
+        let link = link(order[prev], &weights[prev], order[cur], &weights[cur], fresh);
+        apply_link(&mut rows[cur], order[cur], &weights[cur], &link, latest.map(|(cause, _)| cause));
+        finish_link(&mut rows[cur], link, latest);
     }
 
     price(&mut rows);
     assign_clients(&order, &mut rows);
-    let client_of: BTreeMap<u64, String> = rows.iter().map(|r| (r.id, r.client.clone())).collect();
-    for row in &mut rows {
-        if let Some(evicted_by) = row.evicted_by.as_mut() {
-            evicted_by.client = client_of.get(&evicted_by.row).cloned().unwrap_or_default();
-        }
-    }
+    name_evictors(&mut rows);
     let tools = tool_usage(&order, &weights, &rows);
     let clients = clients(&order, &rows);
     Table {
         rows,
         tools,
         clients,
+    }
+}
+
+/// A row before linking: what the exchange alone says.
+pub(super) fn base_row(x: &Exchange, w: &Weights, kind: RowKind, shape: Option<Shape>, session: u32) -> Row {
+    Row {
+        id: x.id,
+        api: x.api,
+        model: x.model.clone(),
+        client: String::new(),
+        t_start_ms: x.t_start_ms,
+        kind,
+        side_call_shape: shape,
+        session,
+        conversation: None,
+        turn: None,
+        counts: x.counts,
+        composition: composition(x, w, 0),
+        linked_to: None,
+        new_conversation: false,
+        prefix_tokens: None,
+        break_cause: None,
+        compaction: false,
+        predicted_reuse: None,
+        observed_reuse: None,
+        cause: None,
+        lost_client: None,
+        lost_external: None,
+        side_calls_between: Vec::new(),
+        other_conversations_between: Vec::new(),
+        other_domains_between: Vec::new(),
+        loss_measured: false,
+        break_location: None,
+        evicted_by: None,
+    }
+}
+
+/// Sorts what ran between the linked turn `prev` and `cur` into the row's lists; returns the
+/// kind and id of the last same-model request among them.
+pub(super) fn between<'a>(
+    at: impl Fn(usize) -> &'a Exchange,
+    kinds: &[(RowKind, Option<Shape>)],
+    prev: usize,
+    cur: usize,
+    row: &mut Row,
+) -> Option<(Cause, u64)> {
+    let mut latest = None;
+    let model = &at(cur).model;
+    for i in prev + 1..cur {
+        let id = at(i).id;
+        if &at(i).model != model {
+            row.other_domains_between.push(id);
+        } else if kinds[i].0 == RowKind::SideCall {
+            row.side_calls_between.push(id);
+            latest = Some((Cause::SideCall, id));
+        } else {
+            row.other_conversations_between.push(id);
+            latest = Some((Cause::OtherConversation, id));
+        }
+    }
+    latest
+}
+
+/// prefixscope's additions to a linked row: where it broke, and who most likely evicted it.
+pub(super) fn finish_link(row: &mut Row, link: Link, latest: Option<(Cause, u64)>) {
+    row.break_location = link.location;
+    row.evicted_by = match row.cause {
+        Some(Cause::SideCall) => latest.map(|(_, id)| (id, "side_call")),
+        Some(Cause::OtherConversation) => latest.map(|(_, id)| (id, "other_conversation")),
+        Some(Cause::OtherModel) => row.other_domains_between.last().map(|&id| (id, "other_model")),
+        _ => None,
+    }
+    .map(|(row, kind)| EvictedBy { row, client: String::new(), kind: kind.into() });
+}
+
+/// Fills each evictor's client once clients are labelled.
+pub(super) fn name_evictors(rows: &mut [Row]) {
+    let client_of: HashMap<u64, String> = rows.iter().map(|r| (r.id, r.client.clone())).collect();
+    for row in rows.iter_mut() {
+        if let Some(evicted_by) = row.evicted_by.as_mut() {
+            evicted_by.client = client_of.get(&evicted_by.row).cloned().unwrap_or_default();
+        }
     }
 }
 

@@ -1,0 +1,584 @@
+//! The incremental engine: records arrive one by one (in completion order) and the state after
+//! each `push` equals a batch analysis of the records pushed so far.
+//!
+//! How (DESIGN.md, "Incremental analysis"): rows are kept in start order. A new exchange is
+//! inserted where it started; its classification (turn or side-call, stateless domain) is
+//! updated through hash indexes, which also tell which earlier rows changed kind. The
+//! sequential pass (sessions, conversation tips, links, losses) is then re-run from the
+//! earliest affected row, starting from a checkpoint of its state. In the common case (the
+//! record started after every other) that is one row. Global figures that every new record
+//! shifts a little (the bulk prefill rate that prices losses, client labels, findings) are
+//! computed when a report is asked for.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use super::report::{self, Report};
+use super::table::{
+    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose, composition,
+    continues, link, structured, summarise, system_hash, weights,
+};
+use super::{Config, Skipped, findings};
+use crate::normalize::exchange::{Exchange, SkipReason, normalize};
+use crate::record::{Record, hash};
+
+/// Rows between two checkpoints of the sequential state.
+const CHECKPOINT_EVERY: usize = 256;
+/// Checkpoints kept; a rewind past the oldest replays from the start (correct, slower).
+const CHECKPOINTS_KEPT: usize = 64;
+
+type OrderKey = (i64, u64);
+
+fn order_key(x: &Exchange) -> OrderKey {
+    (x.t_start_ms, x.id)
+}
+
+/// What a push changed, so a live view redraws only that.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Update {
+    /// The new row's id, or `None` when the record was not analysed.
+    pub row: Option<u64>,
+    pub skipped: Option<SkipReason>,
+    /// Other rows whose derivation was redone (a later-started record arrived first, or an
+    /// earlier row changed kind).
+    pub rederived: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct SeqState {
+    open_sessions: HashMap<String, (u32, i64)>,
+    next_session: u32,
+    tips: Vec<Tip>,
+    tips_by: HashMap<(String, Option<String>, u32), Vec<usize>>,
+}
+
+#[derive(Debug, Default)]
+struct KeyGroup {
+    /// Rows whose whole message list has this key, in start order.
+    members: Vec<OrderKey>,
+    /// Every member that started before this continues into a later request.
+    continued_below: Option<OrderKey>,
+}
+
+/// Per model (the llmp "domain"): what classification needs to stay exact incrementally.
+#[derive(Debug, Default)]
+struct Domain {
+    groups: HashMap<u64, KeyGroup>,
+    continuing_rows: usize,
+    /// Rows that continue or are continued, by system prompt hash.
+    linked_systems: HashMap<Option<String>, usize>,
+    /// Tool-less rows that are neither summarise nor structured: they are one-shot side-calls
+    /// exactly when nothing links them.
+    candidates: HashMap<Option<String>, BTreeSet<OrderKey>>,
+    /// Rows that are not side-calls, and those of them that break the stateless pattern with
+    /// the previous one.
+    rest: BTreeSet<OrderKey>,
+    bad: BTreeSet<OrderKey>,
+    stateless: bool,
+}
+
+pub struct Analyzer {
+    config: Config,
+    records: u64,
+    span: Option<(i64, i64)>,
+    skipped: Vec<Skipped>,
+    xs: Vec<Exchange>,
+    ws: Vec<Weights>,
+    keys: Vec<u64>,
+    continued: Vec<bool>,
+    continuing: Vec<bool>,
+    kinds: Vec<(RowKind, Option<Shape>)>,
+    domains: HashMap<String, Domain>,
+    rows: Vec<Row>,
+    seq: SeqState,
+    checkpoints: VecDeque<(usize, SeqState)>,
+}
+
+impl Analyzer {
+    pub fn new(config: Config) -> Analyzer {
+        Analyzer {
+            config,
+            records: 0,
+            span: None,
+            skipped: Vec::new(),
+            xs: Vec::new(),
+            ws: Vec::new(),
+            keys: Vec::new(),
+            continued: Vec::new(),
+            continuing: Vec::new(),
+            kinds: Vec::new(),
+            domains: HashMap::new(),
+            rows: Vec::new(),
+            seq: SeqState { next_session: 1, ..SeqState::default() },
+            checkpoints: VecDeque::new(),
+        }
+    }
+
+    /// Batch: classify everything, then one sequential pass.
+    pub fn from_records(records: &[Record], config: Config) -> Analyzer {
+        let mut analyzer = Analyzer::new(config);
+        let mut exchanges = Vec::new();
+        for record in records {
+            analyzer.count(record);
+            match normalize(record) {
+                Ok(x) => exchanges.push(x),
+                Err(reason) => analyzer.skipped.push(Skipped { path: record.request.path.clone(), reason }),
+            }
+        }
+        exchanges.sort_by_key(order_key);
+        for x in exchanges {
+            analyzer.insert(x);
+        }
+        analyzer.advance(0);
+        analyzer
+    }
+
+    /// Adds one record (in any order) and re-derives what it changed.
+    pub fn push(&mut self, record: &Record) -> Update {
+        self.count(record);
+        let x = match normalize(record) {
+            Ok(x) => x,
+            Err(reason) => {
+                self.skipped.push(Skipped { path: record.request.path.clone(), reason });
+                return Update { row: None, skipped: Some(reason), rederived: Vec::new() };
+            }
+        };
+        let id = x.id;
+        let from = self.insert(x);
+        let rederived = self.advance(from);
+        Update { row: Some(id), skipped: None, rederived: rederived.into_iter().filter(|&r| r != id).collect() }
+    }
+
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    /// The report of everything pushed so far: rows, then the global figures.
+    pub fn report(&self) -> Report {
+        let order: Vec<&Exchange> = self.xs.iter().collect();
+        let mut rows = self.rows.clone();
+        table::price(&mut rows);
+        table::assign_clients(&order, &mut rows);
+        table::name_evictors(&mut rows);
+        let tools = table::tool_usage(&order, &self.ws, &rows);
+        let clients = table::clients(&order, &rows);
+        let table = Table { rows, tools, clients };
+        let findings = findings::find(&table, &self.config);
+        let input = report::Input {
+            records: self.records,
+            span: self.span,
+            analysed: self.xs.len() as u64,
+            skipped: &self.skipped,
+        };
+        report::assemble(input, table, findings)
+    }
+
+    fn count(&mut self, record: &Record) {
+        self.records += 1;
+        let end = record.t_end_ms.max(record.t_start_ms);
+        self.span = Some(match self.span {
+            Some((s, e)) => (s.min(record.t_start_ms), e.max(end)),
+            None => (record.t_start_ms, end),
+        });
+    }
+
+    fn position(&self, key: OrderKey) -> usize {
+        self.xs.partition_point(|x| order_key(x) < key)
+    }
+
+    /// Inserts an exchange where it started and updates classification. Returns the earliest
+    /// position whose row must be derived again.
+    fn insert(&mut self, x: Exchange) -> usize {
+        let key = order_key(&x);
+        let p = self.position(key);
+        let (own_key, prefixes) = message_keys(&x);
+        self.ws.insert(p, weights(&x));
+        self.keys.insert(p, own_key);
+        self.continued.insert(p, false);
+        self.continuing.insert(p, false);
+        self.kinds.insert(p, (RowKind::Turn, None));
+        self.xs.insert(p, x);
+        let model = self.xs[p].model.clone();
+        let mut flipped: Vec<OrderKey> = vec![key];
+        let mut before: HashMap<OrderKey, bool> = HashMap::new();
+        before.insert(key, false);
+
+        // This request continues earlier ones, and is continued by later ones already seen.
+        let mut newly_continued = Vec::new();
+        let mut continuing = false;
+        let mut continued = false;
+        {
+            let domain = self.domains.entry(model.clone()).or_default();
+            for prefix in &prefixes {
+                let group = domain.groups.entry(*prefix).or_default();
+                if group.members.first().is_some_and(|&m| m < key) {
+                    continuing = true;
+                }
+                let old = group.continued_below;
+                if old.is_none_or(|o| o < key) {
+                    let start = old.map_or(0, |o| group.members.partition_point(|&m| m < o));
+                    let end = group.members.partition_point(|&m| m < key);
+                    newly_continued.extend_from_slice(&group.members[start..end]);
+                    group.continued_below = Some(key);
+                }
+            }
+            let group = domain.groups.entry(own_key).or_default();
+            continued = continued || group.continued_below.is_some_and(|c| c > key);
+            let at = group.members.partition_point(|&m| m < key);
+            group.members.insert(at, key);
+        }
+        // Later-started requests (an out-of-order arrival) may continue this one.
+        let mut later_continuing = Vec::new();
+        for i in p + 1..self.xs.len() {
+            if self.xs[i].model == model && continues(&self.xs[p], &self.xs[i]) {
+                continued = true;
+                if !self.continuing[i] {
+                    later_continuing.push(i);
+                }
+            }
+        }
+        let p_now = p;
+        self.set_flags(p_now, Some(continued), Some(continuing), &mut before, &mut flipped);
+        for key in newly_continued {
+            let i = self.position(key);
+            if !self.continued[i] {
+                self.set_flags(i, Some(true), None, &mut before, &mut flipped);
+            }
+        }
+        for i in later_continuing {
+            self.set_flags(i, None, Some(true), &mut before, &mut flipped);
+        }
+        if self.xs[p].tools.is_empty() && !summarise(&self.xs[p]) && !structured(&self.xs[p]) {
+            let system = system_hash(&self.xs[p]).map(str::to_string);
+            if let Some(domain) = self.domains.get_mut(&model) {
+                domain.candidates.entry(system).or_default().insert(key);
+            }
+        }
+        self.reclassify(&model, flipped, &before, p)
+    }
+
+    /// Sets a row's continued / continuing flags and keeps the domain's counts.
+    fn set_flags(
+        &mut self,
+        i: usize,
+        continued: Option<bool>,
+        continuing: Option<bool>,
+        before: &mut HashMap<OrderKey, bool>,
+        flipped: &mut Vec<OrderKey>,
+    ) {
+        let key = order_key(&self.xs[i]);
+        let was_linked = self.continued[i] || self.continuing[i];
+        let was_continuing = self.continuing[i];
+        before.entry(key).or_insert(was_linked);
+        if let Some(c) = continued {
+            self.continued[i] = c;
+        }
+        if let Some(c) = continuing {
+            self.continuing[i] = c;
+        }
+        let linked = self.continued[i] || self.continuing[i];
+        let system = system_hash(&self.xs[i]).map(str::to_string);
+        let Some(domain) = self.domains.get_mut(&self.xs[i].model) else {
+            return;
+        };
+        if self.continuing[i] && !was_continuing {
+            domain.continuing_rows += 1;
+        }
+        if linked && !was_linked {
+            *domain.linked_systems.entry(system).or_default() += 1;
+        }
+        flipped.push(key);
+    }
+
+    /// Recomputes the kinds that the flag changes may have changed; returns the earliest
+    /// position whose derivation is stale.
+    fn reclassify(&mut self, model: &str, flipped: Vec<OrderKey>, before: &HashMap<OrderKey, bool>, inserted: usize) -> usize {
+        let Some(domain) = self.domains.get(model) else {
+            return inserted;
+        };
+        let mut affected: BTreeSet<OrderKey> = flipped.iter().copied().collect();
+        let any_pair_now = domain.continuing_rows > 0;
+        let any_pair_flipped = any_pair_now && flipped.iter().any(|k| self.continuing[self.position(*k)]) && domain.continuing_rows == flipped.iter().filter(|k| self.continuing[self.position(**k)] && !before.get(k).copied().unwrap_or(false)).count().min(domain.continuing_rows);
+        if any_pair_flipped {
+            for set in domain.candidates.values() {
+                affected.extend(set.iter().copied());
+            }
+        }
+        // A system prompt that became linked takes one-shot status from its tool-less rows.
+        for key in &flipped {
+            let i = self.position(*key);
+            let linked = self.continued[i] || self.continuing[i];
+            if linked && !before.get(key).copied().unwrap_or(false) {
+                let system = system_hash(&self.xs[i]).map(str::to_string);
+                if domain.linked_systems.get(&system).copied().unwrap_or(0) == 1
+                    && let Some(set) = domain.candidates.get(&system)
+                {
+                    affected.extend(set.iter().copied());
+                }
+            }
+        }
+        let mut earliest = inserted;
+        let mut side_call_changes = Vec::new();
+        for key in affected {
+            let i = self.position(key);
+            let shape = self.shape(i);
+            let was_side_call = self.kinds[i].0 == RowKind::SideCall && i != inserted;
+            let is_side_call = shape.is_some();
+            if shape != self.kinds[i].1 || i == inserted {
+                if i != inserted {
+                    earliest = earliest.min(i);
+                }
+                self.kinds[i] = (if is_side_call { RowKind::SideCall } else { RowKind::Turn }, shape);
+            }
+            if i == inserted || was_side_call != is_side_call {
+                side_call_changes.push((key, is_side_call, i == inserted));
+            }
+        }
+        // The rest (non-side-call rows) and the stateless pattern.
+        for (key, is_side_call, new) in side_call_changes {
+            if is_side_call {
+                if !new {
+                    self.rest_remove(model, key);
+                }
+            } else {
+                self.rest_insert(model, key);
+            }
+        }
+        let Some(domain) = self.domains.get_mut(model) else {
+            return earliest;
+        };
+        let stateless = domain.rest.len() >= table::STATELESS_MIN_REQUESTS && domain.bad.is_empty();
+        let rest: Vec<OrderKey> = domain.rest.iter().copied().collect();
+        let flipped_stateless = stateless != domain.stateless;
+        domain.stateless = stateless;
+        let kind = if stateless { RowKind::Stateless } else { RowKind::Turn };
+        if flipped_stateless {
+            for key in rest {
+                let i = self.position(key);
+                earliest = earliest.min(i);
+                self.kinds[i] = (kind, None);
+            }
+        } else {
+            for key in rest {
+                let i = self.position(key);
+                if self.kinds[i].0 != RowKind::SideCall && self.kinds[i].0 != kind {
+                    earliest = earliest.min(i);
+                    self.kinds[i] = (kind, None);
+                }
+            }
+        }
+        earliest
+    }
+
+    fn shape(&self, i: usize) -> Option<Shape> {
+        let x = &self.xs[i];
+        if summarise(x) {
+            return Some(Shape::Summarise);
+        }
+        if structured(x) {
+            return Some(Shape::Structured);
+        }
+        let domain = self.domains.get(&x.model)?;
+        let system = system_hash(x).map(str::to_string);
+        (x.tools.is_empty()
+            && domain.continuing_rows > 0
+            && !self.continued[i]
+            && !self.continuing[i]
+            && domain.linked_systems.get(&system).copied().unwrap_or(0) == 0)
+            .then_some(Shape::Oneshot)
+    }
+
+    fn bad_pair(&self, a: OrderKey, b: OrderKey) -> bool {
+        let (x, y) = (&self.xs[self.position(a)], &self.xs[self.position(b)]);
+        continues(x, y) || y.messages.len() > x.messages.len()
+    }
+
+    fn rest_insert(&mut self, model: &str, key: OrderKey) {
+        let Some(domain) = self.domains.get(model) else { return };
+        let pred = domain.rest.range(..key).next_back().copied();
+        let succ = domain.rest.range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded)).next().copied();
+        let bad_here = pred.is_some_and(|p| self.bad_pair(p, key));
+        let bad_succ = succ.map(|s| (s, self.bad_pair(key, s)));
+        let Some(domain) = self.domains.get_mut(model) else { return };
+        domain.rest.insert(key);
+        if bad_here {
+            domain.bad.insert(key);
+        } else {
+            domain.bad.remove(&key);
+        }
+        if let Some((s, bad)) = bad_succ {
+            if bad {
+                domain.bad.insert(s);
+            } else {
+                domain.bad.remove(&s);
+            }
+        }
+    }
+
+    fn rest_remove(&mut self, model: &str, key: OrderKey) {
+        let Some(domain) = self.domains.get_mut(model) else { return };
+        if !domain.rest.remove(&key) {
+            return;
+        }
+        domain.bad.remove(&key);
+        let pred = domain.rest.range(..key).next_back().copied();
+        let succ = domain.rest.range(key..).next().copied();
+        if let Some(s) = succ {
+            let bad = pred.is_some_and(|p| self.bad_pair(p, s));
+            if let Some(domain) = self.domains.get_mut(model) {
+                if bad {
+                    domain.bad.insert(s);
+                } else {
+                    domain.bad.remove(&s);
+                }
+            }
+        }
+    }
+
+    /// Runs the sequential pass from `from` (or from where it stopped, if earlier) to the end.
+    /// Returns the ids of the rows derived.
+    fn advance(&mut self, from: usize) -> Vec<u64> {
+        let start = from.min(self.rows.len());
+        if start < self.rows.len() || self.rows.len() > self.xs.len() {
+            self.rewind(start);
+        }
+        let first = self.rows.len();
+        for i in first..self.xs.len() {
+            if i % CHECKPOINT_EVERY == 0 && self.checkpoints.back().is_none_or(|(c, _)| *c < i) {
+                self.checkpoints.push_back((i, self.seq.clone()));
+                if self.checkpoints.len() > CHECKPOINTS_KEPT {
+                    self.checkpoints.pop_front();
+                }
+            }
+            let row = self.derive(i);
+            self.rows.push(row);
+        }
+        self.rows[first..].iter().map(|r| r.id).collect()
+    }
+
+    /// Restores the sequential state from the latest checkpoint at or before `to`.
+    fn rewind(&mut self, to: usize) {
+        while self.checkpoints.back().is_some_and(|(c, _)| *c > to) {
+            self.checkpoints.pop_back();
+        }
+        match self.checkpoints.back() {
+            Some((c, state)) => {
+                self.seq = state.clone();
+                self.rows.truncate(*c);
+            }
+            None => {
+                self.seq = SeqState { next_session: 1, ..SeqState::default() };
+                self.rows.clear();
+            }
+        }
+    }
+
+    /// Derives row `i` from the rows before it (llmp's table pass, one row at a time).
+    fn derive(&mut self, i: usize) -> Row {
+        let x = &self.xs[i];
+        let session = self.session(i);
+        let (kind, shape) = self.kinds[i];
+        let mut row = table::base_row(x, &self.ws[i], kind, shape, session);
+        if kind != RowKind::Turn {
+            return row;
+        }
+        let tip_key = (x.model.clone(), x.user_agent.clone(), session);
+        let candidates: Vec<usize> = self.seq.tips_by.get(&tip_key).cloned().unwrap_or_default();
+        let xs = &self.xs;
+        let (prev, fresh) = match choose(|r| &xs[r], &self.seq.tips, &candidates, x) {
+            Choice::Continue(t) => {
+                let tip = &mut self.seq.tips[t];
+                let prev = tip.row;
+                tip.row = i;
+                tip.turns += 1;
+                row.conversation = Some(tip.conversation);
+                row.turn = Some(tip.turns);
+                (Some(prev), false)
+            }
+            Choice::Fresh(from) => {
+                let conversation = self.seq.tips.len() as u32 + 1;
+                let from_row = from.map(|t| self.seq.tips[t].row);
+                self.seq.tips.push(Tip { row: i, conversation, turns: 1 });
+                self.seq.tips_by.entry(tip_key).or_default().push(self.seq.tips.len() - 1);
+                row.conversation = Some(conversation);
+                row.turn = Some(1);
+                (from_row, true)
+            }
+        };
+        let Some(prev) = prev else {
+            return row;
+        };
+        let latest = table::between(&self.xs, &self.kinds, prev, i, &mut row);
+        row.linked_to = Some(self.xs[prev].id);
+        row.new_conversation = fresh;
+        let link: Link = link(&self.xs[prev], &self.ws[prev], &self.xs[i], &self.ws[i], fresh);
+        apply_link(&mut row, &self.xs[i], &self.ws[i], &link, latest.map(|(cause, _)| cause));
+        table::finish_link(&mut row, link, latest);
+        row
+    }
+
+    /// llmp's sessions: per model, a pause longer than the gap after the last end starts one.
+    fn session(&mut self, i: usize) -> u32 {
+        let x = &self.xs[i];
+        let gap = self.config.session_gap_ms as i64;
+        let open = self.seq.open_sessions.get(&x.model).copied();
+        let session = match open {
+            Some((session, last_end)) if x.t_start_ms.saturating_sub(last_end) <= gap => session,
+            _ => {
+                self.seq.next_session += 1;
+                self.seq.next_session - 1
+            }
+        };
+        let last_end = open.filter(|(s, _)| *s == session).map_or(x.t_end_ms, |(_, end)| end.max(x.t_end_ms));
+        self.seq.open_sessions.insert(x.model.clone(), (session, last_end));
+        session
+    }
+}
+
+/// A request's key (its whole message list) and the keys of each of its prefixes, such that
+/// `continues(a, b)` exactly when `key(a)` is one of `b`'s prefix keys: system messages match
+/// by role, and a last assistant message by role (harnesses rewrite it).
+fn message_keys(x: &Exchange) -> (u64, Vec<u64>) {
+    let mut state = hash::fnv1a64(b"prefixscope-prefix");
+    let mut prefixes = Vec::with_capacity(x.messages.len());
+    for (i, m) in x.messages.iter().enumerate() {
+        let exact = token(&m.role, &m.hash, false);
+        let last = token(&m.role, &m.hash, true);
+        prefixes.push(mix(state, last));
+        state = mix(state, exact);
+        let _ = i;
+    }
+    let own = prefixes.last().copied().unwrap_or(0);
+    (own, prefixes)
+}
+
+fn token(role: &str, message_hash: &str, last: bool) -> u64 {
+    let wildcard = role == "system" || (last && role == "assistant");
+    let mut bytes = Vec::with_capacity(role.len() + message_hash.len() + 2);
+    bytes.push(if wildcard { b'*' } else { b'=' });
+    bytes.extend_from_slice(role.as_bytes());
+    bytes.push(0);
+    if !wildcard {
+        bytes.extend_from_slice(message_hash.as_bytes());
+    }
+    hash::fnv1a64(&bytes)
+}
+
+fn mix(state: u64, token: u64) -> u64 {
+    // splitmix64 finalizer over the combined words: cheap, and spreads every bit.
+    let mut z = state.rotate_left(23) ^ token.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_analyzer_reports_nothing() {
+        let a = Analyzer::new(Config::default());
+        let r = a.report();
+        assert_eq!((r.coverage.records, r.rows.len(), r.window), (0, 0, None));
+    }
+}
