@@ -12,9 +12,10 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
+
 use super::report::{self, Report};
 use super::table::{
-    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose, composition,
+    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose,
     continues, link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
@@ -191,91 +192,144 @@ impl Analyzer {
         let key = order_key(&x);
         let p = self.position(key);
         let (own_key, prefixes) = message_keys(&x);
+        let model = x.model.clone();
         self.ws.insert(p, weights(&x));
         self.keys.insert(p, own_key);
         self.continued.insert(p, false);
         self.continuing.insert(p, false);
         self.kinds.insert(p, (RowKind::Turn, None));
         self.xs.insert(p, x);
-        let model = self.xs[p].model.clone();
-        let mut flipped: Vec<OrderKey> = vec![key];
-        let mut before: HashMap<OrderKey, bool> = HashMap::new();
-        before.insert(key, false);
 
-        // This request continues earlier ones, and is continued by later ones already seen.
+        // Which earlier requests this one continues, and whether a later one continues it.
+        let domain = self.domains.entry(model.clone()).or_default();
+        let pairs_before = domain.continuing_rows;
         let mut newly_continued = Vec::new();
         let mut continuing = false;
-        let mut continued = false;
-        {
-            let domain = self.domains.entry(model.clone()).or_default();
-            for prefix in &prefixes {
-                let group = domain.groups.entry(*prefix).or_default();
-                if group.members.first().is_some_and(|&m| m < key) {
-                    continuing = true;
-                }
-                let old = group.continued_below;
-                if old.is_none_or(|o| o < key) {
-                    let start = old.map_or(0, |o| group.members.partition_point(|&m| m < o));
-                    let end = group.members.partition_point(|&m| m < key);
-                    newly_continued.extend_from_slice(&group.members[start..end]);
-                    group.continued_below = Some(key);
-                }
+        for prefix in &prefixes {
+            let group = domain.groups.entry(*prefix).or_default();
+            if group.members.first().is_some_and(|&m| m < key) {
+                continuing = true;
             }
-            let group = domain.groups.entry(own_key).or_default();
-            continued = continued || group.continued_below.is_some_and(|c| c > key);
-            let at = group.members.partition_point(|&m| m < key);
-            group.members.insert(at, key);
+            if group.continued_below.is_none_or(|old| old < key) {
+                let start = group.continued_below.map_or(0, |old| group.members.partition_point(|&m| m < old));
+                let end = group.members.partition_point(|&m| m < key);
+                newly_continued.extend_from_slice(&group.members[start..end]);
+                group.continued_below = Some(key);
+            }
         }
-        // Later-started requests (an out-of-order arrival) may continue this one.
+        let group = domain.groups.entry(own_key).or_default();
+        let mut continued = group.continued_below.is_some_and(|c| c > key);
+        let at = group.members.partition_point(|&m| m < key);
+        group.members.insert(at, key);
+        // An out-of-order arrival: later-started requests may continue this one.
         let mut later_continuing = Vec::new();
         for i in p + 1..self.xs.len() {
             if self.xs[i].model == model && continues(&self.xs[p], &self.xs[i]) {
                 continued = true;
-                if !self.continuing[i] {
-                    later_continuing.push(i);
-                }
+                later_continuing.push(i);
             }
         }
-        let p_now = p;
-        self.set_flags(p_now, Some(continued), Some(continuing), &mut before, &mut flipped);
-        for key in newly_continued {
-            let i = self.position(key);
+
+        let mut touched = vec![p];
+        let mut newly_linked = Vec::new();
+        self.mark(p, continued, continuing, &mut newly_linked);
+        for other in newly_continued {
+            let i = self.position(other);
             if !self.continued[i] {
-                self.set_flags(i, Some(true), None, &mut before, &mut flipped);
+                self.mark(i, true, false, &mut newly_linked);
+                touched.push(i);
             }
         }
         for i in later_continuing {
-            self.set_flags(i, None, Some(true), &mut before, &mut flipped);
+            if !self.continuing[i] {
+                self.mark(i, false, true, &mut newly_linked);
+                touched.push(i);
+            }
         }
-        if self.xs[p].tools.is_empty() && !summarise(&self.xs[p]) && !structured(&self.xs[p]) {
-            let system = system_hash(&self.xs[p]).map(str::to_string);
+        let x = &self.xs[p];
+        if x.tools.is_empty() && !summarise(x) && !structured(x) {
+            let system = system_hash(x).map(str::to_string);
             if let Some(domain) = self.domains.get_mut(&model) {
                 domain.candidates.entry(system).or_default().insert(key);
             }
         }
-        self.reclassify(&model, flipped, &before, p)
+
+        // Rows whose one-shot status may have changed.
+        let mut affected: BTreeSet<OrderKey> = touched.iter().map(|&i| order_key(&self.xs[i])).collect();
+        if let Some(domain) = self.domains.get(&model) {
+            if pairs_before == 0 && domain.continuing_rows > 0 {
+                for set in domain.candidates.values() {
+                    affected.extend(set.iter().copied());
+                }
+            }
+            for system in &newly_linked {
+                if let Some(set) = domain.candidates.get(system) {
+                    affected.extend(set.iter().copied());
+                }
+            }
+        }
+        let mut earliest = p;
+        let mut entered_rest = Vec::new();
+        for key in affected {
+            let i = self.position(key);
+            let shape = self.shape(i);
+            let is_side_call = shape.is_some();
+            if i == p {
+                self.kinds[i] = (if is_side_call { RowKind::SideCall } else { RowKind::Turn }, shape);
+                if !is_side_call {
+                    self.rest_insert(&model, key);
+                    entered_rest.push(i);
+                }
+                continue;
+            }
+            let (old_kind, old_shape) = self.kinds[i];
+            if old_shape == shape {
+                continue;
+            }
+            earliest = earliest.min(i);
+            let was_side_call = old_kind == RowKind::SideCall;
+            match (was_side_call, is_side_call) {
+                (true, false) => {
+                    self.rest_insert(&model, key);
+                    self.kinds[i] = (RowKind::Turn, None);
+                    entered_rest.push(i);
+                }
+                (false, true) => {
+                    self.rest_remove(&model, key);
+                    self.kinds[i] = (RowKind::SideCall, shape);
+                }
+                _ => self.kinds[i] = (old_kind, shape),
+            }
+        }
+
+        // The stateless pattern over the domain's rest.
+        let Some(domain) = self.domains.get_mut(&model) else {
+            return earliest;
+        };
+        let stateless = domain.rest.len() >= table::STATELESS_MIN_REQUESTS && domain.bad.is_empty();
+        let kind = if stateless { RowKind::Stateless } else { RowKind::Turn };
+        if stateless != domain.stateless {
+            domain.stateless = stateless;
+            let rest: Vec<OrderKey> = domain.rest.iter().copied().collect();
+            for key in rest {
+                let i = self.position(key);
+                earliest = earliest.min(i);
+                self.kinds[i] = (kind, None);
+            }
+        } else {
+            for i in entered_rest {
+                self.kinds[i] = (kind, None);
+            }
+        }
+        earliest
     }
 
-    /// Sets a row's continued / continuing flags and keeps the domain's counts.
-    fn set_flags(
-        &mut self,
-        i: usize,
-        continued: Option<bool>,
-        continuing: Option<bool>,
-        before: &mut HashMap<OrderKey, bool>,
-        flipped: &mut Vec<OrderKey>,
-    ) {
-        let key = order_key(&self.xs[i]);
+    /// ORs a row's flags in and keeps its domain's counts (flags only ever turn on).
+    fn mark(&mut self, i: usize, continued: bool, continuing: bool, newly_linked: &mut Vec<Option<String>>) {
         let was_linked = self.continued[i] || self.continuing[i];
         let was_continuing = self.continuing[i];
-        before.entry(key).or_insert(was_linked);
-        if let Some(c) = continued {
-            self.continued[i] = c;
-        }
-        if let Some(c) = continuing {
-            self.continuing[i] = c;
-        }
-        let linked = self.continued[i] || self.continuing[i];
+        self.continued[i] |= continued;
+        self.continuing[i] |= continuing;
         let system = system_hash(&self.xs[i]).map(str::to_string);
         let Some(domain) = self.domains.get_mut(&self.xs[i].model) else {
             return;
@@ -283,90 +337,13 @@ impl Analyzer {
         if self.continuing[i] && !was_continuing {
             domain.continuing_rows += 1;
         }
-        if linked && !was_linked {
-            *domain.linked_systems.entry(system).or_default() += 1;
-        }
-        flipped.push(key);
-    }
-
-    /// Recomputes the kinds that the flag changes may have changed; returns the earliest
-    /// position whose derivation is stale.
-    fn reclassify(&mut self, model: &str, flipped: Vec<OrderKey>, before: &HashMap<OrderKey, bool>, inserted: usize) -> usize {
-        let Some(domain) = self.domains.get(model) else {
-            return inserted;
-        };
-        let mut affected: BTreeSet<OrderKey> = flipped.iter().copied().collect();
-        let any_pair_now = domain.continuing_rows > 0;
-        let any_pair_flipped = any_pair_now && flipped.iter().any(|k| self.continuing[self.position(*k)]) && domain.continuing_rows == flipped.iter().filter(|k| self.continuing[self.position(**k)] && !before.get(k).copied().unwrap_or(false)).count().min(domain.continuing_rows);
-        if any_pair_flipped {
-            for set in domain.candidates.values() {
-                affected.extend(set.iter().copied());
+        if (self.continued[i] || self.continuing[i]) && !was_linked {
+            let count = domain.linked_systems.entry(system.clone()).or_default();
+            *count += 1;
+            if *count == 1 {
+                newly_linked.push(system);
             }
         }
-        // A system prompt that became linked takes one-shot status from its tool-less rows.
-        for key in &flipped {
-            let i = self.position(*key);
-            let linked = self.continued[i] || self.continuing[i];
-            if linked && !before.get(key).copied().unwrap_or(false) {
-                let system = system_hash(&self.xs[i]).map(str::to_string);
-                if domain.linked_systems.get(&system).copied().unwrap_or(0) == 1
-                    && let Some(set) = domain.candidates.get(&system)
-                {
-                    affected.extend(set.iter().copied());
-                }
-            }
-        }
-        let mut earliest = inserted;
-        let mut side_call_changes = Vec::new();
-        for key in affected {
-            let i = self.position(key);
-            let shape = self.shape(i);
-            let was_side_call = self.kinds[i].0 == RowKind::SideCall && i != inserted;
-            let is_side_call = shape.is_some();
-            if shape != self.kinds[i].1 || i == inserted {
-                if i != inserted {
-                    earliest = earliest.min(i);
-                }
-                self.kinds[i] = (if is_side_call { RowKind::SideCall } else { RowKind::Turn }, shape);
-            }
-            if i == inserted || was_side_call != is_side_call {
-                side_call_changes.push((key, is_side_call, i == inserted));
-            }
-        }
-        // The rest (non-side-call rows) and the stateless pattern.
-        for (key, is_side_call, new) in side_call_changes {
-            if is_side_call {
-                if !new {
-                    self.rest_remove(model, key);
-                }
-            } else {
-                self.rest_insert(model, key);
-            }
-        }
-        let Some(domain) = self.domains.get_mut(model) else {
-            return earliest;
-        };
-        let stateless = domain.rest.len() >= table::STATELESS_MIN_REQUESTS && domain.bad.is_empty();
-        let rest: Vec<OrderKey> = domain.rest.iter().copied().collect();
-        let flipped_stateless = stateless != domain.stateless;
-        domain.stateless = stateless;
-        let kind = if stateless { RowKind::Stateless } else { RowKind::Turn };
-        if flipped_stateless {
-            for key in rest {
-                let i = self.position(key);
-                earliest = earliest.min(i);
-                self.kinds[i] = (kind, None);
-            }
-        } else {
-            for key in rest {
-                let i = self.position(key);
-                if self.kinds[i].0 != RowKind::SideCall && self.kinds[i].0 != kind {
-                    earliest = earliest.min(i);
-                    self.kinds[i] = (kind, None);
-                }
-            }
-        }
-        earliest
     }
 
     fn shape(&self, i: usize) -> Option<Shape> {
@@ -392,45 +369,47 @@ impl Analyzer {
         continues(x, y) || y.messages.len() > x.messages.len()
     }
 
-    fn rest_insert(&mut self, model: &str, key: OrderKey) {
-        let Some(domain) = self.domains.get(model) else { return };
+    fn neighbours(&self, model: &str, key: OrderKey) -> (Option<OrderKey>, Option<OrderKey>) {
+        let Some(domain) = self.domains.get(model) else {
+            return (None, None);
+        };
         let pred = domain.rest.range(..key).next_back().copied();
         let succ = domain.rest.range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded)).next().copied();
-        let bad_here = pred.is_some_and(|p| self.bad_pair(p, key));
-        let bad_succ = succ.map(|s| (s, self.bad_pair(key, s)));
-        let Some(domain) = self.domains.get_mut(model) else { return };
-        domain.rest.insert(key);
-        if bad_here {
-            domain.bad.insert(key);
-        } else {
-            domain.bad.remove(&key);
-        }
-        if let Some((s, bad)) = bad_succ {
+        (pred, succ)
+    }
+
+    fn set_bad(&mut self, model: &str, key: OrderKey, bad: bool) {
+        if let Some(domain) = self.domains.get_mut(model) {
             if bad {
-                domain.bad.insert(s);
+                domain.bad.insert(key);
             } else {
-                domain.bad.remove(&s);
+                domain.bad.remove(&key);
             }
         }
     }
 
-    fn rest_remove(&mut self, model: &str, key: OrderKey) {
-        let Some(domain) = self.domains.get_mut(model) else { return };
-        if !domain.rest.remove(&key) {
-            return;
+    fn rest_insert(&mut self, model: &str, key: OrderKey) {
+        let (pred, succ) = self.neighbours(model, key);
+        let bad_here = pred.is_some_and(|p| self.bad_pair(p, key));
+        let bad_next = succ.map(|s| (s, self.bad_pair(key, s)));
+        if let Some(domain) = self.domains.get_mut(model) {
+            domain.rest.insert(key);
         }
-        domain.bad.remove(&key);
-        let pred = domain.rest.range(..key).next_back().copied();
-        let succ = domain.rest.range(key..).next().copied();
+        self.set_bad(model, key, bad_here);
+        if let Some((s, bad)) = bad_next {
+            self.set_bad(model, s, bad);
+        }
+    }
+
+    fn rest_remove(&mut self, model: &str, key: OrderKey) {
+        let (pred, succ) = self.neighbours(model, key);
+        if let Some(domain) = self.domains.get_mut(model) {
+            domain.rest.remove(&key);
+        }
+        self.set_bad(model, key, false);
         if let Some(s) = succ {
             let bad = pred.is_some_and(|p| self.bad_pair(p, s));
-            if let Some(domain) = self.domains.get_mut(model) {
-                if bad {
-                    domain.bad.insert(s);
-                } else {
-                    domain.bad.remove(&s);
-                }
-            }
+            self.set_bad(model, s, bad);
         }
     }
 
@@ -474,8 +453,8 @@ impl Analyzer {
 
     /// Derives row `i` from the rows before it (llmp's table pass, one row at a time).
     fn derive(&mut self, i: usize) -> Row {
-        let x = &self.xs[i];
         let session = self.session(i);
+        let x = &self.xs[i];
         let (kind, shape) = self.kinds[i];
         let mut row = table::base_row(x, &self.ws[i], kind, shape, session);
         if kind != RowKind::Turn {
@@ -507,7 +486,8 @@ impl Analyzer {
         let Some(prev) = prev else {
             return row;
         };
-        let latest = table::between(&self.xs, &self.kinds, prev, i, &mut row);
+        let xs = &self.xs;
+        let latest = table::between(|r| &xs[r], &self.kinds, prev, i, &mut row);
         row.linked_to = Some(self.xs[prev].id);
         row.new_conversation = fresh;
         let link: Link = link(&self.xs[prev], &self.ws[prev], &self.xs[i], &self.ws[i], fresh);
@@ -541,11 +521,9 @@ fn message_keys(x: &Exchange) -> (u64, Vec<u64>) {
     let mut state = hash::fnv1a64(b"prefixscope-prefix");
     let mut prefixes = Vec::with_capacity(x.messages.len());
     for (i, m) in x.messages.iter().enumerate() {
-        let exact = token(&m.role, &m.hash, false);
-        let last = token(&m.role, &m.hash, true);
-        prefixes.push(mix(state, last));
-        state = mix(state, exact);
         let _ = i;
+        prefixes.push(mix(state, token(&m.role, &m.hash, true)));
+        state = mix(state, token(&m.role, &m.hash, false));
     }
     let own = prefixes.last().copied().unwrap_or(0);
     (own, prefixes)

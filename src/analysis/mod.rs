@@ -5,6 +5,7 @@
 //! figures agree with llmp's on the same recordings; prefixscope's extensions are marked where
 //! they are made.
 
+pub mod engine;
 pub mod findings;
 pub mod measured;
 pub mod report;
@@ -17,6 +18,7 @@ use crate::record::Record;
 
 pub use findings::{Confidence, Finding, FindingKind};
 pub use measured::{Measured, Source};
+pub use engine::{Analyzer, Update};
 pub use report::Report;
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).
@@ -78,8 +80,15 @@ pub fn normalize_all(records: &[Record]) -> Normalized {
     normalized
 }
 
-/// The whole analysis of `records` (in any order; rows come out in start order).
+/// The whole analysis of `records` (in any order; rows come out in start order): the engine in
+/// batch mode, linear in the records.
 pub fn analyze(records: &[Record], config: &Config) -> Report {
+    engine::Analyzer::from_records(records, config.clone()).report()
+}
+
+/// The same analysis done the straightforward way (llmp's algorithm, quadratic in the requests
+/// of a model): the oracle the engine is tested against.
+pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
     let normalized = normalize_all(records);
     let table = table::build(&normalized.exchanges, config);
     let findings = findings::find(&table, config);
