@@ -12,11 +12,10 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
-
 use super::report::{self, Report};
 use super::table::{
-    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose,
-    continues, link, structured, summarise, system_hash, weights,
+    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose, continues,
+    link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
@@ -109,7 +108,10 @@ impl Analyzer {
             kinds: Vec::new(),
             domains: HashMap::new(),
             rows: Vec::new(),
-            seq: SeqState { next_session: 1, ..SeqState::default() },
+            seq: SeqState {
+                next_session: 1,
+                ..SeqState::default()
+            },
             checkpoints: VecDeque::new(),
         }
     }
@@ -122,7 +124,10 @@ impl Analyzer {
             analyzer.count(record);
             match normalize(record) {
                 Ok(x) => exchanges.push(x),
-                Err(reason) => analyzer.skipped.push(Skipped { path: record.request.path.clone(), reason }),
+                Err(reason) => analyzer.skipped.push(Skipped {
+                    path: record.request.path.clone(),
+                    reason,
+                }),
             }
         }
         exchanges.sort_by_key(order_key);
@@ -139,14 +144,25 @@ impl Analyzer {
         let x = match normalize(record) {
             Ok(x) => x,
             Err(reason) => {
-                self.skipped.push(Skipped { path: record.request.path.clone(), reason });
-                return Update { row: None, skipped: Some(reason), rederived: Vec::new() };
+                self.skipped.push(Skipped {
+                    path: record.request.path.clone(),
+                    reason,
+                });
+                return Update {
+                    row: None,
+                    skipped: Some(reason),
+                    rederived: Vec::new(),
+                };
             }
         };
         let id = x.id;
         let from = self.insert(x);
         let rederived = self.advance(from);
-        Update { row: Some(id), skipped: None, rederived: rederived.into_iter().filter(|&r| r != id).collect() }
+        Update {
+            row: Some(id),
+            skipped: None,
+            rederived: rederived.into_iter().filter(|&r| r != id).collect(),
+        }
     }
 
     pub fn rows(&self) -> &[Row] {
@@ -162,7 +178,11 @@ impl Analyzer {
         table::name_evictors(&mut rows);
         let tools = table::tool_usage(&order, &self.ws, &rows);
         let clients = table::clients(&order, &rows);
-        let table = Table { rows, tools, clients };
+        let table = Table {
+            rows,
+            tools,
+            clients,
+        };
         let findings = findings::find(&table, &self.config);
         let input = report::Input {
             records: self.records,
@@ -211,7 +231,9 @@ impl Analyzer {
                 continuing = true;
             }
             if group.continued_below.is_none_or(|old| old < key) {
-                let start = group.continued_below.map_or(0, |old| group.members.partition_point(|&m| m < old));
+                let start = group
+                    .continued_below
+                    .map_or(0, |old| group.members.partition_point(|&m| m < old));
                 let end = group.members.partition_point(|&m| m < key);
                 newly_continued.extend_from_slice(&group.members[start..end]);
                 group.continued_below = Some(key);
@@ -255,7 +277,8 @@ impl Analyzer {
         }
 
         // Rows whose one-shot status may have changed.
-        let mut affected: BTreeSet<OrderKey> = touched.iter().map(|&i| order_key(&self.xs[i])).collect();
+        let mut affected: BTreeSet<OrderKey> =
+            touched.iter().map(|&i| order_key(&self.xs[i])).collect();
         if let Some(domain) = self.domains.get(&model) {
             if pairs_before == 0 && domain.continuing_rows > 0 {
                 for set in domain.candidates.values() {
@@ -275,7 +298,14 @@ impl Analyzer {
             let shape = self.shape(i);
             let is_side_call = shape.is_some();
             if i == p {
-                self.kinds[i] = (if is_side_call { RowKind::SideCall } else { RowKind::Turn }, shape);
+                self.kinds[i] = (
+                    if is_side_call {
+                        RowKind::SideCall
+                    } else {
+                        RowKind::Turn
+                    },
+                    shape,
+                );
                 if !is_side_call {
                     self.rest_insert(&model, key);
                     entered_rest.push(i);
@@ -307,7 +337,11 @@ impl Analyzer {
             return earliest;
         };
         let stateless = domain.rest.len() >= table::STATELESS_MIN_REQUESTS && domain.bad.is_empty();
-        let kind = if stateless { RowKind::Stateless } else { RowKind::Turn };
+        let kind = if stateless {
+            RowKind::Stateless
+        } else {
+            RowKind::Turn
+        };
         if stateless != domain.stateless {
             domain.stateless = stateless;
             let rest: Vec<OrderKey> = domain.rest.iter().copied().collect();
@@ -325,7 +359,13 @@ impl Analyzer {
     }
 
     /// ORs a row's flags in and keeps its domain's counts (flags only ever turn on).
-    fn mark(&mut self, i: usize, continued: bool, continuing: bool, newly_linked: &mut Vec<Option<String>>) {
+    fn mark(
+        &mut self,
+        i: usize,
+        continued: bool,
+        continuing: bool,
+        newly_linked: &mut Vec<Option<String>>,
+    ) {
         let was_linked = self.continued[i] || self.continuing[i];
         let was_continuing = self.continuing[i];
         self.continued[i] |= continued;
@@ -374,7 +414,11 @@ impl Analyzer {
             return (None, None);
         };
         let pred = domain.rest.range(..key).next_back().copied();
-        let succ = domain.rest.range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded)).next().copied();
+        let succ = domain
+            .rest
+            .range((std::ops::Bound::Excluded(key), std::ops::Bound::Unbounded))
+            .next()
+            .copied();
         (pred, succ)
     }
 
@@ -445,7 +489,10 @@ impl Analyzer {
                 self.rows.truncate(*c);
             }
             None => {
-                self.seq = SeqState { next_session: 1, ..SeqState::default() };
+                self.seq = SeqState {
+                    next_session: 1,
+                    ..SeqState::default()
+                };
                 self.rows.clear();
             }
         }
@@ -476,8 +523,16 @@ impl Analyzer {
             Choice::Fresh(from) => {
                 let conversation = self.seq.tips.len() as u32 + 1;
                 let from_row = from.map(|t| self.seq.tips[t].row);
-                self.seq.tips.push(Tip { row: i, conversation, turns: 1 });
-                self.seq.tips_by.entry(tip_key).or_default().push(self.seq.tips.len() - 1);
+                self.seq.tips.push(Tip {
+                    row: i,
+                    conversation,
+                    turns: 1,
+                });
+                self.seq
+                    .tips_by
+                    .entry(tip_key)
+                    .or_default()
+                    .push(self.seq.tips.len() - 1);
                 row.conversation = Some(conversation);
                 row.turn = Some(1);
                 (from_row, true)
@@ -490,8 +545,20 @@ impl Analyzer {
         let latest = table::between(|r| &xs[r], &self.kinds, prev, i, &mut row);
         row.linked_to = Some(self.xs[prev].id);
         row.new_conversation = fresh;
-        let link: Link = link(&self.xs[prev], &self.ws[prev], &self.xs[i], &self.ws[i], fresh);
-        apply_link(&mut row, &self.xs[i], &self.ws[i], &link, latest.map(|(cause, _)| cause));
+        let link: Link = link(
+            &self.xs[prev],
+            &self.ws[prev],
+            &self.xs[i],
+            &self.ws[i],
+            fresh,
+        );
+        apply_link(
+            &mut row,
+            &self.xs[i],
+            &self.ws[i],
+            &link,
+            latest.map(|(cause, _)| cause),
+        );
         table::finish_link(&mut row, link, latest);
         row
     }
@@ -508,8 +575,12 @@ impl Analyzer {
                 self.seq.next_session - 1
             }
         };
-        let last_end = open.filter(|(s, _)| *s == session).map_or(x.t_end_ms, |(_, end)| end.max(x.t_end_ms));
-        self.seq.open_sessions.insert(x.model.clone(), (session, last_end));
+        let last_end = open
+            .filter(|(s, _)| *s == session)
+            .map_or(x.t_end_ms, |(_, end)| end.max(x.t_end_ms));
+        self.seq
+            .open_sessions
+            .insert(x.model.clone(), (session, last_end));
         session
     }
 }

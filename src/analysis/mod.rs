@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
 use crate::record::Record;
 
+pub use engine::{Analyzer, Update};
 pub use findings::{Confidence, Finding, FindingKind};
 pub use measured::{Measured, Source};
-pub use engine::{Analyzer, Update};
 pub use report::Report;
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).

@@ -2,8 +2,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::Skipped;
 use super::REPORT_VERSION;
+use super::Skipped;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
 use super::measured::{Measured, Source};
 use super::table::{Client, Row, RowKind, Table, ToolUsage};
@@ -109,11 +109,18 @@ pub(crate) struct Input<'a> {
 }
 
 pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
-    Some((records.iter().map(|r| r.t_start_ms).min()?, records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max()?))
+    Some((
+        records.iter().map(|r| r.t_start_ms).min()?,
+        records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max()?,
+    ))
 }
 
 pub(crate) fn assemble(input: Input<'_>, table: Table, findings: Vec<Finding>) -> Report {
-    let window = input.span.map(|(start_ms, end_ms)| Window { start_ms, end_ms, days: (end_ms - start_ms) as f64 / DAY_MS });
+    let window = input.span.map(|(start_ms, end_ms)| Window {
+        start_ms,
+        end_ms,
+        days: (end_ms - start_ms) as f64 / DAY_MS,
+    });
     Report {
         v: REPORT_VERSION,
         window,

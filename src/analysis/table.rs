@@ -249,8 +249,20 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
         let latest = between(|i| order[i], &kinds, prev, cur, &mut rows[cur]);
         rows[cur].linked_to = Some(order[prev].id);
         rows[cur].new_conversation = fresh;
-        let link = link(order[prev], &weights[prev], order[cur], &weights[cur], fresh);
-        apply_link(&mut rows[cur], order[cur], &weights[cur], &link, latest.map(|(cause, _)| cause));
+        let link = link(
+            order[prev],
+            &weights[prev],
+            order[cur],
+            &weights[cur],
+            fresh,
+        );
+        apply_link(
+            &mut rows[cur],
+            order[cur],
+            &weights[cur],
+            &link,
+            latest.map(|(cause, _)| cause),
+        );
         finish_link(&mut rows[cur], link, latest);
     }
 
@@ -267,7 +279,13 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
 }
 
 /// A row before linking: what the exchange alone says.
-pub(super) fn base_row(x: &Exchange, w: &Weights, kind: RowKind, shape: Option<Shape>, session: u32) -> Row {
+pub(super) fn base_row(
+    x: &Exchange,
+    w: &Weights,
+    kind: RowKind,
+    shape: Option<Shape>,
+    session: u32,
+) -> Row {
     Row {
         id: x.id,
         api: x.api,
@@ -332,10 +350,17 @@ pub(super) fn finish_link(row: &mut Row, link: Link, latest: Option<(Cause, u64)
     row.evicted_by = match row.cause {
         Some(Cause::SideCall) => latest.map(|(_, id)| (id, "side_call")),
         Some(Cause::OtherConversation) => latest.map(|(_, id)| (id, "other_conversation")),
-        Some(Cause::OtherModel) => row.other_domains_between.last().map(|&id| (id, "other_model")),
+        Some(Cause::OtherModel) => row
+            .other_domains_between
+            .last()
+            .map(|&id| (id, "other_model")),
         _ => None,
     }
-    .map(|(row, kind)| EvictedBy { row, client: String::new(), kind: kind.into() });
+    .map(|(row, kind)| EvictedBy {
+        row,
+        client: String::new(),
+        kind: kind.into(),
+    });
 }
 
 /// Fills each evictor's client once clients are labelled.
@@ -348,7 +373,12 @@ pub(super) fn name_evictors(rows: &mut [Row]) {
     }
 }
 
-pub(super) fn choose<'a>(at: impl Fn(usize) -> &'a Exchange, tips: &[Tip], candidates: &[usize], x: &Exchange) -> Choice {
+pub(super) fn choose<'a>(
+    at: impl Fn(usize) -> &'a Exchange,
+    tips: &[Tip],
+    candidates: &[usize],
+    x: &Exchange,
+) -> Choice {
     let lead = x.messages.iter().take_while(|m| m.role == "system").count();
     let matched = |t: usize| {
         let prev = at(tips[t].row);
@@ -579,7 +609,8 @@ pub(super) fn price(rows: &mut [Row]) {
         if row.lost_client.is_none() && row.lost_external.is_none() {
             continue;
         }
-        let (Some(prefill), Some(evaluated)) = (row.counts.prefill_ms, row.counts.evaluated_tokens) else {
+        let (Some(prefill), Some(evaluated)) = (row.counts.prefill_ms, row.counts.evaluated_tokens)
+        else {
             continue;
         };
         let own_rate = (evaluated.value > 0).then(|| prefill.value / f64::from(evaluated.value));
@@ -587,13 +618,25 @@ pub(super) fn price(rows: &mut [Row]) {
             (Some(own), Some(bulk)) => Some(own.min(bulk)),
             (own, bulk) => own.or(bulk),
         };
-        for loss in [row.lost_client.as_mut(), row.lost_external.as_mut()].into_iter().flatten() {
-            loss.ms = per_token.map(|rate| Measured { value: f64::from(loss.tokens) * rate, source: prefill.source });
+        for loss in [row.lost_client.as_mut(), row.lost_external.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            loss.ms = per_token.map(|rate| Measured {
+                value: f64::from(loss.tokens) * rate,
+                source: prefill.source,
+            });
         }
     }
 }
 
-pub(super) fn link(prev: &Exchange, pw: &Weights, cur: &Exchange, cw: &Weights, fresh: bool) -> Link {
+pub(super) fn link(
+    prev: &Exchange,
+    pw: &Weights,
+    cur: &Exchange,
+    cw: &Weights,
+    fresh: bool,
+) -> Link {
     if fresh {
         let k = prev
             .messages
@@ -977,7 +1020,23 @@ pub(super) fn assign_clients(order: &[&Exchange], rows: &mut [Row]) {
             .extend(x.tools.iter().map(|t| t.name.as_str()));
         units[unit].rows.push(i);
     }
-    let mut parent: Vec<usize> = (0..units.len()).collect();
+    // Units whose tool sets are subsets of one another (same user-agent) are one client. Only
+    // distinct tool sets need comparing, which keeps this linear in the units.
+    let mut set_ids: HashMap<(&str, &BTreeSet<&str>), usize> = HashMap::new();
+    let mut sets: Vec<(&str, &BTreeSet<&str>, usize)> = Vec::new();
+    let mut set_of_unit: Vec<Option<usize>> = Vec::with_capacity(units.len());
+    for (i, unit) in units.iter().enumerate() {
+        if unit.tools.is_empty() {
+            set_of_unit.push(None);
+            continue;
+        }
+        let id = *set_ids.entry((unit.agent, &unit.tools)).or_insert_with(|| {
+            sets.push((unit.agent, &unit.tools, i));
+            sets.len() - 1
+        });
+        set_of_unit.push(Some(id));
+    }
+    let mut parent: Vec<usize> = (0..sets.len()).collect();
     fn root(parent: &mut [usize], mut i: usize) -> usize {
         while parent[i] != i {
             parent[i] = parent[parent[i]];
@@ -985,34 +1044,44 @@ pub(super) fn assign_clients(order: &[&Exchange], rows: &mut [Row]) {
         }
         i
     }
-    for a in 0..units.len() {
-        for b in a + 1..units.len() {
-            let (ua, ub) = (&units[a], &units[b]);
-            if ua.agent == ub.agent
-                && !ua.tools.is_empty()
-                && !ub.tools.is_empty()
-                && (ua.tools.is_subset(&ub.tools) || ub.tools.is_subset(&ua.tools))
-            {
-                let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
-                parent[ra.max(rb)] = ra.min(rb);
+    let mut by_agent: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (id, (agent, _, _)) in sets.iter().enumerate() {
+        by_agent.entry(agent).or_default().push(id);
+    }
+    for ids in by_agent.values() {
+        for (n, &a) in ids.iter().enumerate() {
+            for &b in &ids[n + 1..] {
+                if sets[a].1.is_subset(sets[b].1) || sets[b].1.is_subset(sets[a].1) {
+                    let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+                    parent[ra.max(rb)] = ra.min(rb);
+                }
             }
         }
     }
+    // A cluster is numbered by its first unit, in order of first request.
+    let mut first_unit: HashMap<usize, usize> = HashMap::new();
+    for (id, set) in sets.iter().enumerate() {
+        let r = root(&mut parent, id);
+        let first = first_unit.entry(r).or_insert(set.2);
+        *first = (*first).min(set.2);
+    }
     let mut clusters: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, unit) in units.iter().enumerate() {
-        let r = root(&mut parent, i);
-        if !unit.tools.is_empty() && r == i {
-            clusters.entry(unit.agent).or_default().push(i);
-        }
+    for (&r, &first) in &first_unit {
+        clusters.entry(sets[r].0).or_default().push(first);
+    }
+    for firsts in clusters.values_mut() {
+        firsts.sort_unstable();
     }
     for (i, unit) in units.iter().enumerate() {
-        let roots = clusters.get(unit.agent).map_or(&[][..], Vec::as_slice);
-        let label = if unit.tools.is_empty() || roots.len() <= 1 {
-            unit.agent.to_string()
-        } else {
-            let r = root(&mut parent, i);
-            let n = roots.iter().position(|&x| x == r).unwrap_or(0) + 1;
-            format!("{} #{n}", unit.agent)
+        let firsts = clusters.get(unit.agent).map_or(&[][..], Vec::as_slice);
+        let label = match set_of_unit[i] {
+            Some(id) if firsts.len() > 1 => {
+                let r = root(&mut parent, id);
+                let first = first_unit.get(&r).copied().unwrap_or(0);
+                let n = firsts.iter().position(|&f| f == first).unwrap_or(0) + 1;
+                format!("{} #{n}", unit.agent)
+            }
+            _ => unit.agent.to_string(),
         };
         for &row in &unit.rows {
             rows[row].client = label.clone();
