@@ -11,6 +11,8 @@ pub mod recorder;
 
 #[cfg(feature = "net")]
 pub mod proxy;
+#[cfg(feature = "net")]
+pub mod tokenize;
 
 /// Version of the recording format (compatible with llmp's recording format v1).
 pub const RECORD_VERSION: u32 = 1;

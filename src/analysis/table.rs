@@ -329,11 +329,11 @@ pub(super) fn between<'a>(
 ) -> Option<(Cause, u64)> {
     let mut latest = None;
     let model = &at(cur).model;
-    for i in prev + 1..cur {
+    for (i, (kind, _)) in kinds.iter().enumerate().take(cur).skip(prev + 1) {
         let id = at(i).id;
         if &at(i).model != model {
             row.other_domains_between.push(id);
-        } else if kinds[i].0 == RowKind::SideCall {
+        } else if *kind == RowKind::SideCall {
             row.side_calls_between.push(id);
             latest = Some((Cause::SideCall, id));
         } else {

@@ -24,6 +24,10 @@ pub struct AnalyzeArgs {
     /// A pause longer than this (per model) starts a new session.
     #[arg(long, default_value_t = 60)]
     gap_seconds: u64,
+    /// Count messages and tools with the server's tokenizer (llama-server /tokenize); without it,
+    /// counts are estimates.
+    #[arg(long, value_name = "URL")]
+    tokenize: Option<String>,
 }
 
 pub fn run(args: AnalyzeArgs) -> u8 {
@@ -56,6 +60,12 @@ pub fn run(args: AnalyzeArgs) -> u8 {
         session_gap_ms: args.gap_seconds.saturating_mul(1000),
         ..Config::default()
     };
+    if let Some(url) = &args.tokenize {
+        let result = prefixscope::tokenize::enrich(&mut records, url);
+        for warning in &result.warnings {
+            eprintln!("prefixscope: warning: tokenize: {warning}");
+        }
+    }
     let mut report = analyze(&records, &config);
     report.coverage.bad_lines = bad_lines;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();

