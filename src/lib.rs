@@ -5,14 +5,19 @@
 //! edge behind the `net` feature; the recorder is the one consumer that touches the disk.
 
 pub mod analysis;
+pub mod cache;
+pub mod input;
 pub mod normalize;
 pub mod record;
 pub mod recorder;
+pub mod workload;
 
 #[cfg(feature = "net")]
 pub mod proxy;
 #[cfg(feature = "net")]
 pub mod tokenize;
+#[cfg(feature = "tui")]
+pub mod tui;
 
 /// Version of the recording format (compatible with llmp's recording format v1).
 pub const RECORD_VERSION: u32 = 1;

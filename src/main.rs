@@ -26,6 +26,9 @@ enum Command {
     Records(cli::records::RecordsArgs),
     /// Report on recordings: conversations, prefix breaks, tokens and time lost, and who caused it.
     Analyze(cli::analyze::AnalyzeArgs),
+    /// How much a prefix cache could save on this traffic (recordings, gateway logs, Mooncake or
+    /// bailian traces), by capacity and eviction policy, and which prefixes carry the reuse.
+    Profile(cli::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     let code = match cli.command {
         Command::Record(args) => cli::record::run(args),
         Command::Records(args) => cli::records::run(args),
+        Command::Profile(args) => cli::profile::run(args),
         Command::Analyze(args) => cli::analyze::run(args),
     };
     ExitCode::from(code)

@@ -1,5 +1,6 @@
 //! Live means incremental: after every `push` the engine's report equals a batch analysis (by
 //! the reference algorithm) of the records pushed so far, whatever order they arrive in.
+#![allow(clippy::manual_is_multiple_of)]
 
 use prefixscope::analysis::{Analyzer, Config, analyze_reference};
 use prefixscope::record::{Record, read_jsonl};
@@ -37,7 +38,13 @@ fn check_every_prefix(name: &str, arrivals: &[Record]) {
         let batch = serde_json::to_value(analyze_reference(&arrivals[..=n], &config)).unwrap();
         if live != batch {
             for key in batch.as_object().unwrap().keys() {
-                assert_eq!(live[key], batch[key], "{name}: after {} pushes (last id {}, update {update:?}), `{key}` differs", n + 1, arrivals[n].id);
+                assert_eq!(
+                    live[key],
+                    batch[key],
+                    "{name}: after {} pushes (last id {}, update {update:?}), `{key}` differs",
+                    n + 1,
+                    arrivals[n].id
+                );
             }
         }
     }
@@ -88,49 +95,80 @@ fn workload(seed: u64, n: usize) -> Vec<Record> {
     for id in 1..=n as u64 {
         t += (rng.next() % 3_000) as i64;
         let dice = rng.next() % 100;
-        let (model, agent, messages, tools): (String, String, Vec<serde_json::Value>, bool) = if dice < 12 {
-            // A title side-call.
-            ("m1".into(), "ua1".into(), vec![serde_json::json!({"role": "user", "content": format!("title for {}", rng.next() % 5)})], false)
-        } else if dice < 22 {
-            // A stateless model: single prompts of shrinking size.
-            ("embed".into(), "ua2".into(), vec![serde_json::json!({"role": "user", "content": format!("classify {}", 100 - id % 50)})], false)
-        } else if dice < 35 || conversations.is_empty() {
-            let tools = rng.next() % 2 == 0;
-            let model = if rng.next() % 4 == 0 { "m2" } else { "m1" };
-            let agent = if rng.next() % 3 == 0 { "ua2" } else { "ua1" };
-            let system = format!("You are agent {}. Today is day {}.", rng.next() % 4, rng.next() % 2);
-            let messages = vec![serde_json::json!({"role": "system", "content": system}), serde_json::json!({"role": "user", "content": format!("task {id}")})];
-            conversations.push((model.into(), agent.into(), system, messages.clone(), tools));
-            (model.into(), agent.into(), messages, tools)
-        } else {
-            let k = (rng.next() % conversations.len() as u64) as usize;
-            let c = &mut conversations[k];
-            match rng.next() % 10 {
-                0 => {
-                    // The date in the system prompt changes.
-                    c.2 = c.2.replace("day 0", "day 1");
-                    c.3[0] = serde_json::json!({"role": "system", "content": c.2.clone()});
+        let (model, agent, messages, tools): (String, String, Vec<serde_json::Value>, bool) =
+            if dice < 12 {
+                // A title side-call.
+                (
+                    "m1".into(),
+                    "ua1".into(),
+                    vec![
+                        serde_json::json!({"role": "user", "content": format!("title for {}", rng.next() % 5)}),
+                    ],
+                    false,
+                )
+            } else if dice < 22 {
+                // A stateless model: single prompts of shrinking size.
+                (
+                    "embed".into(),
+                    "ua2".into(),
+                    vec![
+                        serde_json::json!({"role": "user", "content": format!("classify {}", 100 - id % 50)}),
+                    ],
+                    false,
+                )
+            } else if dice < 35 || conversations.is_empty() {
+                let tools = rng.next() % 2 == 0;
+                let model = if rng.next() % 4 == 0 { "m2" } else { "m1" };
+                let agent = if rng.next() % 3 == 0 { "ua2" } else { "ua1" };
+                let system = format!(
+                    "You are agent {}. Today is day {}.",
+                    rng.next() % 4,
+                    rng.next() % 2
+                );
+                let messages = vec![
+                    serde_json::json!({"role": "system", "content": system}),
+                    serde_json::json!({"role": "user", "content": format!("task {id}")}),
+                ];
+                conversations.push((model.into(), agent.into(), system, messages.clone(), tools));
+                (model.into(), agent.into(), messages, tools)
+            } else {
+                let k = (rng.next() % conversations.len() as u64) as usize;
+                let c = &mut conversations[k];
+                match rng.next() % 10 {
+                    0 => {
+                        // The date in the system prompt changes.
+                        c.2 = c.2.replace("day 0", "day 1");
+                        c.3[0] = serde_json::json!({"role": "system", "content": c.2.clone()});
+                    }
+                    1 if c.3.len() > 4 => {
+                        // Compaction.
+                        let system = c.3[0].clone();
+                        c.3 = vec![
+                            system,
+                            serde_json::json!({"role": "user", "content": "summary so far"}),
+                        ];
+                    }
+                    2 => {} // the same request again
+                    _ => {
+                        c.3.push(serde_json::json!({"role": "assistant", "content": format!("answer {id}")}));
+                        c.3.push(
+                            serde_json::json!({"role": "user", "content": format!("more {id}")}),
+                        );
+                    }
                 }
-                1 if c.3.len() > 4 => {
-                    // Compaction.
-                    let system = c.3[0].clone();
-                    c.3 = vec![system, serde_json::json!({"role": "user", "content": "summary so far"})];
-                }
-                2 => {} // the same request again
-                _ => {
-                    c.3.push(serde_json::json!({"role": "assistant", "content": format!("answer {id}")}));
-                    c.3.push(serde_json::json!({"role": "user", "content": format!("more {id}")}));
-                }
-            }
-            (c.0.clone(), c.1.clone(), c.3.clone(), c.4)
-        };
+                (c.0.clone(), c.1.clone(), c.3.clone(), c.4)
+            };
         let mut body = serde_json::json!({"model": model, "messages": messages});
         if tools {
             body["tools"] = serde_json::json!([{"type": "function", "function": {"name": "read_file", "parameters": {}}}]);
         }
         let prompt = 20 + 15 * messages.len() as u64;
         let reused = rng.next() % (prompt + 1);
-        let duration = if rng.next() % 5 == 0 { 9_000 } else { 200 + (rng.next() % 800) as i64 };
+        let duration = if rng.next() % 5 == 0 {
+            9_000
+        } else {
+            200 + (rng.next() % 800) as i64
+        };
         let record = serde_json::json!({
             "v": 1, "id": id, "conn": 1 + id % 7, "t_start_ms": t, "t_first_byte_ms": t + duration / 2, "t_end_ms": t + duration,
             "request": {"method": "POST", "path": "/v1/chat/completions", "headers": {"user-agent": agent}, "body_bytes": 1,
@@ -152,8 +190,14 @@ fn live_equals_batch_on_generated_interleaved_agents_completing_out_of_order() {
     let mut out_of_order = 0;
     for seed in 1..=12u64 {
         let arrivals = workload(seed * 7919, 70);
-        out_of_order += arrivals.windows(2).filter(|w| w[1].t_start_ms < w[0].t_start_ms).count();
+        out_of_order += arrivals
+            .windows(2)
+            .filter(|w| w[1].t_start_ms < w[0].t_start_ms)
+            .count();
         check_every_prefix(&format!("workload seed {seed}"), &arrivals);
     }
-    assert!(out_of_order > 50, "the workload should complete out of start order: {out_of_order}");
+    assert!(
+        out_of_order > 50,
+        "the workload should complete out of start order: {out_of_order}"
+    );
 }

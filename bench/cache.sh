@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The whole cache profile of the Mooncake conversation trace (12,031 requests, 512-token blocks:
+# FIFO, LRU and optimal at 32 … 32,768 blocks, the ceiling, the leaderboards), side by side:
+#
+#   prefixscope profile          (release build of this repository)
+#   kvcache-simulator run        (kvcache.ai, C++ backend; `pip install kvcache-simulator`)
+#   llmtrafficlens profile       (`pip install llmtrafficlens`; flat LRU at 7 sizes + leaderboards)
+#
+# Each is run RUNS times (default 5) after one untimed run (kvcache-simulator compiles its C++
+# core on first use); the table gives the median wall time, the median CPU time (user + system,
+# children included) and the largest peak RSS, all from /usr/bin/time -v. The script also checks
+# that prefixscope's and kvcache-simulator's figures agree to the token.
+#
+# Usage: bash bench/cache.sh [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-5}
+for tool in kvcache-simulator llmtrafficlens; do
+    command -v "$tool" >/dev/null || { echo "missing $tool: pip install kvcache-simulator llmtrafficlens" >&2; exit 1; }
+done
+[ -x /usr/bin/time ] || { echo "missing /usr/bin/time (apt-get install time)" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+trace="$work/conversation_trace.jsonl"
+gzip -dc tests/data/mooncake/conversation_trace.jsonl.gz > "$trace"
+cargo build --release --quiet
+prefixscope=$PWD/target/release/prefixscope
+
+# GLM-5.2 caches 95,232 bytes per token: a 512-token block is 93 × 2^19 bytes, so
+# blocks × 93 / 2048 GiB is exact and floors back to 32, 128, 512, 2048, 8192, 32768 blocks.
+budgets=1.453125,5.8125,23.25,93,372,1488
+
+commands=(
+    "prefixscope|$prefixscope profile $trace --format mooncake --block-size 512 --policies fifo,lru,optimal --capacities 32b,128b,512b,2048b,8192b,32768b -o $work/prefixscope.json"
+    "kvcache-simulator (C++)|kvcache-simulator run --trace $trace --model glm-5.2 --block-size 512 --budgets-gib $budgets --policies fifo,lru,optimal --backend cpp --no-progress --format json -o $work/kvcache.json"
+    "llmtrafficlens|llmtrafficlens profile $trace --format mooncake -o $work/ltl"
+)
+
+for entry in "${commands[@]}"; do
+    name=${entry%%|*}
+    command=${entry#*|}
+    (cd "$work" && $command >/dev/null 2>&1) # untimed: compiles, warms the page cache
+    for i in $(seq "$runs"); do
+        (cd "$work" && /usr/bin/time -v -o "$work/time.$i" $command >/dev/null 2>"$work/stderr") \
+            || { cat "$work/stderr" >&2; exit 1; }
+    done
+    python3 - "$name" "$runs" "$work" >> "$work/rows" <<'PY'
+import re, statistics, sys
+name, runs, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+walls, cpus, rss = [], [], []
+for i in range(1, runs + 1):
+    text = open(f"{work}/time.{i}").read()
+    clock = re.search(r"Elapsed \(wall clock\) time .*: (.+)", text).group(1).strip()
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + float(part)
+    walls.append(seconds)
+    user = float(re.search(r"User time \(seconds\): ([\d.]+)", text).group(1))
+    system = float(re.search(r"System time \(seconds\): ([\d.]+)", text).group(1))
+    cpus.append(user + system)
+    rss.append(int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1)))
+print(f"{name}|{statistics.median(walls):.3f}|{statistics.median(cpus):.3f}|{max(rss) / 1024:.0f}")
+PY
+done
+
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+rows = [line.strip().split("|") for line in open(f"{work}/rows")]
+ours = next(r for r in rows if r[0] == "prefixscope")
+print("| tool | wall (median, s) | CPU user+sys (median, s) | peak RSS (MiB) | wall vs prefixscope | CPU vs prefixscope |")
+print("|---|---:|---:|---:|---:|---:|")
+for name, wall, cpu, rss in rows:
+    print(f"| {name} | {float(wall):.3f} | {float(cpu):.3f} | {rss} | "
+          f"{float(wall) / float(ours[1]):.1f}× | {float(cpu) / float(ours[2]):.1f}× |")
+
+# The figures agree to the token.
+ps = json.load(open(f"{work}/prefixscope.json"))
+kv = json.load(open(f"{work}/kvcache.json"))
+assert ps["ceiling"]["hit_tokens"] == kv["ceiling"]["hitTokens"], "ceiling differs"
+checked = 0
+for point in kv["points"]:
+    for policy, result in point["results"].items():
+        ours = next(p for p in ps["points"]
+                    if p["policy"] == policy and p["capacity_blocks"] == point["cacheBlocks"])
+        assert ours["hit_tokens"] == result["hitTokens"], (policy, point["cacheBlocks"])
+        assert ours["measured_tokens"] == result["totalTokens"]
+        checked += 1
+ltl = json.load(open(f"{work}/ltl.json"))
+print(f"\nprefixscope = kvcache-simulator on all {checked} points and the ceiling "
+      f"({ps['ceiling']['hit_tokens']:,} of {ps['measured_tokens']:,} tokens); "
+      f"llmtrafficlens ceiling {ltl['reuse_potential']['ceiling']:.2%}; "
+      f"AIPerf rate {ps['aiperf_cache_hit_rate']!r}")
+PY

@@ -1,0 +1,245 @@
+//! The live view's simulator: fed one request at a time, it keeps `ceiling`, `lru` and `fifo`
+//! at each capacity up to date, as a cold replay (warmup does not apply to an open-ended stream:
+//! the figures are over every request so far). It runs the same policy structs as the batch
+//! profile, so after N requests it equals `profile` with `--warmup 0` on those N (tested).
+//!
+//! Cost per request: FIFO and the ceiling O(blocks); LRU O(blocks × log capacity) amortized (its
+//! leaf heap is updated lazily and compacted when stale entries outnumber live ones). `optimal`
+//! needs the future: [`LiveSimulator::optimal_snapshot`] replays what has arrived so far.
+
+use super::policy::{Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses};
+use super::profile::Point;
+use super::{Capacity, Request};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Running {
+    hit_tokens: u64,
+    same_conversation_tokens: u64,
+}
+
+impl Running {
+    fn add(&mut self, served: Served) {
+        self.hit_tokens += served.hit_tokens;
+        self.same_conversation_tokens += served.same_conversation_tokens;
+    }
+}
+
+/// What one request got under each policy and capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveUpdate {
+    pub request_tokens: u64,
+    pub ceiling: Served,
+    /// Per capacity, in the order given to [`LiveSimulator::new`].
+    pub fifo: Vec<Served>,
+    pub lru: Vec<Served>,
+}
+
+pub struct LiveSimulator {
+    block_size: u32,
+    capacities: Vec<Capacity>,
+    builder: EventBuilder,
+    ceiling: Ceiling,
+    fifo: Vec<Fifo>,
+    lru: Vec<TrieCache>,
+    ceiling_total: Running,
+    fifo_totals: Vec<Running>,
+    lru_totals: Vec<Running>,
+    measured_tokens: u64,
+    /// Every event so far, kept for the optimal snapshot (12 bytes per block).
+    events: Vec<Event>,
+    starts: Vec<usize>,
+    scratch: Vec<Event>,
+}
+
+impl LiveSimulator {
+    pub fn new(block_size: u32, capacities: Vec<Capacity>) -> LiveSimulator {
+        let blocks = |c: &Capacity| usize::try_from(c.blocks).unwrap_or(usize::MAX);
+        LiveSimulator {
+            block_size,
+            fifo: capacities.iter().map(|c| Fifo::new(blocks(c))).collect(),
+            lru: capacities
+                .iter()
+                .map(|c| TrieCache::lru(blocks(c)))
+                .collect(),
+            fifo_totals: vec![Running::default(); capacities.len()],
+            lru_totals: vec![Running::default(); capacities.len()],
+            capacities,
+            builder: EventBuilder::new(),
+            ceiling: Ceiling::default(),
+            ceiling_total: Running::default(),
+            measured_tokens: 0,
+            events: Vec::new(),
+            starts: vec![0],
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn requests(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    pub fn push(&mut self, request: &Request) -> LiveUpdate {
+        self.scratch.clear();
+        self.builder.push(request, &mut self.scratch);
+        let events = &self.scratch;
+        let request_tokens: u64 = events.iter().map(|e| u64::from(e.tokens)).sum();
+        self.measured_tokens += request_tokens;
+        let nodes = self.builder.node_count();
+        let ceiling = self.ceiling.serve(nodes, events);
+        self.ceiling_total.add(ceiling);
+        let mut update = LiveUpdate {
+            request_tokens,
+            ceiling,
+            fifo: Vec::with_capacity(self.fifo.len()),
+            lru: Vec::with_capacity(self.lru.len()),
+        };
+        for (cache, total) in self.fifo.iter_mut().zip(&mut self.fifo_totals) {
+            let served = cache.serve(nodes, events);
+            total.add(served);
+            update.fifo.push(served);
+        }
+        for (cache, total) in self.lru.iter_mut().zip(&mut self.lru_totals) {
+            let served = cache.serve(self.builder.parents(), events, &[]);
+            total.add(served);
+            update.lru.push(served);
+        }
+        self.events.extend_from_slice(&self.scratch);
+        self.starts.push(self.events.len());
+        update
+    }
+
+    fn point(&self, policy: Policy, capacity: Option<&Capacity>, running: Running) -> Point {
+        Point {
+            policy,
+            capacity_blocks: capacity.map(|c| c.blocks),
+            capacity_tokens: capacity.map(|c| c.blocks * u64::from(self.block_size)),
+            capacity: capacity.map(|c| c.label.clone()),
+            hit_tokens: running.hit_tokens,
+            measured_tokens: self.measured_tokens,
+            hit_rate: if self.measured_tokens == 0 {
+                0.0
+            } else {
+                running.hit_tokens as f64 / self.measured_tokens as f64
+            },
+            same_conversation_tokens: running.same_conversation_tokens,
+            other_tokens: running.hit_tokens - running.same_conversation_tokens,
+            full_before_measurement: None,
+        }
+    }
+
+    pub fn ceiling(&self) -> Point {
+        self.point(Policy::Ceiling, None, self.ceiling_total)
+    }
+
+    /// FIFO then LRU, each at every capacity.
+    pub fn points(&self) -> Vec<Point> {
+        let mut points = Vec::new();
+        for (capacity, running) in self.capacities.iter().zip(&self.fifo_totals) {
+            points.push(self.point(Policy::Fifo, Some(capacity), *running));
+        }
+        for (capacity, running) in self.capacities.iter().zip(&self.lru_totals) {
+            points.push(self.point(Policy::Lru, Some(capacity), *running));
+        }
+        points
+    }
+
+    /// Belady's optimal over the requests so far, replayed cold: O(all blocks so far).
+    pub fn optimal_snapshot(&self, capacity: &Capacity) -> Point {
+        let parents = self.builder.parents();
+        let next = next_uses(&self.events, &self.starts, parents.len());
+        let mut cache = TrieCache::optimal(usize::try_from(capacity.blocks).unwrap_or(usize::MAX));
+        let mut running = Running::default();
+        for window in self.starts.windows(2) {
+            let range = window[0]..window[1];
+            running.add(cache.serve(parents, &self.events[range.clone()], &next[range]));
+        }
+        self.point(Policy::Optimal, Some(capacity), running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{Block, ProfileConfig, profile};
+
+    #[test]
+    fn live_equals_a_cold_batch_replay_at_every_step() {
+        // A small pseudo-random workload: shared stems, conversations that grow, strays.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut random = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let mut requests = Vec::new();
+        for i in 0..300u64 {
+            let stem = random(4);
+            let length = 1 + random(12);
+            let mut blocks = vec![Block {
+                id: 1000 + stem,
+                tokens: 16,
+            }];
+            blocks.extend((0..length).map(|k| Block {
+                id: if random(3) == 0 {
+                    5000 + i * 100 + k
+                } else {
+                    k
+                },
+                tokens: 16,
+            }));
+            requests.push(Request {
+                blocks,
+                conversation: Some(format!("c{}", random(5))),
+                ..Request::default()
+            });
+        }
+        let capacities: Vec<Capacity> = [4u64, 16, 64]
+            .iter()
+            .map(|&blocks| Capacity {
+                blocks,
+                label: format!("{blocks}b"),
+            })
+            .collect();
+        let mut live = LiveSimulator::new(16, capacities.clone());
+        for (n, request) in requests.iter().enumerate() {
+            live.push(request);
+            if (n + 1) % 50 != 0 {
+                continue;
+            }
+            let config = ProfileConfig {
+                warmup: 0.0,
+                capacities: capacities.clone(),
+                ..ProfileConfig::default()
+            };
+            let batch = profile(&requests[..=n], &config);
+            assert_eq!(live.ceiling().hit_tokens, batch.ceiling.hit_tokens);
+            assert_eq!(
+                live.ceiling().same_conversation_tokens,
+                batch.ceiling.same_conversation_tokens
+            );
+            for point in live.points() {
+                let twin = batch.points.iter().find(|p| {
+                    p.policy == point.policy && p.capacity_blocks == point.capacity_blocks
+                });
+                let twin =
+                    twin.map(|p| (p.hit_tokens, p.same_conversation_tokens, p.measured_tokens));
+                assert_eq!(
+                    twin,
+                    Some((
+                        point.hit_tokens,
+                        point.same_conversation_tokens,
+                        point.measured_tokens
+                    ))
+                );
+            }
+            for capacity in &capacities {
+                let optimal = live.optimal_snapshot(capacity);
+                let twin = batch.points.iter().find(|p| {
+                    p.policy == Policy::Optimal && p.capacity_blocks == Some(capacity.blocks)
+                });
+                assert_eq!(twin.map(|p| p.hit_tokens), Some(optimal.hit_tokens));
+            }
+        }
+    }
+}

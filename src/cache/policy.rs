@@ -1,0 +1,706 @@
+//! The trie of blocks and the eviction policies, ported from kvcache-simulator 0.1.3's C++ core
+//! (`kv-cache-lab-native-sim.cc`) step for step, so that every figure agrees to the token:
+//!
+//! - a block is a trie node `(parent node, id)`, root 0, numbered in order of first appearance;
+//! - a request hits only on its contiguous cached prefix; each request looks up, then inserts;
+//! - `ceiling`: every node ever seen stays cached;
+//! - `fifo`: a flat queue, no trie constraint, hits do not refresh, every missing node is
+//!   inserted, evicting the oldest;
+//! - `lru`: a global clock bumped on every touch (hits along the prefix too); only leaves are
+//!   evicted, oldest first; the nodes of the current request are protected; a node is inserted
+//!   only when its parent is cached, and the rest of the request is dropped when it is not, or
+//!   when nothing can be evicted;
+//! - `optimal` (Belady): as `lru`, but the victim is the leaf whose next use is farthest (never =
+//!   number of requests + 1), ties to the higher node; a newcomer bypasses the cache when the
+//!   victim's next use is not later than its own.
+//!
+//! Each policy is a struct fed one request at a time, so the batch profile and the live view run
+//! the same code.
+
+use std::collections::{BinaryHeap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::{IdMap, IdSet, Request};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Ceiling,
+    Fifo,
+    Lru,
+    Optimal,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Ceiling => "ceiling",
+            Policy::Fifo => "fifo",
+            Policy::Lru => "lru",
+            Policy::Optimal => "optimal",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Policy> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "ceiling" => Some(Policy::Ceiling),
+            "fifo" => Some(Policy::Fifo),
+            "lru" => Some(Policy::Lru),
+            "optimal" | "belady" => Some(Policy::Optimal),
+            _ => None,
+        }
+    }
+}
+
+/// One block occurrence: which trie node, how many tokens, and whether this request's
+/// conversation asked for that node before (the "same conversation" split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub node: u32,
+    pub tokens: u32,
+    pub seen_in_conversation: bool,
+}
+
+/// What one request got from one cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Served {
+    pub hit_tokens: u64,
+    pub same_conversation_tokens: u64,
+    pub hit_blocks: u32,
+}
+
+impl Served {
+    fn hit(&mut self, event: &Event) {
+        self.hit_tokens += u64::from(event.tokens);
+        self.hit_blocks += 1;
+        if event.seen_in_conversation {
+            self.same_conversation_tokens += u64::from(event.tokens);
+        }
+    }
+}
+
+/// Turns requests into events: interns trie nodes `(parent, id)` and remembers which
+/// conversation asked for which node. Grows with the number of distinct nodes.
+#[derive(Debug, Default)]
+pub struct EventBuilder {
+    /// `parent[node]`; node 0 is the root.
+    parent: Vec<u32>,
+    edges: IdMap<(u32, u64), u32>,
+    conversation_names: std::collections::HashMap<String, u32>,
+    seen_by_conversation: IdSet<(u32, u32)>,
+}
+
+impl EventBuilder {
+    pub fn new() -> EventBuilder {
+        EventBuilder {
+            parent: vec![0],
+            ..EventBuilder::default()
+        }
+    }
+
+    pub fn parents(&self) -> &[u32] {
+        &self.parent
+    }
+
+    /// Room for about `blocks` more distinct nodes, so the table does not rehash as it grows.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.parent.reserve(blocks);
+        self.edges.reserve(blocks);
+    }
+
+    /// Nodes including the root.
+    pub fn node_count(&self) -> usize {
+        self.parent.len()
+    }
+
+    /// Appends the request's events to `out`.
+    pub fn push(&mut self, request: &Request, out: &mut Vec<Event>) {
+        let conversation = request.conversation.as_ref().map(|name| {
+            let next = u32::try_from(self.conversation_names.len()).unwrap_or(u32::MAX);
+            *self.conversation_names.entry(name.clone()).or_insert(next)
+        });
+        let mut parent = 0u32;
+        for block in &request.blocks {
+            let next = u32::try_from(self.parent.len()).unwrap_or(u32::MAX);
+            let node = *self.edges.entry((parent, block.id)).or_insert(next);
+            if node == next {
+                self.parent.push(parent);
+            }
+            // A node occurs at most once per request (its depth is its position), so testing and
+            // inserting in one pass equals "seen in an earlier request of this conversation".
+            let seen_in_conversation =
+                conversation.is_some_and(|c| !self.seen_by_conversation.insert((c, node)));
+            out.push(Event {
+                node,
+                tokens: block.tokens,
+                seen_in_conversation,
+            });
+            parent = node;
+        }
+    }
+}
+
+fn grow<T: Clone>(vector: &mut Vec<T>, len: usize, fill: T) {
+    if vector.len() < len {
+        vector.resize(len, fill);
+    }
+}
+
+/// `ceiling`: no capacity, nothing evicted.
+#[derive(Debug, Clone, Default)]
+pub struct Ceiling {
+    seen: Vec<bool>,
+}
+
+impl Ceiling {
+    pub fn serve(&mut self, node_count: usize, events: &[Event]) -> Served {
+        grow(&mut self.seen, node_count, false);
+        let mut served = Served::default();
+        for event in events {
+            if !self.seen[event.node as usize] {
+                break;
+            }
+            served.hit(event);
+        }
+        for event in events {
+            self.seen[event.node as usize] = true;
+        }
+        served
+    }
+
+    pub fn cached_blocks(&self) -> usize {
+        self.seen.iter().skip(1).filter(|&&seen| seen).count()
+    }
+}
+
+/// `fifo`: a flat queue of nodes, oldest evicted first.
+#[derive(Debug, Clone)]
+pub struct Fifo {
+    capacity: usize,
+    in_cache: Vec<bool>,
+    queue: VecDeque<u32>,
+    size: usize,
+    requests: u64,
+    full_since: Option<u64>,
+}
+
+impl Fifo {
+    pub fn new(capacity: usize) -> Fifo {
+        Fifo {
+            capacity,
+            in_cache: Vec::new(),
+            queue: VecDeque::new(),
+            size: 0,
+            requests: 0,
+            full_since: None,
+        }
+    }
+
+    /// Index of the request during which the cache first filled up.
+    pub fn full_since(&self) -> Option<u64> {
+        self.full_since
+    }
+
+    pub fn cached_blocks(&self) -> usize {
+        self.size
+    }
+
+    pub fn serve(&mut self, node_count: usize, events: &[Event]) -> Served {
+        let request = self.requests;
+        self.requests += 1;
+        let mut served = Served::default();
+        if self.capacity == 0 {
+            return served;
+        }
+        grow(&mut self.in_cache, node_count, false);
+        for event in events {
+            if !self.in_cache[event.node as usize] {
+                break;
+            }
+            served.hit(event);
+        }
+        for event in events {
+            let node = event.node as usize;
+            if self.in_cache[node] {
+                continue;
+            }
+            if self.size >= self.capacity {
+                while let Some(victim) = self.queue.pop_front() {
+                    if self.in_cache[victim as usize] {
+                        self.in_cache[victim as usize] = false;
+                        self.size -= 1;
+                        break;
+                    }
+                }
+            }
+            if self.size < self.capacity {
+                self.in_cache[node] = true;
+                self.size += 1;
+                self.queue.push_back(event.node);
+                if self.size >= self.capacity && self.full_since.is_none() {
+                    self.full_since = Some(request);
+                }
+            }
+        }
+        served
+    }
+}
+
+/// A heap entry: `rank` orders the entries (the heap pops the largest; it encodes the key), and
+/// `version` tells a current entry from a stale one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Leaf {
+    rank: u64,
+    node: u32,
+    version: u32,
+}
+
+/// What a trie cache knows about one node, kept together so one access fetches it all.
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeState {
+    /// LRU: the clock of the last touch; optimal: the next request that uses the node.
+    key: u64,
+    version: u32,
+    child_count: u32,
+    protected: u32,
+    present: bool,
+}
+
+/// `lru` and `optimal`: a trie whose leaves are evicted, from a lazily updated heap.
+///
+/// The node a request inserted last waits in `newest` instead of the heap: the next insertion
+/// usually makes it an inner node at once, and most of the heap traffic was such entries going
+/// stale. Eviction picks the better of the heap's top and `newest`, which is the order a single
+/// heap would give.
+#[derive(Debug, Clone)]
+pub struct TrieCache {
+    optimal: bool,
+    capacity: usize,
+    nodes: Vec<NodeState>,
+    mark: u32,
+    heap: BinaryHeap<Leaf>,
+    /// LRU only: leaves in key order. A touched leaf has the newest key and goes to the back; a
+    /// parent left a leaf by an eviction usually has the oldest and goes to the front; the
+    /// rare one that fits neither end goes to `heap`. Most LRU traffic then costs O(1).
+    ordered: VecDeque<Leaf>,
+    newest: Option<Leaf>,
+    size: usize,
+    clock: u64,
+    requests: u64,
+    full_since: Option<u64>,
+    skipped: Vec<Leaf>,
+}
+
+impl TrieCache {
+    pub fn lru(capacity: usize) -> TrieCache {
+        TrieCache::new(capacity, false)
+    }
+
+    pub fn optimal(capacity: usize) -> TrieCache {
+        TrieCache::new(capacity, true)
+    }
+
+    fn new(capacity: usize, optimal: bool) -> TrieCache {
+        TrieCache {
+            optimal,
+            capacity,
+            nodes: vec![NodeState {
+                present: true,
+                ..NodeState::default()
+            }],
+            mark: 1,
+            heap: BinaryHeap::new(),
+            ordered: VecDeque::new(),
+            newest: None,
+            size: 0,
+            clock: 0,
+            requests: 0,
+            full_since: None,
+            skipped: Vec::new(),
+        }
+    }
+
+    pub fn full_since(&self) -> Option<u64> {
+        self.full_since
+    }
+
+    pub fn cached_blocks(&self) -> usize {
+        self.size
+    }
+
+    /// LRU pops the smallest clock, optimal the farthest next use; ties go to the higher node
+    /// in both (the reference's comparator).
+    fn rank(&self, key: u64) -> u64 {
+        if self.optimal { key } else { u64::MAX - key }
+    }
+
+    fn key_of(&self, leaf: &Leaf) -> u64 {
+        if self.optimal {
+            leaf.rank
+        } else {
+            u64::MAX - leaf.rank
+        }
+    }
+
+    /// A fresh entry for `node` if it is a cached leaf (older entries go stale).
+    fn leaf_entry(&mut self, node: u32) -> Option<Leaf> {
+        let state = &mut self.nodes[node as usize];
+        if node == 0 || !state.present || state.child_count != 0 {
+            return None;
+        }
+        state.version = state.version.wrapping_add(1);
+        let (key, version) = (state.key, state.version);
+        Some(Leaf {
+            rank: self.rank(key),
+            node,
+            version,
+        })
+    }
+
+    /// A leaf whose key was just set from the clock (LRU) or the future (optimal).
+    fn push_touched(&mut self, node: u32) {
+        if let Some(leaf) = self.leaf_entry(node) {
+            self.push_newest_key(leaf);
+        }
+    }
+
+    fn push_newest_key(&mut self, leaf: Leaf) {
+        if self.optimal {
+            self.heap.push(leaf);
+        } else {
+            self.ordered.push_back(leaf);
+        }
+    }
+
+    /// A parent that its last child's eviction left a leaf, with the key it already had.
+    fn push_uncovered(&mut self, node: u32) {
+        let Some(leaf) = self.leaf_entry(node) else {
+            return;
+        };
+        // Ranks fall with the LRU key: a larger rank than the front's is an older key.
+        match self.ordered.front() {
+            _ if self.optimal => self.heap.push(leaf),
+            Some(front) if leaf.rank <= front.rank => self.heap.push(leaf),
+            _ => self.ordered.push_front(leaf),
+        }
+    }
+
+    fn set_key(&mut self, node: u32, next_use: u64) {
+        self.nodes[node as usize].key = if self.optimal {
+            next_use
+        } else {
+            self.clock += 1;
+            self.clock
+        };
+    }
+
+    fn touch(&mut self, node: u32, next_use: u64) {
+        if node == 0 || !self.nodes[node as usize].present {
+            return;
+        }
+        self.set_key(node, next_use);
+        self.push_touched(node);
+    }
+
+    fn is_current(&self, leaf: &Leaf) -> bool {
+        let state = &self.nodes[leaf.node as usize];
+        state.present
+            && state.child_count == 0
+            && state.version == leaf.version
+            && state.key == self.key_of(leaf)
+    }
+
+    /// Protected leaves popped during this request's evictions. The reference pushes them back
+    /// after every eviction and pops them again at the next; they stay protected until the
+    /// request ends, so keeping them aside until then picks the same victims.
+    fn restore_skipped(&mut self) {
+        for leaf in self.skipped.drain(..) {
+            self.heap.push(leaf);
+        }
+    }
+
+    /// The next eviction candidate: whichever of the heap's top, the front of `ordered` and
+    /// `newest` ranks first.
+    fn pop_candidate(&mut self) -> Option<Leaf> {
+        enum Source {
+            Heap,
+            Ordered,
+            Newest,
+        }
+        let mut best: Option<(Leaf, Source)> = self.heap.peek().map(|&l| (l, Source::Heap));
+        if let Some(&front) = self.ordered.front()
+            && best.as_ref().is_none_or(|(b, _)| front > *b)
+        {
+            best = Some((front, Source::Ordered));
+        }
+        if let Some(newest) = self.newest
+            && best.as_ref().is_none_or(|(b, _)| newest > *b)
+        {
+            best = Some((newest, Source::Newest));
+        }
+        match best?.1 {
+            Source::Heap => self.heap.pop(),
+            Source::Ordered => self.ordered.pop_front(),
+            Source::Newest => self.newest.take(),
+        }
+    }
+
+    fn evict_leaf(&mut self, parents: &[u32], candidate_key: u64) -> bool {
+        loop {
+            let Some(top) = self.pop_candidate() else {
+                return false;
+            };
+            if !self.is_current(&top) {
+                continue;
+            }
+            let n = top.node as usize;
+            if self.nodes[n].protected == self.mark {
+                self.skipped.push(top);
+                continue;
+            }
+            if self.optimal && self.key_of(&top) <= candidate_key {
+                self.heap.push(top);
+                return false;
+            }
+            self.nodes[n].present = false;
+            self.size -= 1;
+            let parent = parents[n];
+            let parent_state = &mut self.nodes[parent as usize];
+            parent_state.child_count -= 1;
+            if parent > 0 && parent_state.present && parent_state.child_count == 0 {
+                self.push_uncovered(parent);
+            }
+            return true;
+        }
+    }
+
+    /// Stale entries pile up as leaves are touched; dropping them when they outnumber the live
+    /// ones keeps the heap proportional to the cache without changing which leaf pops next
+    /// (current entries are totally ordered by rank and node).
+    fn compact(&mut self) {
+        if self.heap.len() + self.ordered.len() > 2 * self.size + 1024 {
+            let entries = std::mem::take(&mut self.heap).into_vec();
+            let current: Vec<Leaf> = entries.into_iter().filter(|l| self.is_current(l)).collect();
+            self.heap = BinaryHeap::from(current);
+            let mut ordered = std::mem::take(&mut self.ordered);
+            ordered.retain(|l| self.is_current(l));
+            self.ordered = ordered;
+        }
+    }
+
+    /// Serves one request. `next_use[i]` is, for optimal, the index of the next request that
+    /// contains `events[i]`'s node (or the number of requests + 1); LRU ignores it.
+    pub fn serve(&mut self, parents: &[u32], events: &[Event], next_use: &[u32]) -> Served {
+        let request = self.requests;
+        self.requests += 1;
+        let mut served = Served::default();
+        if self.capacity == 0 {
+            return served;
+        }
+        grow(&mut self.nodes, parents.len(), NodeState::default());
+        let next = |i: usize| next_use.get(i).copied().map_or(0, u64::from);
+
+        let mut prefix_alive = true;
+        for (i, event) in events.iter().enumerate() {
+            let hit = self.nodes[event.node as usize].present;
+            if prefix_alive && hit {
+                served.hit(event);
+                self.touch(event.node, next(i));
+            } else if !hit {
+                prefix_alive = false;
+            }
+        }
+
+        self.mark += 1;
+        if self.mark == 0x7fff_ffff {
+            self.nodes.iter_mut().for_each(|state| state.protected = 0);
+            self.mark = 1;
+        }
+        self.nodes[0].protected = self.mark;
+        for event in events {
+            let state = &mut self.nodes[event.node as usize];
+            if state.present {
+                state.protected = self.mark;
+            }
+        }
+
+        for (i, event) in events.iter().enumerate() {
+            let n = event.node as usize;
+            if self.nodes[n].present {
+                continue;
+            }
+            if self.size >= self.capacity {
+                let candidate_key = if self.optimal { next(i) } else { 0 };
+                if !self.evict_leaf(parents, candidate_key) {
+                    break;
+                }
+            }
+            let parent = parents[n] as usize;
+            if self.size < self.capacity && self.nodes[parent].present {
+                self.nodes[n].present = true;
+                self.size += 1;
+                self.nodes[parent].child_count += 1;
+                self.set_key(event.node, next(i));
+                // The previous newest is normally this node's parent, an inner node now.
+                if let Some(previous) = self.newest.take()
+                    && self.is_current(&previous)
+                {
+                    self.push_newest_key(previous);
+                }
+                self.newest = self.leaf_entry(event.node);
+                if self.size >= self.capacity && self.full_since.is_none() {
+                    self.full_since = Some(request);
+                }
+            } else {
+                break;
+            }
+        }
+        if let Some(newest) = self.newest.take()
+            && self.is_current(&newest)
+        {
+            self.push_newest_key(newest);
+        }
+        self.restore_skipped();
+        self.compact();
+        served
+    }
+}
+
+/// For each event of `events` (requests delimited by `starts`), the index of the next request
+/// containing the same node, or `requests + 1` when there is none (the reference's "never").
+pub fn next_uses(events: &[Event], starts: &[usize], node_count: usize) -> Vec<u32> {
+    let requests = starts.len().saturating_sub(1);
+    let never = u32::try_from(requests + 1).unwrap_or(u32::MAX);
+    let mut next = vec![never; events.len()];
+    let mut last_use = vec![never; node_count];
+    for request in (0..requests).rev() {
+        let range = starts[request]..starts[request + 1];
+        for i in range.clone() {
+            next[i] = last_use[events[i].node as usize];
+        }
+        for i in range {
+            last_use[events[i].node as usize] = u32::try_from(request).unwrap_or(u32::MAX);
+        }
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Block;
+
+    fn request(ids: &[u64]) -> Request {
+        Request {
+            blocks: ids.iter().map(|&id| Block { id, tokens: 1 }).collect(),
+            ..Request::default()
+        }
+    }
+
+    fn events_of(builder: &mut EventBuilder, ids: &[u64]) -> Vec<Event> {
+        let mut out = Vec::new();
+        builder.push(&request(ids), &mut out);
+        out
+    }
+
+    #[test]
+    fn trie_nodes_depend_on_the_parent() {
+        let mut b = EventBuilder::new();
+        let a = events_of(&mut b, &[7, 8]);
+        let c = events_of(&mut b, &[8, 7]);
+        let d = events_of(&mut b, &[7, 9]);
+        assert_eq!(a.iter().map(|e| e.node).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(c.iter().map(|e| e.node).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(d.iter().map(|e| e.node).collect::<Vec<_>>(), vec![1, 5]);
+        assert_eq!(b.parents(), &[0, 0, 1, 0, 3, 1]);
+    }
+
+    #[test]
+    fn ceiling_counts_only_the_contiguous_prefix() {
+        let mut b = EventBuilder::new();
+        let mut ceiling = Ceiling::default();
+        let first = events_of(&mut b, &[1, 2, 3]);
+        assert_eq!(ceiling.serve(b.node_count(), &first).hit_tokens, 0);
+        let second = events_of(&mut b, &[1, 9, 3]);
+        // Node (9→3) differs from (2→3): only block 1 is a hit.
+        assert_eq!(ceiling.serve(b.node_count(), &second).hit_tokens, 1);
+        let third = events_of(&mut b, &[1, 2, 3, 4]);
+        assert_eq!(ceiling.serve(b.node_count(), &third).hit_tokens, 3);
+    }
+
+    #[test]
+    fn fifo_does_not_refresh_on_hits() {
+        let mut b = EventBuilder::new();
+        let mut fifo = Fifo::new(2);
+        for ids in [&[1u64][..], &[2], &[1], &[3], &[1]] {
+            let events = events_of(&mut b, ids);
+            let served = fifo.serve(b.node_count(), &events);
+            if ids == [1] && fifo.requests == 3 {
+                assert_eq!(served.hit_tokens, 1);
+            }
+            if ids == [1] && fifo.requests == 5 {
+                // 3 pushed out 1 although 1 was hit after 2 arrived.
+                assert_eq!(served.hit_tokens, 0);
+            }
+        }
+        assert_eq!(fifo.full_since(), Some(1));
+    }
+
+    #[test]
+    fn lru_refreshes_on_hits_and_evicts_leaves_only() {
+        let mut b = EventBuilder::new();
+        let mut lru = TrieCache::lru(2);
+        let mut serve = |ids: &[u64]| {
+            let events = events_of(&mut b, ids);
+            lru.serve(b.parents(), &events, &[]).hit_tokens
+        };
+        assert_eq!(serve(&[1]), 0);
+        assert_eq!(serve(&[2]), 0);
+        assert_eq!(serve(&[1]), 1); // 1 is now newer than 2
+        assert_eq!(serve(&[3]), 0); // evicts 2
+        assert_eq!(serve(&[1]), 1);
+        assert_eq!(serve(&[2]), 0);
+    }
+
+    #[test]
+    fn lru_protects_only_what_was_cached_before_the_request() {
+        let mut b = EventBuilder::new();
+        let mut lru = TrieCache::lru(2);
+        let e = events_of(&mut b, &[1, 2, 3]);
+        // Capacity 2: 1 and 2 go in. 3 needs a victim: 2, inserted by this very request, is not
+        // protected (the reference marks before inserting), so it goes, and then 3's parent is
+        // missing and the rest of the request is dropped.
+        lru.serve(b.parents(), &e, &[]);
+        assert_eq!(lru.cached_blocks(), 1);
+        let e = events_of(&mut b, &[1, 2, 3]);
+        assert_eq!(lru.serve(b.parents(), &e, &[]).hit_tokens, 1);
+        // The same again: 2 goes in and is the victim for 3. The request never caches past 1.
+        assert_eq!(lru.cached_blocks(), 1);
+    }
+
+    #[test]
+    fn optimal_keeps_what_is_used_next() {
+        let mut b = EventBuilder::new();
+        let sequence: [&[u64]; 5] = [&[1], &[2], &[3], &[1], &[2]];
+        let mut events = Vec::new();
+        let mut starts = vec![0];
+        for ids in sequence {
+            b.push(&request(ids), &mut events);
+            starts.push(events.len());
+        }
+        let next = next_uses(&events, &starts, b.node_count());
+        let mut optimal = TrieCache::optimal(2);
+        let mut hits = Vec::new();
+        for r in 0..sequence.len() {
+            let range = starts[r]..starts[r + 1];
+            hits.push(
+                optimal
+                    .serve(b.parents(), &events[range.clone()], &next[range])
+                    .hit_tokens,
+            );
+        }
+        // 3 is never used again, so it bypasses the cache and both 1 and 2 hit.
+        assert_eq!(hits, vec![0, 0, 0, 1, 1]);
+    }
+}

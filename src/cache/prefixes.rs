@@ -1,0 +1,215 @@
+//! Shared-prefix leaderboards: which prefixes many requests start with, and which carry the
+//! reusable volume.
+//!
+//! A group is a trie node that at least two requests pass through and that no single child
+//! carries on with all of them (llmtrafficlens's "maximal shared prefix"). Groups nest: a longer
+//! prefix shared by fewer requests sits below a shorter one shared by more. llmtrafficlens
+//! credits each group its whole depth × (count − 1), so nested groups count the outer prefix
+//! again; here a group is credited only the blocks below the group it is nested in, each block
+//! for every occurrence after its first. The groups' credits then add up to exactly the cold
+//! ceiling's hit tokens, and shares of the total mean what they say.
+
+use serde::{Deserialize, Serialize};
+
+use super::Request;
+use super::policy::Event;
+
+/// How many entries each leaderboard keeps.
+pub const TOP_PREFIXES: usize = 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefixGroup {
+    pub prefix_blocks: u32,
+    pub prefix_tokens: u64,
+    /// Requests that start with this prefix.
+    pub count: u64,
+    /// Tokens reusable in this group's own blocks (those below the enclosing group).
+    pub reusable_tokens: u64,
+    pub share_of_reusable: f64,
+    /// What the prefix is made of, for inputs that carry prompts.
+    pub what: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Leaderboards {
+    pub groups: u64,
+    /// The sum over all groups: equals the cold ceiling's hit tokens.
+    pub reusable_tokens: u64,
+    pub by_count: Vec<PrefixGroup>,
+    pub by_reusable_tokens: Vec<PrefixGroup>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeStats {
+    count: u64,
+    tokens: u64,
+    first_tokens: u32,
+    first_request: u32,
+    depth: u32,
+    prefix_tokens: u64,
+    carried_by_a_child: bool,
+}
+
+/// `events` of all requests, delimited by `starts`; `parents` from the same `EventBuilder`.
+pub fn leaderboards(
+    requests: &[Request],
+    events: &[Event],
+    starts: &[usize],
+    parents: &[u32],
+    top: usize,
+) -> Leaderboards {
+    let mut nodes = vec![NodeStats::default(); parents.len()];
+    for (request, window) in starts.windows(2).enumerate() {
+        let mut position = 0u64;
+        for (depth, event) in events[window[0]..window[1]].iter().enumerate() {
+            position += u64::from(event.tokens);
+            let stats = &mut nodes[event.node as usize];
+            if stats.count == 0 {
+                stats.first_tokens = event.tokens;
+                stats.first_request = u32::try_from(request).unwrap_or(u32::MAX);
+                stats.depth = u32::try_from(depth + 1).unwrap_or(u32::MAX);
+                stats.prefix_tokens = position;
+            }
+            stats.count += 1;
+            stats.tokens += u64::from(event.tokens);
+        }
+    }
+    for node in 1..nodes.len() {
+        let parent = parents[node] as usize;
+        if parent != 0 && nodes[node].count == nodes[parent].count {
+            nodes[parent].carried_by_a_child = true;
+        }
+    }
+
+    let mut groups = Vec::new();
+    let mut total = 0u64;
+    for node in 1..nodes.len() {
+        let stats = nodes[node];
+        if stats.count < 2 || stats.carried_by_a_child {
+            continue;
+        }
+        let mut own = 0u64;
+        let mut walk = node;
+        loop {
+            own += nodes[walk].tokens - u64::from(nodes[walk].first_tokens);
+            let parent = parents[walk] as usize;
+            if parent == 0 || nodes[parent].count != stats.count {
+                break;
+            }
+            walk = parent;
+        }
+        total += own;
+        groups.push((node, own));
+    }
+
+    let entry = |&(node, own): &(usize, u64)| {
+        let stats = nodes[node];
+        let representative = requests.get(stats.first_request as usize);
+        PrefixGroup {
+            prefix_blocks: stats.depth,
+            prefix_tokens: stats.prefix_tokens,
+            count: stats.count,
+            reusable_tokens: own,
+            share_of_reusable: if total == 0 {
+                0.0
+            } else {
+                own as f64 / total as f64
+            },
+            what: representative.and_then(|r| describe(r, stats.prefix_tokens)),
+        }
+    };
+    let mut by_count = groups.clone();
+    by_count.sort_by(|a, b| {
+        let (x, y) = (nodes[a.0], nodes[b.0]);
+        y.count
+            .cmp(&x.count)
+            .then(y.depth.cmp(&x.depth))
+            .then(a.0.cmp(&b.0))
+    });
+    let mut by_tokens = groups.clone();
+    by_tokens.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then(nodes[b.0].count.cmp(&nodes[a.0].count))
+            .then(a.0.cmp(&b.0))
+    });
+    Leaderboards {
+        groups: groups.len() as u64,
+        reusable_tokens: total,
+        by_count: by_count.iter().take(top).map(entry).collect(),
+        by_reusable_tokens: by_tokens.iter().take(top).map(entry).collect(),
+    }
+}
+
+/// "tools (read_file, list_dir) + system \"You are…\" + user (part)": the parts of the
+/// representative request's prompt that the first `tokens` cover.
+fn describe(request: &Request, tokens: u64) -> Option<String> {
+    const SHOWN_PARTS: usize = 4;
+    if request.parts.is_empty() {
+        return None;
+    }
+    let mut start = 0u64;
+    let mut described = Vec::new();
+    let mut more = 0usize;
+    for part in &request.parts {
+        if start >= tokens {
+            break;
+        }
+        if described.len() == SHOWN_PARTS {
+            more += 1;
+            start = part.token_end;
+            continue;
+        }
+        let mut text = part.kind.clone();
+        if let Some(label) = &part.label {
+            text.push_str(&format!(" ({label})"));
+        }
+        if let Some(preview) = &part.preview {
+            text.push_str(&format!(" {preview:?}"));
+        }
+        if part.token_end > tokens {
+            text.push_str(" (part)");
+        }
+        described.push(text);
+        start = part.token_end;
+    }
+    if more > 0 {
+        described.push(format!("{more} more"));
+    }
+    Some(described.join(" + "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Block;
+    use crate::cache::policy::EventBuilder;
+
+    #[test]
+    fn nested_groups_are_not_counted_twice() {
+        // Four requests share [1]; two of them share [1, 2, 3] as well.
+        let paths: [&[u64]; 4] = [&[1, 2, 3, 4], &[1, 2, 3, 5], &[1, 6], &[1, 7]];
+        let requests: Vec<Request> = paths
+            .iter()
+            .map(|ids| Request {
+                blocks: ids.iter().map(|&id| Block { id, tokens: 10 }).collect(),
+                ..Request::default()
+            })
+            .collect();
+        let mut builder = EventBuilder::new();
+        let mut events = Vec::new();
+        let mut starts = vec![0];
+        for r in &requests {
+            builder.push(r, &mut events);
+            starts.push(events.len());
+        }
+        let boards = leaderboards(&requests, &events, &starts, builder.parents(), 20);
+        assert_eq!(boards.groups, 2);
+        // [1] is reused 3 times (30 tokens); [2, 3] once more each (20 tokens), not 3 × 10 + 20.
+        assert_eq!(boards.reusable_tokens, 50);
+        assert_eq!(boards.by_count[0].count, 4);
+        assert_eq!(boards.by_count[0].reusable_tokens, 30);
+        assert_eq!(boards.by_reusable_tokens[0].reusable_tokens, 30);
+        assert_eq!(boards.by_count[1].prefix_tokens, 30);
+        assert_eq!(boards.by_count[1].reusable_tokens, 20);
+    }
+}

@@ -1,0 +1,564 @@
+//! The batch profile: every policy at every capacity over the same requests, the ceiling and its
+//! split, the leaderboards, and the traffic's shape (sessions, lengths, streaming, models, rate).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::policy::{Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses};
+use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
+use super::stats::{Distribution, distribution, exact_sum};
+use super::{IdSet, PROFILE_REPORT_VERSION, Request};
+
+/// A cache size, always a whole number of blocks; `label` is how the user gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub blocks: u64,
+    pub label: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileConfig {
+    pub block_size: u32,
+    /// Leading fraction of requests that fills the cache uncounted (kvcache-simulator's 0.5).
+    pub warmup: f64,
+    /// Bounded policies; the ceiling is always computed.
+    pub policies: Vec<Policy>,
+    pub capacities: Vec<Capacity>,
+    /// Where the requests' conversation keys came from, for the report.
+    pub conversation_source: String,
+    pub top_prefixes: usize,
+}
+
+impl Default for ProfileConfig {
+    fn default() -> Self {
+        ProfileConfig {
+            block_size: 16,
+            warmup: 0.5,
+            policies: vec![Policy::Fifo, Policy::Lru, Policy::Optimal],
+            capacities: Vec::new(),
+            conversation_source: "none".to_string(),
+            top_prefixes: TOP_PREFIXES,
+        }
+    }
+}
+
+/// One policy at one capacity (or the ceiling).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub policy: Policy,
+    /// `None` for the ceiling (unbounded).
+    pub capacity_blocks: Option<u64>,
+    pub capacity_tokens: Option<u64>,
+    pub capacity: Option<String>,
+    pub hit_tokens: u64,
+    pub measured_tokens: u64,
+    pub hit_rate: f64,
+    /// Hits on blocks this request's own conversation asked for before.
+    pub same_conversation_tokens: u64,
+    pub other_tokens: u64,
+    /// Whether the cache was full before the measured window began. kvcache-simulator reports
+    /// zero hits ("underfilled") when it was not; we report the hits and this flag.
+    pub full_before_measurement: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Conversations {
+    pub source: String,
+    pub requests_with_conversation: u64,
+    pub conversations: u64,
+}
+
+/// The server's own reuse counters beside the ceiling, over the requests that reported them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerObserved {
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    /// Sum of what the server said it reused (`cache_n`, `cached_tokens`,
+    /// `cache_read_input_tokens`).
+    pub server_reused_tokens: u64,
+    /// The ceiling's hits on the same requests, replayed cold from the first request.
+    pub ceiling_hit_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sessions {
+    pub requests_with_session_id: u64,
+    pub share: f64,
+    pub by_source: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lengths {
+    pub input_tokens: Distribution,
+    pub output_tokens: Distribution,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRate {
+    pub duration_s: f64,
+    pub requests_per_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileReport {
+    pub version: u32,
+    pub requests: u64,
+    pub block_size: u32,
+    pub warmup: f64,
+    pub warmup_requests: u64,
+    pub measured_tokens: u64,
+    pub unique_blocks: u64,
+    pub cuts: BTreeMap<String, u64>,
+    pub block_keys: BTreeMap<String, u64>,
+    pub conversations: Conversations,
+    pub ceiling: Point,
+    pub points: Vec<Point>,
+    /// AIPerf `analyze-trace`'s cache_hit_rate: the plain mean of per-request ratios (index of
+    /// the first id never seen before / number of ids), over raw ids without a trie.
+    pub aiperf_cache_hit_rate: Option<f64>,
+    pub server_observed: Option<ServerObserved>,
+    pub top_prefixes: Leaderboards,
+    pub sessions: Sessions,
+    pub lengths: Lengths,
+    pub streaming_share: Option<f64>,
+    pub models: BTreeMap<String, u64>,
+    pub request_rate: Option<RequestRate>,
+}
+
+/// The requests as events, delimited per request.
+pub struct Replay {
+    pub events: Vec<Event>,
+    pub starts: Vec<usize>,
+    pub parents: Vec<u32>,
+}
+
+impl Replay {
+    pub fn new(requests: &[Request]) -> Replay {
+        let mut builder = EventBuilder::new();
+        let blocks: usize = requests.iter().map(|r| r.blocks.len()).sum();
+        builder.reserve(blocks);
+        let mut events = Vec::with_capacity(blocks);
+        let mut starts = Vec::with_capacity(requests.len() + 1);
+        starts.push(0);
+        for request in requests {
+            builder.push(request, &mut events);
+            starts.push(events.len());
+        }
+        Replay {
+            events,
+            starts,
+            parents: builder.parents().to_vec(),
+        }
+    }
+
+    pub fn requests(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    pub fn request_events(&self, request: usize) -> &[Event] {
+        &self.events[self.starts[request]..self.starts[request + 1]]
+    }
+}
+
+/// `floor(requests × warmup)`, as kvcache-simulator computes it.
+pub fn warmup_requests(requests: usize, warmup: f64) -> usize {
+    let fraction = if warmup.is_finite() {
+        warmup.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    ((requests as f64 * fraction).floor() as usize).min(requests)
+}
+
+/// Totals of one replay over the measured window, plus every request's own hits.
+struct Totals {
+    hit_tokens: u64,
+    same_conversation_tokens: u64,
+    per_request: Vec<u64>,
+    full_since: Option<u64>,
+}
+
+fn run_policy(
+    replay: &Replay,
+    policy: Policy,
+    capacity: usize,
+    next: &[u32],
+    warmup: usize,
+) -> Totals {
+    let mut totals = Totals {
+        hit_tokens: 0,
+        same_conversation_tokens: 0,
+        per_request: Vec::new(),
+        full_since: None,
+    };
+    let node_count = replay.parents.len();
+    let add = |request: usize, served: Served, totals: &mut Totals| {
+        if request >= warmup {
+            totals.hit_tokens += served.hit_tokens;
+            totals.same_conversation_tokens += served.same_conversation_tokens;
+        }
+    };
+    match policy {
+        Policy::Ceiling => {
+            let mut ceiling = Ceiling::default();
+            totals.per_request.reserve(replay.requests());
+            for r in 0..replay.requests() {
+                let served = ceiling.serve(node_count, replay.request_events(r));
+                totals.per_request.push(served.hit_tokens);
+                add(r, served, &mut totals);
+            }
+        }
+        Policy::Fifo => {
+            let mut fifo = Fifo::new(capacity);
+            for r in 0..replay.requests() {
+                let served = fifo.serve(node_count, replay.request_events(r));
+                add(r, served, &mut totals);
+            }
+            totals.full_since = fifo.full_since();
+        }
+        Policy::Lru | Policy::Optimal => {
+            let mut cache = if policy == Policy::Lru {
+                TrieCache::lru(capacity)
+            } else {
+                TrieCache::optimal(capacity)
+            };
+            for r in 0..replay.requests() {
+                let range = replay.starts[r]..replay.starts[r + 1];
+                let next_use = if policy == Policy::Optimal {
+                    &next[range.clone()]
+                } else {
+                    &[]
+                };
+                let served = cache.serve(&replay.parents, &replay.events[range], next_use);
+                add(r, served, &mut totals);
+            }
+            totals.full_since = cache.full_since();
+        }
+    }
+    totals
+}
+
+fn point(
+    policy: Policy,
+    capacity: Option<&Capacity>,
+    block_size: u32,
+    totals: &Totals,
+    measured_tokens: u64,
+    warmup: usize,
+) -> Point {
+    Point {
+        policy,
+        capacity_blocks: capacity.map(|c| c.blocks),
+        capacity_tokens: capacity.map(|c| c.blocks * u64::from(block_size)),
+        capacity: capacity.map(|c| c.label.clone()),
+        hit_tokens: totals.hit_tokens,
+        measured_tokens,
+        hit_rate: ratio(totals.hit_tokens, measured_tokens),
+        same_conversation_tokens: totals.same_conversation_tokens,
+        other_tokens: totals.hit_tokens - totals.same_conversation_tokens,
+        full_before_measurement: capacity
+            .map(|_| totals.full_since.is_some_and(|r| (r as usize) < warmup)),
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+/// The whole profile of `requests`, in the order given.
+pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
+    let replay = Replay::new(requests);
+    let warmup = warmup_requests(requests.len(), config.warmup);
+    let measured_tokens: u64 = replay.events[replay.starts[warmup]..]
+        .iter()
+        .map(|e| u64::from(e.tokens))
+        .sum();
+    let next = if config.policies.contains(&Policy::Optimal) {
+        next_uses(&replay.events, &replay.starts, replay.parents.len())
+    } else {
+        Vec::new()
+    };
+
+    let mut tasks: Vec<(Policy, Option<&Capacity>)> = vec![(Policy::Ceiling, None)];
+    for capacity in &config.capacities {
+        for &policy in &config.policies {
+            if policy != Policy::Ceiling {
+                tasks.push((policy, Some(capacity)));
+            }
+        }
+    }
+    // The leaderboards and AIPerf's rate need no cache: they run beside the replays.
+    let (results, boards, aiperf) = std::thread::scope(|scope| {
+        let boards = scope.spawn(|| {
+            leaderboards(
+                requests,
+                &replay.events,
+                &replay.starts,
+                &replay.parents,
+                config.top_prefixes,
+            )
+        });
+        let aiperf = scope.spawn(|| aiperf_cache_hit_rate(requests));
+        let results = run_tasks(&tasks, |&(policy, capacity)| {
+            let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
+            run_policy(&replay, policy, blocks, &next, warmup)
+        });
+        (results, boards.join(), aiperf.join())
+    });
+    let boards = boards.unwrap_or_default();
+    let aiperf = aiperf.unwrap_or_default();
+
+    let ceiling_totals = &results[0];
+    let ceiling = point(
+        Policy::Ceiling,
+        None,
+        config.block_size,
+        ceiling_totals,
+        measured_tokens,
+        warmup,
+    );
+    let points = tasks
+        .iter()
+        .zip(&results)
+        .skip(1)
+        .map(|(&(policy, capacity), totals)| {
+            point(
+                policy,
+                capacity,
+                config.block_size,
+                totals,
+                measured_tokens,
+                warmup,
+            )
+        })
+        .collect();
+
+    ProfileReport {
+        version: PROFILE_REPORT_VERSION,
+        requests: requests.len() as u64,
+        block_size: config.block_size,
+        warmup: config.warmup,
+        warmup_requests: warmup as u64,
+        measured_tokens,
+        unique_blocks: replay.parents.len() as u64 - 1,
+        cuts: count_by(requests, |r| r.cut.map(|c| c.as_str().to_string())),
+        block_keys: count_by(requests, |r| {
+            r.keys.map(|k| {
+                serde_json::to_value(k)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            })
+        }),
+        conversations: conversations(requests, &config.conversation_source),
+        ceiling,
+        points,
+        aiperf_cache_hit_rate: aiperf,
+        server_observed: server_observed(requests, &ceiling_totals.per_request),
+        top_prefixes: boards,
+        sessions: sessions(requests),
+        lengths: Lengths {
+            input_tokens: distribution(
+                &mut requests.iter().map(|r| r.input_tokens).collect::<Vec<_>>(),
+            ),
+            output_tokens: distribution(
+                &mut requests
+                    .iter()
+                    .filter_map(|r| r.output_tokens)
+                    .collect::<Vec<_>>(),
+            ),
+        },
+        streaming_share: streaming_share(requests),
+        models: count_by(requests, |r| {
+            Some(r.model.clone().unwrap_or_else(|| "unknown".into()))
+        }),
+        request_rate: request_rate(requests),
+    }
+}
+
+/// Runs independent replays on the machine's cores; results come back in task order.
+fn run_tasks<T: Sync, R: Send>(tasks: &[T], run: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(tasks.len())
+        .max(1);
+    if workers == 1 {
+        return tasks.iter().map(&run).collect();
+    }
+    let next_task = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..tasks.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next_task.fetch_add(1, Ordering::Relaxed);
+                    let Some(task) = tasks.get(i) else { break };
+                    let result = run(task);
+                    if let Ok(mut slots) = results.lock() {
+                        slots[i] = Some(result);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn count_by(
+    requests: &[Request],
+    key: impl Fn(&Request) -> Option<String>,
+) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for request in requests {
+        if let Some(k) = key(request) {
+            *counts.entry(k).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+fn conversations(requests: &[Request], source: &str) -> Conversations {
+    let keys: std::collections::HashSet<&str> = requests
+        .iter()
+        .filter_map(|r| r.conversation.as_deref())
+        .collect();
+    Conversations {
+        source: source.to_string(),
+        requests_with_conversation: requests.iter().filter(|r| r.conversation.is_some()).count()
+            as u64,
+        conversations: keys.len() as u64,
+    }
+}
+
+/// AIPerf's definition, summed exactly so the mean is correctly rounded.
+pub fn aiperf_cache_hit_rate(requests: &[Request]) -> Option<f64> {
+    let mut seen: IdSet<u64> = IdSet::default();
+    seen.reserve(requests.iter().map(|r| r.blocks.len()).sum());
+    let mut ratios = Vec::with_capacity(requests.len());
+    for request in requests.iter().filter(|r| !r.blocks.is_empty()) {
+        let first_unseen = request
+            .blocks
+            .iter()
+            .position(|b| !seen.contains(&b.id))
+            .unwrap_or(request.blocks.len());
+        ratios.push(first_unseen as f64 / request.blocks.len() as f64);
+        seen.extend(request.blocks.iter().map(|b| b.id));
+    }
+    (!ratios.is_empty()).then(|| exact_sum(ratios.iter().copied()) / ratios.len() as f64)
+}
+
+fn server_observed(requests: &[Request], ceiling_per_request: &[u64]) -> Option<ServerObserved> {
+    let mut observed = ServerObserved {
+        requests: 0,
+        prompt_tokens: 0,
+        server_reused_tokens: 0,
+        ceiling_hit_tokens: 0,
+    };
+    for (request, &ceiling) in requests.iter().zip(ceiling_per_request) {
+        if let Some(reused) = request.server_reused_tokens {
+            observed.requests += 1;
+            observed.prompt_tokens += request.input_tokens;
+            observed.server_reused_tokens += reused;
+            observed.ceiling_hit_tokens += ceiling;
+        }
+    }
+    (observed.requests > 0).then_some(observed)
+}
+
+fn sessions(requests: &[Request]) -> Sessions {
+    let by_source = count_by(requests, |r| {
+        r.session_id.as_ref().map(|s| s.source.clone())
+    });
+    let with: u64 = by_source.values().sum();
+    Sessions {
+        requests_with_session_id: with,
+        share: ratio(with, requests.len() as u64),
+        by_source,
+    }
+}
+
+fn streaming_share(requests: &[Request]) -> Option<f64> {
+    let known: Vec<bool> = requests.iter().filter_map(|r| r.streamed).collect();
+    (!known.is_empty()).then(|| {
+        ratio(
+            known.iter().filter(|&&s| s).count() as u64,
+            known.len() as u64,
+        )
+    })
+}
+
+fn request_rate(requests: &[Request]) -> Option<RequestRate> {
+    let times: Vec<i64> = requests.iter().filter_map(|r| r.t_ms).collect();
+    let (first, last) = (times.iter().min()?, times.iter().max()?);
+    let duration_s = (last - first) as f64 / 1000.0;
+    Some(RequestRate {
+        duration_s,
+        requests_per_s: (duration_s > 0.0).then(|| times.len() as f64 / duration_s),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Block;
+
+    fn request(ids: &[u64], tokens: u32) -> Request {
+        Request {
+            blocks: ids.iter().map(|&id| Block { id, tokens }).collect(),
+            input_tokens: u64::from(tokens) * ids.len() as u64,
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn warmup_is_floored() {
+        assert_eq!(warmup_requests(12_031, 0.5), 6015);
+        assert_eq!(warmup_requests(3, 0.0), 0);
+        assert_eq!(warmup_requests(3, 1.0), 3);
+    }
+
+    #[test]
+    fn the_measured_window_and_the_split() {
+        let mut requests = vec![
+            request(&[1, 2], 10),
+            request(&[1, 2, 3], 10),
+            request(&[1, 2, 3, 4], 10),
+            request(&[1, 5], 10),
+        ];
+        requests[1].conversation = Some("a".into());
+        requests[2].conversation = Some("a".into());
+        requests[3].conversation = Some("b".into());
+        let config = ProfileConfig {
+            warmup: 0.5,
+            capacities: vec![Capacity {
+                blocks: 2,
+                label: "2b".into(),
+            }],
+            ..ProfileConfig::default()
+        };
+        let report = profile(&requests, &config);
+        assert_eq!(report.warmup_requests, 2);
+        assert_eq!(report.measured_tokens, 60);
+        // Request 3 hits 1, 2, 3 (its conversation asked for 1, 2, 3 in request 2); request 4 hits 1.
+        assert_eq!(report.ceiling.hit_tokens, 40);
+        assert_eq!(report.ceiling.same_conversation_tokens, 30);
+        assert_eq!(report.ceiling.other_tokens, 10);
+        assert_eq!(report.points.len(), 3);
+        assert!(report.points.iter().all(|p| p.capacity_blocks == Some(2)));
+        // AIPerf: ratios 0, 2/3, 3/4, 1/2.
+        let expected = (0.0 + 2.0 / 3.0 + 0.75 + 0.5) / 4.0;
+        assert!((report.aiperf_cache_hit_rate.unwrap_or(0.0) - expected).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,460 @@
+//! `prefixscope profile FILE...`: how much a prefix cache could save on this traffic, and how
+//! much capacity that takes. Reads recordings, gateway CSV logs and Mooncake or bailian traces
+//! (gzipped or not); prints a short summary, and a versioned JSON report with `--json` or `-o`.
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+
+use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
+use prefixscope::cache::blocks::ToolsPosition;
+use prefixscope::cache::capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
+use prefixscope::cache::profile::Point;
+use prefixscope::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
+use prefixscope::input::{self, FileReport, Format, InputOptions};
+
+#[derive(Args)]
+pub struct ProfileArgs {
+    /// Recordings, gateway CSV logs, Mooncake or bailian traces (gzipped or not); several are
+    /// replayed one after the other.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// auto, recording, csv, mooncake or bailian.
+    #[arg(long, default_value = "auto")]
+    format: String,
+    /// Tokens per block (default: 512 for Mooncake traces, 16 otherwise).
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// Leading fraction of requests that fills the cache uncounted; 0 replays cold.
+    #[arg(long, default_value_t = 0.5)]
+    warmup: f64,
+    /// Bounded policies to simulate, comma-separated: fifo, lru, optimal (the ceiling always is).
+    #[arg(long, value_delimiter = ',', default_value = "fifo,lru,optimal")]
+    policies: Vec<String>,
+    /// Cache sizes, comma-separated: tokens (64K, 1M), blocks (2048b) or bytes (16GiB).
+    #[arg(long, value_delimiter = ',')]
+    capacities: Vec<String>,
+    /// KV cache bytes per token, for capacities in bytes.
+    #[arg(long)]
+    bytes_per_token: Option<u64>,
+    /// A model whose KV bytes per token to use: glm-5.2, llama-3.1-8b, kimi-k2.5.
+    #[arg(long)]
+    kv_model: Option<String>,
+    /// Where tool definitions go: leading or after-system (default: by model family).
+    #[arg(long)]
+    tools_position: Option<String>,
+    /// CSV: the column holding timestamps.
+    #[arg(long)]
+    ts_column: Option<String>,
+    /// Print the JSON report on stdout instead of the summary.
+    #[arg(long)]
+    json: bool,
+    /// Write the JSON report to this file.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+}
+
+/// The JSON report: what was read, then the profile.
+#[derive(Serialize)]
+struct Report<'a> {
+    report: &'static str,
+    inputs: &'a [FileReport],
+    #[serde(flatten)]
+    profile: &'a ProfileReport,
+}
+
+struct Settings {
+    format: Option<Format>,
+    policies: Vec<Policy>,
+    tools_position: Option<ToolsPosition>,
+    bytes_per_token: Option<u64>,
+}
+
+fn usage(message: impl std::fmt::Display) -> u8 {
+    eprintln!("prefixscope profile: {message}");
+    EXIT_USAGE
+}
+
+fn settings(args: &ProfileArgs) -> Result<Settings, String> {
+    let format = match args.format.as_str() {
+        "auto" => None,
+        other => Some(Format::parse(other).ok_or_else(|| {
+            format!("unknown --format {other:?} (auto, recording, csv, mooncake, bailian)")
+        })?),
+    };
+    let mut policies = Vec::new();
+    for name in &args.policies {
+        match Policy::parse(name) {
+            Some(Policy::Ceiling) => {}
+            Some(policy) if !policies.contains(&policy) => policies.push(policy),
+            Some(_) => {}
+            None => return Err(format!("unknown policy {name:?} (fifo, lru, optimal)")),
+        }
+    }
+    let tools_position =
+        match &args.tools_position {
+            Some(text) => Some(ToolsPosition::parse(text).ok_or_else(|| {
+                format!("unknown --tools-position {text:?} (leading, after-system)")
+            })?),
+            None => None,
+        };
+    if !(0.0..1.0).contains(&args.warmup) {
+        return Err(format!(
+            "--warmup {} must be at least 0 and below 1",
+            args.warmup
+        ));
+    }
+    if args.block_size == Some(0) {
+        return Err("--block-size must be at least 1".to_string());
+    }
+    let bytes_per_token = match (&args.kv_model, args.bytes_per_token) {
+        (Some(_), Some(_)) => {
+            return Err("give --kv-model or --bytes-per-token, not both".to_string());
+        }
+        (Some(model), None) => Some(kv_model_bytes_per_token(model).ok_or_else(|| {
+            format!("unknown --kv-model {model:?} (glm-5.2, llama-3.1-8b, kimi-k2.5)")
+        })?),
+        (None, bytes) => bytes,
+    };
+    Ok(Settings {
+        format,
+        policies,
+        tools_position,
+        bytes_per_token,
+    })
+}
+
+pub fn run(args: ProfileArgs) -> u8 {
+    let settings = match settings(&args) {
+        Ok(s) => s,
+        Err(message) => return usage(message),
+    };
+
+    // Open and recognise every file first: the block size follows the first file's format.
+    let mut opened = Vec::new();
+    for path in &args.files {
+        let reader = File::open(path)
+            .map(|f| BufReader::with_capacity(1 << 18, f))
+            .and_then(input::decompressed);
+        let mut reader = match reader {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("prefixscope: cannot read {}: {e}", path.display());
+                continue;
+            }
+        };
+        let format = match settings.format {
+            Some(f) => f,
+            None => match input::detect(&mut reader) {
+                Ok(Some(f)) => f,
+                Ok(None) => {
+                    eprintln!(
+                        "prefixscope: {}: cannot tell the format; give --format",
+                        path.display()
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("prefixscope: cannot read {}: {e}", path.display());
+                    continue;
+                }
+            },
+        };
+        opened.push((path, format, reader));
+    }
+    let Some(&(_, first_format, _)) = opened.first() else {
+        return EXIT_UNREADABLE;
+    };
+    let block_size = args.block_size.unwrap_or(first_format.default_block_size());
+
+    let capacity_texts: Vec<String> = if args.capacities.is_empty() {
+        DEFAULT_CAPACITIES.iter().map(|c| c.to_string()).collect()
+    } else {
+        args.capacities.clone()
+    };
+    let mut capacities: Vec<Capacity> = Vec::new();
+    for text in &capacity_texts {
+        match parse_capacity(text, block_size, settings.bytes_per_token) {
+            Ok(c) if !capacities.iter().any(|known| known.blocks == c.blocks) => capacities.push(c),
+            Ok(_) => {}
+            Err(message) => return usage(message),
+        }
+    }
+
+    let options = InputOptions {
+        block_size,
+        tools_position: settings.tools_position,
+        ts_column: args.ts_column.clone(),
+        ..InputOptions::default()
+    };
+    let mut requests: Vec<Request> = Vec::new();
+    let mut reports = Vec::new();
+    for (path, format, reader) in opened {
+        let name = path.display().to_string();
+        let file = input::read(reader, &name, format, &options);
+        for bad in &file.report.bad_rows {
+            eprintln!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+        }
+        requests.extend(file.requests);
+        reports.push(file.report);
+    }
+
+    let mut sources: Vec<&str> = reports
+        .iter()
+        .map(|r| r.conversation_source.as_str())
+        .filter(|s| *s != "none")
+        .collect();
+    sources.dedup();
+    let config = ProfileConfig {
+        block_size,
+        warmup: args.warmup,
+        policies: settings.policies,
+        capacities,
+        conversation_source: if sources.is_empty() {
+            "none".to_string()
+        } else {
+            sources.join(", ")
+        },
+        ..ProfileConfig::default()
+    };
+    let profile = profile(&requests, &config);
+    let report = Report {
+        report: "prefixscope profile",
+        inputs: &reports,
+        profile: &profile,
+    };
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    if let Some(path) = &args.output
+        && let Err(e) = std::fs::write(path, format!("{json}\n"))
+    {
+        eprintln!("prefixscope: cannot write {}: {e}", path.display());
+        return EXIT_UNREADABLE;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let text = if args.json {
+        json
+    } else {
+        summary(&profile, &reports)
+    };
+    let _ = writeln!(stdout, "{text}");
+    EXIT_OK
+}
+
+/// 12345678 → "12,345,678".
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn percent(part: u64, whole: u64, decimals: usize) -> String {
+    if whole == 0 {
+        return "–".to_string();
+    }
+    format!("{:.*}%", decimals, part as f64 * 100.0 / whole as f64)
+}
+
+fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
+    let mut out = Vec::new();
+    let names: Vec<String> = inputs
+        .iter()
+        .map(|f| format!("{} {}", f.format.as_str(), f.name))
+        .collect();
+    out.push(format!(
+        "{} requests · {}",
+        thousands(p.requests),
+        names.join(", ")
+    ));
+    let excluded: u64 = inputs.iter().map(|f| f.non_2xx).sum();
+    let bad: usize = inputs.iter().map(|f| f.bad_rows.len()).sum();
+    if excluded > 0 || bad > 0 {
+        out.push(format!(
+            "excluded: {excluded} non-2xx responses, {bad} bad rows"
+        ));
+    }
+    let cuts: Vec<String> = p
+        .cuts
+        .iter()
+        .map(|(cut, n)| format!("{cut} {}", thousands(*n)))
+        .collect();
+    out.push(format!(
+        "blocks of {} tokens ({}) · warmup {:.0}%: {} requests fill the cache, {} tokens measured",
+        p.block_size,
+        cuts.join(", "),
+        p.warmup * 100.0,
+        thousands(p.warmup_requests),
+        thousands(p.measured_tokens),
+    ));
+    let dist = |d: &prefixscope::cache::stats::Distribution| match (d.p50, d.p90, d.p99) {
+        (Some(a), Some(b), Some(c)) => format!(
+            "p50 {} · p90 {} · p99 {}",
+            thousands(a),
+            thousands(b),
+            thousands(c)
+        ),
+        _ => "–".to_string(),
+    };
+    let rate = p
+        .request_rate
+        .as_ref()
+        .and_then(|r| r.requests_per_s)
+        .map_or("–".to_string(), |r| format!("{r:.1} req/s"));
+    let stream = p
+        .streaming_share
+        .map_or("–".to_string(), |s| format!("{:.0}%", s * 100.0));
+    out.push(format!(
+        "input {} tok · output {} tok · streamed {stream} · {rate}",
+        dist(&p.lengths.input_tokens),
+        dist(&p.lengths.output_tokens),
+    ));
+    let models: Vec<String> = p
+        .models
+        .iter()
+        .map(|(m, n)| format!("{m} {}", percent(*n, p.requests, 0)))
+        .collect();
+    out.push(format!("models: {}", models.join(", ")));
+
+    out.push(String::new());
+    let mut policies: Vec<Policy> = Vec::new();
+    for point in &p.points {
+        if !policies.contains(&point.policy) {
+            policies.push(point.policy);
+        }
+    }
+    let mut header = format!("{:<28}", "hit rate by capacity");
+    for policy in &policies {
+        header.push_str(&format!("{:>9}", policy.as_str()));
+    }
+    out.push(header);
+    let mut capacities: Vec<(u64, String)> = Vec::new();
+    for point in &p.points {
+        if let (Some(blocks), Some(label)) = (point.capacity_blocks, &point.capacity)
+            && !capacities.iter().any(|(b, _)| *b == blocks)
+        {
+            capacities.push((blocks, label.clone()));
+        }
+    }
+    let mut underfilled = false;
+    for (blocks, label) in &capacities {
+        let name = if label.ends_with(" blocks") {
+            label.clone()
+        } else {
+            format!("{label} ({} blocks)", thousands(*blocks))
+        };
+        let mut line = format!("  {name:<26}");
+        for policy in &policies {
+            let point: Option<&Point> = p
+                .points
+                .iter()
+                .find(|x| x.policy == *policy && x.capacity_blocks == Some(*blocks));
+            let cell = point.map_or("".to_string(), |x| {
+                let mark = if x.full_before_measurement == Some(false) && p.warmup_requests > 0 {
+                    underfilled = true;
+                    "*"
+                } else {
+                    ""
+                };
+                format!("{}{mark}", percent(x.hit_tokens, x.measured_tokens, 1))
+            });
+            line.push_str(&format!("{cell:>9}"));
+        }
+        out.push(line);
+    }
+    if underfilled {
+        out.push("  * the cache was not full when measuring began".to_string());
+    }
+    let c = &p.ceiling;
+    out.push(format!(
+        "  ceiling {} ({} of {} tokens): same conversation {}, other {}  (conversations: {})",
+        percent(c.hit_tokens, c.measured_tokens, 2),
+        thousands(c.hit_tokens),
+        thousands(c.measured_tokens),
+        percent(c.same_conversation_tokens, c.measured_tokens, 1),
+        percent(c.other_tokens, c.measured_tokens, 1),
+        p.conversations.source,
+    ));
+    if let Some(rate) = p.aiperf_cache_hit_rate {
+        out.push(format!("  AIPerf cache_hit_rate {rate}"));
+    }
+    if let Some(s) = &p.server_observed {
+        out.push(format!(
+            "  server reported reuse {} of {} prompt tokens ({}) on {} requests; ceiling on the same requests {} ({}, cold)",
+            thousands(s.server_reused_tokens),
+            thousands(s.prompt_tokens),
+            percent(s.server_reused_tokens, s.prompt_tokens, 1),
+            s.requests,
+            thousands(s.ceiling_hit_tokens),
+            percent(s.ceiling_hit_tokens, s.prompt_tokens, 1),
+        ));
+    }
+
+    out.push(String::new());
+    let sources: Vec<String> = p
+        .sessions
+        .by_source
+        .iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect();
+    out.push(format!(
+        "session identifiers: {:.1}% of requests{}",
+        p.sessions.share * 100.0,
+        if sources.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", sources.join(", "))
+        }
+    ));
+    let boards = &p.top_prefixes;
+    out.push(format!(
+        "shared prefixes: {} groups, {} reusable tokens",
+        thousands(boards.groups),
+        thousands(boards.reusable_tokens)
+    ));
+    for (title, entries) in [
+        (
+            "top prefixes by reusable tokens",
+            &boards.by_reusable_tokens,
+        ),
+        ("top prefixes by count", &boards.by_count),
+    ] {
+        if entries.is_empty() {
+            continue;
+        }
+        out.push(format!("{title}:"));
+        for entry in entries.iter().take(3) {
+            let what = entry
+                .what
+                .as_ref()
+                .map_or(String::new(), |w| format!("  {w}"));
+            out.push(format!(
+                "  {} tok × {} requests  {} reusable ({:.1}%){what}",
+                thousands(entry.prefix_tokens),
+                thousands(entry.count),
+                thousands(entry.reusable_tokens),
+                entry.share_of_reusable * 100.0,
+            ));
+        }
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(27_038_068), "27,038,068");
+    }
+}

@@ -1,0 +1,317 @@
+//! Gateway logs as CSV: a `request_json` column with the OpenAI-format request body; used when
+//! present: `response_json` (for the server's token counts), `model_name`, `status_code`, and a
+//! timestamp column (`--ts-column`, else the first of `timestamp`, `ts`, `created_at`,
+//! `request_time`, `time`) holding epoch seconds or milliseconds or ISO-8601. Rows are replayed
+//! in timestamp order when every row has one (gateways often log when a request ended, or newest
+//! first), else in file order.
+
+use std::io::BufRead;
+
+use serde_json::Value;
+
+use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
+use crate::cache::Request;
+use crate::cache::blocks::{BlockModel, prompt_from_body, tokens_per_char};
+use crate::normalize::Api;
+
+const TIMESTAMP_COLUMNS: [&str; 5] = ["timestamp", "ts", "created_at", "request_time", "time"];
+
+/// Epoch seconds or milliseconds (told apart by size: seconds are ~1.7e9, ms ~1.7e12), or
+/// ISO-8601 (`2026-07-01T12:00:00.250Z`, `2026-07-01 12:00:00+02:00`; no zone means UTC).
+pub fn parse_timestamp_ms(text: &str) -> Option<i64> {
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    if let Ok(number) = text.parse::<f64>() {
+        if !number.is_finite() {
+            return None;
+        }
+        return Some(if number.abs() > 1e11 {
+            number.round() as i64
+        } else {
+            (number * 1000.0).round() as i64
+        });
+    }
+    parse_iso8601_ms(text)
+}
+
+fn parse_iso8601_ms(text: &str) -> Option<i64> {
+    let bytes = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(range)?;
+        part.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    if bytes.get(4) != Some(&b'-') || bytes.get(7) != Some(&b'-') {
+        return None;
+    }
+    let (mut hour, mut minute, mut second, mut millis) = (0, 0, 0, 0);
+    let mut rest = &text[10..];
+    if let Some(time) = rest.strip_prefix('T').or_else(|| rest.strip_prefix(' ')) {
+        hour = time.get(0..2)?.parse().ok()?;
+        minute = time.get(3..5)?.parse().ok()?;
+        second = time.get(6..8)?.parse().ok()?;
+        rest = &time[8..];
+        if let Some(fraction) = rest.strip_prefix('.') {
+            let end = fraction
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(fraction.len());
+            let padded: String = fraction[..end]
+                .chars()
+                .chain("000".chars())
+                .take(3)
+                .collect();
+            millis = padded.parse().ok()?;
+            rest = &fraction[end..];
+        }
+    }
+    let offset_minutes: i64 = match rest {
+        "" | "Z" | "z" => 0,
+        zone => {
+            let sign = match zone.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let zone = zone[1..].replace(':', "");
+            let hours: i64 = zone.get(0..2)?.parse().ok()?;
+            let minutes: i64 = zone.get(2..4).map_or(Some(0), |m| m.parse().ok())?;
+            sign * (hours * 60 + minutes)
+        }
+    };
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
+    Some(seconds * 1000 + millis)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
+    let mut report = FileReport::new(name, Format::Csv);
+    let mut csv = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
+    let headers = match csv.headers() {
+        Ok(h) => h.clone(),
+        Err(e) => {
+            report.bad(1, format!("no CSV header: {e}"));
+            return FileInput {
+                requests: Vec::new(),
+                report,
+            };
+        }
+    };
+    let column = |name: &str| headers.iter().position(|h| h.trim() == name);
+    let Some(request_column) = column("request_json") else {
+        report.bad(1, "no request_json column");
+        return FileInput {
+            requests: Vec::new(),
+            report,
+        };
+    };
+    let response_column = column("response_json");
+    let model_column = column("model_name");
+    let status_column = column("status_code");
+    let ts_column = match &options.ts_column {
+        Some(name) => match column(name) {
+            Some(c) => Some(c),
+            None => {
+                report.bad(1, format!("no timestamp column {name:?}"));
+                None
+            }
+        },
+        None => TIMESTAMP_COLUMNS.iter().find_map(|name| column(name)),
+    };
+
+    let mut pending = Vec::new();
+    let mut record = csv::StringRecord::new();
+    loop {
+        let line = csv.position().line() as usize;
+        match csv.read_record(&mut record) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => {
+                report.bad(line.max(2), e.to_string());
+                if e.is_io_error() {
+                    break;
+                }
+                continue;
+            }
+        }
+        let line = record.position().map_or(line, |p| p.line() as usize);
+        let field = |c: Option<usize>| {
+            c.and_then(|c| record.get(c))
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+        };
+        if let Some(status) = field(status_column) {
+            match status.parse::<u16>() {
+                Ok(code) if (200..300).contains(&code) => {}
+                Ok(_) => {
+                    report.non_2xx += 1;
+                    continue;
+                }
+                Err(_) => {
+                    report.bad(line, format!("status_code {status:?} is not a number"));
+                    continue;
+                }
+            }
+        }
+        let body: Value = match field(Some(request_column)).map(serde_json::from_str) {
+            Some(Ok(body)) => body,
+            Some(Err(e)) => {
+                report.bad(line, format!("request_json: {e}"));
+                continue;
+            }
+            None => {
+                report.bad(line, "empty request_json");
+                continue;
+            }
+        };
+        let api = if body.get("messages").is_some() {
+            Api::OpenaiChat
+        } else {
+            Api::OpenaiCompletions
+        };
+        let Some(mut prompt) = prompt_from_body(api, &body, None) else {
+            report.bad(line, "request_json holds neither messages nor a prompt");
+            continue;
+        };
+        if prompt.model.is_none() {
+            prompt.model = field(model_column).map(str::to_string);
+        }
+        let response: Option<Value> =
+            field(response_column).and_then(|r| serde_json::from_str(r).ok());
+        let counts = response.as_ref().map(server_counts).unwrap_or_default();
+        let t_ms = match field(ts_column) {
+            Some(text) => match parse_timestamp_ms(text) {
+                Some(t) => Some(t),
+                None => {
+                    report.bad(
+                        line,
+                        format!("timestamp {text:?} is neither epoch nor ISO-8601"),
+                    );
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let request = Request {
+            t_ms,
+            output_tokens: counts.output_tokens,
+            session_id: session_id_in_body(&body),
+            model: prompt.model.clone(),
+            streamed: Some(body.get("stream").and_then(Value::as_bool).unwrap_or(false)),
+            server_reused_tokens: counts.reused_tokens,
+            ..Request::default()
+        };
+        pending.push((prompt, counts.prompt_tokens, request));
+    }
+
+    if pending.iter().all(|(_, _, r)| r.t_ms.is_some()) {
+        pending.sort_by_key(|(_, _, r)| r.t_ms);
+    }
+    let model = BlockModel {
+        block_size: options.block_size,
+        salt: options.salt,
+        tools_position: options.tools_position,
+        tokens_per_char: tokens_per_char(pending.iter().map(|(p, t, _)| (p.chars(), *t))),
+        keys_from_messages: options.keys_from_messages,
+    };
+    let requests: Vec<Request> = pending
+        .into_iter()
+        .map(|(prompt, prompt_tokens, request)| {
+            let cut = model.cut(&prompt, prompt_tokens);
+            Request {
+                blocks: cut.blocks,
+                input_tokens: cut.input_tokens,
+                cut: Some(cut.cut),
+                keys: Some(cut.keys),
+                parts: cut.parts,
+                ..request
+            }
+        })
+        .collect();
+    report.requests = requests.len() as u64;
+    report.conversation_source = if requests.iter().any(|r| r.session_id.is_some()) {
+        "session id".to_string()
+    } else {
+        "none".to_string()
+    };
+    let mut requests = requests;
+    for request in &mut requests {
+        request.conversation = request.session_id.as_ref().map(|s| s.value.clone());
+    }
+    FileInput { requests, report }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(parse_timestamp_ms("1753340000"), Some(1_753_340_000_000));
+        assert_eq!(parse_timestamp_ms("1753340000123"), Some(1_753_340_000_123));
+        assert_eq!(parse_timestamp_ms("1753340000.5"), Some(1_753_340_000_500));
+        assert_eq!(parse_timestamp_ms("1970-01-02T00:00:00Z"), Some(86_400_000));
+        assert_eq!(
+            parse_timestamp_ms("2025-07-24T07:33:20.123Z"),
+            Some(1_753_342_400_123)
+        );
+        assert_eq!(
+            parse_timestamp_ms("2025-07-24 09:33:20+02:00"),
+            Some(1_753_342_400_000)
+        );
+        assert_eq!(parse_timestamp_ms("yesterday"), None);
+    }
+
+    #[test]
+    fn rows_bad_rows_and_non_2xx() {
+        let body = |text: &str| {
+            format!(
+                "\"{{\"\"model\"\":\"\"glm-5\"\",\"\"stream\"\":true,\"\"user\"\":\"\"u1\"\",\"\"messages\"\":[{{\"\"role\"\":\"\"user\"\",\"\"content\"\":\"\"{text}\"\"}}]}}\""
+            )
+        };
+        let csv = format!(
+            "timestamp,request_json,response_json,status_code\n\
+             2,{},\"{{\"\"usage\"\":{{\"\"prompt_tokens\"\":40,\"\"completion_tokens\"\":3}}}}\",200\n\
+             1,{},,200\n\
+             3,not json,,200\n\
+             4,{},,500\n",
+            body("second"),
+            body("first"),
+            body("failed"),
+        );
+        let input = read(csv.as_bytes(), "g.csv", &InputOptions::default());
+        assert_eq!(input.requests.len(), 2);
+        assert_eq!(input.report.non_2xx, 1);
+        assert_eq!(input.report.bad_rows.len(), 1);
+        assert_eq!(input.report.bad_rows[0].line, 4);
+        // Sorted by timestamp: the row stamped 1 comes first.
+        assert_eq!(input.requests[0].t_ms, Some(1000));
+        assert_eq!(input.requests[1].input_tokens, 40);
+        assert_eq!(input.requests[1].blocks.len(), 3);
+        assert_eq!(input.requests[0].streamed, Some(true));
+        assert_eq!(
+            input.requests[0]
+                .session_id
+                .as_ref()
+                .map(|s| s.source.as_str()),
+            Some("user")
+        );
+    }
+}

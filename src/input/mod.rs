@@ -1,0 +1,314 @@
+//! Readers that turn every supported input into [`cache::Request`]s: prefixscope and llmp
+//! recordings (full and digest), gateway CSV logs, Mooncake and bailian traces, any of them
+//! gzipped. Reading is from a `BufRead` only; bad rows are counted with their line numbers and
+//! never stop the read; non-2xx responses are excluded and counted.
+//!
+//! [`cache::Request`]: crate::cache::Request
+
+pub mod gateway_csv;
+pub mod recording;
+pub mod trace;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cache::Request;
+use crate::cache::blocks::ToolsPosition;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Recording,
+    Csv,
+    Mooncake,
+    Bailian,
+}
+
+impl Format {
+    pub fn parse(text: &str) -> Option<Format> {
+        match text {
+            "recording" => Some(Format::Recording),
+            "csv" => Some(Format::Csv),
+            "mooncake" => Some(Format::Mooncake),
+            "bailian" => Some(Format::Bailian),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Recording => "recording",
+            Format::Csv => "csv",
+            Format::Mooncake => "mooncake",
+            Format::Bailian => "bailian",
+        }
+    }
+
+    /// The block size each format is usually read with: Mooncake traces are hashed in 512-token
+    /// blocks, bailian traces in 16; prompts are cut in 16 (vLLM's smallest block).
+    pub fn default_block_size(self) -> u32 {
+        match self {
+            Format::Mooncake => 512,
+            Format::Bailian | Format::Recording | Format::Csv => 16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputOptions {
+    pub block_size: u32,
+    /// `None`: by model family.
+    pub tools_position: Option<ToolsPosition>,
+    /// CSV: the column holding timestamps (else the first of the usual names).
+    pub ts_column: Option<String>,
+    /// Salt of the block hashes.
+    pub salt: u64,
+    /// Key blocks by message digest even when the text is recorded.
+    pub keys_from_messages: bool,
+}
+
+impl Default for InputOptions {
+    fn default() -> Self {
+        InputOptions {
+            block_size: 16,
+            tools_position: None,
+            ts_column: None,
+            salt: 0,
+            keys_from_messages: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadRow {
+    pub line: usize,
+    pub error: String,
+}
+
+/// What reading one file found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileReport {
+    pub name: String,
+    pub format: Format,
+    pub requests: u64,
+    pub bad_rows: Vec<BadRow>,
+    /// Responses outside 2xx: excluded from the simulation.
+    pub non_2xx: u64,
+    /// Rows that are fine but hold no prompt to simulate (health checks, model lists…), by reason.
+    pub skipped: BTreeMap<String, u64>,
+    /// Where conversation keys came from.
+    pub conversation_source: String,
+}
+
+impl FileReport {
+    fn new(name: &str, format: Format) -> FileReport {
+        FileReport {
+            name: name.to_string(),
+            format,
+            requests: 0,
+            bad_rows: Vec::new(),
+            non_2xx: 0,
+            skipped: BTreeMap::new(),
+            conversation_source: "none".to_string(),
+        }
+    }
+
+    fn skip(&mut self, reason: &str) {
+        *self.skipped.entry(reason.to_string()).or_insert(0) += 1;
+    }
+
+    fn bad(&mut self, line: usize, error: impl Into<String>) {
+        self.bad_rows.push(BadRow {
+            line,
+            error: error.into(),
+        });
+    }
+}
+
+/// The requests of one file, in replay order, and what reading it found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileInput {
+    pub requests: Vec<Request>,
+    pub report: FileReport,
+}
+
+/// Undoes gzip when the stream starts with its magic bytes.
+pub fn decompressed<'a>(mut reader: impl BufRead + 'a) -> std::io::Result<Box<dyn BufRead + 'a>> {
+    let gzipped = reader.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gzipped {
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            flate2::bufread::MultiGzDecoder::new(reader),
+        ))
+    } else {
+        Box::new(reader)
+    })
+}
+
+/// Tells the format from the first bytes (which `fill_buf` keeps for the reader).
+pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
+    let head = reader.fill_buf()?;
+    let text = String::from_utf8_lossy(&head[..head.len().min(1 << 16)]);
+    let first_line = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    let trimmed = first_line.trim_start();
+    Ok(if trimmed.starts_with('{') {
+        if first_line.contains("\"t_start_ms\"") || first_line.contains("\"request\":") {
+            Some(Format::Recording)
+        } else if first_line.contains("\"hash_ids\"") {
+            if first_line.contains("\"chat_id\"") || first_line.contains("\"parent_chat_id\"") {
+                Some(Format::Bailian)
+            } else {
+                Some(Format::Mooncake)
+            }
+        } else {
+            None
+        }
+    } else if first_line.contains("request_json") {
+        Some(Format::Csv)
+    } else {
+        None
+    })
+}
+
+/// Reads one (decompressed) file in the given format.
+pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
+    match format {
+        Format::Recording => recording::read(reader, name, options),
+        Format::Csv => gateway_csv::read(reader, name, options),
+        Format::Mooncake | Format::Bailian => trace::read(reader, name, format, options),
+    }
+}
+
+/// First non-empty string at any of `paths` (JSON pointers) in `body`.
+fn session_id_in_body(body: &Value) -> Option<crate::cache::SessionId> {
+    const SESSION_PATHS: [(&str, &str); 4] = [
+        ("/prompt_cache_key", "prompt_cache_key"),
+        (
+            "/metadata/cursorConversationId",
+            "metadata.cursorConversationId",
+        ),
+        ("/metadata/user_id", "metadata.user_id"),
+        ("/user", "user"),
+    ];
+    SESSION_PATHS.iter().find_map(|(pointer, source)| {
+        body.pointer(pointer)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(|value| crate::cache::SessionId {
+                source: (*source).to_string(),
+                value: value.to_string(),
+            })
+    })
+}
+
+/// Prompt tokens, reused tokens and output tokens as a server reported them, from a response
+/// body (or a digest's kept fields): OpenAI `usage`, llama.cpp `timings`, Anthropic `usage`,
+/// Ollama's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerCounts {
+    pub prompt_tokens: Option<u64>,
+    pub reused_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
+pub fn server_counts(body: &Value) -> ServerCounts {
+    let number = |pointer: &str| body.pointer(pointer).and_then(Value::as_u64);
+    let cache_n = number("/timings/cache_n");
+    let anthropic_input = number("/usage/input_tokens");
+    let cache_read = number("/usage/cache_read_input_tokens");
+    let prompt_tokens = number("/usage/prompt_tokens")
+        .or_else(|| Some(cache_n? + number("/timings/prompt_n")?))
+        .or_else(|| {
+            // Anthropic's input_tokens leaves out what was read from or written to the cache.
+            Some(
+                anthropic_input?
+                    + cache_read.unwrap_or(0)
+                    + number("/usage/cache_creation_input_tokens").unwrap_or(0),
+            )
+        })
+        .or_else(|| number("/prompt_eval_count"));
+    let reused_tokens = cache_n
+        .or_else(|| number("/usage/prompt_tokens_details/cached_tokens"))
+        .or(cache_read);
+    let output_tokens = number("/usage/completion_tokens")
+        .or_else(|| number("/usage/output_tokens"))
+        .or_else(|| number("/timings/predicted_n"))
+        .or_else(|| number("/eval_count"));
+    ServerCounts {
+        prompt_tokens,
+        reused_tokens,
+        output_tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn formats_are_told_apart_by_their_first_line() {
+        let cases = [
+            (
+                r#"{"v":1,"id":1,"conn":1,"t_start_ms":5}"#,
+                Some(Format::Recording),
+            ),
+            (
+                r#"{"timestamp": 0, "input_length": 9, "hash_ids": [1]}"#,
+                Some(Format::Mooncake),
+            ),
+            (
+                r#"{"chat_id": 1, "parent_chat_id": -1, "hash_ids": [1]}"#,
+                Some(Format::Bailian),
+            ),
+            ("timestamp,request_json,status_code\n", Some(Format::Csv)),
+            ("hello\n", None),
+        ];
+        for (text, expected) in cases {
+            let mut reader = text.as_bytes();
+            assert_eq!(detect(&mut reader).ok().flatten(), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn gzip_is_undone() {
+        use std::io::{Read, Write};
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(b"{\"hash_ids\": [1]}\n").ok();
+        let bytes = encoder.finish().unwrap_or_default();
+        let mut text = String::new();
+        decompressed(bytes.as_slice())
+            .and_then(|mut r| r.read_to_string(&mut text))
+            .ok();
+        assert_eq!(text, "{\"hash_ids\": [1]}\n");
+    }
+
+    #[test]
+    fn server_counts_from_each_server() {
+        let llama = json!({"timings": {"cache_n": 438, "prompt_n": 87, "predicted_n": 9}});
+        assert_eq!(
+            server_counts(&llama),
+            ServerCounts {
+                prompt_tokens: Some(525),
+                reused_tokens: Some(438),
+                output_tokens: Some(9)
+            }
+        );
+        let anthropic = json!({"usage": {"input_tokens": 12, "cache_read_input_tokens": 45, "output_tokens": 3}});
+        assert_eq!(server_counts(&anthropic).prompt_tokens, Some(57));
+        assert_eq!(server_counts(&anthropic).reused_tokens, Some(45));
+        let openai = json!({"usage": {"prompt_tokens": 40, "completion_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 32}}});
+        assert_eq!(server_counts(&openai).reused_tokens, Some(32));
+        assert_eq!(
+            server_counts(&json!({"prompt_eval_count": 441})).prompt_tokens,
+            Some(441)
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! prefixscope and llmp recordings, full or digest.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+
+use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
+use crate::cache::blocks::{
+    BlockModel, Prompt, prompt_from_body, prompt_from_digest, renders, tokens_per_char,
+};
+use crate::cache::{Request, SessionId};
+use crate::normalize::Api;
+use crate::record::{Record, read_jsonl};
+
+/// A record's conversation key, for now: an explicit session header the client sent (names
+/// containing `session` or `conversation`, as the recorder keeps them). The analysis links turns
+/// into conversations from the prompts themselves; once it runs beside the profile, its keys
+/// replace these through [`set_conversations`].
+pub fn conversation_from_session_header(record: &Record) -> Option<String> {
+    session_header(record).map(|s| s.value)
+}
+
+/// Replaces the requests' conversation keys by the analysis's, by record id. Requests whose
+/// record the map does not name keep no conversation.
+pub fn set_conversations(requests: &mut [Request], conversation_by_record: &HashMap<u64, String>) {
+    for request in requests {
+        request.conversation = request
+            .record_id
+            .and_then(|id| conversation_by_record.get(&id).cloned());
+    }
+}
+
+fn session_header(record: &Record) -> Option<SessionId> {
+    record
+        .request
+        .headers
+        .iter()
+        .find(|(name, value)| {
+            let name = name.to_ascii_lowercase();
+            (name.contains("session") || name.contains("conversation")) && !value.is_empty()
+        })
+        .map(|(name, value)| SessionId {
+            source: format!("header {name}"),
+            value: value.clone(),
+        })
+}
+
+/// One record on its way to a request: everything but the blocks, which wait for the input's
+/// tokens-per-character.
+struct Pending {
+    prompt: Prompt,
+    prompt_tokens: Option<u64>,
+    request: Request,
+}
+
+pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
+    let mut report = FileReport::new(name, Format::Recording);
+    let result = read_jsonl(reader);
+    for bad in &result.bad_lines {
+        report.bad(bad.line, bad.error.clone());
+    }
+    let mut pending = Vec::new();
+    for record in &result.records {
+        match pending_request(record, &mut report) {
+            Some(p) => pending.push(p),
+            None => continue,
+        }
+    }
+    let model = BlockModel {
+        block_size: options.block_size,
+        salt: options.salt,
+        tools_position: options.tools_position,
+        tokens_per_char: tokens_per_char(
+            pending.iter().map(|p| (p.prompt.chars(), p.prompt_tokens)),
+        ),
+        keys_from_messages: options.keys_from_messages,
+    };
+    let requests: Vec<Request> = pending
+        .into_iter()
+        .map(|p| {
+            let cut = model.cut(&p.prompt, p.prompt_tokens);
+            Request {
+                blocks: cut.blocks,
+                input_tokens: cut.input_tokens,
+                cut: Some(cut.cut),
+                keys: Some(cut.keys),
+                parts: cut.parts,
+                ..p.request
+            }
+        })
+        .collect();
+    report.requests = requests.len() as u64;
+    if requests.iter().any(|r| r.conversation.is_some()) {
+        report.conversation_source = "session header".to_string();
+    }
+    FileInput { requests, report }
+}
+
+fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
+    let api = Api::from_path(&record.request.path);
+    if !renders(api) {
+        report.skip("not a prompt API");
+        return None;
+    }
+    if let Some(error) = record.error {
+        report.skip(&format!("exchange failed: {}", error.as_str()));
+        return None;
+    }
+    let Some(response) = &record.response else {
+        report.skip("no response");
+        return None;
+    };
+    if !(200..300).contains(&response.status) {
+        report.non_2xx += 1;
+        return None;
+    }
+    let request = &record.request;
+    let (prompt, stream, session) = if let Some(body) = &request.body {
+        let Some(prompt) = prompt_from_body(api, body, record.tokens.as_ref()) else {
+            report.skip("request body without a prompt");
+            return None;
+        };
+        let stream = body.get("stream").and_then(serde_json::Value::as_bool);
+        (
+            prompt,
+            stream.or(Some(api == Api::OllamaChat)),
+            session_id_in_body(body),
+        )
+    } else if let Some(digest) = &request.digest {
+        let prompt = prompt_from_digest(digest, record.tokens.as_ref());
+        (prompt, Some(digest.params.stream), None)
+    } else {
+        report.skip("request body not recorded");
+        return None;
+    };
+    let counts_source = response.body.clone().or_else(|| {
+        response
+            .digest
+            .as_ref()
+            .map(|d| serde_json::Value::Object(d.usage.clone()))
+    });
+    let counts = counts_source
+        .as_ref()
+        .map(server_counts)
+        .unwrap_or_default();
+    let output_tokens = counts.output_tokens;
+    Some(Pending {
+        prompt_tokens: counts.prompt_tokens,
+        request: Request {
+            t_ms: Some(record.t_start_ms),
+            output_tokens,
+            conversation: conversation_from_session_header(record),
+            session_id: session.or_else(|| session_header(record)),
+            model: prompt.model.clone(),
+            streamed: stream,
+            server_reused_tokens: counts.reused_tokens,
+            record_id: Some(record.id),
+            ..Request::default()
+        },
+        prompt,
+    })
+}

@@ -1,0 +1,449 @@
+//! The app's state and how events change it. `handle` may change state; drawing (`ui.rs`) only
+//! reads it. Effects that touch the disk or the proxy are returned to the loop as `Action`s.
+
+use std::sync::Arc;
+
+use crossterm::event::{
+    KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
+};
+use tui_textarea::TextArea;
+
+use super::event::Event;
+use super::view::View;
+use crate::analysis::{Analyzer, Config};
+use crate::record::Record;
+
+/// Data redraws at most this often; keys redraw at once.
+pub const DATA_REDRAW_MS: i64 = 250;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pane {
+    Conversations,
+    Breaks,
+    Losses,
+    HitRate,
+    Prefixes,
+}
+
+impl Pane {
+    pub const ALL: [Pane; 5] = [
+        Pane::Conversations,
+        Pane::Breaks,
+        Pane::Losses,
+        Pane::HitRate,
+        Pane::Prefixes,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Pane::Conversations => "Conversations",
+            Pane::Breaks => "Prefix breaks",
+            Pane::Losses => "Loss per client",
+            Pane::HitRate => "Hit rate by capacity",
+            Pane::Prefixes => "Top prefixes",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Live {
+        upstream: String,
+        listen: String,
+        recording: String,
+    },
+    Replay {
+        files: String,
+    },
+}
+
+pub enum Dialog {
+    Help,
+    Detail(u64),
+    Filter(TextArea<'static>),
+    Export {
+        format: usize,
+        name: TextArea<'static>,
+    },
+}
+
+pub const EXPORT_FORMATS: [&str; 5] = ["mooncake", "bailian", "weka", "trace_synthetic", "otel"];
+
+/// What the loop must do for the app (I/O stays out of here).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    None,
+    Redraw,
+    Snapshot,
+    Export {
+        format: String,
+        path: String,
+    },
+    /// Stop the proxy (or the replay), then quit once in-flight exchanges are done.
+    Quit,
+    ForceQuit,
+    Speed(f64),
+}
+
+pub struct App {
+    pub source: Source,
+    engine: Analyzer,
+    pub records: Vec<Arc<Record>>,
+    pub view: View,
+    pub focus: Pane,
+    pub selected: [usize; 5],
+    pub paused: bool,
+    pub filter: String,
+    pub dialog: Option<Dialog>,
+    pub status: Option<String>,
+    pub warnings: u64,
+    pub records_written: Option<u64>,
+    pub in_flight: u64,
+    pub upstream_ok: Option<bool>,
+    pub speed: Option<f64>,
+    pub source_done: bool,
+    pub quitting: bool,
+    pub mouse: bool,
+    pub chart: bool,
+    pub prefixes_by_tokens: bool,
+    /// Request start times of the last minute, for requests/s.
+    recent: std::collections::VecDeque<i64>,
+    pub now_ms: i64,
+    data_dirty: bool,
+    last_view_ms: i64,
+    pub needs_draw: bool,
+    /// The terminal size at the last draw, for mouse hit-testing (set by the loop).
+    pub last_size: (u16, u16),
+}
+
+impl App {
+    pub fn new(source: Source, config: Config) -> App {
+        App {
+            source,
+            engine: Analyzer::new(config),
+            records: Vec::new(),
+            view: View::default(),
+            focus: Pane::Conversations,
+            selected: [0; 5],
+            paused: false,
+            filter: String::new(),
+            dialog: None,
+            status: None,
+            warnings: 0,
+            records_written: None,
+            in_flight: 0,
+            upstream_ok: None,
+            speed: None,
+            source_done: false,
+            quitting: false,
+            mouse: true,
+            chart: false,
+            prefixes_by_tokens: false,
+            recent: std::collections::VecDeque::new(),
+            now_ms: 0,
+            data_dirty: false,
+            last_view_ms: i64::MIN / 2,
+            needs_draw: true,
+            last_size: (0, 0),
+        }
+    }
+
+    pub fn requests(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn requests_per_second(&self) -> f64 {
+        let since = self.now_ms - 10_000;
+        self.recent.iter().filter(|&&t| t >= since).count() as f64 / 10.0
+    }
+
+    pub fn report(&self) -> crate::analysis::Report {
+        self.engine.report()
+    }
+
+    pub fn handle(&mut self, event: Event, now_ms: i64) -> Action {
+        self.now_ms = now_ms;
+        match event {
+            Event::Record(record) => {
+                self.engine.push(&record);
+                self.recent.push_back(now_ms);
+                while self.recent.front().is_some_and(|&t| t < now_ms - 60_000) {
+                    self.recent.pop_front();
+                }
+                self.records.push(record);
+                self.data_dirty = true;
+                Action::None
+            }
+            Event::SourceDone => {
+                self.source_done = true;
+                self.status = Some("replay finished".into());
+                self.needs_draw = true;
+                Action::None
+            }
+            Event::ProxyStopped => {
+                self.source_done = true;
+                if self.quitting {
+                    Action::ForceQuit
+                } else {
+                    Action::None
+                }
+            }
+            Event::Warning(text) => {
+                self.warnings += 1;
+                self.status = Some(text);
+                self.needs_draw = true;
+                Action::None
+            }
+            Event::Tick => {
+                self.needs_draw = true;
+                Action::None
+            }
+            Event::Resize(w, h) => {
+                self.last_size = (w, h);
+                self.needs_draw = true;
+                Action::Redraw
+            }
+            Event::Mouse(mouse) => self.mouse_event(mouse),
+            Event::Key(key) if key.kind != KeyEventKind::Release => {
+                self.needs_draw = true;
+                self.key(key)
+            }
+            Event::Key(_) => Action::None,
+        }
+    }
+
+    /// Rebuilds the view from the engine when data changed, at most every 250 ms, never while
+    /// paused (the engine keeps consuming; only the picture stands still).
+    pub fn refresh(&mut self, now_ms: i64) -> bool {
+        self.now_ms = now_ms;
+        if self.data_dirty && !self.paused && now_ms - self.last_view_ms >= DATA_REDRAW_MS {
+            self.rebuild_view();
+            self.last_view_ms = now_ms;
+            self.data_dirty = false;
+            self.needs_draw = true;
+        }
+        std::mem::take(&mut self.needs_draw)
+    }
+
+    /// When the next data redraw is due, if one is pending.
+    pub fn next_refresh_ms(&self) -> Option<i64> {
+        (self.data_dirty && !self.paused).then_some(self.last_view_ms + DATA_REDRAW_MS)
+    }
+
+    pub fn rebuild_view(&mut self) {
+        let report = self.engine.report();
+        let curve = self.view.curve.take();
+        self.view = View::build(&report, &self.filter);
+        self.view.curve = curve;
+        for (i, pane) in Pane::ALL.iter().enumerate() {
+            let len = self.pane_len(*pane);
+            self.selected[i] = self.selected[i].min(len.saturating_sub(1));
+        }
+    }
+
+    pub fn pane_len(&self, pane: Pane) -> usize {
+        match pane {
+            Pane::Conversations => self.view.lanes.len(),
+            Pane::Breaks => self.view.breaks.len(),
+            Pane::Losses => self.view.losses.len(),
+            Pane::HitRate => self.view.curve.as_ref().map_or(0, |c| c.points.len()),
+            Pane::Prefixes => self.view.prefixes.len(),
+        }
+    }
+
+    fn focus_index(&self) -> usize {
+        Pane::ALL.iter().position(|p| *p == self.focus).unwrap_or(0)
+    }
+
+    /// The row id a selection points at, for the detail view.
+    pub fn selected_row(&self) -> Option<u64> {
+        let i = self.selected[self.focus_index()];
+        match self.focus {
+            Pane::Conversations => self
+                .view
+                .lanes
+                .get(i)
+                .and_then(|l| l.cells.last())
+                .map(|c| c.id),
+            Pane::Breaks => self.view.breaks.get(i).map(|b| b.id),
+            _ => None,
+        }
+    }
+
+    fn key(&mut self, key: KeyEvent) -> Action {
+        let ctrl_c =
+            key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c');
+        if let Some(dialog) = self.dialog.as_mut() {
+            match dialog {
+                Dialog::Filter(area) => match key.code {
+                    KeyCode::Enter => {
+                        self.filter = area.lines().join(" ");
+                        self.dialog = None;
+                        self.rebuild_view();
+                        self.status = Some(if self.filter.is_empty() {
+                            "filter cleared".into()
+                        } else {
+                            format!("filter: {}", self.filter)
+                        });
+                    }
+                    KeyCode::Esc => self.dialog = None,
+                    _ => {
+                        area.input(key);
+                    }
+                },
+                Dialog::Export { format, name } => match key.code {
+                    KeyCode::Enter => {
+                        let path = name.lines().join("");
+                        let format = EXPORT_FORMATS[*format].to_string();
+                        self.dialog = None;
+                        return Action::Export { format, path };
+                    }
+                    KeyCode::Esc => self.dialog = None,
+                    KeyCode::Tab | KeyCode::Down => {
+                        *format = (*format + 1) % EXPORT_FORMATS.len();
+                        *name = name_area(&default_export_name(EXPORT_FORMATS[*format]));
+                    }
+                    KeyCode::BackTab | KeyCode::Up => {
+                        *format = (*format + EXPORT_FORMATS.len() - 1) % EXPORT_FORMATS.len();
+                        *name = name_area(&default_export_name(EXPORT_FORMATS[*format]));
+                    }
+                    _ => {
+                        name.input(key);
+                    }
+                },
+                Dialog::Help | Dialog::Detail(_) => {
+                    if ctrl_c || key.code == KeyCode::Char('q') {
+                        self.dialog = None;
+                        return self.quit();
+                    }
+                    self.dialog = None;
+                }
+            }
+            return Action::Redraw;
+        }
+        if ctrl_c {
+            return self.quit();
+        }
+        let index = self.focus_index();
+        match key.code {
+            KeyCode::Char('q') => return self.quit(),
+            KeyCode::Char('?') => self.dialog = Some(Dialog::Help),
+            KeyCode::Tab | KeyCode::Right => self.focus = Pane::ALL[(index + 1) % Pane::ALL.len()],
+            KeyCode::BackTab | KeyCode::Left => {
+                self.focus = Pane::ALL[(index + Pane::ALL.len() - 1) % Pane::ALL.len()]
+            }
+            KeyCode::Down | KeyCode::Char('j') => {
+                let len = self.pane_len(self.focus);
+                self.selected[index] = (self.selected[index] + 1).min(len.saturating_sub(1));
+            }
+            KeyCode::Up | KeyCode::Char('k') => {
+                self.selected[index] = self.selected[index].saturating_sub(1)
+            }
+            KeyCode::Enter => {
+                if let Some(id) = self.selected_row() {
+                    self.dialog = Some(Dialog::Detail(id));
+                }
+            }
+            KeyCode::Char('p') | KeyCode::Char(' ') => {
+                self.paused = !self.paused;
+                if !self.paused {
+                    self.data_dirty = true;
+                }
+                self.status = Some(if self.paused {
+                    "view paused; recording goes on".into()
+                } else {
+                    "view resumed".into()
+                });
+            }
+            KeyCode::Char('/') => {
+                let mut area = TextArea::default();
+                area.insert_str(&self.filter);
+                self.dialog = Some(Dialog::Filter(area));
+            }
+            KeyCode::Char('s') => return Action::Snapshot,
+            KeyCode::Char('e') => {
+                self.dialog = Some(Dialog::Export {
+                    format: 0,
+                    name: name_area(&default_export_name("mooncake")),
+                })
+            }
+            KeyCode::Char('c') => self.chart = !self.chart,
+            KeyCode::Char('t') => self.prefixes_by_tokens = !self.prefixes_by_tokens,
+            KeyCode::Char('m') => {
+                self.mouse = !self.mouse;
+                self.status = Some(format!("mouse {}", if self.mouse { "on" } else { "off" }));
+            }
+            KeyCode::Char('+') | KeyCode::Char('=') => return self.change_speed(2.0),
+            KeyCode::Char('-') => return self.change_speed(0.5),
+            KeyCode::Esc if !self.filter.is_empty() => {
+                self.filter.clear();
+                self.rebuild_view();
+                self.status = Some("filter cleared".into());
+            }
+            _ => {}
+        }
+        Action::Redraw
+    }
+
+    fn change_speed(&mut self, factor: f64) -> Action {
+        let Some(speed) = self.speed else {
+            self.status = Some("speed applies to replays".into());
+            return Action::Redraw;
+        };
+        let speed = (speed * factor).clamp(0.125, 1024.0);
+        self.speed = Some(speed);
+        self.status = Some(format!("replay speed ×{speed}"));
+        Action::Speed(speed)
+    }
+
+    fn quit(&mut self) -> Action {
+        if self.quitting || self.in_flight == 0 {
+            return Action::ForceQuit;
+        }
+        self.quitting = true;
+        self.status = Some(format!(
+            "waiting for {} exchange(s) in flight; q again to quit now",
+            self.in_flight
+        ));
+        Action::Quit
+    }
+
+    fn mouse_event(&mut self, mouse: MouseEvent) -> Action {
+        if !self.mouse {
+            return Action::None;
+        }
+        let index = self.focus_index();
+        match mouse.kind {
+            MouseEventKind::ScrollDown => {
+                let len = self.pane_len(self.focus);
+                self.selected[index] = (self.selected[index] + 1).min(len.saturating_sub(1));
+            }
+            MouseEventKind::ScrollUp => {
+                self.selected[index] = self.selected[index].saturating_sub(1)
+            }
+            MouseEventKind::Down(MouseButton::Left) => {
+                if let Some(pane) = super::ui::pane_at(mouse.column, mouse.row, self.last_size) {
+                    self.focus = pane;
+                }
+            }
+            _ => return Action::None,
+        }
+        self.needs_draw = true;
+        Action::Redraw
+    }
+}
+
+fn name_area(text: &str) -> TextArea<'static> {
+    let mut area = TextArea::default();
+    area.insert_str(text);
+    area
+}
+
+pub fn default_export_name(format: &str) -> String {
+    match format {
+        "weka" | "otel" | "trace_synthetic" | "mooncake" | "bailian" => {
+            format!("prefixscope-{format}.jsonl")
+        }
+        other => format!("prefixscope-{other}"),
+    }
+}

@@ -1,0 +1,56 @@
+//! Prefix breaks and evictions, newest first: when, whose, what, the cost, and where.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+
+use super::{clock, fit};
+use crate::tui::app::App;
+use crate::tui::theme::Theme;
+use crate::tui::ui::{empty, line_style, window};
+use crate::tui::view::{duration, tokens};
+
+pub fn draw(
+    frame: &mut Frame,
+    area: Rect,
+    app: &App,
+    selected: usize,
+    focused: bool,
+    theme: &Theme,
+) {
+    let breaks = &app.view.breaks;
+    if breaks.is_empty() {
+        empty(frame, area, "no prefix breaks yet", theme);
+        return;
+    }
+    let width = area.width as usize;
+    let mut lines = Vec::new();
+    for i in window(breaks.len(), selected, area.height as usize) {
+        let b = &breaks[i];
+        let place = match (b.conversation, b.turn) {
+            (Some(c), Some(t)) => format!("c{c} t{t}"),
+            _ => format!("#{}", b.id),
+        };
+        let cost = match b.ms {
+            Some(ms) => format!("{} tok {}", tokens(u64::from(b.tokens)), duration(ms)),
+            None if b.tokens > 0 => format!("{} tok", tokens(u64::from(b.tokens))),
+            None => "no loss".into(),
+        };
+        let head = format!(
+            "{} {} {} {}: {} · ",
+            clock(b.t_start_ms),
+            fit(&b.client, 16),
+            place,
+            b.cause,
+            cost
+        );
+        let style = line_style(i == selected, focused, theme);
+        let rest = width.saturating_sub(head.chars().count());
+        lines.push(Line::from(vec![
+            Span::styled(fit(&head, width), style),
+            Span::styled(fit(&b.place, rest), theme.dim()),
+        ]));
+    }
+    frame.render_widget(Paragraph::new(lines), area);
+}

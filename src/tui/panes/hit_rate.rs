@@ -1,0 +1,125 @@
+//! Hit rate by cache capacity: a sparkline of the LRU curve with the ceiling and the server's
+//! observed reuse; `c` expands it to a chart of FIFO / LRU / optimal. Live, it is a cold
+//! replay, and says so.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Style;
+use ratatui::symbols;
+use ratatui::text::Line;
+use ratatui::widgets::{Axis, Chart, Dataset, GraphType, Paragraph, Sparkline};
+
+use super::fit;
+use crate::tui::app::App;
+use crate::tui::theme::Theme;
+use crate::tui::ui::empty;
+
+type CurvePoint = (String, f64, f64, Option<f64>);
+
+pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(curve) = &app.view.curve else {
+        empty(frame, area, "cache simulation: waiting for requests", theme);
+        return;
+    };
+    let width = area.width as usize;
+    let observed = curve
+        .observed
+        .map_or("server reuse not reported".to_string(), |o| {
+            format!("server {:.1}%", o * 100.0)
+        });
+    let head = Line::styled(
+        fit(
+            &format!(
+                "ceiling {:.1}% · {observed} · {}",
+                curve.ceiling * 100.0,
+                curve.label
+            ),
+            width,
+        ),
+        theme.title(),
+    );
+    let [top, rest] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
+    frame.render_widget(Paragraph::new(head), top);
+    if app.chart && rest.height >= 4 {
+        let series = |pick: &dyn Fn(&CurvePoint) -> Option<f64>| -> Vec<(f64, f64)> {
+            curve
+                .points
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| pick(p).map(|v| (i as f64, v * 100.0)))
+                .collect()
+        };
+        let lru = series(&|p| Some(p.1));
+        let fifo = series(&|p| Some(p.2));
+        let optimal = series(&|p| p.3);
+        let mut sets = vec![
+            Dataset::default()
+                .name("LRU")
+                .marker(symbols::Marker::Braille)
+                .graph_type(GraphType::Line)
+                .style(theme.good())
+                .data(&lru),
+            Dataset::default()
+                .name("FIFO")
+                .marker(symbols::Marker::Braille)
+                .graph_type(GraphType::Line)
+                .style(theme.warn())
+                .data(&fifo),
+        ];
+        if !optimal.is_empty() {
+            sets.push(
+                Dataset::default()
+                    .name("optimal")
+                    .marker(symbols::Marker::Braille)
+                    .graph_type(GraphType::Line)
+                    .style(Style::default())
+                    .data(&optimal),
+            );
+        }
+        let labels: Vec<String> = [curve.points.first(), curve.points.last()]
+            .iter()
+            .flatten()
+            .map(|p| p.0.clone())
+            .collect();
+        let chart = Chart::new(sets)
+            .x_axis(
+                Axis::default()
+                    .bounds([0.0, curve.points.len().saturating_sub(1).max(1) as f64])
+                    .labels(labels),
+            )
+            .y_axis(
+                Axis::default()
+                    .bounds([0.0, 100.0])
+                    .labels(["0%", "50%", "100%"]),
+            );
+        frame.render_widget(chart, rest);
+        return;
+    }
+    let [spark, labels] = Layout::vertical([Constraint::Min(1), Constraint::Length(1)]).areas(rest);
+    let data: Vec<u64> = curve
+        .points
+        .iter()
+        .map(|p| (p.1 * 1000.0).round() as u64)
+        .collect();
+    frame.render_widget(
+        Sparkline::default()
+            .data(&data)
+            .max(1000)
+            .style(theme.good()),
+        spark,
+    );
+    let ends = match (curve.points.first(), curve.points.last()) {
+        (Some(a), Some(b)) => format!(
+            "LRU {} {:.0}% … {} {:.0}%",
+            a.0,
+            a.1 * 100.0,
+            b.0,
+            b.1 * 100.0
+        ),
+        _ => String::new(),
+    };
+    frame.render_widget(
+        Paragraph::new(Line::styled(fit(&ends, width), theme.dim())),
+        labels,
+    );
+}

@@ -1,0 +1,82 @@
+//! The header (what is watched, what it cost) and the status bar (counters, state, keys).
+
+use ratatui::text::{Line, Span};
+
+use super::fit;
+use crate::tui::app::{App, Source};
+use crate::tui::theme::Theme;
+use crate::tui::view::{duration, thousands, tokens};
+
+pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
+    let h = &app.view.header;
+    let source = match &app.source {
+        Source::Live {
+            upstream, listen, ..
+        } => format!("watch {listen} → {upstream}"),
+        Source::Replay { files } => format!("replay {files}"),
+    };
+    let lost = match (h.lost_ms, h.prefill_ms) {
+        (Some(lost), Some(prefill)) if prefill > 0.0 => {
+            format!(
+                "lost {} tokens, {} ({:.0}% of prefill)",
+                thousands(h.lost_tokens),
+                duration(lost),
+                100.0 * lost / prefill
+            )
+        }
+        _ => format!("lost {} tokens", thousands(h.lost_tokens)),
+    };
+    let text = format!(
+        " prefixscope · {source} · {} requests, {} turns in {} conversations · {lost}",
+        h.records, h.turns, h.conversations
+    );
+    Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title())
+}
+
+pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
+    let mut spans = Vec::new();
+    if app.paused {
+        spans.push(Span::styled(" PAUSED ", theme.bad()));
+    }
+    let mut parts = vec![
+        format!("{} req", app.requests()),
+        format!("{:.1}/s", app.requests_per_second()),
+    ];
+    if let Some(written) = app.records_written {
+        parts.push(format!("{written} written"));
+    }
+    if app.view.header.bad_lines > 0 || app.warnings > 0 {
+        parts.push(format!(
+            "{} bad lines, {} warnings",
+            app.view.header.bad_lines, app.warnings
+        ));
+    }
+    match (&app.source, app.upstream_ok) {
+        (Source::Live { .. }, Some(true)) => parts.push("upstream ok".into()),
+        (Source::Live { .. }, Some(false)) => parts.push("UPSTREAM DOWN".into()),
+        (Source::Live { .. }, None) => parts.push("upstream: no request yet".into()),
+        (Source::Replay { .. }, _) => {
+            if let Some(speed) = app.speed {
+                parts.push(format!("×{speed}"));
+            }
+            if app.source_done {
+                parts.push("done".into());
+            }
+        }
+    }
+    if app.in_flight > 0 {
+        parts.push(format!("{} in flight", app.in_flight));
+    }
+    spans.push(Span::raw(format!(" {} ", parts.join(" · "))));
+    if let Some(status) = &app.status {
+        spans.push(Span::styled(format!("│ {status} "), theme.warn()));
+    }
+    let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
+    let width = app.last_size.0 as usize;
+    let keys = " ? help  Tab pane  ↵ detail  p pause  / filter  s snapshot  e export  q quit";
+    if width > used + 10 {
+        spans.push(Span::styled(fit(keys, width - used), theme.dim()));
+    }
+    let _ = tokens;
+    Line::from(spans)
+}

@@ -1,0 +1,79 @@
+//! Styles. Default terminal colours only where meaning needs colour, and none at all with
+//! `NO_COLOR` set (https://no-color.org).
+
+use ratatui::style::{Color, Modifier, Style};
+
+#[derive(Debug, Clone, Copy)]
+pub struct Theme {
+    pub color: bool,
+}
+
+impl Theme {
+    pub fn from_env() -> Theme {
+        Theme {
+            color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+
+    pub fn plain() -> Theme {
+        Theme { color: false }
+    }
+
+    fn fg(&self, color: Color) -> Style {
+        if self.color {
+            Style::default().fg(color)
+        } else {
+            Style::default()
+        }
+    }
+
+    pub fn title(&self) -> Style {
+        Style::default().add_modifier(Modifier::BOLD)
+    }
+
+    pub fn focused_border(&self) -> Style {
+        if self.color {
+            Style::default().fg(Color::Cyan)
+        } else {
+            Style::default().add_modifier(Modifier::BOLD)
+        }
+    }
+
+    pub fn border(&self) -> Style {
+        Style::default()
+    }
+
+    pub fn selected(&self) -> Style {
+        Style::default().add_modifier(Modifier::REVERSED)
+    }
+
+    pub fn dim(&self) -> Style {
+        if self.color {
+            Style::default().fg(Color::DarkGray)
+        } else {
+            Style::default()
+        }
+    }
+
+    pub fn bad(&self) -> Style {
+        self.fg(Color::Red).add_modifier(Modifier::BOLD)
+    }
+
+    pub fn warn(&self) -> Style {
+        self.fg(Color::Yellow)
+    }
+
+    pub fn good(&self) -> Style {
+        self.fg(Color::Green)
+    }
+
+    /// A turn's cell by observed reuse: high green, middle yellow, low red, unknown dim.
+    pub fn reuse(&self, reuse: Option<f64>) -> Style {
+        match reuse {
+            None => self.dim(),
+            Some(r) if r >= 0.8 => self.good(),
+            Some(r) if r >= 0.4 => self.warn(),
+            Some(_) => self.bad(),
+        }
+    }
+}
