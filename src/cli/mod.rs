@@ -11,6 +11,50 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
 
+/// Recordings read from several files, each file's bad lines reported on stderr as read.
+pub struct Recordings {
+    pub records: Vec<prefixscope::record::Record>,
+    pub files: Vec<RecordingFile>,
+}
+
+#[derive(serde::Serialize)]
+pub struct RecordingFile {
+    pub path: std::path::PathBuf,
+    pub records: usize,
+    pub bad_lines: Vec<prefixscope::record::BadLine>,
+}
+
+/// Reads every file it can; `None` when none could be opened at all (exit 1).
+pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
+    let mut out = Recordings {
+        records: Vec::new(),
+        files: Vec::new(),
+    };
+    for path in paths {
+        match std::fs::File::open(path) {
+            Ok(file) => {
+                let read = prefixscope::record::read_jsonl(std::io::BufReader::new(file));
+                for bad in &read.bad_lines {
+                    eprintln!(
+                        "prefixscope: {}:{}: {}",
+                        path.display(),
+                        bad.line,
+                        bad.error
+                    );
+                }
+                out.files.push(RecordingFile {
+                    path: path.clone(),
+                    records: read.records.len(),
+                    bad_lines: read.bad_lines,
+                });
+                out.records.extend(read.records);
+            }
+            Err(e) => eprintln!("prefixscope: cannot read {}: {e}", path.display()),
+        }
+    }
+    (!out.files.is_empty()).then_some(out)
+}
+
 /// `1048576`, `64K`, `64KiB`, `16MB`, `1G`: binary multiples (K = 1024), as users of these tools
 /// expect for memory-like sizes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

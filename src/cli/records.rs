@@ -2,8 +2,7 @@
 //! Bad lines are listed with their numbers; they never stop the read.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -11,7 +10,7 @@ use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, status};
 use prefixscope::normalize::Api;
-use prefixscope::record::{BadLine, Record, read_jsonl};
+use prefixscope::record::Record;
 
 #[derive(Args)]
 pub struct RecordsArgs {
@@ -28,7 +27,7 @@ pub struct RecordsArgs {
 
 #[derive(Serialize)]
 struct Summary {
-    files: Vec<FileSummary>,
+    files: Vec<super::RecordingFile>,
     records: usize,
     bad_lines: usize,
     by_api: BTreeMap<&'static str, usize>,
@@ -42,43 +41,11 @@ struct Summary {
     user_agents: BTreeMap<String, usize>,
 }
 
-#[derive(Serialize)]
-struct FileSummary {
-    path: PathBuf,
-    records: usize,
-    bad_lines: Vec<BadLine>,
-}
-
 pub fn run(args: RecordsArgs) -> u8 {
-    let mut records: Vec<Record> = Vec::new();
-    let mut files = Vec::new();
-    let mut readable = 0;
-    for path in &args.files {
-        match File::open(path) {
-            Ok(file) => {
-                readable += 1;
-                let read = read_jsonl(BufReader::new(file));
-                for bad in &read.bad_lines {
-                    eprintln!(
-                        "prefixscope: {}:{}: {}",
-                        path.display(),
-                        bad.line,
-                        bad.error
-                    );
-                }
-                files.push(FileSummary {
-                    path: path.clone(),
-                    records: read.records.len(),
-                    bad_lines: read.bad_lines,
-                });
-                records.extend(read.records);
-            }
-            Err(e) => eprintln!("prefixscope: cannot read {}: {e}", path.display()),
-        }
-    }
-    if readable == 0 {
+    let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
-    }
+    };
+    let (mut records, files) = (read.records, read.files);
     records.sort_by_key(|r| (r.t_start_ms, r.id));
     let summary = summarize(&records, files);
     if let Some(out) = &args.out {
@@ -107,7 +74,7 @@ pub fn run(args: RecordsArgs) -> u8 {
     EXIT_OK
 }
 
-fn summarize(records: &[Record], files: Vec<FileSummary>) -> Summary {
+fn summarize(records: &[Record], files: Vec<super::RecordingFile>) -> Summary {
     let mut s = Summary {
         bad_lines: files.iter().map(|f| f.bad_lines.len()).sum(),
         files,

@@ -2,6 +2,8 @@
 //! recorder, all in-process on 127.0.0.1.
 #![allow(dead_code)]
 
+pub mod llama;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
