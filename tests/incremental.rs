@@ -201,3 +201,73 @@ fn live_equals_batch_on_generated_interleaved_agents_completing_out_of_order() {
         "the workload should complete out of start order: {out_of_order}"
     );
 }
+
+/// The benchmark's workload (several agents, many conversations in one session, so the tip
+/// index decides most links): the engine, fed in completion order, equals the reference.
+#[test]
+fn engine_equals_reference_on_the_benchmark_workload() {
+    use prefixscope::workload::{WorkloadConfig, generate};
+    for seed in [1u64, 2, 3] {
+        let config = WorkloadConfig {
+            seed,
+            records: 600,
+            agents: 5,
+            context_chars: 6_000,
+            ..WorkloadConfig::default()
+        };
+        let arrivals = generate(&config);
+        let mut engine = Analyzer::new(Config::default());
+        for record in &arrivals {
+            engine.push(record);
+        }
+        let live = serde_json::to_value(engine.report()).unwrap();
+        let batch = serde_json::to_value(analyze_reference(&arrivals, &Config::default())).unwrap();
+        assert!(
+            live == batch,
+            "seed {seed}: live and reference reports differ"
+        );
+        let conversations = live["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["conversation"].as_u64())
+            .max()
+            .unwrap_or(0);
+        assert!(
+            conversations > 20,
+            "seed {seed}: only {conversations} conversations"
+        );
+    }
+}
+
+/// A live view learns of global changes: on `parallel-nocache`, rows first labelled
+/// `llmp-drive/1` are relabelled `llmp-drive/1 #1` once the second tool set appears, findings
+/// appear as their evidence arrives, and the last refresh's report is the batch report.
+#[test]
+fn refresh_tells_relabelled_rows_and_new_findings() {
+    let arrivals = load("llmp/llama.cpp/parallel-nocache");
+    let mut engine = Analyzer::new(Config::default());
+    let mut relabelled = Vec::new();
+    let mut findings_new = 0;
+    let mut last = None;
+    for record in &arrivals {
+        engine.push(record);
+        let (report, changes) = engine.refresh();
+        relabelled.extend(changes.relabelled);
+        findings_new += changes.findings_new.len();
+        last = Some(report);
+    }
+    assert!(
+        relabelled
+            .iter()
+            .any(|(_, label)| label == "llmp-drive/1 #1"),
+        "{relabelled:?}"
+    );
+    assert!(findings_new > 0);
+    let batch = serde_json::to_value(analyze_reference(&arrivals, &Config::default())).unwrap();
+    assert_eq!(serde_json::to_value(last.unwrap()).unwrap(), batch);
+    // Nothing changed since: a second refresh tells nothing.
+    let (_, changes) = engine.refresh();
+    assert!(changes.relabelled.is_empty() && changes.findings_new.is_empty());
+    assert!(changes.findings_changed.is_empty() && changes.findings_gone.is_empty());
+}

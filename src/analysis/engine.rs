@@ -10,21 +10,16 @@
 //! shifts a little (the bulk prefill rate that prices losses, client labels, findings) are
 //! computed when a report is asked for.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 
 use super::report::{self, Report};
 use super::table::{
-    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose, continues,
-    link, structured, summarise, system_hash, weights,
+    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose_by_match,
+    continues, link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
 use crate::record::{Record, hash};
-
-/// Rows between two checkpoints of the sequential state.
-const CHECKPOINT_EVERY: usize = 256;
-/// Checkpoints kept; a rewind past the oldest replays from the start (correct, slower).
-const CHECKPOINTS_KEPT: usize = 64;
 
 type OrderKey = (i64, u64);
 
@@ -43,12 +38,44 @@ pub struct Update {
     pub rederived: Vec<u64>,
 }
 
-#[derive(Debug, Clone, Default)]
+/// How to take back one change the sequential pass made to its state, so a rewind costs the
+/// rows rewound, not the size of the state.
+#[derive(Debug)]
+enum Undo {
+    OpenSession {
+        model: String,
+        before: Option<(u32, i64)>,
+    },
+    NextSession(u32),
+    TipMoved {
+        tip: usize,
+        row: usize,
+        turns: u32,
+    },
+    TipAdded {
+        tip_key: TipKey,
+    },
+    Indexed {
+        key: (u64, u64),
+        entry: (usize, usize),
+    },
+    Unindexed {
+        key: (u64, u64),
+        entry: (usize, usize),
+    },
+}
+
+type TipKey = (String, Option<String>, u32);
+
+#[derive(Debug, Default)]
 struct SeqState {
     open_sessions: HashMap<String, (u32, i64)>,
     next_session: u32,
     tips: Vec<Tip>,
-    tips_by: HashMap<(String, Option<String>, u32), Vec<usize>>,
+    tips_by: HashMap<TipKey, Vec<usize>>,
+    /// Each tip under (its tip-key hash, its row's message key), as (row, tip): finds the tips
+    /// a request continues without scanning every conversation of the session.
+    tips_by_message_key: HashMap<(u64, u64), BTreeSet<(usize, usize)>>,
 }
 
 #[derive(Debug, Default)]
@@ -76,33 +103,110 @@ struct Domain {
     stateless: bool,
 }
 
+/// What the global figures (client labels, findings) changed since the last `refresh`.
+#[derive(Debug, Clone, Default)]
+pub struct Refresh {
+    /// Rows already told about whose client label changed (e.g. `a/1` became `a/1 #1` when a
+    /// second tool set of that user-agent appeared), with the new label.
+    pub relabelled: Vec<(u64, String)>,
+    /// Indexes into `report.findings`.
+    pub findings_new: Vec<usize>,
+    pub findings_changed: Vec<usize>,
+    /// Findings no longer reported.
+    pub findings_gone: Vec<FindingKey>,
+}
+
+/// A finding's identity across refreshes: kind, model, client, and which of several findings
+/// with those three it is.
+pub type FindingKey = (findings::FindingKind, Option<String>, Option<String>, usize);
+
 pub struct Analyzer {
     config: Config,
+    /// Client labels and findings as of the last `refresh`.
+    told_labels: HashMap<u64, String>,
+    told_findings: HashMap<FindingKey, findings::Finding>,
     records: u64,
     span: Option<(i64, i64)>,
     skipped: Vec<Skipped>,
     xs: Vec<Exchange>,
     ws: Vec<Weights>,
     keys: Vec<u64>,
+    /// Each row's prefix keys (see `message_keys`).
+    prefix_keys: Vec<Vec<u64>>,
     continued: Vec<bool>,
     continuing: Vec<bool>,
     kinds: Vec<(RowKind, Option<Shape>)>,
     domains: HashMap<String, Domain>,
     rows: Vec<Row>,
     seq: SeqState,
-    checkpoints: VecDeque<(usize, SeqState)>,
+    /// What each derived row changed in `seq`: row r's undos are
+    /// `undo[undo_start[r]..undo_start[r + 1]]`.
+    undo: Vec<Undo>,
+    undo_start: Vec<usize>,
+}
+
+impl SeqState {
+    fn index(&mut self, key: (u64, u64), entry: (usize, usize)) {
+        self.tips_by_message_key
+            .entry(key)
+            .or_default()
+            .insert(entry);
+    }
+
+    fn unindex(&mut self, key: (u64, u64), entry: (usize, usize)) {
+        if let Some(set) = self.tips_by_message_key.get_mut(&key) {
+            set.remove(&entry);
+            if set.is_empty() {
+                self.tips_by_message_key.remove(&key);
+            }
+        }
+    }
+
+    fn take_back(&mut self, undo: Undo) {
+        match undo {
+            Undo::OpenSession { model, before } => match before {
+                Some(open) => {
+                    self.open_sessions.insert(model, open);
+                }
+                None => {
+                    self.open_sessions.remove(&model);
+                }
+            },
+            Undo::NextSession(next) => self.next_session = next,
+            Undo::TipMoved { tip, row, turns } => {
+                if let Some(tip) = self.tips.get_mut(tip) {
+                    tip.row = row;
+                    tip.turns = turns;
+                }
+            }
+            Undo::TipAdded { tip_key } => {
+                self.tips.pop();
+                if let Some(list) = self.tips_by.get_mut(&tip_key) {
+                    list.pop();
+                    if list.is_empty() {
+                        self.tips_by.remove(&tip_key);
+                    }
+                }
+            }
+            Undo::Indexed { key, entry } => self.unindex(key, entry),
+            Undo::Unindexed { key, entry } => self.index(key, entry),
+        }
+    }
 }
 
 impl Analyzer {
     pub fn new(config: Config) -> Analyzer {
         Analyzer {
             config,
+            told_labels: HashMap::new(),
+            told_findings: HashMap::new(),
             records: 0,
             span: None,
             skipped: Vec::new(),
             xs: Vec::new(),
             ws: Vec::new(),
             keys: Vec::new(),
+            prefix_keys: Vec::new(),
             continued: Vec::new(),
             continuing: Vec::new(),
             kinds: Vec::new(),
@@ -112,29 +216,19 @@ impl Analyzer {
                 next_session: 1,
                 ..SeqState::default()
             },
-            checkpoints: VecDeque::new(),
+            undo: Vec::new(),
+            undo_start: Vec::new(),
         }
     }
 
-    /// Batch: classify everything, then one sequential pass.
+    /// Batch: the records pushed in start order, so no push rewinds.
     pub fn from_records(records: &[Record], config: Config) -> Analyzer {
         let mut analyzer = Analyzer::new(config);
-        let mut exchanges = Vec::new();
-        for record in records {
-            analyzer.count(record);
-            match normalize(record) {
-                Ok(x) => exchanges.push(x),
-                Err(reason) => analyzer.skipped.push(Skipped {
-                    path: record.request.path.clone(),
-                    reason,
-                }),
-            }
+        let mut in_start_order: Vec<&Record> = records.iter().collect();
+        in_start_order.sort_by_key(|r| (r.t_start_ms, r.id));
+        for record in in_start_order {
+            analyzer.push(record);
         }
-        exchanges.sort_by_key(order_key);
-        for x in exchanges {
-            analyzer.insert(x);
-        }
-        analyzer.advance(0);
         analyzer
     }
 
@@ -193,6 +287,53 @@ impl Analyzer {
         report::assemble(input, table, findings)
     }
 
+    /// The report, and what its global figures changed since the last call. Client labels,
+    /// prices and findings depend on every row, so they are not worked out on each `push` but
+    /// here, as often as a view redraws (DESIGN.md, "Incremental analysis").
+    pub fn refresh(&mut self) -> (Report, Refresh) {
+        let report = self.report();
+        let mut changes = Refresh::default();
+        for row in &report.rows {
+            match self.told_labels.get_mut(&row.id) {
+                Some(label) if *label != row.client => {
+                    label.clone_from(&row.client);
+                    changes.relabelled.push((row.id, row.client.clone()));
+                }
+                Some(_) => {}
+                None => {
+                    self.told_labels.insert(row.id, row.client.clone());
+                }
+            }
+        }
+        let mut current: HashMap<FindingKey, usize> = HashMap::new();
+        for (i, finding) in report.findings.iter().enumerate() {
+            let base = (finding.kind, finding.model.clone(), finding.client.clone());
+            let nth = report.findings[..i]
+                .iter()
+                .filter(|f| f.kind == base.0 && f.model == base.1 && f.client == base.2)
+                .count();
+            let key = (base.0, base.1, base.2, nth);
+            match self.told_findings.get(&key) {
+                None => changes.findings_new.push(i),
+                Some(told) if told != finding => changes.findings_changed.push(i),
+                Some(_) => {}
+            }
+            current.insert(key, i);
+        }
+        changes.findings_gone = self
+            .told_findings
+            .keys()
+            .filter(|key| !current.contains_key(*key))
+            .cloned()
+            .collect();
+        changes.findings_gone.sort();
+        self.told_findings = current
+            .into_iter()
+            .map(|(key, i)| (key, report.findings[i].clone()))
+            .collect();
+        (report, changes)
+    }
+
     fn count(&mut self, record: &Record) {
         self.records += 1;
         let end = record.t_end_ms.max(record.t_start_ms);
@@ -215,6 +356,7 @@ impl Analyzer {
         let model = x.model.clone();
         self.ws.insert(p, weights(&x));
         self.keys.insert(p, own_key);
+        self.prefix_keys.insert(p, prefixes.clone());
         self.continued.insert(p, false);
         self.continuing.insert(p, false);
         self.kinds.insert(p, (RowKind::Turn, None));
@@ -460,40 +602,24 @@ impl Analyzer {
     /// Runs the sequential pass from `from` (or from where it stopped, if earlier) to the end.
     /// Returns the ids of the rows derived.
     fn advance(&mut self, from: usize) -> Vec<u64> {
-        let start = from.min(self.rows.len());
-        if start < self.rows.len() || self.rows.len() > self.xs.len() {
-            self.rewind(start);
-        }
+        self.rewind(from.min(self.rows.len()));
         let first = self.rows.len();
         for i in first..self.xs.len() {
-            if i % CHECKPOINT_EVERY == 0 && self.checkpoints.back().is_none_or(|(c, _)| *c < i) {
-                self.checkpoints.push_back((i, self.seq.clone()));
-                if self.checkpoints.len() > CHECKPOINTS_KEPT {
-                    self.checkpoints.pop_front();
-                }
-            }
+            self.undo_start.push(self.undo.len());
             let row = self.derive(i);
             self.rows.push(row);
         }
         self.rows[first..].iter().map(|r| r.id).collect()
     }
 
-    /// Restores the sequential state from the latest checkpoint at or before `to`.
+    /// Takes back the rows from `to` on, newest first, undoing what each changed.
     fn rewind(&mut self, to: usize) {
-        while self.checkpoints.back().is_some_and(|(c, _)| *c > to) {
-            self.checkpoints.pop_back();
-        }
-        match self.checkpoints.back() {
-            Some((c, state)) => {
-                self.seq = state.clone();
-                self.rows.truncate(*c);
-            }
-            None => {
-                self.seq = SeqState {
-                    next_session: 1,
-                    ..SeqState::default()
-                };
-                self.rows.clear();
+        while self.rows.len() > to {
+            self.rows.pop();
+            let start = self.undo_start.pop().unwrap_or(0);
+            while self.undo.len() > start {
+                let Some(undo) = self.undo.pop() else { break };
+                self.seq.take_back(undo);
             }
         }
     }
@@ -508,16 +634,40 @@ impl Analyzer {
             return row;
         }
         let tip_key = (x.model.clone(), x.user_agent.clone(), session);
-        let candidates: Vec<usize> = self.seq.tips_by.get(&tip_key).cloned().unwrap_or_default();
-        let xs = &self.xs;
-        let (prev, fresh) = match choose(|r| &xs[r], &self.seq.tips, &candidates, x) {
+        let tip_hash = tip_key_hash(&tip_key);
+        let choice = match self.continued_tip(i, session, tip_hash) {
+            Some(t) => Choice::Continue(t),
+            None => {
+                let empty = Vec::new();
+                let candidates = self.seq.tips_by.get(&tip_key).unwrap_or(&empty);
+                let xs = &self.xs;
+                choose_by_match(&|r| &xs[r], &self.seq.tips, candidates, x)
+            }
+        };
+        let (prev, fresh) = match choice {
             Choice::Continue(t) => {
                 let tip = &mut self.seq.tips[t];
                 let prev = tip.row;
+                self.undo.push(Undo::TipMoved {
+                    tip: t,
+                    row: prev,
+                    turns: tip.turns,
+                });
                 tip.row = i;
                 tip.turns += 1;
                 row.conversation = Some(tip.conversation);
                 row.turn = Some(tip.turns);
+                let (old_key, new_key) = ((tip_hash, self.keys[prev]), (tip_hash, self.keys[i]));
+                self.seq.unindex(old_key, (prev, t));
+                self.undo.push(Undo::Unindexed {
+                    key: old_key,
+                    entry: (prev, t),
+                });
+                self.seq.index(new_key, (i, t));
+                self.undo.push(Undo::Indexed {
+                    key: new_key,
+                    entry: (i, t),
+                });
                 (Some(prev), false)
             }
             Choice::Fresh(from) => {
@@ -528,11 +678,12 @@ impl Analyzer {
                     conversation,
                     turns: 1,
                 });
-                self.seq
-                    .tips_by
-                    .entry(tip_key)
-                    .or_default()
-                    .push(self.seq.tips.len() - 1);
+                let t = self.seq.tips.len() - 1;
+                self.seq.tips_by.entry(tip_key.clone()).or_default().push(t);
+                self.undo.push(Undo::TipAdded { tip_key });
+                let key = (tip_hash, self.keys[i]);
+                self.seq.index(key, (i, t));
+                self.undo.push(Undo::Indexed { key, entry: (i, t) });
                 row.conversation = Some(conversation);
                 row.turn = Some(1);
                 (from_row, true)
@@ -563,6 +714,29 @@ impl Analyzer {
         row
     }
 
+    /// The tip `choose` would pick because row `i` continues its request: the longest such
+    /// request, then the most recent. Found through the message-key index; `continues` is
+    /// checked again so a hash collision cannot change the answer.
+    fn continued_tip(&self, i: usize, session: u32, tip_hash: u64) -> Option<usize> {
+        let x = &self.xs[i];
+        for key in self.prefix_keys[i].iter().rev() {
+            let Some(set) = self.seq.tips_by_message_key.get(&(tip_hash, *key)) else {
+                continue;
+            };
+            let found = set.iter().rev().find(|&&(row, _)| {
+                let prev = &self.xs[row];
+                prev.model == x.model
+                    && prev.user_agent == x.user_agent
+                    && self.rows[row].session == session
+                    && continues(prev, x)
+            });
+            if let Some(&(_, t)) = found {
+                return Some(t);
+            }
+        }
+        None
+    }
+
     /// llmp's sessions: per model, a pause longer than the gap after the last end starts one.
     fn session(&mut self, i: usize) -> u32 {
         let x = &self.xs[i];
@@ -571,6 +745,7 @@ impl Analyzer {
         let session = match open {
             Some((session, last_end)) if x.t_start_ms.saturating_sub(last_end) <= gap => session,
             _ => {
+                self.undo.push(Undo::NextSession(self.seq.next_session));
                 self.seq.next_session += 1;
                 self.seq.next_session - 1
             }
@@ -578,11 +753,27 @@ impl Analyzer {
         let last_end = open
             .filter(|(s, _)| *s == session)
             .map_or(x.t_end_ms, |(_, end)| end.max(x.t_end_ms));
-        self.seq
+        let before = self
+            .seq
             .open_sessions
             .insert(x.model.clone(), (session, last_end));
+        self.undo.push(Undo::OpenSession {
+            model: x.model.clone(),
+            before,
+        });
         session
     }
+}
+
+fn tip_key_hash((model, user_agent, session): &(String, Option<String>, u32)) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hash::feed_bytes(model.as_bytes(), &mut hasher);
+    match user_agent {
+        Some(agent) => hash::feed_bytes(agent.as_bytes(), &mut hasher),
+        None => hasher.update(b"-"),
+    }
+    hasher.update(&session.to_le_bytes());
+    hasher.digest()
 }
 
 /// A request's key (its whole message list) and the keys of each of its prefixes, such that

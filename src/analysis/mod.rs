@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
 use crate::record::Record;
 
-pub use engine::{Analyzer, Update};
+pub use engine::{Analyzer, FindingKey, Refresh, Update};
 pub use findings::{Confidence, Finding, FindingKind};
 pub use measured::{Measured, Source};
 pub use report::Report;

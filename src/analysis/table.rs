@@ -379,6 +379,25 @@ pub(super) fn choose<'a>(
     candidates: &[usize],
     x: &Exchange,
 ) -> Choice {
+    let recent = |t: &usize| tips[*t].row;
+    if let Some(&t) = candidates
+        .iter()
+        .filter(|&&t| continues(at(tips[t].row), x))
+        .max_by_key(|&&t| (at(tips[t].row).messages.len(), recent(&t)))
+    {
+        return Choice::Continue(t);
+    }
+    choose_by_match(&at, tips, candidates, x)
+}
+
+/// `choose` when no candidate's request is continued by `x`: the tip sharing the longest
+/// leading run of messages.
+pub(super) fn choose_by_match<'a>(
+    at: &impl Fn(usize) -> &'a Exchange,
+    tips: &[Tip],
+    candidates: &[usize],
+    x: &Exchange,
+) -> Choice {
     let lead = x.messages.iter().take_while(|m| m.role == "system").count();
     let matched = |t: usize| {
         let prev = at(tips[t].row);
@@ -389,13 +408,6 @@ pub(super) fn choose<'a>(
             .count()
     };
     let recent = |t: &usize| tips[*t].row;
-    if let Some(&t) = candidates
-        .iter()
-        .filter(|&&t| continues(at(tips[t].row), x))
-        .max_by_key(|&&t| (at(tips[t].row).messages.len(), recent(&t)))
-    {
-        return Choice::Continue(t);
-    }
     if let Some(&t) = candidates
         .iter()
         .filter(|&&t| matched(t) > lead)

@@ -2,6 +2,8 @@
 //! its source. Adapted from llmp 0.1.0 (`normalize/`, MIT, see NOTICE), extended with the
 //! Anthropic Messages API.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -46,7 +48,7 @@ pub struct Msg {
     pub head: String,
     pub tail: String,
     /// The text, in full mode only (digest recordings keep none).
-    pub text: Option<String>,
+    pub text: Option<Arc<str>>,
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
@@ -155,25 +157,32 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
     })
 }
 
+/// Each message's text, in order (shared with equal texts of other requests).
+type MessageTexts = Vec<Arc<str>>;
+
 /// The request's digest, and in full mode the messages' texts (for break location).
 fn request_parts(
     api: Api,
     record: &Record,
-) -> Result<(RequestDigest, Option<Vec<String>>), SkipReason> {
+) -> Result<(RequestDigest, Option<MessageTexts>), SkipReason> {
     if let Some(digest) = &record.request.digest {
         return Ok((digest.clone(), None));
     }
     let body = record.request.body.as_ref().ok_or(SkipReason::Unparsed)?;
-    let digest = record::request_digest(api, body).ok_or(SkipReason::Unparsed)?;
-    let messages = if api == Api::AnthropicMessages {
-        anthropic::chat_messages(body)
+    let mut digest =
+        record::request_digest_without_messages(api, body).ok_or(SkipReason::Unparsed)?;
+    let converted;
+    let messages: &[Value] = if api == Api::AnthropicMessages {
+        converted = anthropic::chat_messages(body);
+        &converted
     } else {
         body.get("messages")
             .and_then(Value::as_array)
-            .cloned()
+            .map(Vec::as_slice)
             .unwrap_or_default()
     };
-    let texts = messages.iter().map(record::message_text).collect();
+    let (digests, texts) = messages.iter().map(record::message_digest_and_text).unzip();
+    digest.messages = digests;
     Ok((digest, Some(texts)))
 }
 

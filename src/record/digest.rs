@@ -2,7 +2,10 @@
 //! Messages API). The same functions serve full recordings, so a full and a digest recording of
 //! the same traffic give the same hashes.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
+use xxhash_rust::xxh3::Xxh3;
 
 use super::hash;
 use super::{
@@ -37,24 +40,44 @@ pub fn apply_digest(record: &mut Record) {
 
 /// `None` when the body has no `messages` array.
 pub fn request_digest(api: Api, body: &Value) -> Option<RequestDigest> {
-    let (messages, tools): (Vec<Value>, Vec<Value>) = if api == Api::AnthropicMessages {
+    digest_request(api, body, true)
+}
+
+/// The request's digest with `messages` left empty, for a caller that digests them itself.
+pub fn request_digest_without_messages(api: Api, body: &Value) -> Option<RequestDigest> {
+    digest_request(api, body, false)
+}
+
+fn digest_request(api: Api, body: &Value, with_messages: bool) -> Option<RequestDigest> {
+    let converted;
+    let (messages, tools): (&[Value], &[Value]) = if api == Api::AnthropicMessages {
         body.get("messages")?.as_array()?;
-        (anthropic::chat_messages(body), anthropic::chat_tools(body))
+        let messages = if with_messages {
+            anthropic::chat_messages(body)
+        } else {
+            Vec::new()
+        };
+        converted = (messages, anthropic::chat_tools(body));
+        (&converted.0, &converted.1)
     } else {
-        let messages = body.get("messages")?.as_array()?.clone();
+        let messages = body.get("messages")?.as_array()?;
         let tools = body
             .get("tools")
             .and_then(Value::as_array)
-            .cloned()
+            .map(Vec::as_slice)
             .unwrap_or_default();
         (messages, tools)
     };
-    let tools_hash = (!tools.is_empty()).then(|| hash::hex_value(&Value::Array(tools.clone())));
+    let (tools_hash, tools) = tools_digest(tools);
     Some(RequestDigest {
         model: str_field(body, "model"),
         params: params(api, body),
-        messages: messages.iter().map(message_digest).collect(),
-        tools: tools.iter().map(tool_digest).collect(),
+        messages: if with_messages {
+            messages.iter().map(message_digest).collect()
+        } else {
+            Vec::new()
+        },
+        tools,
         tools_hash,
     })
 }
@@ -97,28 +120,69 @@ pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {
     ResponseDigest { usage, output }
 }
 
+/// A message's identity is (role, content, tool calls, name, tool call id); every field of its
+/// digest follows from it, so digests are remembered by a 128-bit hash of that identity.
 pub fn message_digest(message: &Value) -> MessageDigest {
+    message_digest_and_text(message).0
+}
+
+/// The digest and the message's text. Equal texts share one allocation, so the analysis can
+/// keep the texts of a long conversation (for break location) without a copy per turn.
+pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
     let role = str_field(message, "role").unwrap_or_default();
     let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
     let tool_call_id = str_field(message, "tool_call_id");
-    let identity = Value::Array(vec![
-        Value::from(role.clone()),
-        message.get("content").cloned().unwrap_or(Value::Null),
-        raw_tool_calls(message).cloned().unwrap_or(Value::Null),
-        Value::from(name.clone()),
-        Value::from(tool_call_id.clone()),
-    ]);
-    let text = message_text(message);
-    let (head, tail) = edges(&text);
-    MessageDigest {
-        role,
-        hash: hash::hex_value(&identity),
-        chars: char_count(&text),
-        head: hash::hex(head.as_bytes()),
-        tail: hash::hex(tail.as_bytes()),
-        tool_calls: tool_calls(message),
-        tool_call_id,
-        name,
+    let mut hasher = Xxh3::new();
+    hasher.update(b"message");
+    hash::feed_bytes(role.as_bytes(), &mut hasher);
+    hash::feed_structure(message.get("content").unwrap_or(&Value::Null), &mut hasher);
+    hash::feed_structure(raw_tool_calls(message).unwrap_or(&Value::Null), &mut hasher);
+    for field in [&name, &tool_call_id] {
+        match field {
+            Some(text) => hash::feed_bytes(text.as_bytes(), &mut hasher),
+            None => hasher.update(b"-"),
+        }
+    }
+    let key = hasher.digest128();
+    memo::with(|memo| {
+        if let Some(known) = memo.messages.get(key) {
+            return known;
+        }
+        let identity = &mut memo.scratch;
+        identity.clear();
+        identity.push(b'[');
+        hash::write_string(&role, identity);
+        identity.push(b',');
+        hash::write_canonical(message.get("content").unwrap_or(&Value::Null), identity);
+        identity.push(b',');
+        hash::write_canonical(raw_tool_calls(message).unwrap_or(&Value::Null), identity);
+        identity.push(b',');
+        write_optional(name.as_deref(), identity);
+        identity.push(b',');
+        write_optional(tool_call_id.as_deref(), identity);
+        identity.push(b']');
+        let text: Arc<str> = message_text(message).into();
+        let (head, tail) = edges(&text);
+        let digest = MessageDigest {
+            role,
+            hash: hash::hex(&memo.scratch),
+            chars: char_count(&text),
+            head: hash::hex(head.as_bytes()),
+            tail: hash::hex(tail.as_bytes()),
+            tool_calls: tool_calls(message),
+            tool_call_id,
+            name,
+        };
+        memo.messages
+            .insert(key, (digest.clone(), Arc::clone(&text)));
+        (digest, text)
+    })
+}
+
+fn write_optional(text: Option<&str>, out: &mut Vec<u8>) {
+    match text {
+        Some(text) => hash::write_string(text, out),
+        None => out.extend_from_slice(b"null"),
     }
 }
 
@@ -130,6 +194,41 @@ pub fn message_text(message: &Value) -> String {
         text.push_str(&hash::canonical_json(calls));
     }
     text
+}
+
+/// The tool set's hash and each tool's digest; remembered, since agents send the same tools on
+/// every request.
+fn tools_digest(tools: &[Value]) -> (Option<String>, Vec<ToolDigest>) {
+    if tools.is_empty() {
+        return (None, Vec::new());
+    }
+    let mut hasher = Xxh3::new();
+    hasher.update(b"tools");
+    for tool in tools {
+        hash::feed_structure(tool, &mut hasher);
+    }
+    let key = hasher.digest128();
+    memo::with(|memo| {
+        if let Some(known) = memo.tools.get(key) {
+            return known;
+        }
+        let canonical = &mut memo.scratch;
+        canonical.clear();
+        canonical.push(b'[');
+        for (i, tool) in tools.iter().enumerate() {
+            if i > 0 {
+                canonical.push(b',');
+            }
+            hash::write_canonical(tool, canonical);
+        }
+        canonical.push(b']');
+        let known = (
+            Some(hash::hex(canonical)),
+            tools.iter().map(tool_digest).collect::<Vec<_>>(),
+        );
+        memo.tools.insert(key, known.clone());
+        known
+    })
 }
 
 fn tool_digest(tool: &Value) -> ToolDigest {
@@ -144,6 +243,70 @@ fn tool_digest(tool: &Value) -> ToolDigest {
         name,
         hash: hash::hex(canonical.as_bytes()),
         chars: char_count(&canonical),
+    }
+}
+
+/// A bounded memo of digests (two generations: a key seen in the last two generations stays),
+/// kept per thread. It only saves work: results are the same with or without it.
+mod memo {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use std::sync::Arc;
+
+    use crate::record::{MessageDigest, ToolDigest};
+
+    /// Entries per generation: enough for the live messages of many interleaved conversations,
+    /// small enough that the texts held stay a few megabytes.
+    const GENERATION: usize = 1 << 12;
+
+    pub struct Generations<V> {
+        young: HashMap<u128, V>,
+        old: HashMap<u128, V>,
+    }
+
+    impl<V: Clone> Generations<V> {
+        fn new() -> Self {
+            Generations {
+                young: HashMap::new(),
+                old: HashMap::new(),
+            }
+        }
+
+        pub fn get(&mut self, key: u128) -> Option<V> {
+            if let Some(value) = self.young.get(&key) {
+                return Some(value.clone());
+            }
+            let value = self.old.remove(&key)?;
+            self.insert(key, value.clone());
+            Some(value)
+        }
+
+        pub fn insert(&mut self, key: u128, value: V) {
+            if self.young.len() >= GENERATION {
+                self.old = std::mem::take(&mut self.young);
+            }
+            self.young.insert(key, value);
+        }
+    }
+
+    pub struct Memo {
+        /// Reused buffer for canonical JSON.
+        pub scratch: Vec<u8>,
+        pub messages: Generations<(MessageDigest, Arc<str>)>,
+        pub tools: Generations<(Option<String>, Vec<ToolDigest>)>,
+    }
+
+    thread_local! {
+        static MEMO: RefCell<Memo> = RefCell::new(Memo {
+            scratch: Vec::new(),
+            messages: Generations::new(),
+            tools: Generations::new(),
+        });
+    }
+
+    pub fn with<T>(f: impl FnOnce(&mut Memo) -> T) -> T {
+        MEMO.with(|memo| f(&mut memo.borrow_mut()))
     }
 }
 

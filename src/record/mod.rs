@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use build::{BodyMode, Capture, ResponseCapture, build_record, stream_kind_of};
-pub use digest::{apply_digest, message_digest, message_text, request_digest, response_digest};
+pub use digest::{
+    apply_digest, message_digest, message_digest_and_text, message_text, request_digest,
+    request_digest_without_messages, response_digest,
+};
 pub use jsonl::{BadLine, ReadResult, read_jsonl, record_line, write_jsonl};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
