@@ -29,6 +29,11 @@ enum Command {
     /// How much a prefix cache could save on this traffic (recordings, gateway logs, Mooncake or
     /// bailian traces), by capacity and eviction policy, and which prefixes carry the reuse.
     Profile(cli::profile::ProfileArgs),
+    /// Watch saved recordings in the TUI, paced by their timestamps (one line per record and a
+    /// summary when stdout is not a terminal).
+    Replay(cli::replay::ReplayArgs),
+    /// The recording proxy with the TUI: point your agent at it and watch its cache live.
+    Watch(cli::watch::WatchArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +43,8 @@ fn main() -> ExitCode {
         Command::Records(args) => cli::records::run(args),
         Command::Profile(args) => cli::profile::run(args),
         Command::Analyze(args) => cli::analyze::run(args),
+        Command::Replay(args) => cli::replay::run(args),
+        Command::Watch(args) => cli::watch::run(args),
     };
     ExitCode::from(code)
 }

@@ -143,6 +143,12 @@ impl LiveSimulator {
         points
     }
 
+    /// The top prefixes of the requests so far (without descriptions: the live view keeps no
+    /// prompts). O(all blocks so far).
+    pub fn leaderboards(&self, top: usize) -> super::prefixes::Leaderboards {
+        super::prefixes::leaderboards(&[], &self.events, &self.starts, self.builder.parents(), top)
+    }
+
     /// Belady's optimal over the requests so far, replayed cold: O(all blocks so far).
     pub fn optimal_snapshot(&self, capacity: &Capacity) -> Point {
         let parents = self.builder.parents();

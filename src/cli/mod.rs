@@ -5,7 +5,10 @@ pub mod analyze;
 pub mod profile;
 pub mod record;
 pub mod records;
+pub mod replay;
 pub mod status;
+pub mod tui;
+pub mod watch;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;

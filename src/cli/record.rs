@@ -14,39 +14,125 @@ use prefixscope::proxy::{DEFAULT_PORT, Proxy, ProxyConfig, ProxyStats, Upstream}
 use prefixscope::record::{BodyMode, Record};
 use prefixscope::recorder::{Recorder, RecorderConfig, RecorderStats};
 
+/// Where to listen, where to forward, what to record: shared by `record` and `watch`.
 #[derive(Args)]
-pub struct RecordArgs {
+pub struct CaptureArgs {
     /// The model server: http://HOST:PORT[/prefix] or https://…
     #[arg(long)]
-    upstream: String,
+    pub upstream: String,
     /// Where agents connect (point their base URL here).
     #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)))]
-    listen: SocketAddr,
+    pub listen: SocketAddr,
     /// The recording (JSON Lines, mode 0600); default prefixscope-YYYYMMDD-HHMMSS.jsonl.
     #[arg(short, long)]
-    out: Option<PathBuf>,
+    pub out: Option<PathBuf>,
     /// Keep hashes, sizes and the server's counters, and no text (prompts, tool schemas,
     /// arguments and results stay out of the file).
     #[arg(long)]
-    digest: bool,
+    pub digest: bool,
     /// Keep at most this much of each body (e.g. 64MiB); larger ones are forwarded whole.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
-    max_body: u64,
+    pub max_body: u64,
     /// Start a new file (rec.1.jsonl, rec.2.jsonl…) before one would grow past this size.
     #[arg(long, value_parser = parse_bytes)]
-    max_size: Option<u64>,
+    pub max_size: Option<u64>,
     /// Seconds to wait for a connection to the server before recording a `timeout`.
     #[arg(long, default_value_t = 10.0)]
-    connect_timeout: f64,
+    pub connect_timeout: f64,
     /// Extra CA certificates (PEM) to trust for an https:// upstream.
     #[arg(long)]
-    ca_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    capture: CaptureArgs,
     /// No per-record status lines.
     #[arg(short, long)]
     quiet: bool,
     /// Print a JSON summary on stdout when the proxy stops.
     #[arg(long)]
     json: bool,
+}
+
+/// A bound proxy and a running recorder, not yet serving.
+pub struct Capture {
+    pub runtime: tokio::runtime::Runtime,
+    pub proxy: Proxy,
+    pub recorder: Recorder<bytes::Bytes>,
+    pub path: PathBuf,
+    pub listen: SocketAddr,
+    pub upstream: Upstream,
+}
+
+/// Checks the arguments, creates the recording and binds the listener; every record goes to
+/// `consumers` too. On failure, the message is printed and the exit code returned.
+pub fn start_capture(
+    args: &CaptureArgs,
+    consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
+) -> Result<Capture, u8> {
+    let upstream = Upstream::parse(&args.upstream).map_err(|e| {
+        eprintln!("prefixscope: {e}");
+        EXIT_USAGE
+    })?;
+    if !(args.connect_timeout > 0.0 && args.connect_timeout.is_finite()) {
+        eprintln!("prefixscope: --connect-timeout must be a positive number of seconds");
+        return Err(EXIT_USAGE);
+    }
+    let path = args.out.clone().unwrap_or_else(default_recording_name);
+    if let Err(e) = check_new_recording(&path) {
+        eprintln!("prefixscope: {e}");
+        return Err(EXIT_USAGE);
+    }
+    let extra_ca_pem = match &args.ca_file {
+        Some(ca) => Some(std::fs::read(ca).map_err(|e| {
+            eprintln!("prefixscope: cannot read {}: {e}", ca.display());
+            EXIT_UNREADABLE
+        })?),
+        None => None,
+    };
+    let mode = if args.digest {
+        BodyMode::Digest
+    } else {
+        BodyMode::Full
+    };
+    let recorder_config = RecorderConfig {
+        path: Some(path.clone()),
+        mode,
+        max_size: args.max_size,
+        queue: None,
+    };
+    let recorder = Recorder::start(recorder_config, consumers).map_err(|e| {
+        eprintln!("prefixscope: cannot create {}: {e}", path.display());
+        EXIT_UNREADABLE
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("prefixscope: cannot start the runtime: {e}");
+            EXIT_UNREADABLE
+        })?;
+    let mut config = ProxyConfig::new(args.listen, upstream.clone());
+    config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
+    config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
+    config.extra_ca_pem = extra_ca_pem;
+    let proxy = runtime
+        .block_on(Proxy::bind(config, recorder.sender()))
+        .map_err(|e| {
+            eprintln!("prefixscope: cannot listen on {}: {e}", args.listen);
+            EXIT_UNREADABLE
+        })?;
+    let listen = proxy.local_addr().unwrap_or(args.listen);
+    Ok(Capture {
+        runtime,
+        proxy,
+        recorder,
+        path,
+        listen,
+        upstream,
+    })
 }
 
 #[derive(Serialize)]
@@ -61,86 +147,32 @@ struct RecordSummary {
 }
 
 pub fn run(args: RecordArgs) -> u8 {
-    let upstream = match Upstream::parse(&args.upstream) {
-        Ok(u) => u,
-        Err(e) => {
-            eprintln!("prefixscope: {e}");
-            return EXIT_USAGE;
-        }
-    };
-    if !(args.connect_timeout > 0.0 && args.connect_timeout.is_finite()) {
-        eprintln!("prefixscope: --connect-timeout must be a positive number of seconds");
-        return EXIT_USAGE;
-    }
-    let path = args.out.clone().unwrap_or_else(default_recording_name);
-    if let Err(e) = check_new_recording(&path) {
-        eprintln!("prefixscope: {e}");
-        return EXIT_USAGE;
-    }
-    let extra_ca_pem = match &args.ca_file {
-        Some(ca) => match std::fs::read(ca) {
-            Ok(pem) => Some(pem),
-            Err(e) => {
-                eprintln!("prefixscope: cannot read {}: {e}", ca.display());
-                return EXIT_UNREADABLE;
-            }
-        },
-        None => None,
-    };
-    let mode = if args.digest {
-        BodyMode::Digest
-    } else {
-        BodyMode::Full
-    };
     let (status_tx, status_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
-    let recorder_config = RecorderConfig {
-        path: Some(path.clone()),
-        mode,
-        max_size: args.max_size,
-        queue: None,
-    };
-    let recorder = match Recorder::start(recorder_config, vec![status_tx]) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("prefixscope: cannot create {}: {e}", path.display());
-            return EXIT_UNREADABLE;
-        }
+    let consumers = vec![status_tx];
+    let Capture {
+        runtime,
+        proxy,
+        recorder,
+        path,
+        listen,
+        upstream,
+    } = match start_capture(&args.capture, consumers) {
+        Ok(capture) => capture,
+        Err(code) => return code,
     };
     let recorder_stats = recorder.stats();
+    // Even with -q this thread runs: it reports write failures.
     let status_thread = {
         let stats = Arc::clone(&recorder_stats);
         let quiet = args.quiet;
         std::thread::spawn(move || print_status(status_rx, stats, quiet))
     };
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("prefixscope: cannot start the runtime: {e}");
-            return EXIT_UNREADABLE;
-        }
-    };
-    let mut config = ProxyConfig::new(args.listen, upstream.clone());
-    config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
-    config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
-    config.extra_ca_pem = extra_ca_pem;
-    let proxy = match runtime.block_on(Proxy::bind(config, recorder.sender())) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("prefixscope: cannot listen on {}: {e}", args.listen);
-            return EXIT_UNREADABLE;
-        }
-    };
     let proxy_stats = proxy.stats();
-    let listen = proxy.local_addr().unwrap_or(args.listen);
     eprintln!(
         "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C stops.",
         upstream.url(),
         path.display(),
-        if args.digest {
+        if args.capture.digest {
             "digest: no text"
         } else {
             "full bodies"

@@ -95,6 +95,26 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
     FileInput { requests, report }
 }
 
+/// One record as a cache request, for the live simulation (records arrive one by one, so the
+/// model's tokens-per-character ratio is fixed in advance instead of measured over a file).
+/// `None` for what `read` would skip; the reason is counted in `report`.
+pub fn live_request(
+    record: &Record,
+    model: &BlockModel,
+    report: &mut FileReport,
+) -> Option<Request> {
+    let pending = pending_request(record, report)?;
+    let cut = model.cut(&pending.prompt, pending.prompt_tokens);
+    Some(Request {
+        blocks: cut.blocks,
+        input_tokens: cut.input_tokens,
+        cut: Some(cut.cut),
+        keys: Some(cut.keys),
+        parts: cut.parts,
+        ..pending.request
+    })
+}
+
 fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
     let api = Api::from_path(&record.request.path);
     if !renders(api) {

@@ -1,20 +1,38 @@
 //! The app's state and how events change it. `handle` may change state; drawing (`ui.rs`) only
 //! reads it. Effects that touch the disk or the proxy are returned to the loop as `Action`s.
 
-use std::sync::Arc;
-
 use crossterm::event::{
     KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
 };
 use tui_textarea::TextArea;
 
 use super::event::Event;
-use super::view::View;
+use super::view::{Curve, PrefixItem, View, thousands};
 use crate::analysis::{Analyzer, Config};
-use crate::record::Record;
+use crate::cache::Policy;
+use crate::cache::blocks::BlockModel;
+use crate::cache::live::LiveSimulator;
+use crate::cache::prefixes::TOP_PREFIXES;
+use crate::cache::profile::Capacity;
+use crate::input::recording::live_request;
+use crate::input::{FileReport, Format};
 
 /// Data redraws at most this often; keys redraw at once.
 pub const DATA_REDRAW_MS: i64 = 250;
+/// Rebuilding the view costs about a microsecond per row (the report is linear in the rows),
+/// so the interval between data redraws grows by this much per 1,000 rows: the rebuild never
+/// takes more than a small share of a core however long the run.
+pub const REDRAW_MS_PER_1000_ROWS: i64 = 10;
+/// Block size and capacities of the live hit-rate curve (tokens).
+pub const LIVE_BLOCK_SIZE: u32 = 16;
+pub const LIVE_CAPACITIES: [(&str, u64); 6] = [
+    ("4K", 4_096),
+    ("16K", 16_384),
+    ("64K", 65_536),
+    ("256K", 262_144),
+    ("1M", 1_048_576),
+    ("4M", 4_194_304),
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pane {
@@ -88,7 +106,15 @@ pub enum Action {
 pub struct App {
     pub source: Source,
     engine: Analyzer,
-    pub records: Vec<Arc<Record>>,
+    /// Records received (their bodies are not kept: the recording holds them).
+    pub requests_seen: u64,
+    /// The cold-replay cache simulation behind the hit-rate pane.
+    cache: LiveSimulator,
+    block_model: BlockModel,
+    cache_skips: FileReport,
+    /// Prompt tokens of simulated requests, and of those the server said it reused (only
+    /// requests whose server reported reuse count in both).
+    server_reuse: (u64, u64),
     pub view: View,
     pub focus: Pane,
     pub selected: [usize; 5],
@@ -121,7 +147,23 @@ impl App {
         App {
             source,
             engine: Analyzer::new(config),
-            records: Vec::new(),
+            requests_seen: 0,
+            cache: LiveSimulator::new(
+                LIVE_BLOCK_SIZE,
+                LIVE_CAPACITIES
+                    .iter()
+                    .map(|(label, tokens)| Capacity {
+                        blocks: tokens / u64::from(LIVE_BLOCK_SIZE),
+                        label: (*label).to_string(),
+                    })
+                    .collect(),
+            ),
+            block_model: BlockModel {
+                block_size: LIVE_BLOCK_SIZE,
+                ..BlockModel::default()
+            },
+            cache_skips: FileReport::new("live", Format::Recording),
+            server_reuse: (0, 0),
             view: View::default(),
             focus: Pane::Conversations,
             selected: [0; 5],
@@ -148,8 +190,8 @@ impl App {
         }
     }
 
-    pub fn requests(&self) -> usize {
-        self.records.len()
+    pub fn requests(&self) -> u64 {
+        self.requests_seen
     }
 
     pub fn requests_per_second(&self) -> f64 {
@@ -166,11 +208,20 @@ impl App {
         match event {
             Event::Record(record) => {
                 self.engine.push(&record);
+                if let Some(request) =
+                    live_request(&record, &self.block_model, &mut self.cache_skips)
+                {
+                    let update = self.cache.push(&request);
+                    if let Some(reused) = request.server_reused_tokens {
+                        self.server_reuse.0 += update.request_tokens;
+                        self.server_reuse.1 += reused.min(update.request_tokens);
+                    }
+                }
                 self.recent.push_back(now_ms);
                 while self.recent.front().is_some_and(|&t| t < now_ms - 60_000) {
                     self.recent.pop_front();
                 }
-                self.records.push(record);
+                self.requests_seen += 1;
                 self.data_dirty = true;
                 Action::None
             }
@@ -216,7 +267,10 @@ impl App {
     /// paused (the engine keeps consuming; only the picture stands still).
     pub fn refresh(&mut self, now_ms: i64) -> bool {
         self.now_ms = now_ms;
-        if self.data_dirty && !self.paused && now_ms - self.last_view_ms >= DATA_REDRAW_MS {
+        if self.data_dirty
+            && !self.paused
+            && now_ms - self.last_view_ms >= self.redraw_interval_ms()
+        {
             self.rebuild_view();
             self.last_view_ms = now_ms;
             self.data_dirty = false;
@@ -225,20 +279,86 @@ impl App {
         std::mem::take(&mut self.needs_draw)
     }
 
+    pub fn redraw_interval_ms(&self) -> i64 {
+        let rows = i64::try_from(self.engine.rows().len()).unwrap_or(i64::MAX / 2);
+        DATA_REDRAW_MS + rows / 1000 * REDRAW_MS_PER_1000_ROWS
+    }
+
     /// When the next data redraw is due, if one is pending.
     pub fn next_refresh_ms(&self) -> Option<i64> {
-        (self.data_dirty && !self.paused).then_some(self.last_view_ms + DATA_REDRAW_MS)
+        (self.data_dirty && !self.paused).then_some(self.last_view_ms + self.redraw_interval_ms())
     }
 
     pub fn rebuild_view(&mut self) {
-        let report = self.engine.report();
-        let curve = self.view.curve.take();
+        let (report, _changes) = self.engine.refresh();
         self.view = View::build(&report, &self.filter);
-        self.view.curve = curve;
+        self.view.curve = self.curve();
+        self.view.prefixes = self.prefixes();
         for (i, pane) in Pane::ALL.iter().enumerate() {
             let len = self.pane_len(*pane);
             self.selected[i] = self.selected[i].min(len.saturating_sub(1));
         }
+    }
+
+    /// The hit-rate curve of the requests so far (LRU and FIFO at each capacity, the
+    /// ceiling, the server's reuse), or `None` before the first simulated request.
+    fn curve(&self) -> Option<Curve> {
+        if self.cache.requests() == 0 {
+            return None;
+        }
+        let points = self.cache.points();
+        let share = |policy: Policy, label: &str| {
+            points
+                .iter()
+                .find(|p| p.policy == policy && p.capacity.as_deref() == Some(label))
+                .map_or(0.0, |p| p.hit_rate)
+        };
+        Some(Curve {
+            label: format!(
+                "cold replay of {} requests, {}-token blocks",
+                self.cache.requests(),
+                LIVE_BLOCK_SIZE
+            ),
+            points: LIVE_CAPACITIES
+                .iter()
+                .map(|(label, _)| {
+                    (
+                        (*label).to_string(),
+                        share(Policy::Lru, label),
+                        share(Policy::Fifo, label),
+                        None,
+                    )
+                })
+                .collect(),
+            ceiling: self.cache.ceiling().hit_rate,
+            observed: (self.server_reuse.0 > 0)
+                .then(|| self.server_reuse.1 as f64 / self.server_reuse.0 as f64),
+        })
+    }
+
+    /// Both leaderboards, merged (the pane sorts by the key the user picked).
+    fn prefixes(&self) -> Vec<PrefixItem> {
+        let boards = self.cache.leaderboards(TOP_PREFIXES);
+        let mut items: Vec<PrefixItem> = Vec::new();
+        for group in boards.by_count.iter().chain(&boards.by_reusable_tokens) {
+            let label = format!(
+                "{} tok prefix ({:.0}% of reusable)",
+                thousands(group.prefix_tokens),
+                group.share_of_reusable * 100.0
+            );
+            if !items.iter().any(|i| {
+                i.label == label
+                    && i.count == group.count
+                    && i.reusable_tokens == group.reusable_tokens
+            }) {
+                items.push(PrefixItem {
+                    label,
+                    count: group.count,
+                    reusable_tokens: group.reusable_tokens,
+                });
+            }
+        }
+        items
     }
 
     pub fn pane_len(&self, pane: Pane) -> usize {

@@ -59,13 +59,9 @@ pub trait Control {
     fn upstream_ok(&self) -> Option<bool> {
         None
     }
-    /// Writes an export of the records seen so far; returns what to show.
-    fn export(
-        &self,
-        _format: &str,
-        _path: &str,
-        _records: &[std::sync::Arc<crate::record::Record>],
-    ) -> Result<String, String> {
+    /// Writes an export of what was recorded or replayed so far (read back from disk: the app
+    /// keeps no bodies); returns what to show.
+    fn export(&self, _format: &str, _path: &str) -> Result<String, String> {
         Err("export is not available in this build".into())
     }
 }
@@ -121,7 +117,7 @@ pub fn run<B: Backend>(
                     });
                 }
                 Action::Export { format, path } => {
-                    app.status = Some(match control.export(&format, &path, &app.records) {
+                    app.status = Some(match control.export(&format, &path) {
                         Ok(message) => message,
                         Err(e) => format!("export failed: {e}"),
                     });

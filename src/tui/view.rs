@@ -86,6 +86,9 @@ pub struct PrefixItem {
     pub reusable_tokens: u64,
 }
 
+/// Tokens, milliseconds (if measured) and tokens by cause, of one client.
+type LossTally = (u64, Option<f64>, Vec<(String, u64)>);
+
 /// Short names for causes, used by every pane (defined once).
 pub fn cause_label(cause: &str) -> &str {
     match cause {
@@ -152,6 +155,7 @@ impl View {
             bad_lines: report.coverage.bad_lines,
         };
         let mut lanes: Vec<Lane> = Vec::new();
+        let mut lane_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
         for row in rows.iter().filter(|r| r.kind == RowKind::Turn) {
             let Some(conversation) = row.conversation else {
                 continue;
@@ -168,22 +172,30 @@ impl View {
                     .sum(),
                 evicted_by: row.evicted_by.clone(),
             };
-            match lanes.iter_mut().find(|l| l.conversation == conversation) {
-                Some(lane) => lane.cells.push(cell),
-                None => lanes.push(Lane {
-                    client: row.client.clone(),
-                    conversation,
-                    cells: vec![cell],
-                }),
+            match lane_of.get(&conversation) {
+                Some(&i) => lanes[i].cells.push(cell),
+                None => {
+                    lane_of.insert(conversation, lanes.len());
+                    lanes.push(Lane {
+                        client: row.client.clone(),
+                        conversation,
+                        cells: vec![cell],
+                    });
+                }
             }
         }
         // Grouped by client, in order of each client's first request.
-        let client_order: Vec<&str> = report.clients.iter().map(|c| c.client.as_str()).collect();
+        let client_order: std::collections::HashMap<&str, usize> = report
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.client.as_str(), i))
+            .collect();
         lanes.sort_by_key(|l| {
             (
                 client_order
-                    .iter()
-                    .position(|c| *c == l.client)
+                    .get(l.client.as_str())
+                    .copied()
                     .unwrap_or(usize::MAX),
                 l.conversation,
             )
@@ -208,13 +220,10 @@ impl View {
                     .or_else(|| r.lost_external.as_ref().map(|l| l.cause.clone()))
                     .unwrap_or_default();
                 let place = match (&r.break_location, &r.evicted_by) {
-                    (Some(l), _) if l.before.is_some() || l.after.is_some() => {
-                        format!(
-                            "{:?} → {:?}",
-                            l.before.as_deref().unwrap_or(""),
-                            l.after.as_deref().unwrap_or("")
-                        )
-                    }
+                    (Some(l), _) if l.before.is_some() || l.after.is_some() => change(
+                        l.before.as_deref().unwrap_or(""),
+                        l.after.as_deref().unwrap_or(""),
+                    ),
                     (Some(l), _) if !l.tools_added.is_empty() || !l.tools_removed.is_empty() => {
                         format!("tools +{:?} -{:?}", l.tools_added, l.tools_removed)
                     }
@@ -251,25 +260,29 @@ impl View {
             .collect();
         breaks.reverse();
 
+        // One pass over the rows, then one entry per client in the report's order.
+        let mut loss_of: std::collections::HashMap<&str, LossTally> =
+            std::collections::HashMap::new();
+        for row in &rows {
+            for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
+                let (tokens, ms, by_cause) = loss_of.entry(row.client.as_str()).or_default();
+                *tokens += u64::from(loss.tokens);
+                if let Some(m) = loss.ms {
+                    *ms = Some(ms.unwrap_or(0.0) + m.value);
+                }
+                let label = cause_label(&loss.cause).to_string();
+                match by_cause.iter_mut().find(|(l, _)| *l == label) {
+                    Some(entry) => entry.1 += u64::from(loss.tokens),
+                    None => by_cause.push((label, u64::from(loss.tokens))),
+                }
+            }
+        }
         let losses = report
             .clients
             .iter()
             .map(|c| {
-                let mut by_cause: Vec<(String, u64)> = Vec::new();
-                let (mut tokens, mut ms) = (0u64, None::<f64>);
-                for row in rows.iter().filter(|r| r.client == c.client) {
-                    for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
-                        tokens += u64::from(loss.tokens);
-                        if let Some(m) = loss.ms {
-                            ms = Some(ms.unwrap_or(0.0) + m.value);
-                        }
-                        let label = cause_label(&loss.cause).to_string();
-                        match by_cause.iter_mut().find(|(l, _)| *l == label) {
-                            Some(entry) => entry.1 += u64::from(loss.tokens),
-                            None => by_cause.push((label, u64::from(loss.tokens))),
-                        }
-                    }
-                }
+                let (tokens, ms, mut by_cause) =
+                    loss_of.remove(c.client.as_str()).unwrap_or_default();
                 by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
                 ClientLoss {
                     client: c.client.clone(),
@@ -304,6 +317,23 @@ impl View {
     pub fn row(&self, id: u64) -> Option<&Row> {
         self.rows.iter().find(|r| r.id == id)
     }
+}
+
+/// `"…Today is Monday." → "…Today is Tuesday."`: the shared lead-in cut to a few characters,
+/// so the change itself fits a narrow pane.
+fn change(before: &str, after: &str) -> String {
+    const CONTEXT: usize = 12;
+    let shared = before
+        .chars()
+        .zip(after.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let cut = |text: &str| -> String {
+        let skip = shared.saturating_sub(CONTEXT);
+        let rest: String = text.chars().skip(skip).collect();
+        if skip > 0 { format!("…{rest}") } else { rest }
+    };
+    format!("{:?} → {:?}", cut(before), cut(after))
 }
 
 fn same(matched: bool) -> &'static str {

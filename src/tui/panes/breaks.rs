@@ -25,32 +25,35 @@ pub fn draw(
         return;
     }
     let width = area.width as usize;
+    // Two lines per break: what and what it cost, then where (the before → after text).
     let mut lines = Vec::new();
-    for i in window(breaks.len(), selected, area.height as usize) {
+    for i in window(breaks.len(), selected, (area.height as usize / 2).max(1)) {
         let b = &breaks[i];
         let place = match (b.conversation, b.turn) {
             (Some(c), Some(t)) => format!("c{c} t{t}"),
             _ => format!("#{}", b.id),
         };
         let cost = match b.ms {
-            Some(ms) => format!("{} tok {}", tokens(u64::from(b.tokens)), duration(ms)),
+            Some(ms) => format!("{} tok, {}", tokens(u64::from(b.tokens)), duration(ms)),
             None if b.tokens > 0 => format!("{} tok", tokens(u64::from(b.tokens))),
             None => "no loss".into(),
         };
         let head = format!(
-            "{} {} {} {}: {} · ",
+            "{} {} {} {}: {}",
             clock(b.t_start_ms),
-            fit(&b.client, 16),
+            b.client,
             place,
             b.cause,
             cost
         );
         let style = line_style(i == selected, focused, theme);
-        let rest = width.saturating_sub(head.chars().count());
-        lines.push(Line::from(vec![
-            Span::styled(fit(&head, width), style),
-            Span::styled(fit(&b.place, rest), theme.dim()),
-        ]));
+        lines.push(Line::from(Span::styled(fit(&head, width), style)));
+        let where_ = if b.place.is_empty() {
+            "  (where: not recorded)".to_string()
+        } else {
+            format!("  {}", b.place)
+        };
+        lines.push(Line::from(Span::styled(fit(&where_, width), theme.dim())));
     }
     frame.render_widget(Paragraph::new(lines), area);
 }

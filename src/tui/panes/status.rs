@@ -26,8 +26,10 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
         }
         _ => format!("lost {} tokens", thousands(h.lost_tokens)),
     };
+    // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
+    // end of the line.
     let text = format!(
-        " prefixscope · {source} · {} requests, {} turns in {} conversations · {lost}",
+        " prefixscope · {lost} · {} requests, {} turns in {} conversations · {source}",
         h.records, h.turns, h.conversations
     );
     Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title())

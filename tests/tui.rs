@@ -1,0 +1,173 @@
+//! The TUI on ratatui's `TestBackend`: the real app loop (`tui::run`) fed a real recording on its
+//! one event channel with a fixed clock, and the screens it draws compared with golden text
+//! files (`PREFIXSCOPE_UPDATE_GOLDEN=1` rewrites them; say why in the commit).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use prefixscope::analysis::Config;
+use prefixscope::record::{Record, read_jsonl};
+use prefixscope::tui::app::{App, Source};
+use prefixscope::tui::event::Event;
+use prefixscope::tui::theme::Theme;
+use prefixscope::tui::{FixedClock, NoControl, run};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+/// 2025-01-01T00:00:00Z: after every recording, so "n ago" texts stay put.
+const NOW_MS: i64 = 1_735_689_600_000;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The records in the order the proxy completed them.
+fn completion_order(name: &str) -> Vec<Record> {
+    let text = std::fs::read(root().join("recordings").join(format!("{name}.jsonl"))).unwrap();
+    let mut records = read_jsonl(text.as_slice()).records;
+    records.sort_by_key(|r| (r.t_end_ms.max(r.t_start_ms), r.id));
+    records
+}
+
+fn key(c: char) -> Event {
+    Event::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE))
+}
+
+fn special(code: KeyCode) -> Event {
+    Event::Key(KeyEvent::new(code, KeyModifiers::NONE))
+}
+
+/// Runs the real loop over `events` (the channel then closes) and returns the last screen.
+fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    for record in completion_order(name) {
+        sender.send(Event::Record(Arc::new(record))).unwrap();
+    }
+    sender.send(Event::SourceDone).unwrap();
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Config::default(),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    // The records first, in one batch; then each key in its own batch, as a person types.
+    let clock = FixedClock(NOW_MS);
+    drop(sender);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &clock,
+        &NoControl,
+        &Theme::plain(),
+    )
+    .unwrap();
+    for event in then {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event.clone()).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &NoControl,
+            &Theme::plain(),
+        )
+        .unwrap();
+    }
+    text(terminal.backend())
+}
+
+fn text(backend: &TestBackend) -> String {
+    let buffer = backend.buffer();
+    let mut out = String::new();
+    for y in 0..buffer.area.height {
+        let line: String = (0..buffer.area.width)
+            .map(|x| buffer[(x, y)].symbol().to_string())
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn check_golden(file: &str, actual: &str) {
+    let golden = root().join("tests/golden/tui").join(file);
+    if std::env::var_os("PREFIXSCOPE_UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        std::fs::write(&golden, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&golden).unwrap_or_default();
+    assert!(
+        expected == actual,
+        "screen differs from {}; if intended, rerun with PREFIXSCOPE_UPDATE_GOLDEN=1 and say why in the commit\n--- actual ---\n{actual}",
+        golden.display()
+    );
+}
+
+#[test]
+fn parallel_nocache_at_three_sizes() {
+    for (width, height) in [(120, 40), (80, 24), (20, 5)] {
+        let screen = screen("llmp/llama.cpp/parallel-nocache", width, height, &[]);
+        check_golden(&format!("parallel-nocache.{width}x{height}.txt"), &screen);
+    }
+    let big = screen("llmp/llama.cpp/parallel-nocache", 120, 40, &[]);
+    assert!(big.contains("lost 8,759 tokens"), "{big}");
+    assert!(big.contains("22 turns in 5 conversations"), "{big}");
+    assert!(
+        big.contains("\"…s. Today is Monday.\" → \"…s. Today is Tuesday.\""),
+        "{big}"
+    );
+    let tiny = screen("llmp/llama.cpp/parallel-nocache", 20, 5, &[]);
+    assert!(tiny.contains("needs"), "{tiny}");
+}
+
+#[test]
+fn every_recording_draws_at_80x24() {
+    for name in [
+        "llmp/llama.cpp/session",
+        "llmp/llama.cpp/parallel",
+        "llmp/ollama/session",
+        "llmp/llama.cpp/session.digest",
+        "llmp/ollama-openai/session",
+        "xllamacpp/session",
+    ] {
+        let path = root().join("recordings").join(format!("{name}.jsonl"));
+        if !path.exists() {
+            continue;
+        }
+        let screen = screen(name, 80, 24, &[]);
+        check_golden(&format!("{}.80x24.txt", name.replace('/', "--")), &screen);
+    }
+}
+
+#[test]
+fn keys_help_filter_detail_and_pause() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let help = screen(name, 100, 30, &[key('?')]);
+    check_golden("parallel-nocache.help.txt", &help);
+    assert!(help.contains("snapshot"), "{help}");
+
+    // `/` opens the filter; typing and Enter filters the conversations to one client.
+    let mut typed = vec![key('/')];
+    typed.extend("other-agent".chars().map(key));
+    typed.push(special(KeyCode::Enter));
+    let filtered = screen(name, 120, 40, &typed);
+    check_golden("parallel-nocache.filtered.txt", &filtered);
+    assert!(filtered.contains("filter: other-agent"), "{filtered}");
+    assert!(!filtered.contains("llmp-drive/1 #2 c3"), "{filtered}");
+
+    // Tab to the breaks, down to the system-prompt change, Enter for its detail.
+    let mut keys = vec![special(KeyCode::Tab)];
+    keys.extend(std::iter::repeat_n(special(KeyCode::Down), 7));
+    keys.push(special(KeyCode::Enter));
+    let detail = screen(name, 120, 40, &keys);
+    check_golden("parallel-nocache.detail.txt", &detail);
+
+    let paused = screen(name, 120, 40, &[key('p')]);
+    assert!(paused.contains("PAUSED"), "{paused}");
+}

@@ -1,0 +1,232 @@
+//! A person's-eye test: the real binary in a real terminal (tmux), keys sent as typed, the
+//! screen read back after each. Needs tmux; CI installs it and sets PREFIXSCOPE_REQUIRE_TMUX=1
+//! so the test fails there rather than skipping.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
+
+fn have_tmux() -> bool {
+    let ok = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var_os("PREFIXSCOPE_REQUIRE_TMUX").is_none(),
+            "tmux is required here (PREFIXSCOPE_REQUIRE_TMUX is set) but not installed"
+        );
+        eprintln!("SKIPPED: tmux is not installed");
+    }
+    ok
+}
+
+/// One tmux server per test (its own socket), killed on drop.
+struct Tmux {
+    socket: String,
+    dir: PathBuf,
+}
+
+impl Tmux {
+    fn start(name: &str, command: &str) -> Tmux {
+        let dir =
+            std::env::temp_dir().join(format!("prefixscope-tmux-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tmux = Tmux {
+            socket: format!("prefixscope-{name}-{}", std::process::id()),
+            dir,
+        };
+        let status = Command::new("tmux")
+            .args([
+                "-L",
+                &tmux.socket,
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "120",
+                "-y",
+                "40",
+            ])
+            .arg("-c")
+            .arg(&tmux.dir)
+            .arg(command)
+            .env("TERM", "xterm-256color")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        tmux
+    }
+
+    fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket, "capture-pane", "-p"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let status = Command::new("tmux")
+            .args(["-L", &self.socket, "send-keys"])
+            .args(keys)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (up to 15 s) until the screen contains every one of `texts`.
+    fn wait_for(&self, texts: &[&str]) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if texts.iter().all(|t| screen.contains(t)) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "waited for {texts:?}; the screen is:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn files(&self, prefix: &str) -> Vec<PathBuf> {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn recording(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("recordings")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn replay_as_a_person_uses_it() {
+    if !have_tmux() {
+        return;
+    }
+    let command = format!(
+        "{BIN} replay --speed 20 {}; echo EXITED $?; sleep 60",
+        recording("llmp/llama.cpp/parallel-nocache.jsonl")
+    );
+    let tmux = Tmux::start("replay", &command);
+    // The whole recording (24 s recorded, ×20) arrives, and the figures are on screen.
+    let screen = tmux.wait_for(&["lost 8,759 tokens", "22 turns in 5 conversations", "done"]);
+    assert!(
+        screen.contains("Today is Monday.\" → \"…s. Today is Tuesday."),
+        "{screen}"
+    );
+    for conversation in ["c1", "c2", "c3", "c4", "c5"] {
+        assert!(screen.contains(conversation), "{conversation}:\n{screen}");
+    }
+
+    // `s`: a snapshot, and the status bar says where.
+    tmux.keys(&["s"]);
+    let screen = tmux.wait_for(&["snapshot written"]);
+    let json = tmux.files("prefixscope-snapshot-");
+    assert_eq!(json.len(), 2, "{json:?}\n{screen}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json[0]).unwrap()).unwrap();
+    assert_eq!(report["time"]["lost_tokens"], 8759);
+    assert!(
+        std::fs::read_to_string(&json[1])
+            .unwrap()
+            .contains("8,759 tokens")
+    );
+
+    // `e`: the export dialog, mooncake first; Enter writes it.
+    tmux.keys(&["e"]);
+    tmux.wait_for(&["mooncake", "prefixscope-mooncake.jsonl"]);
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for(&["export"]);
+    check_export(&tmux, &screen);
+
+    // `p` pauses the view, again resumes it.
+    tmux.keys(&["p"]);
+    tmux.wait_for(&["PAUSED"]);
+    tmux.keys(&["p"]);
+    tmux.wait_for(&["view resumed"]);
+
+    // `/` filters: only the other agent's conversation stays.
+    tmux.keys(&["/"]);
+    tmux.keys(&["-l", "other-agent"]);
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for(&["filter: other-agent"]);
+    assert!(!screen.contains("llmp-drive/1 #2 c3"), "{screen}");
+
+    // `?` shows the keys; any key closes it.
+    tmux.keys(&["?"]);
+    tmux.wait_for(&["snapshot", "pause"]);
+    tmux.keys(&["Escape"]);
+
+    // `q` quits, the terminal comes back, and the summary is printed on it.
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for(&["EXITED 0"]);
+    assert!(screen.contains("8,759 tokens"), "{screen}");
+    assert!(
+        !screen.contains("Prefix breaks"),
+        "the TUI is still on screen:\n{screen}"
+    );
+}
+
+fn check_export(tmux: &Tmux, screen: &str) {
+    let exported = tmux.files("prefixscope-mooncake");
+    if screen.contains("export failed") {
+        panic!("export failed:\n{screen}");
+    }
+    assert_eq!(exported.len(), 1, "{screen}");
+    let text = std::fs::read_to_string(&exported[0]).unwrap();
+    assert!(text.lines().count() > 0);
+    for line in text.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(row["hash_ids"].is_array(), "{line}");
+    }
+}
+
+#[test]
+fn the_terminal_is_restored_after_a_panic() {
+    if !have_tmux() {
+        return;
+    }
+    let command = format!(
+        "stty -a | grep -o -- '-\\?icanon' | sed 's/^/BEFORE /'; PREFIXSCOPE_TEST_PANIC=1 {BIN} replay {}; stty -a | grep -o -- '-\\?icanon' | sed 's/^/AFTER /'; echo EXITED; sleep 60",
+        recording("llmp/llama.cpp/session.jsonl")
+    );
+    let tmux = Tmux::start("panic", &command);
+    let screen = tmux.wait_for(&["EXITED"]);
+    assert!(screen.contains("BEFORE icanon"), "{screen}");
+    assert!(
+        screen.contains("AFTER icanon"),
+        "raw mode left on:\n{screen}"
+    );
+    assert!(screen.contains("PREFIXSCOPE_TEST_PANIC is set"), "{screen}");
+    // Out of the alternate screen: what was printed before the TUI is visible again.
+    assert!(screen.contains("BEFORE"), "{screen}");
+}
