@@ -8,6 +8,7 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use prefixscope::analysis::{Config, analyze};
 use prefixscope::cache::{BlockKeys, Cut, ProfileConfig, Request, profile};
 use prefixscope::input::{self, FileInput, Format, InputOptions};
 use prefixscope::record::read_jsonl;
@@ -249,35 +250,48 @@ fn the_profile_shows_the_ceiling_beside_the_servers_reuse() {
 }
 
 #[test]
-fn session_headers_give_the_conversations_for_now() {
-    let input = read(
-        "recordings/xllamacpp/session.jsonl",
-        &InputOptions::default(),
-    );
-    assert_eq!(input.report.conversation_source, "session header");
-    assert!(
-        input
-            .requests
-            .iter()
-            .all(|r| r.conversation.as_deref() == Some("drive-session-1"))
-    );
+fn the_split_finds_the_conversations_the_analysis_found() {
     let config = ProfileConfig {
         warmup: 0.0,
         ..ProfileConfig::default()
     };
-    let report = profile(&input.requests, &config);
-    // One conversation: every hit is the conversation's own.
-    assert!(report.ceiling.hit_tokens > 0);
-    assert_eq!(
-        report.ceiling.same_conversation_tokens,
-        report.ceiling.hit_tokens
-    );
-    // llmp's recordings carry no session header: no conversation, every hit is "other".
+    // The xllamacpp recording holds an OpenAI and an Anthropic conversation; parallel-nocache
+    // four interleaved agents (five conversations) and a tool-less side-call in none.
+    for (relative, conversations) in [
+        ("recordings/xllamacpp/session.jsonl", 2),
+        ("recordings/llmp/llama.cpp/parallel-nocache.jsonl", 5),
+    ] {
+        let input = read(relative, &InputOptions::default());
+        assert_eq!(input.report.conversation_source, "analysis");
+        let records = read_jsonl(std::fs::read(path(relative)).unwrap().as_slice()).records;
+        let analysis = analyze(&records, &Config::default());
+        for request in &input.requests {
+            let row = analysis
+                .rows
+                .iter()
+                .find(|r| Some(r.id) == request.record_id)
+                .unwrap();
+            let expected = row.conversation.map(|c| format!("{relative}#c{c}"));
+            assert_eq!(
+                request.conversation, expected,
+                "{relative} record {}",
+                row.id
+            );
+        }
+        let report = profile(&input.requests, &config);
+        assert_eq!(
+            report.conversations.conversations, conversations,
+            "{relative}"
+        );
+        // Turns reuse their own conversation's blocks, and the agents' shared system prompt
+        // is reused across conversations.
+        assert!(report.ceiling.same_conversation_tokens > 0, "{relative}");
+    }
     let parallel = read(
-        "recordings/llmp/llama.cpp/parallel.jsonl",
+        "recordings/llmp/llama.cpp/parallel-nocache.jsonl",
         &InputOptions::default(),
     );
-    assert_eq!(parallel.report.conversation_source, "none");
+    assert!(profile(&parallel.requests, &config).ceiling.other_tokens > 0);
 }
 
 #[test]

@@ -330,11 +330,6 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
             policies.push(point.policy);
         }
     }
-    let mut header = format!("{:<28}", "hit rate by capacity");
-    for policy in &policies {
-        header.push_str(&format!("{:>9}", policy.as_str()));
-    }
-    out.push(header);
     let mut capacities: Vec<(u64, String)> = Vec::new();
     for point in &p.points {
         if let (Some(blocks), Some(label)) = (point.capacity_blocks, &point.capacity)
@@ -343,14 +338,31 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
             capacities.push((blocks, label.clone()));
         }
     }
+    let names: Vec<String> = capacities
+        .iter()
+        .map(|(blocks, label)| {
+            if label.ends_with(" blocks") {
+                label.clone()
+            } else {
+                format!("{label} ({} blocks)", thousands(*blocks))
+            }
+        })
+        .collect();
+    // The label column fits the longest label, so the figures stay in columns.
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(26);
+    let mut header = format!("{:<w$}", "hit rate by capacity", w = width + 2);
+    for policy in &policies {
+        header.push_str(&format!("{:>9}", policy.as_str()));
+    }
+    out.push(header);
     let mut underfilled = false;
-    for (blocks, label) in &capacities {
-        let name = if label.ends_with(" blocks") {
-            label.clone()
-        } else {
-            format!("{label} ({} blocks)", thousands(*blocks))
-        };
-        let mut line = format!("  {name:<26}");
+    for ((blocks, _), name) in capacities.iter().zip(&names) {
+        let mut line = format!("  {name:<width$}");
         for policy in &policies {
             let point: Option<&Point> = p
                 .points

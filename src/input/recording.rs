@@ -88,9 +88,19 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
             }
         })
         .collect();
+    let mut requests = requests;
     report.requests = requests.len() as u64;
+    // The analysis's conversations (turns linked to the conversation they continue), the same
+    // the `analyze` report and the TUI show; keyed by file so two files never share one.
+    let analysis = crate::analysis::analyze(&result.records, &crate::analysis::Config::default());
+    let conversation_by_record: HashMap<u64, String> = analysis
+        .rows
+        .iter()
+        .filter_map(|row| Some((row.id, format!("{name}#c{}", row.conversation?))))
+        .collect();
+    set_conversations(&mut requests, &conversation_by_record);
     if requests.iter().any(|r| r.conversation.is_some()) {
-        report.conversation_source = "session header".to_string();
+        report.conversation_source = "analysis".to_string();
     }
     FileInput { requests, report }
 }
