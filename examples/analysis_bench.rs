@@ -12,6 +12,10 @@ use prefixscope::analysis::{Analyzer, Config, analyze};
 use prefixscope::normalize::exchange::normalize;
 use prefixscope::record::{Record, read_jsonl};
 
+// The binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -6,6 +6,9 @@ use clap::{Parser, Subcommand};
 
 mod cli;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "prefixscope",

@@ -19,10 +19,10 @@ use crate::input::{FileReport, Format};
 
 /// Data redraws at most this often; keys redraw at once.
 pub const DATA_REDRAW_MS: i64 = 250;
-/// Rebuilding the view costs about a microsecond per row (the report is linear in the rows),
-/// so the interval between data redraws grows by this much per 1,000 rows: the rebuild never
-/// takes more than a small share of a core however long the run.
-pub const REDRAW_MS_PER_1000_ROWS: i64 = 10;
+/// Rebuilding the view is linear in the rows (the report), so data redraws wait at least this
+/// many times the last rebuild's cost: the rebuild never takes more than a tenth of a core,
+/// however long the run.
+pub const REBUILD_COST_FACTOR: i64 = 10;
 /// Block size and capacities of the live hit-rate curve (tokens).
 pub const LIVE_BLOCK_SIZE: u32 = 16;
 pub const LIVE_CAPACITIES: [(&str, u64); 6] = [
@@ -138,6 +138,9 @@ pub struct App {
     data_dirty: bool,
     last_view_ms: i64,
     pub needs_draw: bool,
+    /// How long the last view rebuild took (measured by the loop, which owns the clock).
+    pub rebuild_cost_ms: i64,
+    rebuilt: bool,
     /// The terminal size at the last draw, for mouse hit-testing (set by the loop).
     pub last_size: (u16, u16),
 }
@@ -186,6 +189,8 @@ impl App {
             data_dirty: false,
             last_view_ms: i64::MIN / 2,
             needs_draw: true,
+            rebuild_cost_ms: 0,
+            rebuilt: false,
             last_size: (0, 0),
         }
     }
@@ -195,8 +200,10 @@ impl App {
     }
 
     pub fn requests_per_second(&self) -> f64 {
+        // `recent` is in arrival order, so the last ten seconds are its tail.
         let since = self.now_ms - 10_000;
-        self.recent.iter().filter(|&&t| t >= since).count() as f64 / 10.0
+        let older = self.recent.partition_point(|&t| t < since);
+        (self.recent.len() - older) as f64 / 10.0
     }
 
     pub fn report(&self) -> crate::analysis::Report {
@@ -272,6 +279,7 @@ impl App {
             && now_ms - self.last_view_ms >= self.redraw_interval_ms()
         {
             self.rebuild_view();
+            self.rebuilt = true;
             self.last_view_ms = now_ms;
             self.data_dirty = false;
             self.needs_draw = true;
@@ -280,8 +288,12 @@ impl App {
     }
 
     pub fn redraw_interval_ms(&self) -> i64 {
-        let rows = i64::try_from(self.engine.rows().len()).unwrap_or(i64::MAX / 2);
-        DATA_REDRAW_MS + rows / 1000 * REDRAW_MS_PER_1000_ROWS
+        DATA_REDRAW_MS.max(self.rebuild_cost_ms.saturating_mul(REBUILD_COST_FACTOR))
+    }
+
+    /// Whether `refresh` rebuilt the view since the last call (the loop times rebuilds).
+    pub fn take_rebuilt(&mut self) -> bool {
+        std::mem::take(&mut self.rebuilt)
     }
 
     /// When the next data redraw is due, if one is pending.
@@ -291,7 +303,7 @@ impl App {
 
     pub fn rebuild_view(&mut self) {
         let (report, _changes) = self.engine.refresh();
-        self.view = View::build(&report, &self.filter);
+        self.view = View::build(report, &self.filter);
         self.view.curve = self.curve();
         self.view.prefixes = self.prefixes();
         for (i, pane) in Pane::ALL.iter().enumerate() {

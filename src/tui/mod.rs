@@ -90,7 +90,11 @@ pub fn run<B: Backend>(
             app.needs_draw = true;
             last_rate = rate;
         }
-        if app.refresh(now) {
+        let draw = app.refresh(now);
+        if app.take_rebuilt() {
+            app.rebuild_cost_ms = clock.now_ms() - now;
+        }
+        if draw {
             let size = terminal.size()?;
             app.last_size = (size.width, size.height);
             terminal.draw(|frame| ui::draw(frame, app, theme))?;

@@ -137,13 +137,13 @@ pub fn matches(row: &Row, filter: &str) -> bool {
 }
 
 impl View {
-    pub fn build(report: &Report, filter: &str) -> View {
-        let rows: Vec<Row> = report
-            .rows
-            .iter()
-            .filter(|r| matches(r, filter))
-            .cloned()
-            .collect();
+    /// Takes the report's rows (no copy of a hundred thousand rows per redraw).
+    pub fn build(mut report: Report, filter: &str) -> View {
+        let mut rows = std::mem::take(&mut report.rows);
+        if !filter.trim().is_empty() {
+            rows.retain(|r| matches(r, filter));
+        }
+        let report = &report;
         let header = Header {
             records: report.coverage.records,
             analysed: report.coverage.analysed,
