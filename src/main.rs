@@ -29,6 +29,10 @@ enum Command {
     /// How much a prefix cache could save on this traffic (recordings, gateway logs, Mooncake or
     /// bailian traces), by capacity and eviction policy, and which prefixes carry the reuse.
     Profile(cli::profile::ProfileArgs),
+    /// Write recordings, gateway logs or traces as a trace the replay tools load (GuideLLM,
+    /// AIPerf): mooncake, bailian, weka, trace_synthetic (anonymized), or otel (NOT anonymous:
+    /// the spans carry the messages).
+    Export(cli::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         Command::Records(args) => cli::records::run(args),
         Command::Profile(args) => cli::profile::run(args),
         Command::Analyze(args) => cli::analyze::run(args),
+        Command::Export(args) => cli::export::run(args),
     };
     ExitCode::from(code)
 }

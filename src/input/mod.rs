@@ -104,7 +104,7 @@ pub struct FileReport {
 }
 
 impl FileReport {
-    fn new(name: &str, format: Format) -> FileReport {
+    pub fn new(name: &str, format: Format) -> FileReport {
         FileReport {
             name: name.to_string(),
             format,
