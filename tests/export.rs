@@ -723,6 +723,25 @@ fn exit_codes_bad_lines_and_the_otel_warning() {
     assert_eq!(digest.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&digest.stderr).contains("digest recording"));
     assert!(!out.exists(), "no partial export is left behind");
+    // The output is never one of the inputs.
+    let copy = home.join("copy.jsonl");
+    std::fs::copy(root().join(session), &copy).unwrap();
+    let over = run(
+        &[
+            "export",
+            copy.to_str().unwrap(),
+            "--to",
+            "mooncake",
+            "-o",
+            copy.to_str().unwrap(),
+        ],
+        &home,
+    );
+    assert_eq!(over.status.code(), Some(2));
+    assert_eq!(
+        std::fs::read(&copy).unwrap(),
+        std::fs::read(root().join(session)).unwrap()
+    );
     // Bad lines are reported and skipped.
     let damaged = home.join("damaged.jsonl");
     let mut text = std::fs::read_to_string(root().join(session)).unwrap();

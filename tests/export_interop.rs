@@ -5,6 +5,11 @@
 //! `aiperf analyze-trace` prints must equal prefixscope's own `aiperf_cache_hit_rate` on the same
 //! file.
 //!
+//! AIPerf 0.13.0 cannot load a mooncake or bailian trace of 10 rows or more with validate.sh's
+//! local tokenizer (its decode workers look the directory up as a Hub id: HFValidationError,
+//! whatever the trace holds); `tests/interop/sitecustomize.py`, put on PYTHONPATH here, applies
+//! the upstream fix (ai-dynamo/aiperf pull request #1339) to tokenizer loading and nothing else.
+//!
 //! Runs when the consumers are installed (`validate.sh --install`, under
 //! `$REPLAY_CHECK_HOME` or `~/.cache/replay-check`) and says SKIPPED otherwise; with
 //! `PREFIXSCOPE_REQUIRE_REPLAY_CHECK=1` it fails instead. Each file takes 15-100 s, run at low
@@ -141,6 +146,9 @@ fn the_real_consumers_load_and_replay_every_export() {
     }
     cases.push(("generated agents with a subagent".into(), agents, "weka"));
 
+    say(
+        "(AIPerf 0.13.0 with its local-tokenizer fix from ai-dynamo/aiperf#1339: tests/interop/sitecustomize.py)",
+    );
     let mut failures = Vec::new();
     for (label, input, format) in cases {
         let out = dir.join(format!("{}.{format}.jsonl", label.replace([' ', ','], "_")));
@@ -149,6 +157,8 @@ fn the_real_consumers_load_and_replay_every_export() {
         let result = Command::new("nice")
             .args(["-n", "15", "bash"])
             .arg(validate_sh())
+            .env("PYTHONPATH", root().join("tests/interop"))
+            .env("PYTHONDONTWRITEBYTECODE", "1")
             .arg(format)
             .arg(&out)
             .output()

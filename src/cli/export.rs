@@ -321,6 +321,18 @@ pub fn run(args: ExportArgs) -> u8 {
         tools_position,
         ts_column: args.ts_column.clone(),
     };
+    if let Some(out) = &args.output
+        && let Ok(out) = out.canonicalize()
+        && args
+            .files
+            .iter()
+            .any(|f| f.canonicalize().is_ok_and(|f| f == out))
+    {
+        return usage(format!(
+            "-o {} is one of the inputs: it would be overwritten before it is read",
+            out.display()
+        ));
+    }
     let inputs = Files { paths: &args.files };
     let result = match &args.output {
         Some(path) => {
@@ -410,6 +422,10 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         } else {
             format!(", {}", skipped.join(", "))
         }
+    );
+    eprintln!(
+        "  held at most: {} requests read ahead of their turn, {} in conversations not yet written",
+        summary.read_ahead_max, w.held_requests_max
     );
     if summary.untimed > 0 {
         eprintln!(
