@@ -958,3 +958,119 @@ fn traces(
     summary.written = writer.finish(out).map_err(ExportError::Write)?;
     Ok(summary)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::blocks::prompt_from_body;
+
+    fn prompt(messages: Value) -> Prompt {
+        prompt_from_body(Api::OpenaiChat, &json!({"messages": messages}), None).unwrap_or_default()
+    }
+
+    #[test]
+    fn new_input_is_what_follows_the_last_reply() {
+        let first =
+            prompt(json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]));
+        assert_eq!(new_input(&first), (false, true));
+        let tool_step = prompt(json!([{"role": "user", "content": "u"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "a.rs"}]));
+        assert_eq!(new_input(&tool_step), (true, false));
+        let both = prompt(json!([{"role": "assistant", "content": "x"},
+            {"role": "tool", "tool_call_id": "c", "content": "a.rs"}, {"role": "user", "content": "and?"}]));
+        assert_eq!(new_input(&both), (true, true));
+    }
+
+    #[test]
+    fn plans_go_by_start_time_and_mark_each_conversations_last_request() {
+        let entry = |t| Entry {
+            file: 0,
+            position: 0,
+            t_ms: Some(t),
+        };
+        let entries = [entry(30), entry(10), entry(20), entry(40)];
+        let conversations = [Some(1), Some(1), None, Some(2)];
+        let (order, last) = plan(&entries, &conversations, true);
+        assert_eq!(order, vec![1, 2, 0, 3]);
+        assert_eq!(last, vec![true, false, true, true]);
+        let (file_order, _) = plan(&entries, &conversations, false);
+        assert_eq!(file_order, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn anthropic_content_is_chat_form_without_thinking() {
+        let body = json!({"model": "claude", "system": "be brief",
+            "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "hi"}]});
+        let reply = json!({"content": [{"type": "thinking", "thinking": "hmm"},
+            {"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]});
+        let content = content_of(Api::AnthropicMessages, &body, Some(&reply));
+        assert_eq!(
+            content.input_messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(content.output_messages.len(), 1);
+        assert!(content.output_messages[0].get("thinking").is_none());
+        assert_eq!(
+            content.output_messages[0]["tool_calls"][0]["function"]["name"],
+            "ls"
+        );
+        let tools = content.tools.unwrap_or_default();
+        assert_eq!(
+            tools[0]["function"]["parameters"],
+            json!({"type": "object"})
+        );
+        assert_eq!(content.model.as_deref(), Some("claude"));
+    }
+
+    #[test]
+    fn record_lines_are_parsed_by_the_recording_readers_rules() {
+        assert!(parse_record(b"not json\n").is_err());
+        assert!(parse_record(b"{\"v\":2}\n").is_err_and(|e| e.contains("version 2")));
+        let mut lines = Vec::new();
+        let text = "\n{\"v\":1}\n\n{\"v\":1,\"id\":";
+        each_record(&mut text.as_bytes(), |line, parsed| {
+            lines.push((line, parsed.is_ok()));
+            Ok(())
+        })
+        .ok();
+        assert_eq!(lines, vec![(2, false), (4, false)]);
+    }
+
+    struct Listed(Vec<(u32, u64)>);
+
+    impl FileRequests for Listed {
+        fn next_request(&mut self) -> Result<Option<(u32, ExportRequest)>, ExportError> {
+            if self.0.is_empty() {
+                return Ok(None);
+            }
+            let (seq, t) = self.0.remove(0);
+            Ok(Some((
+                seq,
+                super::super::tests_support::request(1, t as i64, 1),
+            )))
+        }
+    }
+
+    #[test]
+    fn reorder_holds_what_was_read_before_its_turn() {
+        // File 0 holds requests 2, 0, 1 (completion order); file 1 holds 3.
+        let mut reorder = Reorder {
+            files: vec![
+                Box::new(Listed(vec![(2, 20), (0, 0), (1, 10)])),
+                Box::new(Listed(vec![(3, 30)])),
+            ],
+            ahead: HashMap::new(),
+            ahead_max: 0,
+        };
+        let mut times = Vec::new();
+        for (seq, file) in [(0, 0), (1, 0), (2, 0), (3, 1)] {
+            let request = reorder.take(seq, file).ok().flatten();
+            times.push(request.map(|r| r.t_ms));
+        }
+        assert_eq!(times, vec![Some(0), Some(10), Some(20), Some(30)]);
+        assert_eq!(reorder.ahead_max, 1);
+        assert!(reorder.take(9, 0).ok().flatten().is_none());
+    }
+}
