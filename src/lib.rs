@@ -6,6 +6,7 @@
 
 pub mod analysis;
 pub mod cache;
+pub mod export;
 pub mod input;
 pub mod normalize;
 pub mod record;

@@ -37,6 +37,10 @@ enum Command {
     Replay(cli::replay::ReplayArgs),
     /// The recording proxy with the TUI: point your agent at it and watch its cache live.
     Watch(cli::watch::WatchArgs),
+    /// Write recordings, gateway logs or traces as a trace the replay tools load (GuideLLM,
+    /// AIPerf): mooncake, bailian, weka, trace_synthetic (anonymized), or otel (NOT anonymous:
+    /// the spans carry the messages).
+    Export(cli::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => cli::analyze::run(args),
         Command::Replay(args) => cli::replay::run(args),
         Command::Watch(args) => cli::watch::run(args),
+        Command::Export(args) => cli::export::run(args),
     };
     ExitCode::from(code)
 }

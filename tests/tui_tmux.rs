@@ -132,8 +132,9 @@ fn replay_as_a_person_uses_it() {
     if !have_tmux() {
         return;
     }
+    // The export's salt file goes to the test's folder, not the user's config.
     let command = format!(
-        "{BIN} replay --speed 20 {}; echo EXITED $?; sleep 60",
+        "XDG_CONFIG_HOME=$PWD/config {BIN} replay --speed 20 {}; echo EXITED $?; sleep 60",
         recording("llmp/llama.cpp/parallel-nocache.jsonl")
     );
     let tmux = Tmux::start("replay", &command);
@@ -165,8 +166,9 @@ fn replay_as_a_person_uses_it() {
     tmux.keys(&["e"]);
     tmux.wait_for(&["mooncake", "prefixscope-mooncake.jsonl"]);
     tmux.keys(&["Enter"]);
-    let screen = tmux.wait_for(&["export"]);
+    let screen = tmux.wait_for(&["exported 23 requests"]);
     check_export(&tmux, &screen);
+    assert!(tmux.dir.join("config/prefixscope/salt").exists());
 
     // `p` pauses the view, again resumes it.
     tmux.keys(&["p"]);

@@ -2,6 +2,7 @@
 //! all (or a port that could not be bound), 2 a usage error (clap's own, and ours).
 
 pub mod analyze;
+pub mod export;
 pub mod profile;
 pub mod record;
 pub mod records;

@@ -60,8 +60,11 @@ pub fn run_tui(
     }
 }
 
-/// The `e` key: exports the recordings (read again from disk) to `path`.
+/// The `e` key: exports the recordings (read again from disk: the app keeps no bodies) to
+/// `path`.
 pub fn export_files(files: &[PathBuf], format: &str, path: &str) -> Result<String, String> {
-    let _ = (files, format, Path::new(path));
-    Err("export is not built yet (issue #5)".into())
+    if path.trim().is_empty() {
+        return Err("no file name".into());
+    }
+    super::export::export_recordings(files, format, Path::new(path.trim()))
 }

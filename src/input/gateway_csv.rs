@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
 use crate::cache::Request;
-use crate::cache::blocks::{BlockModel, prompt_from_body, tokens_per_char};
+use crate::cache::blocks::{BlockModel, Prompt, prompt_from_body, tokens_per_char};
 use crate::normalize::Api;
 
 const TIMESTAMP_COLUMNS: [&str; 5] = ["timestamp", "ts", "created_at", "request_time", "time"];
@@ -102,124 +102,12 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 }
 
 pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
-    let mut report = FileReport::new(name, Format::Csv);
-    let mut csv = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
-    let headers = match csv.headers() {
-        Ok(h) => h.clone(),
-        Err(e) => {
-            report.bad(1, format!("no CSV header: {e}"));
-            return FileInput {
-                requests: Vec::new(),
-                report,
-            };
-        }
-    };
-    let column = |name: &str| headers.iter().position(|h| h.trim() == name);
-    let Some(request_column) = column("request_json") else {
-        report.bad(1, "no request_json column");
-        return FileInput {
-            requests: Vec::new(),
-            report,
-        };
-    };
-    let response_column = column("response_json");
-    let model_column = column("model_name");
-    let status_column = column("status_code");
-    let ts_column = match &options.ts_column {
-        Some(name) => match column(name) {
-            Some(c) => Some(c),
-            None => {
-                report.bad(1, format!("no timestamp column {name:?}"));
-                None
-            }
-        },
-        None => TIMESTAMP_COLUMNS.iter().find_map(|name| column(name)),
-    };
-
-    let mut pending = Vec::new();
-    let mut record = csv::StringRecord::new();
-    loop {
-        let line = csv.position().line() as usize;
-        match csv.read_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                report.bad(line.max(2), e.to_string());
-                if e.is_io_error() {
-                    break;
-                }
-                continue;
-            }
-        }
-        let line = record.position().map_or(line, |p| p.line() as usize);
-        let field = |c: Option<usize>| {
-            c.and_then(|c| record.get(c))
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-        };
-        if let Some(status) = field(status_column) {
-            match status.parse::<u16>() {
-                Ok(code) if (200..300).contains(&code) => {}
-                Ok(_) => {
-                    report.non_2xx += 1;
-                    continue;
-                }
-                Err(_) => {
-                    report.bad(line, format!("status_code {status:?} is not a number"));
-                    continue;
-                }
-            }
-        }
-        let body: Value = match field(Some(request_column)).map(serde_json::from_str) {
-            Some(Ok(body)) => body,
-            Some(Err(e)) => {
-                report.bad(line, format!("request_json: {e}"));
-                continue;
-            }
-            None => {
-                report.bad(line, "empty request_json");
-                continue;
-            }
-        };
-        let api = if body.get("messages").is_some() {
-            Api::OpenaiChat
-        } else {
-            Api::OpenaiCompletions
-        };
-        let Some(mut prompt) = prompt_from_body(api, &body, None) else {
-            report.bad(line, "request_json holds neither messages nor a prompt");
-            continue;
-        };
-        if prompt.model.is_none() {
-            prompt.model = field(model_column).map(str::to_string);
-        }
-        let response: Option<Value> =
-            field(response_column).and_then(|r| serde_json::from_str(r).ok());
-        let counts = response.as_ref().map(server_counts).unwrap_or_default();
-        let t_ms = match field(ts_column) {
-            Some(text) => match parse_timestamp_ms(text) {
-                Some(t) => Some(t),
-                None => {
-                    report.bad(
-                        line,
-                        format!("timestamp {text:?} is neither epoch nor ISO-8601"),
-                    );
-                    continue;
-                }
-            },
-            None => None,
-        };
-        let request = Request {
-            t_ms,
-            output_tokens: counts.output_tokens,
-            session_id: session_id_in_body(&body),
-            model: prompt.model.clone(),
-            streamed: Some(body.get("stream").and_then(Value::as_bool).unwrap_or(false)),
-            server_reused_tokens: counts.reused_tokens,
-            ..Request::default()
-        };
-        pending.push((prompt, counts.prompt_tokens, request));
-    }
+    let mut rows = Rows::new(reader, name, options.ts_column.as_deref());
+    let mut pending: Vec<(Prompt, Option<u64>, Request)> = rows
+        .by_ref()
+        .map(|row| (row.prompt, row.prompt_tokens, row.request))
+        .collect();
+    let mut report = rows.report;
 
     if pending.iter().all(|(_, _, r)| r.t_ms.is_some()) {
         pending.sort_by_key(|(_, _, r)| r.t_ms);
@@ -256,6 +144,183 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
         request.conversation = request.session_id.as_ref().map(|s| s.value.clone());
     }
     FileInput { requests, report }
+}
+
+/// One good row of a gateway log: its prompt (not cut yet: blocks wait for the whole input's
+/// tokens-per-character) and what was read beside it.
+pub struct CsvRow {
+    /// The row's position among the file's records (header excluded), from 0.
+    pub index: usize,
+    pub prompt: Prompt,
+    /// The server's prompt token count, when the response gave one.
+    pub prompt_tokens: Option<u64>,
+    /// Everything but the blocks.
+    pub request: Request,
+    /// The OpenAI-format request body.
+    pub body: Value,
+    /// The response body, when the row has one that parses.
+    pub response: Option<Value>,
+}
+
+/// A gateway log one row at a time, in file order; bad rows and non-2xx responses are counted in
+/// `report` as they are met.
+pub struct Rows<R: std::io::Read> {
+    csv: csv::Reader<R>,
+    record: csv::StringRecord,
+    request_column: Option<usize>,
+    response_column: Option<usize>,
+    model_column: Option<usize>,
+    status_column: Option<usize>,
+    ts_column: Option<usize>,
+    index: usize,
+    pub report: FileReport,
+}
+
+impl<R: BufRead> Rows<R> {
+    /// `ts_column`: the column holding timestamps, else the first of the usual names.
+    pub fn new(reader: R, name: &str, ts_column: Option<&str>) -> Rows<R> {
+        let mut report = FileReport::new(name, Format::Csv);
+        let mut csv = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
+        let headers = match csv.headers() {
+            Ok(h) => Some(h.clone()),
+            Err(e) => {
+                report.bad(1, format!("no CSV header: {e}"));
+                None
+            }
+        };
+        let column = |name: &str| {
+            headers
+                .as_ref()
+                .and_then(|h| h.iter().position(|h| h.trim() == name))
+        };
+        let request_column = column("request_json");
+        if headers.is_some() && request_column.is_none() {
+            report.bad(1, "no request_json column");
+        }
+        let ts_column = match ts_column {
+            Some(name) => match column(name) {
+                Some(c) => Some(c),
+                None => {
+                    report.bad(1, format!("no timestamp column {name:?}"));
+                    None
+                }
+            },
+            None => TIMESTAMP_COLUMNS.iter().find_map(|name| column(name)),
+        };
+        Rows {
+            request_column,
+            response_column: column("response_json"),
+            model_column: column("model_name"),
+            status_column: column("status_code"),
+            ts_column,
+            csv,
+            record: csv::StringRecord::new(),
+            index: 0,
+            report,
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for Rows<R> {
+    type Item = CsvRow;
+
+    fn next(&mut self) -> Option<CsvRow> {
+        let request_column = self.request_column?;
+        loop {
+            let line = self.csv.position().line() as usize;
+            match self.csv.read_record(&mut self.record) {
+                Ok(false) => return None,
+                Ok(true) => {}
+                Err(e) => {
+                    self.report.bad(line.max(2), e.to_string());
+                    if e.is_io_error() {
+                        return None;
+                    }
+                    continue;
+                }
+            }
+            let index = self.index;
+            self.index += 1;
+            let record = &self.record;
+            let line = record.position().map_or(line, |p| p.line() as usize);
+            let field = |c: Option<usize>| {
+                c.and_then(|c| record.get(c))
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+            };
+            if let Some(status) = field(self.status_column) {
+                match status.parse::<u16>() {
+                    Ok(code) if (200..300).contains(&code) => {}
+                    Ok(_) => {
+                        self.report.non_2xx += 1;
+                        continue;
+                    }
+                    Err(_) => {
+                        self.report
+                            .bad(line, format!("status_code {status:?} is not a number"));
+                        continue;
+                    }
+                }
+            }
+            let body: Value = match field(Some(request_column)).map(serde_json::from_str) {
+                Some(Ok(body)) => body,
+                Some(Err(e)) => {
+                    self.report.bad(line, format!("request_json: {e}"));
+                    continue;
+                }
+                None => {
+                    self.report.bad(line, "empty request_json");
+                    continue;
+                }
+            };
+            let api = if body.get("messages").is_some() {
+                Api::OpenaiChat
+            } else {
+                Api::OpenaiCompletions
+            };
+            let Some(mut prompt) = prompt_from_body(api, &body, None) else {
+                self.report
+                    .bad(line, "request_json holds neither messages nor a prompt");
+                continue;
+            };
+            if prompt.model.is_none() {
+                prompt.model = field(self.model_column).map(str::to_string);
+            }
+            let response: Option<Value> =
+                field(self.response_column).and_then(|r| serde_json::from_str(r).ok());
+            let counts = response.as_ref().map(server_counts).unwrap_or_default();
+            let t_ms = match field(self.ts_column) {
+                Some(text) => match parse_timestamp_ms(text) {
+                    Some(t) => Some(t),
+                    None => {
+                        self.report.bad(
+                            line,
+                            format!("timestamp {text:?} is neither epoch nor ISO-8601"),
+                        );
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            let request = Request {
+                t_ms,
+                output_tokens: counts.output_tokens,
+                session_id: session_id_in_body(&body),
+                model: prompt.model.clone(),
+                streamed: Some(body.get("stream").and_then(Value::as_bool).unwrap_or(false)),
+                server_reused_tokens: counts.reused_tokens,
+                ..Request::default()
+            };
+            return Some(CsvRow {
+                index,
+                prompt,
+                prompt_tokens: counts.prompt_tokens,
+                request,
+                body,
+                response,
+            });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -46,10 +46,11 @@ fn session_header(record: &Record) -> Option<SessionId> {
 
 /// One record on its way to a request: everything but the blocks, which wait for the input's
 /// tokens-per-character.
-struct Pending {
-    prompt: Prompt,
-    prompt_tokens: Option<u64>,
-    request: Request,
+pub struct Pending {
+    pub prompt: Prompt,
+    /// The server's prompt token count, when it gave one.
+    pub prompt_tokens: Option<u64>,
+    pub request: Request,
 }
 
 pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
@@ -125,7 +126,9 @@ pub fn live_request(
     })
 }
 
-fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
+/// The prompt and the figures of one record, or `None` (counted in `report`) when it holds no
+/// prompt to simulate. Exports read records one at a time through this too.
+pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
     let api = Api::from_path(&record.request.path);
     if !renders(api) {
         report.skip("not a prompt API");

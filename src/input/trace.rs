@@ -82,42 +82,9 @@ pub fn block_tokens(input_length: u64, block_size: u32, index: usize) -> u32 {
 }
 
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
-    let mut report = FileReport::new(name, format);
-    let mut ids = IdInterner::default();
-    let mut requests = Vec::new();
-    // bailian: each request's conversation is its chain's root chat.
-    let mut root_of: HashMap<String, String> = HashMap::new();
-    let mut line_number = 0usize;
-    let mut buffer = Vec::new();
-    let mut reader = reader;
-    loop {
-        buffer.clear();
-        match reader.read_until(b'\n', &mut buffer) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                report.bad(line_number + 1, format!("read error: {e}"));
-                break;
-            }
-        }
-        line_number += 1;
-        let line = buffer.trim_ascii();
-        if line.is_empty() {
-            continue;
-        }
-        let row: Row = match serde_json::from_slice(line) {
-            Ok(row) => row,
-            Err(e) => {
-                report.bad(line_number, e.to_string());
-                continue;
-            }
-        };
-        match request_of(row, format, options.block_size, &mut ids, &mut root_of) {
-            Ok(Some(request)) => requests.push(request),
-            Ok(None) => report.skip("no hash_ids"),
-            Err(error) => report.bad(line_number, error),
-        }
-    }
+    let mut rows = Rows::new(reader, name, format, options.block_size);
+    let requests: Vec<Request> = rows.by_ref().collect();
+    let mut report = rows.report;
     report.requests = requests.len() as u64;
     report.conversation_source = match format {
         Format::Bailian => "parent_chat_id".to_string(),
@@ -125,6 +92,88 @@ pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOpt
         _ => "none".to_string(),
     };
     FileInput { requests, report }
+}
+
+/// A trace's requests one row at a time, in file order; bad and skipped rows are counted in
+/// `report` as they are met. Holds the bailian chain roots and any non-integer ids seen.
+pub struct Rows<R> {
+    reader: R,
+    format: Format,
+    block_size: u32,
+    ids: IdInterner,
+    // bailian: each request's conversation is its chain's root chat.
+    root_of: HashMap<String, String>,
+    line_number: usize,
+    buffer: Vec<u8>,
+    finished: bool,
+    pub report: FileReport,
+}
+
+impl<R: BufRead> Rows<R> {
+    pub fn new(reader: R, name: &str, format: Format, block_size: u32) -> Rows<R> {
+        Rows {
+            reader,
+            format,
+            block_size,
+            ids: IdInterner::default(),
+            root_of: HashMap::new(),
+            line_number: 0,
+            buffer: Vec::new(),
+            finished: false,
+            report: FileReport::new(name, format),
+        }
+    }
+
+    /// The line the last request came from.
+    pub fn line(&self) -> usize {
+        self.line_number
+    }
+}
+
+impl<R: BufRead> Iterator for Rows<R> {
+    type Item = Request;
+
+    fn next(&mut self) -> Option<Request> {
+        while !self.finished {
+            self.buffer.clear();
+            match self.reader.read_until(b'\n', &mut self.buffer) {
+                Ok(0) => self.finished = true,
+                Ok(_) => {}
+                Err(e) => {
+                    self.report
+                        .bad(self.line_number + 1, format!("read error: {e}"));
+                    self.finished = true;
+                }
+            }
+            if self.finished {
+                break;
+            }
+            self.line_number += 1;
+            let line = self.buffer.trim_ascii();
+            if line.is_empty() {
+                continue;
+            }
+            let row: Row = match serde_json::from_slice(line) {
+                Ok(row) => row,
+                Err(e) => {
+                    self.report.bad(self.line_number, e.to_string());
+                    continue;
+                }
+            };
+            match request_of(
+                row,
+                self.format,
+                self.block_size,
+                &mut self.ids,
+                &mut self.root_of,
+            ) {
+                Ok(Some(request)) => return Some(request),
+                Ok(None) => self.report.skip("no hash_ids"),
+                Err(error) => self.report.bad(self.line_number, error),
+            }
+        }
+        None
+    }
 }
 
 fn request_of(

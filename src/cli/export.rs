@@ -1,0 +1,545 @@
+//! `prefixscope export FILE... --to FORMAT`: what was recorded (or read) as a trace the replay
+//! tools load (GuideLLM, AIPerf). Anonymized except `--to otel`, whose spans carry the messages.
+//!
+//! Ids are salted with a key kept in a salt file: `--salt-file`, else
+//! `$XDG_CONFIG_HOME/prefixscope/salt`, else `~/.config/prefixscope/salt`; created on first use
+//! (32 random bytes as hex, mode 0600) and reused after, so exports of the same traffic share ids.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
+use prefixscope::cache::blocks::ToolsPosition;
+use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
+use prefixscope::input::{self, Format};
+
+const TARGETS: [&str; 5] = ["mooncake", "bailian", "weka", "trace_synthetic", "otel"];
+
+#[derive(Args)]
+#[command(after_help = "\
+Formats: mooncake (GuideLLM, AIPerf; 512-token blocks), bailian (AIPerf; 16), weka (GuideLLM,
+AIPerf; 64, written in the file), trace_synthetic (GuideLLM; no hash ids) are anonymized: token
+counts, times and salted ids only, no text, model or tool name.
+otel (GuideLLM) is NOT anonymous: its spans carry every message, the system prompt and the tool
+definitions, because replay sends them. Digest recordings cannot be exported as otel.
+
+The salt file (--salt-file, else $XDG_CONFIG_HOME/prefixscope/salt, else
+~/.config/prefixscope/salt) is created on first use with mode 0600; keep it to get the same ids
+again, delete it to unlink new exports from old ones.")]
+pub struct ExportArgs {
+    /// Recordings (prefixscope or llmp, full or digest), gateway CSV logs, or Mooncake or bailian
+    /// traces, gzipped or not; all of one kind.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The trace format to write (otel is NOT anonymous: it carries the messages).
+    #[arg(long, value_name = "FORMAT", value_parser = TARGETS)]
+    to: String,
+    /// Write the export to this file instead of stdout.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Tokens per hash id (default: mooncake 512, bailian 16, weka 64).
+    #[arg(long)]
+    block_size: Option<u32>,
+    /// The salt file (created with mode 0600 when missing).
+    #[arg(long, value_name = "FILE")]
+    salt_file: Option<PathBuf>,
+    /// The input kind: auto, recording, csv, mooncake or bailian.
+    #[arg(long, default_value = "auto")]
+    format: String,
+    /// Where tool definitions go in a rendered prompt: leading or after-system (default: by
+    /// model family).
+    #[arg(long)]
+    tools_position: Option<String>,
+    /// CSV: the column holding timestamps.
+    #[arg(long)]
+    ts_column: Option<String>,
+}
+
+fn usage(message: impl std::fmt::Display) -> u8 {
+    eprintln!("prefixscope export: {message}");
+    EXIT_USAGE
+}
+
+fn unreadable(message: impl std::fmt::Display) -> u8 {
+    eprintln!("prefixscope export: {message}");
+    EXIT_UNREADABLE
+}
+
+/// The input files, opened again for each pass.
+struct Files<'a> {
+    paths: &'a [PathBuf],
+}
+
+fn open_file(path: &Path) -> std::io::Result<Box<dyn BufRead>> {
+    let file = File::open(path)?;
+    input::decompressed(BufReader::with_capacity(1 << 18, file))
+}
+
+impl Inputs for Files<'_> {
+    fn count(&self) -> usize {
+        self.paths.len()
+    }
+
+    fn name(&self, index: usize) -> String {
+        self.paths
+            .get(index)
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    }
+
+    fn open(&self, index: usize) -> std::io::Result<Box<dyn BufRead + '_>> {
+        match self.paths.get(index) {
+            Some(path) => open_file(path),
+            None => Err(std::io::Error::other("no such input")),
+        }
+    }
+}
+
+/// `$XDG_CONFIG_HOME/prefixscope/salt`, else `~/.config/prefixscope/salt`.
+pub fn default_salt_path() -> Option<PathBuf> {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    set("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".config")))
+        .map(|config| config.join("prefixscope").join("salt"))
+}
+
+fn random_hex(bytes: usize) -> String {
+    use std::io::Read;
+    let mut buffer = vec![0u8; bytes];
+    let from_os = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buffer));
+    if from_os.is_err() {
+        // No /dev/urandom: std's per-process random hash keys, mixed with the clock.
+        use std::hash::{BuildHasher, Hasher};
+        for (i, chunk) in buffer.chunks_mut(8).enumerate() {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_usize(i);
+            hasher.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default(),
+            );
+            let word = hasher.finish().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+    }
+    buffer.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn create_private(path: &Path) -> std::io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
+}
+
+/// Reads the salt file, creating it (mode 0600) when it does not exist. Returns the salt and
+/// whether the file was created.
+pub fn load_or_create_salt(path: &Path) -> Result<(Salt, bool), String> {
+    let read = |path: &Path| -> Result<Option<Salt>, String> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Salt::from_text(&text)
+                .map(Some)
+                .ok_or_else(|| format!("salt file {} is empty", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("cannot read salt file {}: {e}", path.display())),
+        }
+    };
+    if let Some(salt) = read(path)? {
+        #[cfg(unix)]
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                eprintln!(
+                    "prefixscope export: warning: salt file {} is readable by others (mode {mode:o}); chmod 600 it",
+                    path.display()
+                );
+            }
+        }
+        return Ok((salt, false));
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o700);
+        }
+        builder
+            .create(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let text = random_hex(32);
+    match create_private(path) {
+        Ok(mut file) => {
+            file.write_all(format!("{text}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| format!("cannot write salt file {}: {e}", path.display()))?;
+            let salt = Salt::from_text(&text)
+                .ok_or_else(|| format!("salt file {} is empty", path.display()))?;
+            Ok((salt, true))
+        }
+        // Another export created it meanwhile: use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(path)?
+            .map(|s| (s, false))
+            .ok_or_else(|| format!("salt file {} is empty", path.display())),
+        Err(e) => Err(format!("cannot create salt file {}: {e}", path.display())),
+    }
+}
+
+/// Tells every file's kind; they must agree.
+fn input_format(args: &ExportArgs) -> Result<Format, u8> {
+    let forced = match args.format.as_str() {
+        "auto" => None,
+        other => Some(Format::parse(other).ok_or_else(|| {
+            usage(format!(
+                "unknown --format {other:?} (auto, recording, csv, mooncake, bailian)"
+            ))
+        })?),
+    };
+    let mut kinds: Vec<(Format, &Path)> = Vec::new();
+    for path in &args.files {
+        let mut reader = open_file(path)
+            .map_err(|e| unreadable(format!("cannot read {}: {e}", path.display())))?;
+        let format = match forced {
+            Some(format) => format,
+            None => match input::detect(&mut reader) {
+                Ok(Some(format)) => format,
+                Ok(None) => {
+                    return Err(usage(format!(
+                        "{}: cannot tell the format; give --format",
+                        path.display()
+                    )));
+                }
+                Err(e) => return Err(unreadable(format!("cannot read {}: {e}", path.display()))),
+            },
+        };
+        kinds.push((format, path));
+    }
+    let Some(&(first, first_path)) = kinds.first() else {
+        return Err(usage("no input file"));
+    };
+    if let Some((other, path)) = kinds.iter().find(|(f, _)| *f != first) {
+        return Err(usage(format!(
+            "{} is a {} and {} a {}: export files of one kind at a time",
+            first_path.display(),
+            first.as_str(),
+            path.display(),
+            other.as_str()
+        )));
+    }
+    Ok(first)
+}
+
+pub fn run(args: ExportArgs) -> u8 {
+    let Some(target) = Target::parse(&args.to) else {
+        return usage(format!("unknown --to {:?}", args.to));
+    };
+    let tools_position = match &args.tools_position {
+        Some(text) => match ToolsPosition::parse(text) {
+            Some(p) => Some(p),
+            None => {
+                return usage(format!(
+                    "unknown --tools-position {text:?} (leading, after-system)"
+                ));
+            }
+        },
+        None => None,
+    };
+    if args.block_size == Some(0) {
+        return usage("--block-size must be at least 1");
+    }
+    let format = match input_format(&args) {
+        Ok(format) => format,
+        Err(code) => return code,
+    };
+    let Some(salt_path) = args.salt_file.clone().or_else(default_salt_path) else {
+        return usage(
+            "no place for the salt file (neither XDG_CONFIG_HOME nor HOME is set): give --salt-file",
+        );
+    };
+    let (salt, created) = match load_or_create_salt(&salt_path) {
+        Ok(loaded) => loaded,
+        Err(message) => return unreadable(message),
+    };
+
+    let block_size = match target.default_block_size() {
+        Some(default) => {
+            let size = args.block_size.unwrap_or(default);
+            eprintln!(
+                "prefixscope export: {} → {}: hash ids of {size}-token blocks{}",
+                format.as_str(),
+                target.as_str(),
+                if args.block_size.is_some() && size != default {
+                    format!(" (--block-size; its consumers assume {default})")
+                } else {
+                    String::new()
+                }
+            );
+            size
+        }
+        None => {
+            eprintln!(
+                "prefixscope export: {} → {}: block size: none ({} has no hash ids{})",
+                format.as_str(),
+                target.as_str(),
+                target.as_str(),
+                if args.block_size.is_some() {
+                    "; --block-size ignored"
+                } else {
+                    ""
+                }
+            );
+            args.block_size.unwrap_or(16)
+        }
+    };
+    if !target.anonymous() {
+        eprintln!(
+            "prefixscope export: WARNING: otel is NOT anonymous: the spans carry every message, the system prompt and the tool definitions (replay sends them). Share it as you would the recording."
+        );
+    }
+    eprintln!(
+        "prefixscope export: salt {} ({})",
+        salt_path.display(),
+        if created { "created" } else { "reused" }
+    );
+
+    let options = Options {
+        target,
+        block_size,
+        salt,
+        tools_position,
+        ts_column: args.ts_column.clone(),
+    };
+    if let Some(out) = &args.output
+        && let Ok(out) = out.canonicalize()
+        && args
+            .files
+            .iter()
+            .any(|f| f.canonicalize().is_ok_and(|f| f == out))
+    {
+        return usage(format!(
+            "-o {} is one of the inputs: it would be overwritten before it is read",
+            out.display()
+        ));
+    }
+    let inputs = Files { paths: &args.files };
+    let result = match &args.output {
+        Some(path) => {
+            let file = if target.anonymous() {
+                File::create(path)
+            } else {
+                // Prompts inside: as private as a recording.
+                std::fs::remove_file(path).ok();
+                create_private(path)
+            };
+            let file = match file {
+                Ok(f) => f,
+                Err(e) => return unreadable(format!("cannot write {}: {e}", path.display())),
+            };
+            let mut out = BufWriter::with_capacity(1 << 16, file);
+            let result = export::export(&inputs, format, &options, &mut out)
+                .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
+            if result.is_err() {
+                std::fs::remove_file(path).ok();
+            }
+            result
+        }
+        None => {
+            let stdout = std::io::stdout();
+            let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+            export::export(&inputs, format, &options, &mut out)
+                .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write))
+        }
+    };
+    match result {
+        Ok(summary) => {
+            report(&summary, target, args.output.as_deref());
+            EXIT_OK
+        }
+        Err(ExportError::Usage(message)) => usage(message),
+        Err(e) => unreadable(e),
+    }
+}
+
+fn report(summary: &Summary, target: Target, output: Option<&Path>) {
+    for bad in &summary.bad_rows {
+        eprintln!(
+            "prefixscope: {}:{}: {}",
+            bad.file, bad.row.line, bad.row.error
+        );
+    }
+    let w = &summary.written;
+    let unit = match target {
+        Target::Weka => "conversation objects",
+        Target::Otel => "traces",
+        _ => "rows",
+    };
+    eprintln!(
+        "prefixscope export: {} requests → {} {unit}{}",
+        summary.requests,
+        w.lines,
+        output.map_or(String::new(), |p| format!(" in {}", p.display()))
+    );
+    eprintln!(
+        "  output_length: {} from the server, {} estimated (no count in the response), {} raised from 0 to 1",
+        summary.output_from_server, summary.output_estimated, summary.output_raised_from_zero
+    );
+    if target.uses_conversations() {
+        eprintln!(
+            "  conversations from {}: {} written · {} tool-result steps{}",
+            summary.conversation_source,
+            w.conversations,
+            w.tool_results,
+            if target == Target::Weka {
+                format!(" · {} subagents", w.subagents)
+            } else {
+                String::new()
+            }
+        );
+    }
+    let skipped: Vec<String> = summary
+        .skipped
+        .iter()
+        .map(|(reason, n)| format!("{n} {reason}"))
+        .collect();
+    eprintln!(
+        "  not exported: {} bad lines, {} non-2xx responses{}",
+        summary.bad_rows.len(),
+        summary.non_2xx,
+        if skipped.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", skipped.join(", "))
+        }
+    );
+    eprintln!(
+        "  held at most: {} requests read ahead of their turn, {} in conversations not yet written",
+        summary.read_ahead_max, w.held_requests_max
+    );
+    if summary.untimed > 0 {
+        eprintln!(
+            "  {} requests had no timestamp and were given the previous one's",
+            summary.untimed
+        );
+    }
+    if target.anonymous() {
+        eprintln!(
+            "  anonymized: token counts, times and salted ids; no message text, system prompt, tool schema, arguments, results, model or tool name"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("prefixscope-salt-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        dir
+    }
+
+    #[test]
+    fn a_salt_file_is_created_once_private_and_then_reused() {
+        let dir = temp_dir("create");
+        let path = dir.join("nested/salt");
+        let (first, created) = load_or_create_salt(&path).unwrap();
+        assert!(created);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.trim().len(), 64);
+        assert!(text.trim().chars().all(|c| c.is_ascii_hexdigit()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&path), 0o600);
+            assert_eq!(mode(&dir.join("nested")), 0o700);
+        }
+        let (again, created) = load_or_create_salt(&path).unwrap();
+        assert!(!created);
+        assert_eq!(first, again);
+        // Two new salts differ.
+        let (other, _) = load_or_create_salt(&dir.join("other")).unwrap();
+        assert_ne!(first, other);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_empty_salt_file_is_an_error() {
+        let dir = temp_dir("empty");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("salt");
+        std::fs::write(&path, "\n").unwrap();
+        assert!(load_or_create_salt(&path).is_err_and(|e| e.contains("empty")));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// The TUI's `e` key: exports recordings to `path` with the format's default block size and
+/// the default salt file, saying what it did in one line (nothing on stderr: the TUI owns the
+/// terminal).
+pub fn export_recordings(files: &[PathBuf], to: &str, path: &Path) -> Result<String, String> {
+    let target = Target::parse(to).ok_or_else(|| format!("unknown format {to:?}"))?;
+    let salt_path = default_salt_path()
+        .ok_or("no place for the salt file (neither XDG_CONFIG_HOME nor HOME is set)")?;
+    let (salt, _) = load_or_create_salt(&salt_path)?;
+    let block_size = target.default_block_size().unwrap_or(16);
+    let options = Options {
+        target,
+        block_size,
+        salt,
+        tools_position: None,
+        ts_column: None,
+    };
+    if files
+        .iter()
+        .any(|f| f.canonicalize().ok() == path.canonicalize().ok() && path.exists())
+    {
+        return Err(format!("{} is one of the inputs", path.display()));
+    }
+    let file = if target.anonymous() {
+        File::create(path)
+    } else {
+        std::fs::remove_file(path).ok();
+        create_private(path)
+    }
+    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let mut out = BufWriter::with_capacity(1 << 16, file);
+    let inputs = Files { paths: files };
+    let result = export::export(&inputs, Format::Recording, &options, &mut out)
+        .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
+    match result {
+        Ok(summary) => Ok(format!(
+            "exported {} requests to {} ({}{}{})",
+            summary.requests,
+            path.display(),
+            target.as_str(),
+            if target.default_block_size().is_some() {
+                format!(", {block_size}-token blocks")
+            } else {
+                String::new()
+            },
+            if target.anonymous() {
+                ", anonymized"
+            } else {
+                ", NOT anonymous: it carries the messages"
+            }
+        )),
+        Err(e) => {
+            std::fs::remove_file(path).ok();
+            Err(e.to_string())
+        }
+    }
+}

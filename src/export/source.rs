@@ -1,0 +1,1076 @@
+//! From inputs to [`ExportRequest`]s in replay order, and on to a writer.
+//!
+//! Two passes over the input, so memory follows the input's structure, not its size:
+//!
+//! - **Recordings.** Pass 1 reads one line at a time and keeps, per request, its file, line,
+//!   start time and (for the analysis) the record in digest form: hashes and sizes, no text. The
+//!   analysis then gives conversations and clients (the same as on the full records: it links
+//!   turns by message hashes), and everything but a few integers per request is dropped. Pass 2
+//!   reads the files again and writes the requests in start order (the order they reached the
+//!   server); a request read before its turn (files are written in completion order) waits in a
+//!   small read-ahead map.
+//! - **Gateway CSV.** The same, without the analysis: per request its file, row, timestamp and
+//!   salted session key. Rows are written in timestamp order when every row has one (gateways
+//!   often log when a request ended), else in file order.
+//! - **Traces.** One row at a time, in file order; for the formats that group conversations a
+//!   first pass counts each conversation's requests, so the writer knows its last one.
+//!
+//! The block model's tokens per character is learned in pass 1 over all the input files at once
+//! (a rotated recording's files share their prefixes). Grouping writers (WEKA, OTel) hold open
+//! conversations; see theirs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, BufRead, Write};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{
+    Content, Conversation, ExportRequest, OutputSource, Reply, Salt, Tag, Target, Writer, Written,
+    hash_ids, output_length,
+};
+use crate::analysis::{self, Config};
+use crate::cache::blocks::{BlockModel, Prompt, ToolsPosition, tokens_per_char};
+use crate::input::recording::{Pending, pending_request};
+use crate::input::{BadRow, FileReport, Format, gateway_csv, trace};
+use crate::normalize::{Api, anthropic};
+use crate::record::{self, Output, Record, apply_digest, read_jsonl};
+
+/// The files to export, each opened once per pass.
+pub trait Inputs {
+    fn count(&self) -> usize;
+    fn name(&self, index: usize) -> String;
+    /// Input `index` from its start, decompressed.
+    fn open(&self, index: usize) -> io::Result<Box<dyn BufRead + '_>>;
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    pub target: Target,
+    /// Tokens per hash id (formats without hash ids ignore it).
+    pub block_size: u32,
+    pub salt: Salt,
+    /// Where tool definitions go in the rendered prompt (`None`: by model family).
+    pub tools_position: Option<ToolsPosition>,
+    /// CSV: the column holding timestamps.
+    pub ts_column: Option<String>,
+}
+
+#[derive(Debug)]
+pub enum ExportError {
+    /// The input cannot give what the target needs (exit 2).
+    Usage(String),
+    /// An input could not be read, or changed between the passes (exit 1).
+    Unreadable(String),
+    /// The output could not be written (exit 1).
+    Write(io::Error),
+}
+
+impl std::fmt::Display for ExportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExportError::Usage(m) | ExportError::Unreadable(m) => f.write_str(m),
+            ExportError::Write(e) => write!(f, "cannot write the export: {e}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FileBadRow {
+    pub file: String,
+    #[serde(flatten)]
+    pub row: BadRow,
+}
+
+/// What an export read and wrote.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Summary {
+    pub requests: u64,
+    pub bad_rows: Vec<FileBadRow>,
+    /// Rows that hold no prompt to export, by reason.
+    pub skipped: BTreeMap<String, u64>,
+    pub non_2xx: u64,
+    pub output_from_server: u64,
+    pub output_estimated: u64,
+    pub output_raised_from_zero: u64,
+    /// Where conversations came from.
+    pub conversation_source: String,
+    /// Requests without a timestamp (given the previous request's).
+    pub untimed: u64,
+    /// Most requests read ahead of their turn at once.
+    pub read_ahead_max: u64,
+    pub written: Written,
+}
+
+impl Summary {
+    fn merge(&mut self, report: FileReport) {
+        for row in report.bad_rows {
+            self.bad_rows.push(FileBadRow {
+                file: report.name.clone(),
+                row,
+            });
+        }
+        for (reason, n) in report.skipped {
+            *self.skipped.entry(reason).or_insert(0) += n;
+        }
+        self.non_2xx += report.non_2xx;
+    }
+
+    fn count_output(&mut self, source: OutputSource) {
+        match source {
+            OutputSource::Server => self.output_from_server += 1,
+            OutputSource::Estimated => self.output_estimated += 1,
+            OutputSource::RaisedFromZero => self.output_raised_from_zero += 1,
+        }
+    }
+}
+
+/// Writes the export of `inputs` (all of `format`) to `out`.
+pub fn export(
+    inputs: &dyn Inputs,
+    format: Format,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, ExportError> {
+    match format {
+        Format::Recording => recordings(inputs, options, out),
+        Format::Csv => gateway(inputs, options, out),
+        Format::Mooncake | Format::Bailian => traces(inputs, format, options, out),
+    }
+}
+
+fn open<'a>(inputs: &'a dyn Inputs, index: usize) -> Result<Box<dyn BufRead + 'a>, ExportError> {
+    inputs
+        .open(index)
+        .map_err(|e| ExportError::Unreadable(format!("cannot read {}: {e}", inputs.name(index))))
+}
+
+fn changed(inputs: &dyn Inputs, index: usize) -> ExportError {
+    ExportError::Unreadable(format!(
+        "{} changed while it was being exported",
+        inputs.name(index)
+    ))
+}
+
+/// Block size of the hash ids, or `None` for formats without them.
+fn id_block_size(options: &Options) -> Option<u32> {
+    options
+        .target
+        .default_block_size()
+        .map(|_| options.block_size.max(1))
+}
+
+/// Names of the tools a request body offers (OpenAI, Ollama and Anthropic shapes), salted.
+fn tool_keys<'a>(names: impl Iterator<Item = &'a str>, salt: &Salt) -> Vec<u64> {
+    let mut keys: Vec<u64> = names.map(|n| salt.key(Tag::Tool, n)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+fn body_tool_names(body: &Value) -> impl Iterator<Item = &str> {
+    body.get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            t.pointer("/function/name")
+                .or_else(|| t.get("name"))
+                .and_then(Value::as_str)
+        })
+}
+
+/// What the client added since the model last spoke: (tool results, other messages).
+fn new_input(prompt: &Prompt) -> (bool, bool) {
+    let since_reply = prompt
+        .messages
+        .iter()
+        .rposition(|m| m.kind == "assistant")
+        .map_or(0, |i| i + 1);
+    let added = &prompt.messages[since_reply..];
+    (
+        added.iter().any(|m| m.kind == "tool"),
+        added.iter().any(|m| m.kind != "tool"),
+    )
+}
+
+fn reply_of(output: &Output) -> (Reply, u64) {
+    let chars = u64::from(output.content_chars) + u64::from(output.reasoning_chars);
+    (
+        Reply {
+            text: chars > 0,
+            tool_calls: output.tool_calls.len() as u32,
+        },
+        chars,
+    )
+}
+
+/// Anthropic tool definitions in the OpenAI function form the chat replay sends.
+fn openai_tool(tool: &Value) -> Value {
+    if tool.get("function").is_some() || tool.get("input_schema").is_none() {
+        return tool.clone();
+    }
+    json!({"type": "function", "function": {
+        "name": tool.get("name").cloned().unwrap_or(Value::Null),
+        "description": tool.get("description").cloned().unwrap_or(Value::Null),
+        "parameters": tool.get("input_schema").cloned().unwrap_or(Value::Null),
+    }})
+}
+
+/// The messages, reply and tools of a full request, in chat form.
+fn content_of(api: Api, body: &Value, response: Option<&Value>) -> Content {
+    let input_messages = match api {
+        Api::AnthropicMessages => anthropic::chat_messages(body),
+        Api::OpenaiCompletions => {
+            vec![
+                json!({"role": "user", "content": body.get("prompt").cloned().unwrap_or(Value::Null)}),
+            ]
+        }
+        _ => body
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+    };
+    let tools: Vec<Value> = match api {
+        Api::AnthropicMessages => anthropic::chat_tools(body)
+            .iter()
+            .map(openai_tool)
+            .collect(),
+        _ => body
+            .get("tools")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+    };
+    let reply = response.and_then(|r| match api {
+        Api::AnthropicMessages => {
+            let mut message = anthropic::chat_reply(r);
+            // Thinking is dropped from the next request's history too; keeping it here would
+            // stop the replay from seeing the next request as this one's continuation.
+            if let Some(m) = message.as_object_mut() {
+                m.remove("thinking");
+            }
+            Some(message)
+        }
+        Api::OpenaiCompletions => r
+            .pointer("/choices/0/text")
+            .map(|text| json!({"role": "assistant", "content": text})),
+        Api::OllamaChat => r.get("message").cloned(),
+        _ => r.pointer("/choices/0/message").cloned(),
+    });
+    Content {
+        input_messages,
+        output_messages: reply.into_iter().collect(),
+        tools: (!tools.is_empty()).then_some(Value::Array(tools)),
+        model: body
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+    }
+}
+
+/// Feeds the writer in replay order from per-file readers that go in file order, holding what
+/// was read before its turn.
+struct Reorder<'a> {
+    files: Vec<Box<dyn FileRequests + 'a>>,
+    ahead: HashMap<u32, ExportRequest>,
+    ahead_max: u64,
+}
+
+/// One input's exportable requests in file order, each with its number from pass 1.
+trait FileRequests {
+    fn next_request(&mut self) -> Result<Option<(u32, ExportRequest)>, ExportError>;
+}
+
+impl Reorder<'_> {
+    fn take(&mut self, seq: u32, file: usize) -> Result<Option<ExportRequest>, ExportError> {
+        if let Some(request) = self.ahead.remove(&seq) {
+            return Ok(Some(request));
+        }
+        let Some(reader) = self.files.get_mut(file) else {
+            return Ok(None);
+        };
+        while let Some((found, request)) = reader.next_request()? {
+            if found == seq {
+                return Ok(Some(request));
+            }
+            self.ahead.insert(found, request);
+            self.ahead_max = self.ahead_max.max(self.ahead.len() as u64);
+        }
+        Ok(None)
+    }
+}
+
+/// Per request kept between the passes.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    file: u32,
+    /// Line (recordings) or record index (CSV) within the file.
+    position: u32,
+    t_ms: Option<i64>,
+}
+
+/// Replay order, and which request closes each conversation.
+fn plan(
+    entries: &[Entry],
+    conversation_of: &[Option<u64>],
+    by_time: bool,
+) -> (Vec<u32>, Vec<bool>) {
+    let mut order: Vec<u32> = (0..entries.len() as u32).collect();
+    if by_time {
+        order.sort_by_key(|&s| (entries[s as usize].t_ms, s));
+    }
+    let mut last = vec![true; entries.len()];
+    let mut latest: HashMap<u64, u32> = HashMap::new();
+    for &seq in &order {
+        if let Some(key) = conversation_of[seq as usize]
+            && let Some(previous) = latest.insert(key, seq)
+        {
+            last[previous as usize] = false;
+        }
+    }
+    (order, last)
+}
+
+/// Pass 1's result: the requests, and the order to write them in.
+struct Planned {
+    entries: Vec<Entry>,
+    order: Vec<u32>,
+    /// The source time written as 0.
+    origin_ms: i64,
+}
+
+/// Pass 2: reads the requests through `files` and writes them in `plan`'s order, filling missing
+/// timestamps with the previous request's.
+fn write_planned(
+    plan: &Planned,
+    files: Vec<Box<dyn FileRequests + '_>>,
+    options: &Options,
+    summary: &mut Summary,
+    inputs: &dyn Inputs,
+    out: &mut dyn Write,
+) -> Result<(), ExportError> {
+    let mut reorder = Reorder {
+        files,
+        ahead: HashMap::new(),
+        ahead_max: 0,
+    };
+    let mut writer = Writer::new(
+        options.target,
+        options.block_size,
+        options.salt,
+        plan.origin_ms,
+    );
+    let mut previous_t = plan.origin_ms;
+    for &seq in &plan.order {
+        let entry = plan.entries[seq as usize];
+        let file = entry.file as usize;
+        let Some(mut request) = reorder.take(seq, file)? else {
+            return Err(changed(inputs, file));
+        };
+        match entry.t_ms {
+            Some(t) => previous_t = t,
+            None => {
+                request.t_ms = previous_t;
+                summary.untimed += 1;
+            }
+        }
+        summary.requests += 1;
+        summary.count_output(request.output.source);
+        writer.push(request, out).map_err(ExportError::Write)?;
+    }
+    summary.read_ahead_max = reorder.ahead_max;
+    summary.written = writer.finish(out).map_err(ExportError::Write)?;
+    Ok(())
+}
+
+/// (position, seq) of each file's requests, in file order.
+fn positions(entries: &[Entry], files: usize) -> Vec<Vec<(u32, u32)>> {
+    let mut positions = vec![Vec::new(); files];
+    for (seq, entry) in entries.iter().enumerate() {
+        positions[entry.file as usize].push((entry.position, seq as u32));
+    }
+    positions
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recordings
+
+/// Calls `each` with every non-empty line of a recording, parsed by the recording reader's own
+/// rules (a truncated last line, another `v`, invalid UTF-8 are errors). Stops at a read error,
+/// which it reports as the next line's error.
+fn each_record(
+    reader: &mut dyn BufRead,
+    mut each: impl FnMut(usize, Result<Record, String>) -> Result<(), ExportError>,
+) -> Result<(), ExportError> {
+    let mut buffer = Vec::new();
+    let mut line = 0usize;
+    loop {
+        buffer.clear();
+        match reader.read_until(b'\n', &mut buffer) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return each(line + 1, Err(format!("read error: {e}"))),
+        }
+        line += 1;
+        if buffer.trim_ascii().is_empty() {
+            continue;
+        }
+        each(line, parse_record(&buffer))?;
+    }
+}
+
+fn parse_record(line: &[u8]) -> Result<Record, String> {
+    let mut read = read_jsonl(line);
+    match (read.records.pop(), read.bad_lines.pop()) {
+        (Some(record), _) => Ok(record),
+        (None, Some(bad)) => Err(bad.error),
+        (None, None) => Err("empty line".to_string()),
+    }
+}
+
+/// What pass 2 needs to turn a record into a request.
+struct RecordingContext<'a> {
+    options: &'a Options,
+    model: BlockModel,
+    conversation_of: Vec<Option<u64>>,
+    client_of: Vec<Option<u32>>,
+    last: Vec<bool>,
+}
+
+impl RecordingContext<'_> {
+    fn request(&self, record: &Record, seq: u32) -> Option<ExportRequest> {
+        let mut ignored = FileReport::new("", Format::Recording);
+        let Pending {
+            prompt,
+            prompt_tokens,
+            request,
+        } = pending_request(record, &mut ignored)?;
+        let options = self.options;
+        let salt = &options.salt;
+        let api = Api::from_path(&record.request.path);
+        let response = record.response.as_ref();
+        let output = response.and_then(|r| match (&r.digest, &r.body) {
+            (Some(digest), _) => Some(digest.output.clone()),
+            (None, Some(body)) => Some(record::response_digest(api, body).output),
+            (None, None) => None,
+        });
+        let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
+        let cut = self.model.cut(&prompt, prompt_tokens);
+        let input_tokens = cut.input_tokens.max(1);
+        let added = new_input(&prompt);
+        let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
+            let ids: Vec<u64> = cut.blocks.iter().map(|b| b.id).collect();
+            hash_ids(
+                &ids,
+                bs,
+                input_tokens,
+                bs,
+                options.target != Target::Weka,
+                salt,
+                u64::from(seq),
+            )
+        });
+        let tools = match (&record.request.body, &record.request.digest) {
+            (Some(body), _) => tool_keys(body_tool_names(body), salt),
+            (None, Some(digest)) => tool_keys(digest.tools.iter().map(|t| t.name.as_str()), salt),
+            (None, None) => Vec::new(),
+        };
+        let streamed = response.is_some_and(|r| r.stream.is_some());
+        let content = match (options.target, &record.request.body) {
+            (Target::Otel, Some(body)) => Some(content_of(
+                api,
+                body,
+                response.and_then(|r| r.body.as_ref()),
+            )),
+            _ => None,
+        };
+        let index = seq as usize;
+        Some(ExportRequest {
+            t_ms: record.t_start_ms,
+            duration_ms: Some(record.t_end_ms.saturating_sub(record.t_start_ms).max(0) as u64),
+            ttft_ms: record
+                .t_first_byte_ms
+                .filter(|_| streamed)
+                .map(|t| t.saturating_sub(record.t_start_ms).max(0) as u64),
+            streamed: request.streamed,
+            input_tokens,
+            output: output_length(
+                request.output_tokens,
+                reply_chars,
+                self.model.tokens_per_char,
+            ),
+            hash_ids,
+            conversation: Conversation {
+                key: self.conversation_of[index]
+                    .unwrap_or_else(|| salt.id(Tag::Single, &[u64::from(seq)])),
+                client: self.client_of[index],
+                last: self.last[index],
+            },
+            model: prompt.model.clone(),
+            reply,
+            after_tool_result: added.0,
+            new_text: added.1,
+            tools,
+            server_reused_tokens: request.server_reused_tokens,
+            content,
+        })
+    }
+}
+
+struct RecordingFile<'a> {
+    reader: Box<dyn BufRead + 'a>,
+    /// (line, seq) of the file's exportable records, in file order.
+    lines: Vec<(u32, u32)>,
+    next: usize,
+    line: u32,
+    buffer: Vec<u8>,
+    context: &'a RecordingContext<'a>,
+}
+
+impl FileRequests for RecordingFile<'_> {
+    fn next_request(&mut self) -> Result<Option<(u32, ExportRequest)>, ExportError> {
+        let Some(&(target_line, seq)) = self.lines.get(self.next) else {
+            return Ok(None);
+        };
+        self.next += 1;
+        while self.line < target_line {
+            self.buffer.clear();
+            match self.reader.read_until(b'\n', &mut self.buffer) {
+                Ok(0) | Err(_) => return Ok(None),
+                Ok(_) => self.line += 1,
+            }
+        }
+        let request = parse_record(&self.buffer)
+            .ok()
+            .and_then(|record| self.context.request(&record, seq));
+        Ok(request.map(|r| (seq, r)))
+    }
+}
+
+fn recordings(
+    inputs: &dyn Inputs,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, ExportError> {
+    let mut summary = Summary {
+        conversation_source: "the analysis".to_string(),
+        ..Summary::default()
+    };
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut analysed: Vec<Record> = Vec::new();
+    let (mut counted_chars, mut counted_tokens) = (0u64, 0u64);
+    for file in 0..inputs.count() {
+        let name = inputs.name(file);
+        let mut report = FileReport::new(&name, Format::Recording);
+        let mut reader = open(inputs, file)?;
+        each_record(&mut *reader, |line, parsed| {
+            let mut record = match parsed {
+                Ok(record) => record,
+                Err(error) => {
+                    report.bad_rows.push(BadRow { line, error });
+                    return Ok(());
+                }
+            };
+            let Some(pending) = pending_request(&record, &mut report) else {
+                return Ok(());
+            };
+            if options.target == Target::Otel && record.request.body.is_none() {
+                return Err(ExportError::Usage(format!(
+                    "{name} is a digest recording (made with --digest): it keeps no messages, \
+                     and OTel replay sends the messages; export it as mooncake, bailian, weka \
+                     or trace_synthetic instead"
+                )));
+            }
+            if let Some(tokens) = pending.prompt_tokens {
+                counted_chars += pending.prompt.chars();
+                counted_tokens += tokens;
+            }
+            entries.push(Entry {
+                file: file as u32,
+                position: line as u32,
+                t_ms: Some(record.t_start_ms),
+            });
+            // The analysis links turns by message hashes: a digest copy gives it the same
+            // conversations without holding any text.
+            if record.request.body.is_some() {
+                apply_digest(&mut record);
+            }
+            record.id = entries.len() as u64;
+            analysed.push(record);
+            Ok(())
+        })?;
+        summary.merge(report);
+    }
+    if entries.is_empty() {
+        let mut writer = Writer::new(options.target, options.block_size, options.salt, 0);
+        summary.written = writer.finish(out).map_err(ExportError::Write)?;
+        return Ok(summary);
+    }
+
+    let report = analysis::analyze(&analysed, &Config::default());
+    drop(analysed);
+    let mut conversation_of: Vec<Option<u64>> = vec![None; entries.len()];
+    let mut client_of: Vec<Option<u32>> = vec![None; entries.len()];
+    let mut clients: HashMap<String, u32> = HashMap::new();
+    for row in &report.rows {
+        let Some(seq) = (row.id as usize)
+            .checked_sub(1)
+            .filter(|&s| s < entries.len())
+        else {
+            continue;
+        };
+        conversation_of[seq] = row
+            .conversation
+            .map(|c| options.salt.id(Tag::Conversation, &[u64::from(c)]));
+        let next = clients.len() as u32;
+        client_of[seq] = Some(*clients.entry(row.client.clone()).or_insert(next));
+    }
+    drop(report);
+
+    let (order, last) = plan(&entries, &conversation_of, true);
+    let origin_ms = order
+        .first()
+        .and_then(|&s| entries[s as usize].t_ms)
+        .unwrap_or(0);
+    let context = RecordingContext {
+        options,
+        model: BlockModel {
+            block_size: id_block_size(options).unwrap_or(16),
+            salt: options.salt.seed(),
+            tools_position: options.tools_position,
+            tokens_per_char: tokens_per_char([(counted_chars, Some(counted_tokens))]),
+            keys_from_messages: false,
+        },
+        conversation_of,
+        client_of,
+        last,
+    };
+    let mut files: Vec<Box<dyn FileRequests + '_>> = Vec::new();
+    for (file, lines) in positions(&entries, inputs.count()).into_iter().enumerate() {
+        files.push(Box::new(RecordingFile {
+            reader: open(inputs, file)?,
+            lines,
+            next: 0,
+            line: 0,
+            buffer: Vec::new(),
+            context: &context,
+        }));
+    }
+    let plan = Planned {
+        entries,
+        order,
+        origin_ms,
+    };
+    write_planned(&plan, files, options, &mut summary, inputs, out)?;
+    Ok(summary)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gateway CSV
+
+struct GatewayContext<'a> {
+    options: &'a Options,
+    model: BlockModel,
+    conversation_of: Vec<Option<u64>>,
+    last: Vec<bool>,
+}
+
+impl GatewayContext<'_> {
+    fn request(&self, row: gateway_csv::CsvRow, seq: u32) -> ExportRequest {
+        let options = self.options;
+        let salt = &options.salt;
+        let cut = self.model.cut(&row.prompt, row.prompt_tokens);
+        let input_tokens = cut.input_tokens.max(1);
+        let added = new_input(&row.prompt);
+        let api = if row.body.get("messages").is_some() {
+            Api::OpenaiChat
+        } else {
+            Api::OpenaiCompletions
+        };
+        let output = row
+            .response
+            .as_ref()
+            .map(|r| record::response_digest(api, r).output);
+        let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
+        let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
+            let ids: Vec<u64> = cut.blocks.iter().map(|b| b.id).collect();
+            hash_ids(
+                &ids,
+                bs,
+                input_tokens,
+                bs,
+                options.target != Target::Weka,
+                salt,
+                u64::from(seq),
+            )
+        });
+        let index = seq as usize;
+        ExportRequest {
+            t_ms: row.request.t_ms.unwrap_or(0),
+            duration_ms: None,
+            ttft_ms: None,
+            streamed: row.request.streamed,
+            input_tokens,
+            output: output_length(
+                row.request.output_tokens,
+                reply_chars,
+                self.model.tokens_per_char,
+            ),
+            hash_ids,
+            conversation: Conversation {
+                key: self.conversation_of[index]
+                    .unwrap_or_else(|| salt.id(Tag::Single, &[u64::from(seq)])),
+                client: None,
+                last: self.last[index],
+            },
+            model: row.prompt.model.clone(),
+            reply,
+            after_tool_result: added.0,
+            new_text: added.1,
+            tools: tool_keys(body_tool_names(&row.body), salt),
+            server_reused_tokens: row.request.server_reused_tokens,
+            content: (options.target == Target::Otel)
+                .then(|| content_of(api, &row.body, row.response.as_ref())),
+        }
+    }
+}
+
+struct GatewayFile<'a, R: BufRead> {
+    rows: gateway_csv::Rows<R>,
+    /// (row index, seq) of the file's exportable rows, in file order.
+    indexes: Vec<(u32, u32)>,
+    next: usize,
+    context: &'a GatewayContext<'a>,
+}
+
+impl<R: BufRead> FileRequests for GatewayFile<'_, R> {
+    fn next_request(&mut self) -> Result<Option<(u32, ExportRequest)>, ExportError> {
+        let Some(&(index, seq)) = self.indexes.get(self.next) else {
+            return Ok(None);
+        };
+        self.next += 1;
+        for row in self.rows.by_ref() {
+            if row.index as u32 == index {
+                return Ok(Some((seq, self.context.request(row, seq))));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn gateway(
+    inputs: &dyn Inputs,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, ExportError> {
+    let mut summary = Summary::default();
+    let salt = &options.salt;
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut conversation_of: Vec<Option<u64>> = Vec::new();
+    let (mut counted_chars, mut counted_tokens) = (0u64, 0u64);
+    for file in 0..inputs.count() {
+        let name = inputs.name(file);
+        let mut rows =
+            gateway_csv::Rows::new(open(inputs, file)?, &name, options.ts_column.as_deref());
+        for row in rows.by_ref() {
+            if let Some(tokens) = row.prompt_tokens {
+                counted_chars += row.prompt.chars();
+                counted_tokens += tokens;
+            }
+            entries.push(Entry {
+                file: file as u32,
+                position: row.index as u32,
+                t_ms: row.request.t_ms,
+            });
+            conversation_of.push(
+                row.request
+                    .session_id
+                    .as_ref()
+                    .map(|s| salt.key(Tag::Conversation, &s.value)),
+            );
+        }
+        summary.merge(rows.report);
+    }
+    summary.conversation_source = if conversation_of.iter().any(Option::is_some) {
+        "session ids (prompt_cache_key, metadata, user)".to_string()
+    } else {
+        "none: one request each".to_string()
+    };
+    let by_time = entries.iter().all(|e| e.t_ms.is_some());
+    let (order, last) = plan(&entries, &conversation_of, by_time);
+    let origin_ms = entries.iter().filter_map(|e| e.t_ms).min().unwrap_or(0);
+    let context = GatewayContext {
+        options,
+        model: BlockModel {
+            block_size: id_block_size(options).unwrap_or(16),
+            salt: salt.seed(),
+            tools_position: options.tools_position,
+            tokens_per_char: tokens_per_char([(counted_chars, Some(counted_tokens))]),
+            keys_from_messages: false,
+        },
+        conversation_of,
+        last,
+    };
+    let mut files: Vec<Box<dyn FileRequests + '_>> = Vec::new();
+    for (file, indexes) in positions(&entries, inputs.count()).into_iter().enumerate() {
+        let name = inputs.name(file);
+        files.push(Box::new(GatewayFile {
+            rows: gateway_csv::Rows::new(open(inputs, file)?, &name, options.ts_column.as_deref()),
+            indexes,
+            next: 0,
+            context: &context,
+        }));
+    }
+    let plan = Planned {
+        entries,
+        order,
+        origin_ms,
+    };
+    write_planned(&plan, files, options, &mut summary, inputs, out)?;
+    Ok(summary)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traces
+
+/// A trace row's conversation key, scoped to its file (chat ids restart with every file).
+fn trace_conversation(salt: &Salt, file: usize, conversation: Option<&str>) -> Option<u64> {
+    conversation.map(|c| salt.key(Tag::Conversation, &format!("{file}\u{0}{c}")))
+}
+
+fn traces(
+    inputs: &dyn Inputs,
+    format: Format,
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Summary, ExportError> {
+    let target = options.target;
+    let source_block = format.default_block_size();
+    if target == Target::Otel {
+        return Err(ExportError::Usage(format!(
+            "a {} trace holds token counts, not messages, and OTel replay sends the messages; \
+             export it as trace_synthetic instead",
+            format.as_str()
+        )));
+    }
+    if let Some(bs) = id_block_size(options)
+        && bs % source_block != 0
+    {
+        return Err(ExportError::Usage(format!(
+            "a {} trace's hash ids are of {source_block}-token blocks, which cannot be cut into \
+             {bs}-token blocks; give --block-size {source_block} or a multiple of it",
+            format.as_str()
+        )));
+    }
+    let salt = &options.salt;
+    let mut summary = Summary {
+        conversation_source: match (target.uses_conversations(), format) {
+            (false, _) => "not used by this format".to_string(),
+            (true, Format::Bailian) => "parent_chat_id chains".to_string(),
+            (true, _) => "session_id (else one request each)".to_string(),
+        },
+        ..Summary::default()
+    };
+    // Pass 1, for the formats that need to know each conversation's last request.
+    let mut remaining: HashMap<u64, u64> = HashMap::new();
+    let counted = target.uses_conversations();
+    if counted {
+        for file in 0..inputs.count() {
+            let name = inputs.name(file);
+            let mut rows = trace::Rows::new(open(inputs, file)?, &name, format, source_block);
+            for request in rows.by_ref() {
+                if let Some(key) = trace_conversation(salt, file, request.conversation.as_deref()) {
+                    *remaining.entry(key).or_insert(0) += 1;
+                }
+            }
+            summary.merge(rows.report);
+        }
+    }
+    // Traces are on their own clock already (ms from the trace's start).
+    let mut writer = Writer::new(target, options.block_size, *salt, 0);
+    let mut seq = 0u64;
+    let mut previous_t = 0i64;
+    for file in 0..inputs.count() {
+        let name = inputs.name(file);
+        let mut rows = trace::Rows::new(open(inputs, file)?, &name, format, source_block);
+        for request in rows.by_ref() {
+            seq += 1;
+            let key = trace_conversation(salt, file, request.conversation.as_deref());
+            let last = match key.and_then(|k| remaining.get_mut(&k)) {
+                Some(n) => {
+                    *n = n.saturating_sub(1);
+                    *n == 0
+                }
+                None => true,
+            };
+            let t_ms = match request.t_ms {
+                Some(t) => t,
+                None => {
+                    summary.untimed += 1;
+                    previous_t
+                }
+            };
+            previous_t = t_ms;
+            let input_tokens = request.input_tokens.max(1);
+            let ids: Vec<u64> = request.blocks.iter().map(|b| b.id).collect();
+            let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
+                hash_ids(
+                    &ids,
+                    source_block,
+                    input_tokens,
+                    bs,
+                    target != Target::Weka,
+                    salt,
+                    seq,
+                )
+            });
+            let export = ExportRequest {
+                t_ms,
+                duration_ms: None,
+                ttft_ms: None,
+                streamed: None,
+                input_tokens,
+                output: output_length(request.output_tokens, 0, 0.0),
+                hash_ids,
+                conversation: Conversation {
+                    key: key.unwrap_or_else(|| salt.id(Tag::Single, &[seq])),
+                    client: None,
+                    last,
+                },
+                model: None,
+                reply: Reply::default(),
+                after_tool_result: false,
+                new_text: true,
+                tools: Vec::new(),
+                server_reused_tokens: None,
+                content: None,
+            };
+            summary.requests += 1;
+            summary.count_output(export.output.source);
+            writer.push(export, out).map_err(ExportError::Write)?;
+        }
+        if !counted {
+            summary.merge(rows.report);
+        }
+    }
+    summary.written = writer.finish(out).map_err(ExportError::Write)?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::blocks::prompt_from_body;
+
+    fn prompt(messages: Value) -> Prompt {
+        prompt_from_body(Api::OpenaiChat, &json!({"messages": messages}), None).unwrap_or_default()
+    }
+
+    #[test]
+    fn new_input_is_what_follows_the_last_reply() {
+        let first =
+            prompt(json!([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]));
+        assert_eq!(new_input(&first), (false, true));
+        let tool_step = prompt(json!([{"role": "user", "content": "u"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "a.rs"}]));
+        assert_eq!(new_input(&tool_step), (true, false));
+        let both = prompt(json!([{"role": "assistant", "content": "x"},
+            {"role": "tool", "tool_call_id": "c", "content": "a.rs"}, {"role": "user", "content": "and?"}]));
+        assert_eq!(new_input(&both), (true, true));
+    }
+
+    #[test]
+    fn plans_go_by_start_time_and_mark_each_conversations_last_request() {
+        let entry = |t| Entry {
+            file: 0,
+            position: 0,
+            t_ms: Some(t),
+        };
+        let entries = [entry(30), entry(10), entry(20), entry(40)];
+        let conversations = [Some(1), Some(1), None, Some(2)];
+        let (order, last) = plan(&entries, &conversations, true);
+        assert_eq!(order, vec![1, 2, 0, 3]);
+        assert_eq!(last, vec![true, false, true, true]);
+        let (file_order, _) = plan(&entries, &conversations, false);
+        assert_eq!(file_order, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn anthropic_content_is_chat_form_without_thinking() {
+        let body = json!({"model": "claude", "system": "be brief",
+            "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "hi"}]});
+        let reply = json!({"content": [{"type": "thinking", "thinking": "hmm"},
+            {"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]});
+        let content = content_of(Api::AnthropicMessages, &body, Some(&reply));
+        assert_eq!(
+            content.input_messages[0],
+            json!({"role": "system", "content": "be brief"})
+        );
+        assert_eq!(content.output_messages.len(), 1);
+        assert!(content.output_messages[0].get("thinking").is_none());
+        assert_eq!(
+            content.output_messages[0]["tool_calls"][0]["function"]["name"],
+            "ls"
+        );
+        let tools = content.tools.unwrap_or_default();
+        assert_eq!(
+            tools[0]["function"]["parameters"],
+            json!({"type": "object"})
+        );
+        assert_eq!(content.model.as_deref(), Some("claude"));
+    }
+
+    #[test]
+    fn record_lines_are_parsed_by_the_recording_readers_rules() {
+        assert!(parse_record(b"not json\n").is_err());
+        assert!(parse_record(b"{\"v\":2}\n").is_err_and(|e| e.contains("version 2")));
+        let mut lines = Vec::new();
+        let text = "\n{\"v\":1}\n\n{\"v\":1,\"id\":";
+        each_record(&mut text.as_bytes(), |line, parsed| {
+            lines.push((line, parsed.is_ok()));
+            Ok(())
+        })
+        .ok();
+        assert_eq!(lines, vec![(2, false), (4, false)]);
+    }
+
+    struct Listed(Vec<(u32, u64)>);
+
+    impl FileRequests for Listed {
+        fn next_request(&mut self) -> Result<Option<(u32, ExportRequest)>, ExportError> {
+            if self.0.is_empty() {
+                return Ok(None);
+            }
+            let (seq, t) = self.0.remove(0);
+            Ok(Some((
+                seq,
+                super::super::tests_support::request(1, t as i64, 1),
+            )))
+        }
+    }
+
+    #[test]
+    fn reorder_holds_what_was_read_before_its_turn() {
+        // File 0 holds requests 2, 0, 1 (completion order); file 1 holds 3.
+        let mut reorder = Reorder {
+            files: vec![
+                Box::new(Listed(vec![(2, 20), (0, 0), (1, 10)])),
+                Box::new(Listed(vec![(3, 30)])),
+            ],
+            ahead: HashMap::new(),
+            ahead_max: 0,
+        };
+        let mut times = Vec::new();
+        for (seq, file) in [(0, 0), (1, 0), (2, 0), (3, 1)] {
+            let request = reorder.take(seq, file).ok().flatten();
+            times.push(request.map(|r| r.t_ms));
+        }
+        assert_eq!(times, vec![Some(0), Some(10), Some(20), Some(30)]);
+        assert_eq!(reorder.ahead_max, 1);
+        assert!(reorder.take(9, 0).ok().flatten().is_none());
+    }
+}

@@ -1,0 +1,72 @@
+//! GuideLLM's `trace_synthetic`: `{"timestamp", "input_length", "output_length"}` per request,
+//! timestamps in seconds from the export's first request, and `duration` (seconds) when the
+//! source timed the exchange, so `schedule_turn=idle_gap` keeps the recorded idle gaps.
+
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use super::{ExportRequest, Written, seconds_since, write_line};
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub timestamp: f64,
+    pub input_length: u64,
+    pub output_length: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration: Option<f64>,
+}
+
+pub struct Writer {
+    origin_ms: i64,
+    written: Written,
+}
+
+impl Writer {
+    pub fn new(origin_ms: i64) -> Writer {
+        Writer {
+            origin_ms,
+            written: Written::default(),
+        }
+    }
+
+    pub fn push(&mut self, request: &ExportRequest, out: &mut dyn Write) -> io::Result<()> {
+        write_line(
+            out,
+            &Row {
+                timestamp: seconds_since(request.t_ms, self.origin_ms),
+                input_length: request.input_tokens,
+                output_length: request.output.tokens,
+                duration: request.duration_ms.map(|ms| ms as f64 / 1000.0),
+            },
+        )?;
+        self.written.lines += 1;
+        self.written.requests += 1;
+        Ok(())
+    }
+
+    pub fn written(&self) -> Written {
+        self.written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests_support::request;
+    use super::*;
+
+    #[test]
+    fn seconds_and_an_optional_duration() {
+        let mut w = Writer::new(1_000);
+        let mut out = Vec::new();
+        let mut timed = request(1, 2_500, 64);
+        timed.duration_ms = Some(250);
+        w.push(&timed, &mut out).ok();
+        w.push(&request(1, 3_000, 64), &mut out).ok();
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "{\"timestamp\":1.5,\"input_length\":64,\"output_length\":5,\"duration\":0.25}\n\
+             {\"timestamp\":2.0,\"input_length\":64,\"output_length\":5}\n"
+        );
+    }
+}
