@@ -440,53 +440,6 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("prefixscope-salt-{name}-{}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        dir
-    }
-
-    #[test]
-    fn a_salt_file_is_created_once_private_and_then_reused() {
-        let dir = temp_dir("create");
-        let path = dir.join("nested/salt");
-        let (first, created) = load_or_create_salt(&path).unwrap();
-        assert!(created);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(text.trim().len(), 64);
-        assert!(text.trim().chars().all(|c| c.is_ascii_hexdigit()));
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode(&path), 0o600);
-            assert_eq!(mode(&dir.join("nested")), 0o700);
-        }
-        let (again, created) = load_or_create_salt(&path).unwrap();
-        assert!(!created);
-        assert_eq!(first, again);
-        // Two new salts differ.
-        let (other, _) = load_or_create_salt(&dir.join("other")).unwrap();
-        assert_ne!(first, other);
-        std::fs::remove_dir_all(&dir).ok();
-    }
-
-    #[test]
-    fn an_empty_salt_file_is_an_error() {
-        let dir = temp_dir("empty");
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("salt");
-        std::fs::write(&path, "\n").unwrap();
-        assert!(load_or_create_salt(&path).is_err_and(|e| e.contains("empty")));
-        std::fs::remove_dir_all(&dir).ok();
-    }
-}
-
 /// The TUI's `e` key: exports recordings to `path` with the format's default block size and
 /// the default salt file, saying what it did in one line (nothing on stderr: the TUI owns the
 /// terminal).
@@ -543,3 +496,51 @@ pub fn export_recordings(files: &[PathBuf], to: &str, path: &Path) -> Result<Str
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("prefixscope-salt-{name}-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        dir
+    }
+
+    #[test]
+    fn a_salt_file_is_created_once_private_and_then_reused() {
+        let dir = temp_dir("create");
+        let path = dir.join("nested/salt");
+        let (first, created) = load_or_create_salt(&path).unwrap();
+        assert!(created);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.trim().len(), 64);
+        assert!(text.trim().chars().all(|c| c.is_ascii_hexdigit()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&path), 0o600);
+            assert_eq!(mode(&dir.join("nested")), 0o700);
+        }
+        let (again, created) = load_or_create_salt(&path).unwrap();
+        assert!(!created);
+        assert_eq!(first, again);
+        // Two new salts differ.
+        let (other, _) = load_or_create_salt(&dir.join("other")).unwrap();
+        assert_ne!(first, other);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_empty_salt_file_is_an_error() {
+        let dir = temp_dir("empty");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("salt");
+        std::fs::write(&path, "\n").unwrap();
+        assert!(load_or_create_salt(&path).is_err_and(|e| e.contains("empty")));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
