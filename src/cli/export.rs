@@ -543,4 +543,3 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
-
