@@ -171,3 +171,53 @@ fn keys_help_filter_detail_and_pause() {
     let paused = screen(name, 120, 40, &[key('p')]);
     assert!(paused.contains("PAUSED"), "{paused}");
 }
+
+/// A trace has no messages: the cache panes fill, the others say what they would need.
+#[test]
+fn a_mooncake_trace_feeds_the_cache_panes_only() {
+    use prefixscope::input::{self, Format, InputOptions};
+    use prefixscope::tui::app::Input;
+    let file = std::fs::File::open(root().join("tests/data/mooncake/conversation_trace.jsonl.gz"))
+        .unwrap();
+    let reader = input::decompressed(std::io::BufReader::new(file)).unwrap();
+    let options = InputOptions {
+        block_size: 512,
+        ..InputOptions::default()
+    };
+    let trace = input::read(reader, "conversation_trace", Format::Mooncake, &options);
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    for request in trace.requests.into_iter().take(2_000) {
+        sender.send(Event::Request(Arc::new(request))).unwrap();
+    }
+    sender.send(Event::SourceDone).unwrap();
+    drop(sender);
+    let mut app = App::with_block_size(
+        Source::Replay {
+            files: "conversation_trace.jsonl.gz".into(),
+        },
+        Config::default(),
+        512,
+    );
+    app.input = Input::RequestsOnly("mooncake".into());
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &FixedClock(NOW_MS),
+        &NoControl,
+        &Theme::plain(),
+    )
+    .unwrap();
+    let screen = text(terminal.backend());
+    check_golden("mooncake-2000.120x40.txt", &screen);
+    assert!(
+        screen.contains("2000 requests of a mooncake input"),
+        "{screen}"
+    );
+    assert!(screen.contains("has no messages"), "{screen}");
+    assert!(
+        screen.contains("512-token blocks") || screen.contains("ceiling"),
+        "{screen}"
+    );
+}

@@ -471,7 +471,13 @@ pub fn export_recordings(files: &[PathBuf], to: &str, path: &Path) -> Result<Str
     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let mut out = BufWriter::with_capacity(1 << 16, file);
     let inputs = Files { paths: files };
-    let result = export::export(&inputs, Format::Recording, &options, &mut out)
+    // The replayed files' own format (a recording, a trace, a gateway log).
+    let format = files
+        .first()
+        .and_then(|path| open_file(path).ok())
+        .and_then(|mut reader| input::detect(&mut reader).ok().flatten())
+        .unwrap_or(Format::Recording);
+    let result = export::export(&inputs, format, &options, &mut out)
         .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
     match result {
         Ok(summary) => Ok(format!(

@@ -7,25 +7,35 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::{EXIT_OK, EXIT_UNREADABLE};
 use prefixscope::analysis::Config;
-use prefixscope::tui::app::{App, Source};
+use prefixscope::tui::app::{App, Input, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
 use prefixscope::tui::{Control, SystemClock, run, spawn_input, terminal};
 
+/// What the app shows and how.
+pub struct View {
+    pub source: Source,
+    pub input: Input,
+    /// Tokens per block of the hit-rate simulation.
+    pub block_size: u32,
+    /// Replay speed (`None` live).
+    pub speed: Option<f64>,
+    pub mouse: bool,
+}
+
 /// Runs the app on the real terminal until it quits; the terminal is restored on every way
 /// out (the guard's Drop, and the panic hook for panics).
 pub fn run_tui(
-    source: Source,
-    speed: Option<f64>,
-    mouse: bool,
+    view: View,
     events: Sender<Event>,
     receiver: Receiver<Event>,
     control: &dyn Control,
 ) -> u8 {
-    let mut app = App::new(source, Config::default());
-    app.speed = speed;
-    app.mouse = mouse;
-    let mut guard = match terminal::enter(mouse) {
+    let mut app = App::with_block_size(view.source, Config::default(), view.block_size);
+    app.input = view.input;
+    app.speed = view.speed;
+    app.mouse = view.mouse;
+    let mut guard = match terminal::enter(view.mouse) {
         Ok(guard) => guard,
         Err(e) => {
             terminal::restore();
@@ -50,7 +60,9 @@ pub fn run_tui(
     drop(guard);
     match result {
         Ok(()) => {
-            print!("{}", app.report().summary());
+            if app.input == Input::Exchanges {
+                print!("{}", app.report().summary());
+            }
             EXIT_OK
         }
         Err(e) => {

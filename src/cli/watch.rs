@@ -17,7 +17,7 @@ use prefixscope::proxy::ProxyStats;
 use prefixscope::record::Record;
 use prefixscope::recorder::RecorderStats;
 use prefixscope::tui::Control;
-use prefixscope::tui::app::Source;
+use prefixscope::tui::app::{Input, LIVE_BLOCK_SIZE, Source};
 use prefixscope::tui::event::Event;
 
 #[derive(Args)]
@@ -78,7 +78,14 @@ pub fn run(args: WatchArgs) -> u8 {
         listen: listen.to_string(),
         recording: path.display().to_string(),
     };
-    let code = tui::run_tui(source, None, !args.no_mouse, events, receiver, &control);
+    let view = tui::View {
+        source,
+        input: Input::Exchanges,
+        block_size: LIVE_BLOCK_SIZE,
+        speed: None,
+        mouse: !args.no_mouse,
+    };
+    let code = tui::run_tui(view, events, receiver, &control);
     control.stop();
     let _ = proxy_thread.join();
     let stats = recorder.finish();

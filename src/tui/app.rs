@@ -75,6 +75,16 @@ pub enum Source {
     },
 }
 
+/// What the input carries, so panes that need more say so instead of staying empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Recordings: every pane.
+    Exchanges,
+    /// A trace or gateway log read as cache requests (the name of its format): hit rate and
+    /// prefixes only.
+    RequestsOnly(String),
+}
+
 pub enum Dialog {
     Help,
     Detail(u64),
@@ -105,6 +115,7 @@ pub enum Action {
 
 pub struct App {
     pub source: Source,
+    pub input: Input,
     engine: Analyzer,
     /// Records received (their bodies are not kept: the recording holds them).
     pub requests_seen: u64,
@@ -147,22 +158,30 @@ pub struct App {
 
 impl App {
     pub fn new(source: Source, config: Config) -> App {
+        App::with_block_size(source, config, LIVE_BLOCK_SIZE)
+    }
+
+    /// `block_size`: tokens per block of the hit-rate simulation (a trace's own, e.g. 512 for
+    /// Mooncake; capacities stay in tokens).
+    pub fn with_block_size(source: Source, config: Config, block_size: u32) -> App {
+        let block_size = block_size.max(1);
         App {
             source,
+            input: Input::Exchanges,
             engine: Analyzer::new(config),
             requests_seen: 0,
             cache: LiveSimulator::new(
-                LIVE_BLOCK_SIZE,
+                block_size,
                 LIVE_CAPACITIES
                     .iter()
                     .map(|(label, tokens)| Capacity {
-                        blocks: tokens / u64::from(LIVE_BLOCK_SIZE),
+                        blocks: tokens / u64::from(block_size),
                         label: (*label).to_string(),
                     })
                     .collect(),
             ),
             block_model: BlockModel {
-                block_size: LIVE_BLOCK_SIZE,
+                block_size,
                 ..BlockModel::default()
             },
             cache_skips: FileReport::new("live", Format::Recording),
@@ -218,18 +237,14 @@ impl App {
                 if let Some(request) =
                     live_request(&record, &self.block_model, &mut self.cache_skips)
                 {
-                    let update = self.cache.push(&request);
-                    if let Some(reused) = request.server_reused_tokens {
-                        self.server_reuse.0 += update.request_tokens;
-                        self.server_reuse.1 += reused.min(update.request_tokens);
-                    }
+                    self.simulate(&request);
                 }
-                self.recent.push_back(now_ms);
-                while self.recent.front().is_some_and(|&t| t < now_ms - 60_000) {
-                    self.recent.pop_front();
-                }
-                self.requests_seen += 1;
-                self.data_dirty = true;
+                self.count_arrival(now_ms);
+                Action::None
+            }
+            Event::Request(request) => {
+                self.simulate(&request);
+                self.count_arrival(now_ms);
                 Action::None
             }
             Event::SourceDone => {
@@ -268,6 +283,23 @@ impl App {
             }
             Event::Key(_) => Action::None,
         }
+    }
+
+    fn simulate(&mut self, request: &crate::cache::Request) {
+        let update = self.cache.push(request);
+        if let Some(reused) = request.server_reused_tokens {
+            self.server_reuse.0 += update.request_tokens;
+            self.server_reuse.1 += reused.min(update.request_tokens);
+        }
+    }
+
+    fn count_arrival(&mut self, now_ms: i64) {
+        self.recent.push_back(now_ms);
+        while self.recent.front().is_some_and(|&t| t < now_ms - 60_000) {
+            self.recent.pop_front();
+        }
+        self.requests_seen += 1;
+        self.data_dirty = true;
     }
 
     /// Rebuilds the view from the engine when data changed, at most every 250 ms, never while
@@ -329,7 +361,7 @@ impl App {
             label: format!(
                 "cold replay of {} requests, {}-token blocks",
                 self.cache.requests(),
-                LIVE_BLOCK_SIZE
+                self.block_model.block_size
             ),
             points: LIVE_CAPACITIES
                 .iter()

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crossterm::event::{KeyEvent, MouseEvent};
 
+use crate::cache::Request;
 use crate::record::Record;
 
 #[derive(Debug, Clone)]
@@ -14,6 +15,8 @@ pub enum Event {
     Resize(u16, u16),
     /// One exchange, from the proxy's recorder or a replayed file.
     Record(Arc<Record>),
+    /// One request of a trace or gateway log (no messages: only the cache panes use it).
+    Request(Arc<Request>),
     /// A replayed file has no more records.
     SourceDone,
     /// The proxy stopped accepting and finished what was in flight.

@@ -14,7 +14,7 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 
-use super::app::{App, Pane};
+use super::app::{App, Input, Pane};
 use super::panes;
 use super::theme::Theme;
 
@@ -101,6 +101,15 @@ pub fn draw(frame: &mut Frame, app: &App, theme: &Theme) {
         let inner = block.inner(rect);
         frame.render_widget(block, rect);
         let selected = app.selected[Pane::ALL.iter().position(|p| *p == pane).unwrap_or(0)];
+        if let (Input::RequestsOnly(format), Pane::Conversations | Pane::Breaks | Pane::Losses) =
+            (&app.input, pane)
+        {
+            let text = format!(
+                "a {format} input has no messages: this pane needs a recording (the hit rate and prefixes still apply)"
+            );
+            empty(frame, inner, &text, theme);
+            continue;
+        }
         match pane {
             Pane::Conversations => {
                 panes::conversations::draw(frame, inner, app, selected, focused, theme)

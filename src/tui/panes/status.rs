@@ -3,12 +3,23 @@
 use ratatui::text::{Line, Span};
 
 use super::fit;
-use crate::tui::app::{App, Source};
+use crate::tui::app::{App, Input, Source};
 use crate::tui::theme::Theme;
 use crate::tui::view::{duration, thousands, tokens};
 
 pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     let h = &app.view.header;
+    if let Input::RequestsOnly(format) = &app.input {
+        let source = match &app.source {
+            Source::Replay { files } => files.clone(),
+            Source::Live { upstream, .. } => upstream.clone(),
+        };
+        let text = format!(
+            " prefixscope · {} requests of a {format} input (no messages: cache panes only) · replay {source}",
+            app.requests()
+        );
+        return Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title());
+    }
     let source = match &app.source {
         Source::Live {
             upstream, listen, ..
