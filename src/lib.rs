@@ -10,6 +10,7 @@ pub mod input;
 pub mod normalize;
 pub mod record;
 pub mod recorder;
+pub mod sim;
 pub mod workload;
 
 #[cfg(feature = "net")]

@@ -34,6 +34,12 @@ enum Command {
     Replay(cli::replay::ReplayArgs),
     /// The recording proxy with the TUI: point your agent at it and watch its cache live.
     Watch(cli::watch::WatchArgs),
+    /// No model needed: a simulated llama-server, scripted agents talking to it through the
+    /// proxy, and the TUI on their traffic (the summary when stdout is not a terminal).
+    Demo(cli::demo::DemoArgs),
+    /// Replay a recording against the simulated server with other settings (slots, host cache)
+    /// and compare the predicted losses with the recorded ones.
+    Whatif(cli::whatif::WhatIfArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +51,8 @@ fn main() -> ExitCode {
         Command::Analyze(args) => cli::analyze::run(args),
         Command::Replay(args) => cli::replay::run(args),
         Command::Watch(args) => cli::watch::run(args),
+        Command::Demo(args) => cli::demo::run(args),
+        Command::Whatif(args) => cli::whatif::run(args),
     };
     ExitCode::from(code)
 }
