@@ -174,6 +174,7 @@ impl Ctx {
                     response_id: answer.id.clone(),
                     agent: self.name.clone(),
                     evictors: Vec::new(),
+                    share: None,
                 });
             }
         }

@@ -33,7 +33,16 @@ pub struct ScriptEvent {
     pub agent: String,
     /// For evictions: the requests that ran on the turn's slot since its previous turn.
     pub evictors: Vec<String>,
+    /// For evictions: the previous turn's prompt as a share of this one's, what the eviction
+    /// cost. The analysis names a loss when reuse falls more than 20 points below its
+    /// prediction, so a smaller eviction may go unnamed (and is not counted as missed).
+    #[serde(default)]
+    pub share: Option<f64>,
 }
+
+/// Evictions costing less than this share of the prompt may fall under the analysis's
+/// 20-point threshold (with a margin for its token estimates).
+pub const MINOR_EVICTION_SHARE: f64 = 0.25;
 
 /// One request the agents sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +103,7 @@ pub fn evictions(log: &RunLog, served: &[ServedLog]) -> Vec<ScriptEvent> {
             response_id: request.response_id.clone(),
             agent: request.agent.clone(),
             evictors: evictors.iter().map(|s| s.response_id.clone()).collect(),
+            share: Some(prev.prompt_tokens as f64 / cur.prompt_tokens.max(1) as f64),
         });
     }
     out
@@ -225,7 +235,8 @@ pub fn check(
                         }
                         _ => false,
                     };
-                    kind_ok
+                    let minor = event.share.is_some_and(|s| s < MINOR_EVICTION_SHARE);
+                    kind_ok || (minor && row.cause.is_none())
                 }
             };
             EventCheck {
