@@ -9,6 +9,7 @@ use clap::Args;
 use super::demo::OnOff;
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope::sim::whatif::{Totals, WhatIf, what_if};
+use prefixscope::tui::view::thousands;
 
 #[derive(Args)]
 pub struct WhatIfArgs {
@@ -106,16 +107,4 @@ fn causes(a: &Totals, b: &Totals) -> Vec<String> {
     causes.sort();
     causes.dedup();
     causes
-}
-
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

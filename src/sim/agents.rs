@@ -684,7 +684,7 @@ fn tool_output(ctx: &Ctx, name: &str, arguments: &Value, verbose: usize) -> Stri
             .collect::<Vec<_>>()
             .join("\n"),
         "run_tests" => {
-            let failing = h % 3 == 0;
+            let failing = h.is_multiple_of(3);
             let mut text = format!("$ {}\nrunning 24 tests\n", arg("command"));
             for i in 0..(24 * verbose as u64) {
                 text.push_str(&format!("test tests::case_{i} ... ok\n"));
