@@ -284,3 +284,69 @@ fn describe(row: &crate::analysis::table::Row) -> String {
         row.evicted_by.as_ref().map(|e| (e.row, &e.kind)),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::kv::{KvCache, KvConfig};
+
+    fn request(order: u64, conversation: Option<&str>) -> RequestLog {
+        RequestLog {
+            order,
+            agent: "a".into(),
+            conversation: conversation.map(String::from),
+            response_id: format!("r{order}"),
+            breaks: false,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+        }
+    }
+
+    /// Serves prompts on one slot and logs them as the server does.
+    fn serve(kv: &mut KvCache, prompts: &[Vec<u32>]) -> Vec<ServedLog> {
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, prompt)| {
+                let number = i as u64 + 1;
+                let slot = kv.choose_slot(prompt, |_| true).unwrap_or(0);
+                ServedLog {
+                    number,
+                    response_id: format!("r{number}"),
+                    prompt_tokens: prompt.len(),
+                    served: kv.serve(slot, prompt, number),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn evictions_come_from_the_servers_log() {
+        let a1: Vec<u32> = (0..100).collect();
+        let a2: Vec<u32> = (0..150).collect();
+        let title: Vec<u32> = (1000..1010).collect();
+        let log = RunLog {
+            requests: vec![
+                request(1, Some("a")),
+                request(2, None),
+                request(3, Some("a")),
+            ],
+            ..RunLog::default()
+        };
+        let prompts = [a1.clone(), title.clone(), a2.clone()];
+        // One slot, no host cache: the title evicts the conversation.
+        let served = serve(&mut KvCache::new(KvConfig::new(1, false)), &prompts);
+        let found = evictions(&log, &served);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].order, found[0].evictors.clone()),
+            (3, vec!["r2".into()])
+        );
+        assert_eq!(found[0].share, Some(100.0 / 150.0));
+        // Two slots, or the host cache: nothing evicted.
+        let served = serve(&mut KvCache::new(KvConfig::new(2, false)), &prompts);
+        assert!(evictions(&log, &served).is_empty());
+        let served = serve(&mut KvCache::new(KvConfig::new(1, true)), &prompts);
+        assert!(evictions(&log, &served).is_empty());
+    }
+}
