@@ -11,6 +11,7 @@ pub mod input;
 pub mod normalize;
 pub mod record;
 pub mod recorder;
+pub mod sim;
 pub mod workload;
 
 #[cfg(feature = "net")]

@@ -41,6 +41,12 @@ enum Command {
     /// AIPerf): mooncake, bailian, weka, trace_synthetic (anonymized), or otel (NOT anonymous:
     /// the spans carry the messages).
     Export(cli::export::ExportArgs),
+    /// No model needed: a simulated llama-server, scripted agents talking to it through the
+    /// proxy, and the TUI on their traffic (the summary when stdout is not a terminal).
+    Demo(cli::demo::DemoArgs),
+    /// Replay a recording against the simulated server with other settings (slots, host cache)
+    /// and compare the predicted losses with the recorded ones.
+    Whatif(cli::whatif::WhatIfArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +59,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => cli::replay::run(args),
         Command::Watch(args) => cli::watch::run(args),
         Command::Export(args) => cli::export::run(args),
+        Command::Demo(args) => cli::demo::run(args),
+        Command::Whatif(args) => cli::whatif::run(args),
     };
     ExitCode::from(code)
 }

@@ -232,3 +232,24 @@ fn the_terminal_is_restored_after_a_panic() {
     // Out of the alternate screen: what was printed before the TUI is visible again.
     assert!(screen.contains("BEFORE"), "{screen}");
 }
+
+#[test]
+fn the_demo_shows_breaks_as_they_happen() {
+    if !have_tmux() {
+        return;
+    }
+    let command = format!("{BIN} demo --speed 20; echo EXITED $?; sleep 60");
+    let tmux = Tmux::start("demo", &command);
+    // The coder's date change, its new tool and the reviewer's eviction appear as they happen.
+    let screen = tmux.wait_for(&[
+        "\"…is 2026-03-14.\" → \"…is 2026-03-15.\"",
+        "tools +[\"web_fetch\"]",
+        "evicted by",
+    ]);
+    assert!(screen.contains("sim-review/2.1"), "{screen}");
+    let screen = tmux.wait_for(&["demo finished"]);
+    assert!(screen.contains("Prefix breaks"), "{screen}");
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for(&["EXITED 0"]);
+    assert!(screen.contains("tokens"), "{screen}");
+}

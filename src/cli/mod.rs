@@ -2,6 +2,7 @@
 //! all (or a port that could not be bound), 2 a usage error (clap's own, and ours).
 
 pub mod analyze;
+pub mod demo;
 pub mod export;
 pub mod profile;
 pub mod record;
@@ -10,6 +11,7 @@ pub mod replay;
 pub mod status;
 pub mod tui;
 pub mod watch;
+pub mod whatif;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;

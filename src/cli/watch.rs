@@ -97,12 +97,12 @@ pub fn run(args: WatchArgs) -> u8 {
     code
 }
 
-/// What the app may ask of the live edge.
-struct Live {
-    proxy: Arc<ProxyStats>,
-    recorder: Arc<RecorderStats>,
-    stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
-    files: Vec<PathBuf>,
+/// What the app may ask of the live edge (`demo` wraps it too).
+pub(super) struct Live {
+    pub(super) proxy: Arc<ProxyStats>,
+    pub(super) recorder: Arc<RecorderStats>,
+    pub(super) stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    pub(super) files: Vec<PathBuf>,
 }
 
 impl Control for Live {

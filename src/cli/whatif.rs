@@ -1,0 +1,110 @@
+//! `prefixscope whatif`: a recording's requests replayed against the simulated llama-server with
+//! other settings (slots, host cache); predicted tokens and seconds lost by cause next to the
+//! recorded ones, and what the prediction assumed.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::demo::OnOff;
+use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
+use prefixscope::sim::whatif::{Totals, WhatIf, what_if};
+use prefixscope::tui::view::thousands;
+
+#[derive(Args)]
+pub struct WhatIfArgs {
+    /// Recordings (prefixscope's or llmp's JSON Lines) with llama.cpp's timings.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The server's slots (`-np`).
+    #[arg(long, default_value_t = 1)]
+    slots: usize,
+    /// The server's host-memory prompt cache (llama-server's `--cache-ram`; on by default there).
+    #[arg(long, value_enum, default_value = "on")]
+    cache_ram: OnOff,
+    /// The whole result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: WhatIfArgs) -> u8 {
+    if args.slots == 0 || args.slots > 1024 {
+        eprintln!("prefixscope: --slots must be between 1 and 1024");
+        return EXIT_USAGE;
+    }
+    let Some(read) = read_recordings(&args.files) else {
+        return EXIT_UNREADABLE;
+    };
+    let result = what_if(&read.records, args.slots, args.cache_ram == OnOff::On);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render(&result));
+    }
+    EXIT_OK
+}
+
+fn render(w: &WhatIf) -> String {
+    let mut out = format!(
+        "prefixscope whatif: {} requests replayed against a simulated llama-server with {} slot{}, host cache {} ({} records not replayed)\n",
+        w.replayed,
+        w.slots,
+        if w.slots == 1 { "" } else { "s" },
+        if w.cache_ram { "on" } else { "off" },
+        w.not_replayed
+    );
+    out.push_str(&format!(
+        "{:<24}{:>22}{:>22}\n",
+        "", "recorded", "predicted"
+    ));
+    let seconds = |ms: Option<f64>| ms.map_or("-".into(), |ms| format!("{:.2} s", ms / 1000.0));
+    let pair = |tokens: u64, ms: Option<f64>| format!("{} tok {}", thousands(tokens), seconds(ms));
+    out.push_str(&format!(
+        "{:<24}{:>22}{:>22}\n",
+        "prefill",
+        seconds(w.recorded.prefill_ms),
+        seconds(w.predicted.prefill_ms)
+    ));
+    out.push_str(&format!(
+        "{:<24}{:>22}{:>22}\n",
+        "lost",
+        pair(w.recorded.lost_tokens, w.recorded.lost_ms),
+        pair(w.predicted.lost_tokens, w.predicted.lost_ms)
+    ));
+    for cause in causes(&w.recorded, &w.predicted) {
+        let of = |t: &Totals| {
+            t.by_cause
+                .iter()
+                .find(|(c, _, _)| *c == cause)
+                .map_or((0, None), |(_, tokens, ms)| (*tokens, *ms))
+        };
+        let (rt, rm) = of(&w.recorded);
+        let (pt, pm) = of(&w.predicted);
+        out.push_str(&format!(
+            "{:<24}{:>22}{:>22}\n",
+            format!("  {cause}"),
+            pair(rt, rm),
+            pair(pt, pm)
+        ));
+    }
+    out.push_str("assumed:\n");
+    for assumption in &w.assumptions {
+        out.push_str(&format!("  - {assumption}\n"));
+    }
+    out
+}
+
+fn causes(a: &Totals, b: &Totals) -> Vec<String> {
+    let mut causes: Vec<String> = a
+        .by_cause
+        .iter()
+        .chain(&b.by_cause)
+        .map(|(c, _, _)| c.clone())
+        .collect();
+    causes.sort();
+    causes.dedup();
+    causes
+}

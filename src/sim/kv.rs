@@ -1,0 +1,296 @@
+//! The KV-cache model of a simulated llama-server, pure: slots each holding a token prefix,
+//! slot choice by longest common prefix else least recently used, an optional host-memory
+//! prompt cache (`--cache-ram`), and the rule that at least one prompt token is evaluated.
+//!
+//! What llama.cpp does (server-context.cpp, as of the builds in `../shared/tools/llama-server`):
+//! an idle slot whose cached tokens share more than `slot_prompt_similarity` (0.1) of the new
+//! prompt is preferred, the longest shared prefix first; otherwise the least recently used idle
+//! slot. With the host cache on, a slot's prompt is saved to host memory before the slot is given
+//! a prompt it does not continue, and the cached prompt sharing the longest prefix with the new
+//! one is loaded back if it beats what the slot holds.
+
+pub type Token = u32;
+
+/// llama-server's `--slot-prompt-similarity` default.
+pub const SLOT_PROMPT_SIMILARITY: f64 = 0.1;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvConfig {
+    /// `-np`: how many prompts the server keeps at once.
+    pub slots: usize,
+    /// `--cache-ram`: keep prompts that leave a slot in host memory and restore them.
+    pub cache_ram: bool,
+    /// How many tokens the host cache holds before it drops its least recently used prompts.
+    pub cache_ram_tokens: usize,
+    pub slot_prompt_similarity: f64,
+}
+
+impl KvConfig {
+    pub fn new(slots: usize, cache_ram: bool) -> KvConfig {
+        KvConfig {
+            slots: slots.max(1),
+            cache_ram,
+            cache_ram_tokens: 4_000_000,
+            slot_prompt_similarity: SLOT_PROMPT_SIMILARITY,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Held {
+    tokens: Vec<Token>,
+    last_used: u64,
+    /// The request whose prompt this is.
+    request: Option<u64>,
+}
+
+/// What serving one prompt did to the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    pub slot: usize,
+    /// Tokens taken from the cache (llama.cpp's `cache_n`).
+    pub cache_n: usize,
+    /// Tokens evaluated (llama.cpp's `prompt_n`).
+    pub prompt_n: usize,
+    /// The prefix came back from the host cache.
+    pub restored: bool,
+    /// The request whose prompt the slot held before (after a restore: the restored one's).
+    pub replaced: Option<u64>,
+}
+
+/// What the server did for one chat request: the ground truth tests compare the analysis with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServedLog {
+    /// 1, 2, … in the order the server took the requests up.
+    pub number: u64,
+    /// The response's `id`.
+    pub response_id: String,
+    pub prompt_tokens: usize,
+    pub served: Served,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    config: KvConfig,
+    slots: Vec<Held>,
+    host: Vec<Held>,
+    host_tokens: usize,
+    clock: u64,
+}
+
+pub fn common_prefix(a: &[Token], b: &[Token]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl KvCache {
+    pub fn new(config: KvConfig) -> KvCache {
+        let slots = vec![Held::default(); config.slots.max(1)];
+        KvCache {
+            config,
+            slots,
+            host: Vec::new(),
+            host_tokens: 0,
+            clock: 0,
+        }
+    }
+
+    pub fn config(&self) -> &KvConfig {
+        &self.config
+    }
+
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Tokens each slot holds (for `/slots`).
+    pub fn slot_tokens(&self, slot: usize) -> usize {
+        self.slots.get(slot).map_or(0, |s| s.tokens.len())
+    }
+
+    /// Prompts held in host memory, and their tokens.
+    pub fn host_cache(&self) -> (usize, usize) {
+        (self.host.len(), self.host_tokens)
+    }
+
+    /// The slot llama-server would give `prompt`, among those `idle` allows; `None` when every
+    /// slot is busy.
+    pub fn choose_slot(&self, prompt: &[Token], idle: impl Fn(usize) -> bool) -> Option<usize> {
+        let candidates = || (0..self.slots.len()).filter(|&i| idle(i));
+        if self.config.slot_prompt_similarity > 0.0 && !prompt.is_empty() {
+            let best = candidates()
+                .map(|i| (common_prefix(&self.slots[i].tokens, prompt), i))
+                .filter(|&(shared, _)| {
+                    shared > 0
+                        && shared as f64 / prompt.len() as f64 > self.config.slot_prompt_similarity
+                })
+                // Longest shared prefix; among equals, the lower slot (llama.cpp scans in order).
+                .max_by_key(|&(shared, i)| (shared, std::cmp::Reverse(i)));
+            if let Some((_, slot)) = best {
+                return Some(slot);
+            }
+        }
+        candidates().min_by_key(|&i| (self.slots[i].last_used, i))
+    }
+
+    /// Serves `prompt` (request number `request`) on `slot`: restores from the host cache when
+    /// that helps, counts what is reused, and leaves the prompt in the slot.
+    pub fn serve(&mut self, slot: usize, prompt: &[Token], request: u64) -> Served {
+        self.clock += 1;
+        let slot = slot.min(self.slots.len() - 1);
+        let in_slot = common_prefix(&self.slots[slot].tokens, prompt);
+        let mut replaced = self.slots[slot].request;
+        let mut restored = false;
+        let mut shared = in_slot;
+        if self.config.cache_ram {
+            let best = self
+                .host
+                .iter()
+                .enumerate()
+                .map(|(i, held)| (common_prefix(&held.tokens, prompt), i))
+                .filter(|&(n, _)| n > in_slot)
+                .max_by_key(|&(n, i)| (n, std::cmp::Reverse(i)));
+            let leaving = std::mem::take(&mut self.slots[slot]);
+            if let Some((n, i)) = best {
+                let back = self.host.remove(i);
+                self.host_tokens -= back.tokens.len();
+                replaced = back.request;
+                self.slots[slot] = back;
+                shared = n;
+                restored = true;
+                self.save(leaving);
+            } else if in_slot < leaving.tokens.len() {
+                // The slot's prompt is about to be cut: keep it in host memory first.
+                self.save(leaving);
+            } else {
+                self.slots[slot] = leaving;
+            }
+        }
+        // llama.cpp evaluates at least one token, to have logits to sample from.
+        let cache_n = shared.min(prompt.len().saturating_sub(1));
+        let held = &mut self.slots[slot];
+        held.tokens.clear();
+        held.tokens.extend_from_slice(prompt);
+        held.last_used = self.clock;
+        held.request = Some(request);
+        Served {
+            slot,
+            cache_n,
+            prompt_n: prompt.len() - cache_n,
+            restored,
+            replaced,
+        }
+    }
+
+    fn save(&mut self, held: Held) {
+        if held.tokens.is_empty() {
+            return;
+        }
+        // A cached prompt that the new one extends adds nothing.
+        let mut i = 0;
+        while i < self.host.len() {
+            let old = &self.host[i].tokens;
+            if old.len() <= held.tokens.len() && held.tokens.starts_with(old) {
+                self.host_tokens -= old.len();
+                self.host.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        self.host_tokens += held.tokens.len();
+        self.host.push(held);
+        while self.host_tokens > self.config.cache_ram_tokens && !self.host.is_empty() {
+            let oldest = (0..self.host.len())
+                .min_by_key(|&i| self.host[i].last_used)
+                .unwrap_or(0);
+            let dropped = self.host.remove(oldest);
+            self.host_tokens -= dropped.tokens.len();
+        }
+    }
+}
+
+/// Milliseconds to evaluate `tokens` at `tokens_per_second`.
+pub fn ms_for(tokens: usize, tokens_per_second: f64) -> f64 {
+    if tokens_per_second > 0.0 {
+        tokens as f64 * 1000.0 / tokens_per_second
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(range: std::ops::Range<u32>) -> Vec<Token> {
+        range.collect()
+    }
+
+    #[test]
+    fn a_continued_prompt_reuses_its_prefix_but_one_token() {
+        let mut kv = KvCache::new(KvConfig::new(1, false));
+        let first = kv.serve(0, &toks(0..100), 1);
+        assert_eq!((first.cache_n, first.prompt_n), (0, 100));
+        let longer = toks(0..150);
+        let second = kv.serve(kv.choose_slot(&longer, |_| true).unwrap(), &longer, 2);
+        assert_eq!((second.cache_n, second.prompt_n), (100, 50));
+        // The same prompt again: everything but the last token.
+        let again = kv.serve(0, &longer, 3);
+        assert_eq!((again.cache_n, again.prompt_n), (149, 1));
+    }
+
+    #[test]
+    fn one_slot_without_host_cache_loses_to_other_conversations() {
+        let mut kv = KvCache::new(KvConfig::new(1, false));
+        kv.serve(0, &toks(0..100), 1);
+        let other = kv.serve(0, &toks(1000..1080), 2);
+        assert_eq!(other.replaced, Some(1));
+        let back = kv.serve(0, &toks(0..120), 3);
+        assert_eq!(back.cache_n, 0);
+        assert_eq!(back.replaced, Some(2));
+    }
+
+    #[test]
+    fn the_host_cache_restores_a_conversation() {
+        let mut kv = KvCache::new(KvConfig::new(1, true));
+        kv.serve(0, &toks(0..100), 1);
+        kv.serve(0, &toks(1000..1080), 2);
+        assert_eq!(kv.host_cache(), (1, 100));
+        let back = kv.serve(0, &toks(0..120), 3);
+        assert!(back.restored);
+        assert_eq!((back.cache_n, back.replaced), (100, Some(1)));
+        // The other conversation went to host memory in its turn.
+        let other = kv.serve(0, &toks(1000..1100), 4);
+        assert_eq!(other.cache_n, 80);
+    }
+
+    #[test]
+    fn the_host_cache_drops_least_recently_used_prompts() {
+        let mut config = KvConfig::new(1, true);
+        config.cache_ram_tokens = 150;
+        let mut kv = KvCache::new(config);
+        kv.serve(0, &toks(0..100), 1);
+        kv.serve(0, &toks(1000..1100), 2);
+        kv.serve(0, &toks(2000..2100), 3);
+        // 1's prompt was pushed out by 2's.
+        assert_eq!(kv.host_cache(), (1, 100));
+        assert_eq!(kv.serve(0, &toks(0..110), 4).cache_n, 0);
+    }
+
+    #[test]
+    fn slots_are_chosen_by_shared_prefix_then_least_recently_used() {
+        let mut kv = KvCache::new(KvConfig::new(3, false));
+        let a = toks(0..100);
+        let b = toks(500..600);
+        assert_eq!(kv.choose_slot(&a, |_| true), Some(0));
+        kv.serve(0, &a, 1);
+        assert_eq!(kv.choose_slot(&b, |_| true), Some(1));
+        kv.serve(1, &b, 2);
+        let a2 = toks(0..130);
+        assert_eq!(kv.choose_slot(&a2, |_| true), Some(0));
+        // Busy slots are skipped; a prompt sharing little goes to the least recently used.
+        assert_eq!(kv.choose_slot(&a2, |i| i != 0), Some(2));
+        let mostly_new: Vec<Token> = [0].into_iter().chain(5000..5100).collect();
+        assert_eq!(kv.choose_slot(&mostly_new, |_| true), Some(2));
+        assert_eq!(kv.choose_slot(&a2, |_| false), None);
+    }
+}

@@ -1,0 +1,298 @@
+//! What-if, pure: replays a recording's chat requests, in the order they reached the server,
+//! against the simulated KV cache with other settings (slots, host cache), writes what the
+//! simulated server would have reported into copies of the records, and analyses both. The
+//! analysis is the same one as for real traffic, so predicted losses carry the same causes.
+//!
+//! Assumptions, reported with the result (`WhatIf::assumptions`):
+//! - Tokens: each message (and the tool list) weighs its characters × one tokens-per-character
+//!   ratio for the whole recording (Σ server prompt tokens / Σ characters, after the template's
+//!   tokens), and any change to a message changes all its tokens: the sim reuses whole messages.
+//!   Gemma's sliding-window cache, which made the llama.cpp recordings, reuses no more than that;
+//!   a full-attention model also reuses the unchanged start of a changed message. Predicted
+//!   reuse is scaled back to each request's own server token count.
+//! - Time: each request occupies a slot for its recorded duration; one that finds every slot
+//!   busy waits for the first to free (llama-server's queue). Prefill costs the recording's bulk
+//!   rate (server prefill ms per evaluated token over requests of at least 50 tokens).
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::kv::{KvCache, KvConfig, Token};
+use super::text::keyed_tokens;
+use crate::analysis::{self, Config, Report};
+use crate::normalize::Api;
+use crate::normalize::exchange::{Exchange, normalize};
+use crate::record::Record;
+
+/// Template tokens around each message (`<|im_start|>`, role, newline, `<|im_end|>`).
+const TOKENS_PER_MESSAGE: usize = 4;
+/// The generation prompt after the last message.
+const GENERATION_PROMPT_TOKENS: usize = 3;
+/// Requests with fewer evaluated tokens don't set the prefill rate (fixed costs dominate).
+const RATE_MIN_EVALUATED: u64 = 50;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WhatIf {
+    pub slots: usize,
+    pub cache_ram: bool,
+    /// Requests replayed (chat requests with the server's prompt token count).
+    pub replayed: usize,
+    /// Records left as they were (not chat, failed, or no token count from the server).
+    pub not_replayed: usize,
+    pub tokens_per_char: f64,
+    pub prefill_ms_per_token: Option<f64>,
+    pub assumptions: Vec<String>,
+    pub recorded: Totals,
+    pub predicted: Totals,
+    /// Per replayed request: record id, tokens the server reused, tokens the sim would reuse.
+    pub requests: Vec<RequestWhatIf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestWhatIf {
+    pub id: u64,
+    pub prompt_tokens: u32,
+    pub recorded_reused: Option<u32>,
+    pub predicted_reused: u32,
+    pub slot: usize,
+    pub restored: bool,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Totals {
+    pub prefill_ms: Option<f64>,
+    pub lost_tokens: u64,
+    pub lost_ms: Option<f64>,
+    /// Cause → (tokens, ms).
+    pub by_cause: Vec<(String, u64, Option<f64>)>,
+}
+
+impl Totals {
+    pub fn from_report(report: &Report) -> Totals {
+        Totals {
+            prefill_ms: report.time.prefill_ms.map(|m| m.value),
+            lost_tokens: report.time.lost_tokens,
+            lost_ms: report.time.lost_ms.map(|m| m.value),
+            by_cause: report
+                .time
+                .by_cause
+                .iter()
+                .map(|(cause, total)| (cause.clone(), total.tokens, total.ms.map(|m| m.value)))
+                .collect(),
+        }
+    }
+
+    pub fn cause_tokens(&self, cause: &str) -> u64 {
+        self.by_cause
+            .iter()
+            .find(|(c, _, _)| c == cause)
+            .map_or(0, |(_, tokens, _)| *tokens)
+    }
+}
+
+/// The simulated server's counts for one request, in the server's tokens.
+struct Predicted {
+    reused: u32,
+    evaluated: u32,
+    prefill_ms: f64,
+}
+
+pub fn what_if(records: &[Record], slots: usize, cache_ram: bool) -> WhatIf {
+    let exchanges: Vec<(usize, Exchange)> = records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| normalize(r).ok().map(|x| (i, x)))
+        // llama.cpp's `timings` ride on OpenAI-style chat responses.
+        .filter(|(_, x)| {
+            x.ok && x.api == Api::OpenaiChat && x.counts.prompt_tokens.is_some_and(|p| p.value > 0)
+        })
+        .collect();
+    let tokens_per_char = tokens_per_char(exchanges.iter().map(|(_, x)| x));
+    let rate = prefill_rate(exchanges.iter().map(|(_, x)| x));
+
+    let mut order: Vec<&(usize, Exchange)> = exchanges.iter().collect();
+    order.sort_by_key(|(_, x)| (x.t_start_ms, x.id));
+    let mut kv = KvCache::new(KvConfig::new(slots, cache_ram));
+    let mut free_at = vec![i64::MIN; kv.slot_count()];
+    let mut predicted: Vec<Option<Predicted>> = (0..records.len()).map(|_| None).collect();
+    let mut requests = Vec::new();
+    for (index, x) in order {
+        let prompt = prompt_tokens(x, tokens_per_char);
+        // Wait for a slot if all are busy, as llama-server queues the request.
+        let earliest = free_at.iter().copied().min().unwrap_or(i64::MIN);
+        let start = x.t_start_ms.max(earliest);
+        let slot = kv
+            .choose_slot(&prompt, |i| free_at[i] <= start)
+            .unwrap_or(0);
+        free_at[slot] = start + (x.t_end_ms - x.t_start_ms).max(0);
+        let served = kv.serve(slot, &prompt, x.id);
+        let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
+        let scale = f64::from(server_prompt) / prompt.len().max(1) as f64;
+        let reused =
+            ((served.cache_n as f64 * scale).round() as u32).min(server_prompt.saturating_sub(1));
+        let evaluated = server_prompt - reused;
+        requests.push(RequestWhatIf {
+            id: x.id,
+            prompt_tokens: server_prompt,
+            recorded_reused: x.counts.reused_tokens.map(|m| m.value),
+            predicted_reused: reused,
+            slot,
+            restored: served.restored,
+        });
+        let prefill_ms = match rate {
+            Some(rate) => f64::from(evaluated) * rate,
+            None => x.counts.prefill_ms.map_or(0.0, |m| m.value),
+        };
+        predicted[*index] = Some(Predicted {
+            reused,
+            evaluated,
+            prefill_ms,
+        });
+    }
+    let replayed = requests.len();
+    let rewritten: Vec<Record> = records
+        .iter()
+        .zip(&predicted)
+        .map(|(record, p)| match p {
+            Some(p) => with_counts(record, p),
+            None => record.clone(),
+        })
+        .collect();
+    let config = Config::default();
+    let recorded = analysis::analyze(records, &config);
+    let after = analysis::analyze(&rewritten, &config);
+    WhatIf {
+        slots: kv.slot_count(),
+        cache_ram,
+        replayed,
+        not_replayed: records.len() - replayed,
+        tokens_per_char,
+        prefill_ms_per_token: rate,
+        assumptions: assumptions(tokens_per_char, rate),
+        recorded: Totals::from_report(&recorded),
+        predicted: Totals::from_report(&after),
+        requests,
+    }
+}
+
+fn assumptions(tokens_per_char: f64, rate: Option<f64>) -> Vec<String> {
+    vec![
+        "requests replayed in the order they reached the server, each holding a slot for its recorded duration (queued when all slots were busy)".into(),
+        format!(
+            "tokens from the server's counts: every message weighs its characters × {tokens_per_char:.3} tokens (the recording's ratio), reuse scaled back to each request's own count"
+        ),
+        "a changed message is re-evaluated whole (as on Gemma's sliding-window cache; a full-attention model also keeps the unchanged start of that message)".into(),
+        match rate {
+            Some(rate) => format!(
+                "prefill at the recording's rate, {:.3} ms per evaluated token",
+                rate
+            ),
+            None => "no server prefill times in the recording: each request keeps its own".into(),
+        },
+        "llama-server's slot choice (shared prefix over 10% of the prompt, else least recently used) and, with --cache-ram on, an unbounded host cache".into(),
+    ]
+}
+
+/// Σ prompt tokens (less the template's) / Σ characters of messages and tools.
+fn tokens_per_char<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> f64 {
+    let (mut tokens, mut chars) = (0.0, 0.0);
+    for x in exchanges {
+        let template = (x.messages.len() * TOKENS_PER_MESSAGE + GENERATION_PROMPT_TOKENS) as f64;
+        let prompt = f64::from(x.counts.prompt_tokens.map_or(0, |p| p.value));
+        tokens += (prompt - template).max(0.0);
+        chars += f64::from(
+            x.messages
+                .iter()
+                .map(|m| m.chars)
+                .chain(x.tools.iter().map(|t| t.chars))
+                .sum::<u32>(),
+        );
+    }
+    if chars > 0.0 { tokens / chars } else { 0.25 }
+}
+
+/// Server prefill ms per evaluated token over requests that evaluated enough to measure it.
+fn prefill_rate<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> Option<f64> {
+    let (mut ms, mut evaluated) = (0.0, 0u64);
+    for x in exchanges {
+        if let (Some(prefill), Some(n)) = (x.counts.prefill_ms, x.counts.evaluated_tokens)
+            && u64::from(n.value) >= RATE_MIN_EVALUATED
+            && prefill.source == analysis::Source::Server
+        {
+            ms += prefill.value;
+            evaluated += u64::from(n.value);
+        }
+    }
+    (evaluated > 0).then(|| ms / evaluated as f64)
+}
+
+/// The sim's prompt for a recorded request: leading system messages, the tool list, the other
+/// messages (as `render_chat` orders them), then the generation prompt.
+fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
+    let weigh = |chars: u32| (f64::from(chars) * tokens_per_char).round() as usize;
+    let mut tokens = Vec::new();
+    let leading_system = x.messages.iter().take_while(|m| m.role == "system").count();
+    let push_message = |tokens: &mut Vec<Token>, key: String, chars: u32| {
+        tokens.extend(keyed_tokens(&key, weigh(chars) + TOKENS_PER_MESSAGE));
+    };
+    for m in &x.messages[..leading_system] {
+        push_message(&mut tokens, format!("{}:{}", m.role, m.hash), m.chars);
+    }
+    if !x.tools.is_empty() {
+        let chars = x.tools.iter().map(|t| t.chars).sum();
+        let key = x.tools_hash.clone().unwrap_or_else(|| {
+            x.tools
+                .iter()
+                .map(|t| t.hash.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        push_message(&mut tokens, format!("tools:{key}"), chars);
+    }
+    for m in &x.messages[leading_system..] {
+        push_message(&mut tokens, format!("{}:{}", m.role, m.hash), m.chars);
+    }
+    tokens.extend(keyed_tokens("generation prompt", GENERATION_PROMPT_TOKENS));
+    tokens
+}
+
+/// A copy of `record` whose response says what the simulated server did.
+fn with_counts(record: &Record, p: &Predicted) -> Record {
+    let mut record = record.clone();
+    let Some(response) = record.response.as_mut() else {
+        return record;
+    };
+    let fields = match (response.body.as_mut(), response.digest.as_mut()) {
+        (_, Some(digest)) => Some(&mut digest.usage),
+        (Some(Value::Object(body)), None) => Some(body),
+        _ => None,
+    };
+    let Some(fields) = fields else {
+        return record;
+    };
+    let timings = fields.entry("timings").or_insert_with(|| json!({}));
+    if let Value::Object(timings) = timings {
+        timings.insert("cache_n".into(), json!(p.reused));
+        timings.insert("prompt_n".into(), json!(p.evaluated));
+        timings.insert("prompt_ms".into(), json!(p.prefill_ms));
+        if p.evaluated > 0 && p.prefill_ms > 0.0 {
+            timings.insert(
+                "prompt_per_token_ms".into(),
+                json!(p.prefill_ms / f64::from(p.evaluated)),
+            );
+            timings.insert(
+                "prompt_per_second".into(),
+                json!(f64::from(p.evaluated) * 1000.0 / p.prefill_ms),
+            );
+        }
+    }
+    if let Some(Value::Object(details)) = fields.get_mut("usage").and_then(|usage| {
+        usage.as_object_mut().map(|u| {
+            u.entry("prompt_tokens_details")
+                .or_insert_with(|| json!({}))
+        })
+    }) {
+        details.insert("cached_tokens".into(), json!(p.reused));
+    }
+    record
+}

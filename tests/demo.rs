@@ -1,0 +1,530 @@
+//! The demo and the simulated llama-server: every scenario's scripted events named by the
+//! analysis of its recording; one slot with and without the host cache; the sim's responses
+//! shaped like real llama-server's (samples in tests/data/llama-server-samples, copied from
+//! ../shared/tools/llama-server/samples); `whatif` against the real llama.cpp recordings.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use prefixscope::analysis::{self, Config, Report};
+use prefixscope::normalize::exchange::normalize;
+use prefixscope::record::{Record, read_jsonl};
+use prefixscope::sim::script::{EventKind, RequestLog, RunLog, ScriptEvent, check};
+use prefixscope::sim::server::{SimConfig, SimServer, Speed};
+use prefixscope::sim::whatif::what_if;
+
+const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
+
+fn samples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llama-server-samples")
+}
+
+fn sample(name: &str) -> String {
+    std::fs::read_to_string(samples().join(name)).unwrap()
+}
+
+fn recording(name: &str) -> Vec<Record> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("recordings/llmp/llama.cpp")
+        .join(name);
+    let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    assert!(read.bad_lines.is_empty());
+    read.records
+}
+
+struct Demo {
+    records: Vec<Record>,
+    report: Report,
+    log: RunLog,
+    events: Vec<ScriptEvent>,
+    stdout: String,
+}
+
+/// Runs `prefixscope demo` headless at high speed and reads back its recording and events.
+fn demo(scenario: &str, extra: &[&str]) -> Demo {
+    let dir = support::temp_file(&format!("demo-{scenario}-{}", extra.join("-")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("rec.jsonl");
+    let events = dir.join("events.json");
+    let _ = std::fs::remove_file(&out);
+    let seed: &[&str] = if extra.contains(&"--seed") {
+        &[]
+    } else {
+        &["--seed", "3"]
+    };
+    let output = Command::new(BIN)
+        .args(["demo", "--scenario", scenario, "--speed", "5000"])
+        .args(seed)
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg("--events")
+        .arg(&events)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+    assert!(read.bad_lines.is_empty());
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&events).unwrap()).unwrap();
+    let requests: Vec<RequestLog> = serde_json::from_value(json["requests"].clone()).unwrap();
+    let events: Vec<ScriptEvent> = serde_json::from_value(json["events"].clone()).unwrap();
+    assert_eq!(json["errors"], serde_json::json!([]));
+    let report = analysis::analyze(&read.records, &Config::default());
+    Demo {
+        records: read.records,
+        report,
+        log: RunLog {
+            requests,
+            events: Vec::new(),
+            errors: Vec::new(),
+        },
+        events,
+        stdout,
+    }
+}
+
+fn count(events: &[ScriptEvent], kind: EventKind) -> usize {
+    events.iter().filter(|e| e.kind == kind).count()
+}
+
+/// Every scripted event is named with its cause, and nothing else is blamed on eviction.
+fn assert_named(run: &Demo, exact_evictor: bool) {
+    assert_eq!(run.records.len(), run.log.requests.len());
+    let checked = check(
+        &run.report,
+        &run.records,
+        &run.log,
+        &run.events,
+        exact_evictor,
+    );
+    let missed: Vec<_> = checked.events.iter().filter(|e| !e.named).collect();
+    assert!(missed.is_empty(), "not named: {missed:#?}");
+    assert!(
+        checked.unexpected.is_empty(),
+        "unexpected: {:#?}",
+        checked.unexpected
+    );
+    assert!(
+        run.stdout.contains("named by the analysis"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn mixed_names_every_scripted_event() {
+    let run = demo("mixed", &[]);
+    for kind in [
+        EventKind::SideCall,
+        EventKind::SystemChanged,
+        EventKind::ToolsChanged,
+        EventKind::Compaction,
+    ] {
+        assert!(
+            count(&run.events, kind) >= 1,
+            "{kind:?} missing: {:#?}",
+            run.events
+        );
+    }
+    // Two harnesses (user agents) and a subagent's conversation beside the coder's.
+    let agents: BTreeSet<&str> = run
+        .report
+        .clients
+        .iter()
+        .map(|c| c.client.as_str())
+        .collect();
+    assert!(agents.len() >= 2, "{agents:?}");
+    assert!(
+        run.log.requests.iter().any(|r| r
+            .conversation
+            .as_deref()
+            .is_some_and(|c| c.contains("subagent"))),
+        "no subagent"
+    );
+    assert_named(&run, false);
+    // One slot: the side-calls and the reviewer evict the coder, named exactly.
+    let run = demo("mixed", &["--slots", "1"]);
+    assert!(
+        count(&run.events, EventKind::Evicted) >= 3,
+        "{:#?}",
+        run.events
+    );
+    assert_named(&run, true);
+}
+
+#[test]
+fn side_calls_evict_the_conversation_on_one_slot() {
+    let run = demo("side-calls", &[]);
+    assert!(count(&run.events, EventKind::SideCall) >= 4);
+    assert!(count(&run.events, EventKind::Evicted) >= 4);
+    assert_named(&run, true);
+    assert!(run.report.time.by_cause.contains_key("side_call"));
+}
+
+#[test]
+fn volatile_system_prompt_breaks_every_request() {
+    let run = demo("volatile-system", &[]);
+    assert_eq!(
+        count(&run.events, EventKind::SystemChanged),
+        run.log.requests.len() - 1
+    );
+    assert_named(&run, true);
+    assert!(
+        run.report
+            .findings
+            .iter()
+            .any(|f| format!("{:?}", f.kind).to_lowercase().contains("volatile")),
+        "{:#?}",
+        run.report.findings
+    );
+}
+
+#[test]
+fn compaction_is_named() {
+    let run = demo("compaction", &[]);
+    assert_eq!(count(&run.events, EventKind::Compaction), 2);
+    assert_named(&run, true);
+}
+
+/// Tokens evaluated, and lost to other conversations.
+fn prefill_and_lost(report: &Report) -> (u64, u64) {
+    let evaluated = report
+        .rows
+        .iter()
+        .filter_map(|r| r.counts.evaluated_tokens.map(|m| u64::from(m.value)))
+        .sum();
+    let lost = report
+        .time
+        .by_cause
+        .get("other_conversation")
+        .map_or(0, |c| c.tokens);
+    (evaluated, lost)
+}
+
+#[test]
+fn parallel_on_one_slot_loses_to_other_conversations_unless_the_host_cache_is_on() {
+    let off = demo("parallel", &["--slots", "1", "--cache-ram", "off"]);
+    assert_named(&off, true);
+    let (evaluated, lost) = prefill_and_lost(&off.report);
+    assert!(lost * 2 > evaluated, "{lost} of {evaluated}");
+    eprintln!(
+        "parallel, 1 slot, cache-ram off: {lost} of {evaluated} evaluated tokens lost to other conversations"
+    );
+
+    let on = demo("parallel", &["--slots", "1", "--cache-ram", "on"]);
+    assert_named(&on, true);
+    assert_eq!(count(&on.events, EventKind::Evicted), 0);
+    let (evaluated, _) = prefill_and_lost(&on.report);
+    assert!(
+        on.report.time.lost_tokens * 50 < evaluated,
+        "{}",
+        on.report.time.lost_tokens
+    );
+    eprintln!(
+        "parallel, 1 slot, cache-ram on: {} of {evaluated} evaluated tokens lost",
+        on.report.time.lost_tokens
+    );
+    // The same requests (a faster server interleaves them a little differently).
+    let prompts = |run: &Demo| {
+        let mut sizes: Vec<u64> = run.log.requests.iter().map(|r| r.prompt_tokens).collect();
+        sizes.sort_unstable();
+        sizes
+    };
+    assert_eq!(prompts(&off), prompts(&on));
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let a = demo("side-calls", &["--seed", "9"]);
+    let b = demo("side-calls", &["--seed", "9"]);
+    let requests = |run: &Demo| {
+        run.records
+            .iter()
+            .map(|r| {
+                (
+                    r.request.body.clone(),
+                    r.response
+                        .as_ref()
+                        .and_then(|r| r.body.clone())
+                        .map(|mut b| {
+                            b.as_object_mut().map(|o| o.remove("created"));
+                            b
+                        }),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(requests(&a), requests(&b));
+}
+
+#[test]
+fn whatif_predicts_the_real_servers_losses() {
+    // One slot, host cache off, 8,759 tokens lost; with the cache on the real server lost 585,
+    // all to the system prompt change.
+    let nocache = recording("parallel-nocache.jsonl");
+    let on = what_if(&nocache, 1, true);
+    assert_eq!(on.recorded.lost_tokens, 8_759);
+    eprintln!("whatif parallel-nocache --cache-ram on: {:?}", on.predicted);
+    assert!(
+        on.predicted.lost_tokens.abs_diff(585) <= 60,
+        "{:?}",
+        on.predicted
+    );
+    assert_eq!(on.predicted.cause_tokens("other_conversation"), 0);
+    assert!(on.predicted.cause_tokens("system_changed") > 500);
+
+    let cached = recording("parallel.jsonl");
+    let off = what_if(&cached, 1, false);
+    assert_eq!(off.recorded.lost_tokens, 585);
+    eprintln!("whatif parallel --cache-ram off: {:?}", off.predicted);
+    assert!(
+        off.predicted.lost_tokens * 10 >= 8_759 * 9,
+        "{:?}",
+        off.predicted
+    );
+    assert!(off.predicted.cause_tokens("other_conversation") > 7_000);
+    // Replayed with the settings they were made with, they predict what was recorded.
+    assert_eq!(what_if(&nocache, 1, false).predicted.lost_tokens, 8_759);
+    assert_eq!(what_if(&cached, 1, true).predicted.lost_tokens, 585);
+    assert!(!on.assumptions.is_empty());
+}
+
+#[test]
+fn whatif_command_says_what_it_assumed() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
+    let output = Command::new(BIN)
+        .arg("whatif")
+        .arg(&path)
+        .args(["--slots", "1", "--cache-ram", "on"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    for expected in [
+        "recorded",
+        "predicted",
+        "8,759 tok",
+        "other_conversation",
+        "assumed:",
+        "tokens from the server's counts",
+        "prefill at the recording's rate",
+    ] {
+        assert!(text.contains(expected), "{expected}:\n{text}");
+    }
+}
+
+/// A simulated server on a free port, fast.
+async fn sim_server(slots: usize, cache_ram: bool) -> SocketAddr {
+    let server = SimServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        SimConfig::new(slots, cache_ram),
+        Arc::new(Speed::new(1000.0)),
+    )
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(server.run(std::future::pending()));
+    addr
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Bytes) {
+    let mut client = support::client(addr).await;
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "sim")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = support::send(&mut client, request).await;
+    let status = response.status().as_u16();
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// Every key path of a JSON value (arrays: their first element).
+fn key_paths(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                let path = format!("{prefix}/{key}");
+                out.insert(path.clone());
+                key_paths(v, &path, out);
+            }
+        }
+        Value::Array(items) => {
+            if let Some(first) = items.first() {
+                key_paths(first, &format!("{prefix}/0"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn paths(value: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    key_paths(value, "", &mut out);
+    out
+}
+
+fn sse_chunks(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn responses_have_llama_servers_shape() {
+    let addr = sim_server(1, false).await;
+    // Non-streamed: every key of the real response, where the analysis and clients look.
+    let real: Value = serde_json::from_str(&sample("resp2.json")).unwrap();
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", &sample("req2.json")).await;
+    assert_eq!(status, 200);
+    let ours: Value = serde_json::from_slice(&body).unwrap();
+    let missing: Vec<_> = paths(&real).difference(&paths(&ours)).cloned().collect();
+    assert!(missing.is_empty(), "missing {missing:?} in {ours}");
+    let timings = |v: &Value| {
+        v["timings"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(timings(&real), timings(&ours));
+    assert_eq!(
+        ours["usage"]["prompt_tokens"].as_u64(),
+        Some(
+            ours["timings"]["cache_n"].as_u64().unwrap()
+                + ours["timings"]["prompt_n"].as_u64().unwrap()
+        )
+    );
+
+    // Streamed with include_usage: the same chunk kinds in the same order as the real stream.
+    let real = sse_chunks(&sample("stream2_usage.sse"));
+    let (_, body) = call(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &sample("req2_stream_usage.json"),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let ours = sse_chunks(&text);
+    let shape = |chunks: &[Value]| {
+        let first = paths(&chunks[0]);
+        let finish = paths(&chunks[chunks.len() - 2]);
+        let usage = paths(&chunks[chunks.len() - 1]);
+        (first, finish, usage)
+    };
+    let (real_first, real_finish, real_usage) = shape(&real);
+    let (our_first, our_finish, our_usage) = shape(&ours);
+    assert_eq!(real_first, our_first);
+    assert!(
+        real_finish.is_subset(&our_finish),
+        "{real_finish:?}\n{our_finish:?}"
+    );
+    assert_eq!(real_usage, our_usage);
+    // The second request continues the first: reuse, and one token at least re-evaluated.
+    assert!(ours.last().unwrap()["timings"]["cache_n"].as_u64().unwrap() > 0);
+    assert!(
+        ours.last().unwrap()["timings"]["prompt_n"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+
+    // /tokenize, /health, /v1/models, /slots.
+    let (_, body) = call(addr, "POST", "/tokenize", r#"{"content": "hello world"}"#).await;
+    let ours: Value = serde_json::from_slice(&body).unwrap();
+    let real: Value = serde_json::from_str(&sample("tokenize.json")).unwrap();
+    assert_eq!(
+        ours["tokens"].as_array().unwrap().len(),
+        real["tokens"].as_array().unwrap().len()
+    );
+    let (_, body) = call(
+        addr,
+        "POST",
+        "/tokenize",
+        r#"{"content": "hello world", "with_pieces": true}"#,
+    )
+    .await;
+    let ours: Value = serde_json::from_slice(&body).unwrap();
+    let real: Value = serde_json::from_str(&sample("tokenize_pieces.json")).unwrap();
+    assert_eq!(ours["tokens"][1]["piece"], real["tokens"][1]["piece"]);
+    assert_eq!(paths(&ours), paths(&real));
+    let (status, body) = call(addr, "GET", "/health", "").await;
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            Bytes::from(sample("health_body.json").trim().to_string())
+        )
+    );
+    let (_, body) = call(addr, "GET", "/v1/models", "").await;
+    let ours: Value = serde_json::from_slice(&body).unwrap();
+    assert!(ours["data"][0]["id"].is_string() && ours["object"] == "list");
+    let (_, body) = call(addr, "GET", "/slots", "").await;
+    let ours: Value = serde_json::from_slice(&body).unwrap();
+    let real: Value = serde_json::from_str(&sample("np1_slots.json")).unwrap();
+    for key in ["id", "n_ctx", "is_processing", "n_prompt_tokens"] {
+        assert!(
+            real[0].get(key).is_some() && ours[0].get(key).is_some(),
+            "{key}"
+        );
+    }
+    let (status, _) = call(addr, "GET", "/nope", "").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn through_the_proxy_the_analysis_reads_the_sims_counts() {
+    let addr = sim_server(2, false).await;
+    let proxy = support::start_proxy(addr, "demo-sim-counts", support::Options::default()).await;
+    for request in ["req2.json", "req2_stream_usage.json"] {
+        let (status, _) = call(proxy.addr, "POST", "/v1/chat/completions", &sample(request)).await;
+        assert_eq!(status, 200);
+    }
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 2);
+    for record in &records {
+        let exchange = normalize(record).unwrap();
+        let c = exchange.counts;
+        for (name, value) in [
+            ("prompt", c.prompt_tokens.map(|m| m.value)),
+            ("reused", c.reused_tokens.map(|m| m.value)),
+            ("evaluated", c.evaluated_tokens.map(|m| m.value)),
+            ("completion", c.completion_tokens.map(|m| m.value)),
+        ] {
+            assert!(value.is_some(), "{name} missing in record {}", record.id);
+        }
+        assert!(c.prefill_ms.is_some() && c.decode_ms.is_some());
+        assert_eq!(
+            c.prompt_tokens.unwrap().value,
+            c.reused_tokens.unwrap().value + c.evaluated_tokens.unwrap().value
+        );
+    }
+    // The streamed twin asks the same prompt again: all of it but one token reused.
+    let second = normalize(&records[1]).unwrap().counts;
+    assert_eq!(second.evaluated_tokens.unwrap().value, 1);
+}
