@@ -241,6 +241,22 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
     Ok(first)
 }
 
+/// The block size when none is given: the format's, except that WEKA (which writes its block
+/// size in the file) takes a trace's own when the default cannot be made of the trace's ids
+/// (a Mooncake trace's 512-token ids cannot be cut into 64-token blocks).
+fn trace_block_size(format: Format, target: Target, default: u32) -> (u32, String) {
+    let source = format.default_block_size();
+    let is_trace = matches!(format, Format::Mooncake | Format::Bailian);
+    if is_trace && target == Target::Weka && default % source != 0 {
+        (
+            source,
+            format!(" (the trace's own: its ids cannot be cut into {default}-token blocks)"),
+        )
+    } else {
+        (default, String::new())
+    }
+}
+
 pub fn run(args: ExportArgs) -> u8 {
     let Some(target) = Target::parse(&args.to) else {
         return usage(format!("unknown --to {:?}", args.to));
@@ -275,16 +291,18 @@ pub fn run(args: ExportArgs) -> u8 {
 
     let block_size = match target.default_block_size() {
         Some(default) => {
-            let size = args.block_size.unwrap_or(default);
+            let (size, why) = match args.block_size {
+                Some(size) if size != default => (
+                    size,
+                    format!(" (--block-size; its consumers assume {default})"),
+                ),
+                Some(size) => (size, String::new()),
+                None => trace_block_size(format, target, default),
+            };
             eprintln!(
-                "prefixscope export: {} → {}: hash ids of {size}-token blocks{}",
+                "prefixscope export: {} → {}: hash ids of {size}-token blocks{why}",
                 format.as_str(),
                 target.as_str(),
-                if args.block_size.is_some() && size != default {
-                    format!(" (--block-size; its consumers assume {default})")
-                } else {
-                    String::new()
-                }
             );
             size
         }

@@ -2,10 +2,12 @@
 //!
 //! Two passes over the input, so memory follows the input's structure, not its size:
 //!
-//! - **Recordings.** Pass 1 reads one line at a time and keeps, per request, its file, line,
-//!   start time and (for the analysis) the record in digest form: hashes and sizes, no text. The
-//!   analysis then gives conversations and clients (the same as on the full records: it links
-//!   turns by message hashes), and everything but a few integers per request is dropped. Pass 2
+//! - **Recordings.** Pass 1 reads one line at a time and keeps, per request, its file, line and
+//!   start time, and pushes the record in digest form (hashes and sizes, no text) into the
+//!   analysis engine, which links turns by message hashes (so conversations and clients are those
+//!   of the full records). The engine holds every request's message digests (tens of bytes per
+//!   message: the analysis needs the whole recording at once); once it has given conversations
+//!   and clients, everything but a few integers per request is dropped. Pass 2
 //!   reads the files again and writes the requests in start order (the order they reached the
 //!   server); a request read before its turn (files are written in completion order) waits in a
 //!   small read-ahead map.
@@ -29,7 +31,7 @@ use super::{
     Content, Conversation, ExportRequest, OutputSource, Reply, Salt, Tag, Target, Writer, Written,
     hash_ids, output_length,
 };
-use crate::analysis::{self, Config};
+use crate::analysis::{Analyzer, Config};
 use crate::cache::blocks::{BlockModel, Prompt, ToolsPosition, tokens_per_char};
 use crate::input::recording::{Pending, pending_request};
 use crate::input::{BadRow, FileReport, Format, gateway_csv, trace};
@@ -559,7 +561,9 @@ fn recordings(
         ..Summary::default()
     };
     let mut entries: Vec<Entry> = Vec::new();
-    let mut analysed: Vec<Record> = Vec::new();
+    // The analysis runs as the records are read (its engine takes them in any order), so no
+    // record is kept: only the engine's own state, which has no text.
+    let mut analyzer = Analyzer::new(Config::default());
     let (mut counted_chars, mut counted_tokens) = (0u64, 0u64);
     for file in 0..inputs.count() {
         let name = inputs.name(file);
@@ -598,7 +602,7 @@ fn recordings(
                 apply_digest(&mut record);
             }
             record.id = entries.len() as u64;
-            analysed.push(record);
+            analyzer.push(&record);
             Ok(())
         })?;
         summary.merge(report);
@@ -609,8 +613,8 @@ fn recordings(
         return Ok(summary);
     }
 
-    let report = analysis::analyze(&analysed, &Config::default());
-    drop(analysed);
+    let report = analyzer.report();
+    drop(analyzer);
     let mut conversation_of: Vec<Option<u64>> = vec![None; entries.len()];
     let mut client_of: Vec<Option<u32>> = vec![None; entries.len()];
     let mut clients: HashMap<String, u32> = HashMap::new();
