@@ -39,8 +39,11 @@ impl Tmux {
             socket: format!("prefixscope-{name}-{}", std::process::id()),
             dir,
         };
+        // -u and a UTF-8 locale: the screens hold box drawing and "…" whatever the machine's
+        // locale.
         let status = Command::new("tmux")
             .args([
+                "-u",
                 "-L",
                 &tmux.socket,
                 "-f",
@@ -56,6 +59,7 @@ impl Tmux {
             .arg(&tmux.dir)
             .arg(command)
             .env("TERM", "xterm-256color")
+            .env("LANG", "C.UTF-8")
             .status()
             .unwrap();
         assert!(status.success());
