@@ -221,3 +221,14 @@ fn a_mooncake_trace_feeds_the_cache_panes_only() {
         "{screen}"
     );
 }
+
+/// `c` turns the sparkline into a chart of LRU, FIFO and (worked out for the chart) optimal.
+#[test]
+fn the_chart_key_shows_lru_fifo_and_optimal() {
+    let chart = screen("llmp/llama.cpp/session", 120, 40, &[key('c')]);
+    check_golden("session.chart.txt", &chart);
+    assert!(chart.contains("Hit rate by capacity (chart)"), "{chart}");
+    for name in ["LRU", "FIFO", "optimal"] {
+        assert!(chart.contains(name), "{name}:\n{chart}");
+    }
+}

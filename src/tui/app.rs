@@ -357,6 +357,19 @@ impl App {
                 .find(|p| p.policy == policy && p.capacity.as_deref() == Some(label))
                 .map_or(0.0, |p| p.hit_rate)
         };
+        // Belady's optimal replays every block so far, so only while the chart shows it.
+        let block_size = u64::from(self.block_model.block_size);
+        let optimal = |label: &str| {
+            let tokens = LIVE_CAPACITIES.iter().find(|(l, _)| *l == label)?.1;
+            self.chart.then(|| {
+                self.cache
+                    .optimal_snapshot(&Capacity {
+                        blocks: tokens / block_size,
+                        label: label.to_string(),
+                    })
+                    .hit_rate
+            })
+        };
         Some(Curve {
             label: format!(
                 "cold replay of {} requests, {}-token blocks",
@@ -370,7 +383,7 @@ impl App {
                         (*label).to_string(),
                         share(Policy::Lru, label),
                         share(Policy::Fifo, label),
-                        None,
+                        optimal(label),
                     )
                 })
                 .collect(),
@@ -531,7 +544,13 @@ impl App {
                     name: name_area(&default_export_name("mooncake")),
                 })
             }
-            KeyCode::Char('c') => self.chart = !self.chart,
+            KeyCode::Char('c') => {
+                self.chart = !self.chart;
+                // The chart adds Belady's optimal, worked out now.
+                if self.chart && !self.paused {
+                    self.rebuild_view();
+                }
+            }
             KeyCode::Char('t') => self.prefixes_by_tokens = !self.prefixes_by_tokens,
             KeyCode::Char('m') => {
                 self.mouse = !self.mouse;

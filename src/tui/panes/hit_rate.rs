@@ -91,7 +91,9 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Axis::default()
                     .bounds([0.0, 100.0])
                     .labels(["0%", "50%", "100%"]),
-            );
+            )
+            // The legend says which line is which even in a small pane.
+            .hidden_legend_constraints((Constraint::Ratio(1, 1), Constraint::Ratio(1, 1)));
         frame.render_widget(chart, rest);
         return;
     }
