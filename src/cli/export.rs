@@ -247,7 +247,7 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
 fn trace_block_size(format: Format, target: Target, default: u32) -> (u32, String) {
     let source = format.default_block_size();
     let is_trace = matches!(format, Format::Mooncake | Format::Bailian);
-    if is_trace && target == Target::Weka && default % source != 0 {
+    if is_trace && target == Target::Weka && !default.is_multiple_of(source) {
         (
             source,
             format!(" (the trace's own: its ids cannot be cut into {default}-token blocks)"),
