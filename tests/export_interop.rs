@@ -89,6 +89,45 @@ fn export(input: &Path, format: &str, salt: &Path, out: &Path) {
     );
 }
 
+/// Runs validate.sh at low priority: (exit 0, stdout, stderr).
+fn validate(format: &str, file: &Path) -> (bool, String, String) {
+    let result = Command::new("nice")
+        .args(["-n", "15", "bash"])
+        .arg(validate_sh())
+        .env("PYTHONPATH", root().join("tests/interop"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        // AIPerf replays the 500 trace rows on their recorded schedule (165 s): more than the
+        // default 240 s once start-up is added on a busy machine.
+        .env("VALIDATE_TIMEOUT", "600")
+        .arg(format)
+        .arg(file)
+        .output()
+        .unwrap();
+    (
+        result.status.success(),
+        String::from_utf8_lossy(&result.stdout).into_owned(),
+        String::from_utf8_lossy(&result.stderr).into_owned(),
+    )
+}
+
+/// GuideLLM's one flaky failure: every request loaded, all but one replayed, none errored or
+/// incomplete (a status update race in its scheduler, more likely on a busy machine). A file
+/// GuideLLM cannot replay fails the same way twice.
+fn lost_one_completion(stdout: &str) -> bool {
+    stdout.lines().any(|line| {
+        let number = |key: &str| -> Option<u64> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+        };
+        line.starts_with("FAIL guidellm[")
+            && matches!(
+                (number("requests="), number("successful="), number("errored="), number("incomplete=")),
+                (Some(n), Some(s), Some(0), Some(0)) if s + 1 == n
+            )
+    })
+}
+
 /// prefixscope's own AIPerf cache_hit_rate of a Mooncake file.
 fn own_rate(path: &Path) -> Option<f64> {
     let reader = input::decompressed(BufReader::new(std::fs::File::open(path).ok()?)).ok()?;
@@ -155,24 +194,27 @@ fn the_real_consumers_load_and_replay_every_export() {
         let out = dir.join(format!("{}.{format}.jsonl", label.replace([' ', ','], "_")));
         export(&input, format, &salt, &out);
         say(&format!("== {label} → {format}"));
-        let result = Command::new("nice")
-            .args(["-n", "15", "bash"])
-            .arg(validate_sh())
-            .env("PYTHONPATH", root().join("tests/interop"))
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            // AIPerf replays the 500 trace rows on their recorded schedule (165 s): more than
-            // the default 240 s once start-up is added on a busy machine.
-            .env("VALIDATE_TIMEOUT", "600")
-            .arg(format)
-            .arg(&out)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&result.stdout);
-        for line in stdout.lines() {
-            say(line);
-        }
-        if !result.status.success() {
-            say(&String::from_utf8_lossy(&result.stderr));
+        let mut attempt = 1;
+        let (passed, stdout) = loop {
+            let (passed, stdout, stderr) = validate(format, &out);
+            for line in stdout.lines() {
+                say(line);
+            }
+            if passed {
+                break (true, stdout);
+            }
+            if attempt == 1 && lost_one_completion(&stdout) {
+                say(
+                    "(GuideLLM lost the completion of one request, errored 0, incomplete 0: its \
+                     scheduler drops a `completed` update that overtakes `in_progress`; once more)",
+                );
+                attempt += 1;
+                continue;
+            }
+            say(&stderr);
+            break (false, stdout);
+        };
+        if !passed {
             failures.push(format!("{label} → {format}"));
         }
         if format == "mooncake" {
@@ -194,4 +236,20 @@ fn the_real_consumers_load_and_replay_every_export() {
     }
     std::fs::remove_dir_all(&dir).ok();
     assert!(failures.is_empty(), "failed: {failures:?}");
+}
+
+#[test]
+fn only_guidellms_lost_completion_is_run_again() {
+    assert!(lost_one_completion(
+        "FAIL guidellm[weka] loaded requests=200 but replay successful=199 errored=0 incomplete=0"
+    ));
+    assert!(!lost_one_completion(
+        "FAIL guidellm[weka] loaded requests=200 but replay successful=198 errored=0 incomplete=0"
+    ));
+    assert!(!lost_one_completion(
+        "FAIL guidellm[weka] loaded requests=200 but replay successful=199 errored=1 incomplete=0"
+    ));
+    assert!(!lost_one_completion(
+        "FAIL aiperf[weka_trace] expected 200 requests, got request_count=199 errors=0"
+    ));
 }

@@ -5,9 +5,9 @@
 //! - **Recordings.** Pass 1 reads one line at a time and keeps, per request, its file, line and
 //!   start time, and pushes the record in digest form (hashes and sizes, no text) into the
 //!   analysis engine, which links turns by message hashes (so conversations and clients are those
-//!   of the full records). The engine holds every request's message digests (tens of bytes per
-//!   message: the analysis needs the whole recording at once); once it has given conversations
-//!   and clients, everything but a few integers per request is dropped. Pass 2
+//!   of the full records). The engine holds every request's message digests (a few hundred bytes
+//!   per message: the analysis needs the whole recording at once); once it has given
+//!   conversations and clients, everything but a few integers per request is dropped. Pass 2
 //!   reads the files again and writes the requests in start order (the order they reached the
 //!   server); a request read before its turn (files are written in completion order) waits in a
 //!   small read-ahead map.
@@ -860,7 +860,7 @@ fn traces(
         )));
     }
     if let Some(bs) = id_block_size(options)
-        && bs % source_block != 0
+        && !bs.is_multiple_of(source_block)
     {
         return Err(ExportError::Usage(format!(
             "a {} trace's hash ids are of {source_block}-token blocks, which cannot be cut into \
