@@ -8,6 +8,7 @@ pub mod analysis;
 pub mod cache;
 pub mod export;
 pub mod input;
+pub mod limits;
 pub mod normalize;
 pub mod record;
 pub mod recorder;

@@ -257,3 +257,105 @@ fn the_demo_shows_breaks_as_they_happen() {
     let screen = tmux.wait_for(&["EXITED 0"]);
     assert!(screen.contains("tokens"), "{screen}");
 }
+
+/// A fake upstream on its own thread: answers every request with `body` (plain HTTP/1.1, one
+/// request per connection), and counts what it served.
+fn fake_upstream(body: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let count = std::sync::Arc::clone(&served);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            // Headers, then as much body as Content-Length says.
+            while let Ok(n) = stream.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buffer[..n]);
+                let text = String::from_utf8_lossy(&request);
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+            }
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    (port, served)
+}
+
+/// One chat request to the proxy; the status line of its answer.
+fn chat_through(port: u16, n: usize) -> String {
+    use std::io::{Read, Write};
+    let body = format!(
+        "{{\"model\":\"m\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are terse.\"}},{{\"role\":\"user\",\"content\":\"question {n}\"}}]}}"
+    );
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\nuser-agent: hostile-test/1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or("").to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn watch_keeps_serving_and_recording_when_the_upstream_claims_2_pow_63_prompt_tokens() {
+    if !have_tmux() {
+        return;
+    }
+    // One number from the upstream used to size an allocation of 2^59 blocks and abort the whole
+    // process, proxy included (issue #17).
+    let (upstream, served) = fake_upstream(
+        r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9223372036854775808,"completion_tokens":1},"timings":{"cache_n":18446744073709551615,"prompt_n":3}}"#,
+    );
+    let listen = free_port();
+    let command = format!(
+        "{BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; echo EXITED $?; sleep 60"
+    );
+    let tmux = Tmux::start("hostile-watch", &command);
+    tmux.wait_for(&["Conversations"]);
+    for n in 1..=3 {
+        assert_eq!(chat_through(listen, n), "HTTP/1.1 200 OK", "request {n}");
+    }
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 3);
+    tmux.wait_for(&["3 requests"]);
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for(&["EXITED 0"]);
+    assert!(screen.contains("3 records written"), "{screen}");
+    let recording = std::fs::read_to_string(tmux.dir.join("rec.jsonl")).unwrap();
+    assert_eq!(recording.lines().count(), 3, "{recording}");
+}

@@ -353,7 +353,8 @@ pub fn tokens_per_char(prompts: impl IntoIterator<Item = (u64, Option<u64>)>) ->
     if chars == 0 || tokens == 0 {
         DEFAULT_TOKENS_PER_CHAR
     } else {
-        tokens as f64 / chars as f64
+        // Bounded, so a file's counts can never make an estimate past what text can hold.
+        (tokens as f64 / chars as f64).min(crate::limits::MAX_TOKENS_PER_CHAR)
     }
 }
 
@@ -425,6 +426,9 @@ impl BlockModel {
             (false, Some(tokens)) => (Cut::ServerPromptTokens, tokens),
             (false, None) => (Cut::CharsDiv4, running.ceil() as u64),
         };
+        // The callers refuse implausible counts (and say so); this bound makes sure no count,
+        // however it got here, sizes more blocks than the prompt's text can fill.
+        let total_tokens = total_tokens.min(crate::limits::max_tokens_for_chars(total_chars));
         let block_size = u64::from(self.block_size.max(1));
         let block_count = total_tokens.div_ceil(block_size);
 

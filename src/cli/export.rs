@@ -397,6 +397,15 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
             bad.file, bad.row.line, bad.row.error
         );
     }
+    for value in &summary.bad_values {
+        eprintln!("prefixscope: bad value: {value}");
+    }
+    if summary.bad_value_count > 0 {
+        eprintln!(
+            "prefixscope export: {} implausible server counts ignored (read as not reported)",
+            summary.bad_value_count
+        );
+    }
     let w = &summary.written;
     let unit = match target {
         Target::Weka => "conversation objects",

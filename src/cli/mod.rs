@@ -61,6 +61,17 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
     (!out.files.is_empty()).then_some(out)
 }
 
+/// Each bad value of a file on stderr (a number past its bound, ignored), then how many more.
+pub fn print_bad_values(name: &str, report: &prefixscope::input::FileReport) {
+    for value in &report.bad_values {
+        eprintln!("prefixscope: {name}: bad value: {value}");
+    }
+    let more = report.bad_value_count - report.bad_values.len() as u64;
+    if more > 0 {
+        eprintln!("prefixscope: {name}: {more} more bad values");
+    }
+}
+
 /// `1048576`, `64K`, `64KiB`, `16MB`, `1G`: binary multiples (K = 1024), as users of these tools
 /// expect for memory-like sizes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

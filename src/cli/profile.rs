@@ -198,6 +198,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         for bad in &file.report.bad_rows {
             eprintln!("prefixscope: {name}:{}: {}", bad.line, bad.error);
         }
+        super::print_bad_values(&name, &file.report);
         requests.extend(file.requests);
         reports.push(file.report);
     }
@@ -279,6 +280,12 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
     if excluded > 0 || bad > 0 {
         out.push(format!(
             "excluded: {excluded} non-2xx responses, {bad} bad rows"
+        ));
+    }
+    let bad_values: u64 = inputs.iter().map(|f| f.bad_value_count).sum();
+    if bad_values > 0 {
+        out.push(format!(
+            "bad values: {bad_values} implausible server counts ignored (read as not reported)"
         ));
     }
     let cuts: Vec<String> = p

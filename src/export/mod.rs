@@ -191,6 +191,8 @@ pub fn hash_ids(
     salt: &Salt,
     unique: u64,
 ) -> Vec<u64> {
+    // Readers bound every count; this keeps any caller from sizing ids past the maximum.
+    let input_tokens = input_tokens.min(crate::limits::MAX_PROMPT_TOKENS);
     let block = u64::from(block_size.max(1));
     let source_block = u64::from(source_block_size.max(1));
     let per_group = (block / source_block).max(1) as usize;

@@ -84,11 +84,21 @@ pub struct FileBadRow {
     pub row: BadRow,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What an export read and wrote.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Summary {
     pub requests: u64,
     pub bad_rows: Vec<FileBadRow>,
+    /// Numbers past their bound, ignored (`FileReport::bad_value`): how many, and the first few
+    /// of each file.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub bad_value_count: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_values: Vec<String>,
     /// Rows that hold no prompt to export, by reason.
     pub skipped: BTreeMap<String, u64>,
     pub non_2xx: u64,
@@ -116,6 +126,10 @@ impl Summary {
             *self.skipped.entry(reason).or_insert(0) += n;
         }
         self.non_2xx += report.non_2xx;
+        self.bad_value_count += report.bad_value_count;
+        for value in report.bad_values {
+            self.bad_values.push(format!("{}: {value}", report.name));
+        }
     }
 
     fn count_output(&mut self, source: OutputSource) {

@@ -311,10 +311,16 @@ impl<R: BufRead> Iterator for Rows<R> {
                 server_reused_tokens: counts.reused_tokens,
                 ..Request::default()
             };
+            let prompt_tokens = super::bounded_prompt_tokens(
+                &counts,
+                prompt.chars(),
+                &format!("line {line}"),
+                &mut self.report,
+            );
             return Some(CsvRow {
                 index,
                 prompt,
-                prompt_tokens: counts.prompt_tokens,
+                prompt_tokens,
                 request,
                 body,
                 response,

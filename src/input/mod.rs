@@ -101,6 +101,19 @@ pub struct FileReport {
     pub skipped: BTreeMap<String, u64>,
     /// Where conversation keys came from.
     pub conversation_source: String,
+    /// Numbers past their bound (`limits`), each ignored on its record and read as not
+    /// reported: how many, and the first `MAX_BAD_VALUES_KEPT` of them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bad_value_count: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad_values: Vec<String>,
+}
+
+/// Bad values described one by one in a report; the rest are counted.
+pub const MAX_BAD_VALUES_KEPT: usize = 20;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl FileReport {
@@ -113,6 +126,16 @@ impl FileReport {
             non_2xx: 0,
             skipped: BTreeMap::new(),
             conversation_source: "none".to_string(),
+            bad_value_count: 0,
+            bad_values: Vec::new(),
+        }
+    }
+
+    /// A number past its bound, ignored (`what` says where and which).
+    pub fn bad_value(&mut self, what: String) {
+        self.bad_value_count += 1;
+        if self.bad_values.len() < MAX_BAD_VALUES_KEPT {
+            self.bad_values.push(what);
         }
     }
 
@@ -215,10 +238,62 @@ pub struct ServerCounts {
     pub prompt_tokens: Option<u64>,
     pub reused_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// Counters present but past `limits::MAX_PROMPT_TOKENS` (ignored: read as not reported).
+    pub implausible: Option<(&'static str, u64)>,
+}
+
+/// The server's prompt count of one request, if it is plausible: a counter past
+/// `MAX_PROMPT_TOKENS`, or a prompt count its text cannot hold, is a bad value on `report`
+/// (`at` names the record or row) and reads as not reported.
+pub fn bounded_prompt_tokens(
+    counts: &ServerCounts,
+    prompt_chars: u64,
+    at: &str,
+    report: &mut FileReport,
+) -> Option<u64> {
+    if let Some((field, value)) = counts.implausible {
+        report.bad_value(format!(
+            "{at}: {} {value} is past {} tokens (ignored)",
+            field.trim_start_matches('/').replace('/', "."),
+            crate::limits::MAX_PROMPT_TOKENS
+        ));
+    }
+    match counts.prompt_tokens {
+        Some(tokens) if tokens > crate::limits::max_tokens_for_chars(prompt_chars) => {
+            report.bad_value(format!(
+                "{at}: {tokens} prompt tokens for {prompt_chars} characters of prompt (ignored)"
+            ));
+            None
+        }
+        tokens => tokens,
+    }
 }
 
 pub fn server_counts(body: &Value) -> ServerCounts {
-    let number = |pointer: &str| body.pointer(pointer).and_then(Value::as_u64);
+    const COUNTERS: [&str; 11] = [
+        "/timings/cache_n",
+        "/timings/prompt_n",
+        "/timings/predicted_n",
+        "/usage/prompt_tokens",
+        "/usage/completion_tokens",
+        "/usage/input_tokens",
+        "/usage/output_tokens",
+        "/usage/cache_read_input_tokens",
+        "/usage/cache_creation_input_tokens",
+        "/prompt_eval_count",
+        "/eval_count",
+    ];
+    let implausible = COUNTERS.iter().find_map(|pointer| {
+        let value = body.pointer(pointer).and_then(Value::as_u64)?;
+        crate::limits::plausible_tokens(value)
+            .is_none()
+            .then_some((*pointer, value))
+    });
+    let number = |pointer: &str| {
+        body.pointer(pointer)
+            .and_then(Value::as_u64)
+            .and_then(crate::limits::plausible_tokens)
+    };
     let cache_n = number("/timings/cache_n");
     let anthropic_input = number("/usage/input_tokens");
     let cache_read = number("/usage/cache_read_input_tokens");
@@ -244,6 +319,7 @@ pub fn server_counts(body: &Value) -> ServerCounts {
         prompt_tokens,
         reused_tokens,
         output_tokens,
+        implausible,
     }
 }
 
@@ -297,8 +373,15 @@ mod tests {
             ServerCounts {
                 prompt_tokens: Some(525),
                 reused_tokens: Some(438),
-                output_tokens: Some(9)
+                output_tokens: Some(9),
+                implausible: None,
             }
+        );
+        let hostile = json!({"usage": {"prompt_tokens": 1u64 << 63}, "timings": {"cache_n": 5}});
+        assert_eq!(server_counts(&hostile).prompt_tokens, None);
+        assert_eq!(
+            server_counts(&hostile).implausible,
+            Some(("/usage/prompt_tokens", 1 << 63))
         );
         let anthropic = json!({"usage": {"input_tokens": 12, "cache_read_input_tokens": 45, "output_tokens": 3}});
         assert_eq!(server_counts(&anthropic).prompt_tokens, Some(57));

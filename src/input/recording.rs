@@ -175,9 +175,15 @@ pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pendi
         .as_ref()
         .map(server_counts)
         .unwrap_or_default();
+    let prompt_tokens = super::bounded_prompt_tokens(
+        &counts,
+        prompt.chars(),
+        &format!("record {}", record.id),
+        report,
+    );
     let output_tokens = counts.output_tokens;
     Some(Pending {
-        prompt_tokens: counts.prompt_tokens,
+        prompt_tokens,
         request: Request {
             t_ms: Some(record.t_start_ms),
             output_tokens,

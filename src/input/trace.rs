@@ -189,6 +189,12 @@ fn request_of(
     let input_length = as_u64(row.input_length.as_ref())
         .filter(|&n| n > 0)
         .ok_or("input_length must be a positive integer")?;
+    let input_length = crate::limits::plausible_tokens(input_length).ok_or_else(|| {
+        format!(
+            "input_length {input_length} is past {} tokens",
+            crate::limits::MAX_PROMPT_TOKENS
+        )
+    })?;
     if let Some(own) = row.block_size.as_ref()
         && as_u64(Some(own)) != Some(u64::from(block_size))
     {

@@ -228,7 +228,8 @@ fn derive(mut counts: Counts, streamed: bool, ttfb_ms: Option<i64>) -> Counts {
 }
 
 fn server_tokens(fields: &Value, pointer: &str) -> Option<Measured<u32>> {
-    let value = fields.pointer(pointer)?.as_u64()?;
+    // Past every context window: not a count (the cache readers report it as a bad value).
+    let value = crate::limits::plausible_tokens(fields.pointer(pointer)?.as_u64()?)?;
     Some(Measured {
         value: u32::try_from(value).ok()?,
         source: Source::Server,
