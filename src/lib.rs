@@ -9,6 +9,7 @@ pub mod cache;
 pub mod export;
 pub mod input;
 pub mod limits;
+pub mod live;
 pub mod normalize;
 pub mod record;
 pub mod recorder;

@@ -2,16 +2,18 @@
 //! one event channel with a fixed clock, and the screens it draws compared with golden text
 //! files (`PREFIXSCOPE_UPDATE_GOLDEN=1` rewrites them; say why in the commit).
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use prefixscope::analysis::Config;
+use prefixscope::live::{Engine, Input};
 use prefixscope::record::{Record, read_jsonl};
 use prefixscope::tui::app::{App, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
-use prefixscope::tui::{FixedClock, NoControl, run};
+use prefixscope::tui::{EngineControl, FixedClock, NoControl, run};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
@@ -38,21 +40,30 @@ fn special(code: KeyCode) -> Event {
     Event::Key(KeyEvent::new(code, KeyModifiers::NONE))
 }
 
-/// Runs the real loop over `events` (the channel then closes) and returns the last screen.
-fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
-    let (sender, receiver) = crossbeam_channel::unbounded();
+/// The live engine fed every record of a recording (in completion order) and its end.
+fn engine_of(name: &str) -> EngineControl {
+    let mut engine = Engine::new(Config::default());
     for record in completion_order(name) {
-        sender.send(Event::Record(Arc::new(record))).unwrap();
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
     }
-    sender.send(Event::SourceDone).unwrap();
+    engine.push(Input::SourceDone);
+    EngineControl(RefCell::new(engine))
+}
+
+/// Runs the real loop on the engine's snapshot (the channel then closes), then on each event of
+/// `then` in a batch of its own, as a person types; returns the last screen.
+fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
+    let control = engine_of(name);
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
     let mut app = App::new(
         Source::Replay {
             files: format!("{name}.jsonl"),
         },
-        Config::default(),
+        Arc::new(Engine::new(Config::default()).snapshot()),
     );
+    sender.send(Event::Snapshot(snapshot)).unwrap();
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
-    // The records first, in one batch; then each key in its own batch, as a person types.
     let clock = FixedClock(NOW_MS);
     drop(sender);
     run(
@@ -60,7 +71,7 @@ fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
         &mut app,
         &receiver,
         &clock,
-        &NoControl,
+        &control,
         &Theme::plain(),
     )
     .unwrap();
@@ -73,7 +84,7 @@ fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
             &mut app,
             &receiver,
             &clock,
-            &NoControl,
+            &control,
             &Theme::plain(),
         )
         .unwrap();
@@ -185,18 +196,21 @@ fn a_mooncake_trace_feeds_the_cache_panes_only() {
         ..InputOptions::default()
     };
     let trace = input::read(reader, "conversation_trace", Format::Mooncake, &options);
-    let (sender, receiver) = crossbeam_channel::unbounded();
+    let mut engine = Engine::with_block_size(Config::default(), 512);
     for request in trace.requests.into_iter().take(2_000) {
-        sender.send(Event::Request(Arc::new(request))).unwrap();
+        engine.push(prefixscope::live::Input::Request(Arc::new(request), NOW_MS));
     }
-    sender.send(Event::SourceDone).unwrap();
+    engine.push(prefixscope::live::Input::SourceDone);
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    sender
+        .send(Event::Snapshot(Arc::new(engine.snapshot())))
+        .unwrap();
     drop(sender);
-    let mut app = App::with_block_size(
+    let mut app = App::new(
         Source::Replay {
             files: "conversation_trace.jsonl.gz".into(),
         },
-        Config::default(),
-        512,
+        Arc::new(Engine::new(Config::default()).snapshot()),
     );
     app.input = Input::RequestsOnly("mooncake".into());
     let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();

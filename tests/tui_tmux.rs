@@ -99,6 +99,22 @@ impl Tmux {
         }
     }
 
+    /// Waits (up to 15 s) until `done` holds for the screen.
+    fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if done(&screen) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "waited for {what}; the screen is:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn files(&self, prefix: &str) -> Vec<PathBuf> {
         let mut found: Vec<PathBuf> = std::fs::read_dir(&self.dir)
             .unwrap()
@@ -184,8 +200,11 @@ fn replay_as_a_person_uses_it() {
     tmux.keys(&["/"]);
     tmux.keys(&["-l", "other-agent"]);
     tmux.keys(&["Enter"]);
-    let screen = tmux.wait_for(&["filter: other-agent"]);
-    assert!(!screen.contains("llmp-drive/1 #2 c3"), "{screen}");
+    tmux.wait_for(&["filter: other-agent"]);
+    // The filtered view is the engine's answer: it arrives as the next snapshot.
+    tmux.wait_until("the other conversations to leave", |screen| {
+        !screen.contains("llmp-drive/1 #2 c3")
+    });
 
     // `?` shows the keys; any key closes it.
     tmux.keys(&["?"]);

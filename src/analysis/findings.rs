@@ -1,5 +1,5 @@
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -84,25 +84,32 @@ pub(crate) fn find(table: &Table, config: &Config) -> Vec<Finding> {
     let models: BTreeSet<&str> = table.rows.iter().map(|r| r.model.as_str()).collect();
     let by_id: BTreeMap<u64, &Row> = table.rows.iter().map(|r| (r.id, r)).collect();
     let mut findings = Vec::new();
+    // Rows grouped once by model and by (model, client), in table order: filtering the table
+    // per client made findings quadratic in the clients (1.1 s of a 100,000-row snapshot).
+    let mut by_model: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    let mut by_client: HashMap<(&str, &str), Vec<&Row>> = HashMap::new();
+    for row in &table.rows {
+        by_model.entry(row.model.as_str()).or_default().push(row);
+        by_client
+            .entry((row.model.as_str(), row.client.as_str()))
+            .or_default()
+            .push(row);
+    }
     for model in models {
-        let rows: Vec<&Row> = table.rows.iter().filter(|r| r.model == model).collect();
-        findings.extend(side_call_on_conversation_model(model, &rows));
-        findings.extend(server_cache_losses(model, &rows));
-        findings.extend(other_conversation_eviction(model, &rows, &by_id));
-        findings.extend(other_model_eviction(model, &rows, &by_id));
+        let rows: &[&Row] = by_model.get(model).map_or(&[], Vec::as_slice);
+        findings.extend(side_call_on_conversation_model(model, rows));
+        findings.extend(server_cache_losses(model, rows));
+        findings.extend(other_conversation_eviction(model, rows, &by_id));
+        findings.extend(other_model_eviction(model, rows, &by_id));
         let clients: BTreeSet<&str> = rows.iter().map(|r| r.client.as_str()).collect();
         for client in clients {
-            let mine: Vec<&Row> = rows
-                .iter()
-                .copied()
-                .filter(|r| r.client == client)
-                .collect();
-            findings.extend(prefix_breaks(model, client, &mine));
-            findings.extend(volatile_system_prompt(model, client, &mine));
+            let mine: &[&Row] = by_client.get(&(model, client)).map_or(&[], Vec::as_slice);
+            findings.extend(prefix_breaks(model, client, mine));
+            findings.extend(volatile_system_prompt(model, client, mine));
             findings.extend(large_system_prompt(
                 model,
                 client,
-                &mine,
+                mine,
                 config.thresholds.system_tokens,
             ));
         }
@@ -442,12 +449,14 @@ fn server_sized(row: &Row) -> bool {
 
 fn tool_findings(table: &Table, threshold: u32) -> Vec<Finding> {
     let mut findings = Vec::new();
+    let mut by_client: HashMap<&str, Vec<&Row>> = HashMap::new();
+    for row in &table.rows {
+        by_client.entry(row.client.as_str()).or_default().push(row);
+    }
     for tool in &table.tools {
-        let rows: Vec<&Row> = table
-            .rows
-            .iter()
-            .filter(|r| r.client == tool.client)
-            .collect();
+        let rows: &[&Row] = by_client
+            .get(tool.client.as_str())
+            .map_or(&[], Vec::as_slice);
         let exact = rows
             .iter()
             .filter(|r| r.composition.tools.value > 0)

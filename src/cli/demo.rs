@@ -15,12 +15,13 @@ use super::record::{Capture, CaptureArgs, start_capture};
 use super::watch::Live;
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, tui};
 use prefixscope::analysis::{self, Config};
+use prefixscope::live::LIVE_BLOCK_SIZE;
 use prefixscope::record::{Record, read_jsonl};
 use prefixscope::sim::agents::{SCENARIOS, default_slots, run_scenario};
 use prefixscope::sim::script::{RunLog, check, evictions};
 use prefixscope::sim::server::{SimConfig, SimServer, Speed};
 use prefixscope::tui::Control;
-use prefixscope::tui::app::{Input, LIVE_BLOCK_SIZE, Source};
+use prefixscope::tui::app::{Input, Source};
 use prefixscope::tui::event::Event;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -274,16 +275,6 @@ fn interactive(
         ..
     } = capture;
     let (events, receiver) = crossbeam_channel::unbounded();
-    {
-        let events = events.clone();
-        std::thread::spawn(move || {
-            for record in records {
-                if events.send(Event::Record(record)).is_err() {
-                    return;
-                }
-            }
-        });
-    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let control = DemoControl {
         live: Live {
@@ -314,7 +305,7 @@ fn interactive(
                         Ok(RunLog { errors, .. }) => format!("demo stopped: {}", errors.join("; ")),
                         Err(e) => format!("demo stopped: {e}"),
                     };
-                    let _ = agents_events.send(Event::Warning(message));
+                    let _ = agents_events.send(Event::Notice(message));
                 });
                 proxy
                     .run(async {
@@ -339,7 +330,11 @@ fn interactive(
         speed: Some(speed),
         mouse,
     };
-    let code = tui::run_tui(view, events, receiver, &control);
+    let feed = tui::Feed {
+        records: Some(records),
+        feeder: None,
+    };
+    let code = tui::run_tui(view, events, receiver, feed, &control);
     control.stop();
     let _ = edge.join();
     let _ = recorder.finish();

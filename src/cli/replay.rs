@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use crossbeam_channel::Sender;
 
-use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, read_recordings, status, tui};
-use prefixscope::analysis::{Analyzer, Config};
+use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, status, tui};
+use prefixscope::analysis::Config;
 use prefixscope::cache::Request;
 use prefixscope::input::{self, Format, InputOptions};
-use prefixscope::record::Record;
-use prefixscope::tui::Control;
-use prefixscope::tui::app::{App, Input, LIVE_BLOCK_SIZE, Source};
+use prefixscope::live::{Engine, Input as EngineInput, LIVE_BLOCK_SIZE};
+use prefixscope::record::Lines;
+use prefixscope::tui::app::{Input, Source};
 use prefixscope::tui::event::Event;
+use prefixscope::tui::{Clock, Control, SystemClock};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -63,70 +64,101 @@ pub fn run(args: ReplayArgs) -> u8 {
         return EXIT_USAGE;
     }
     let headless = args.headless || !std::io::stdout().is_terminal();
-    let (items, input, block_size, warnings) = if traces > 0 {
-        let format = formats
-            .iter()
-            .flatten()
-            .next()
-            .copied()
-            .unwrap_or(Format::Mooncake);
-        match read_trace(&args.files, format) {
-            Some((requests, bad)) => {
-                if headless {
-                    return headless_trace(&requests, format, bad);
-                }
-                let items = requests
-                    .into_iter()
-                    .map(|r| (r.t_ms.unwrap_or(0), Event::Request(Arc::new(r))))
-                    .collect::<Vec<_>>();
-                let input = Input::RequestsOnly(format.as_str().to_string());
-                (items, input, format.default_block_size(), bad)
-            }
-            None => return EXIT_UNREADABLE,
-        }
-    } else {
-        let Some(read) = read_recordings(&args.files) else {
-            return EXIT_UNREADABLE;
-        };
-        let bad_lines: usize = read.files.iter().map(|f| f.bad_lines.len()).sum();
-        let mut records = read.records;
-        // The order the proxy finished them in, which is the order a live view saw them.
-        records.sort_by_key(|r| (r.t_end_ms.max(r.t_start_ms), r.id));
-        if headless {
-            return headless_records(&records, bad_lines);
-        }
-        let items = records
-            .into_iter()
-            .map(|r| (r.t_end_ms.max(r.t_start_ms), Event::Record(Arc::new(r))))
-            .collect::<Vec<_>>();
-        (items, Input::Exchanges, LIVE_BLOCK_SIZE, bad_lines)
-    };
     let (events, receiver) = crossbeam_channel::unbounded();
-    let feeder = Arc::new(Feeder {
+    let pacer = Arc::new(Pacer {
         speed: AtomicU64::new(args.speed.to_bits()),
         stop: AtomicBool::new(false),
+        paced: !args.instant,
         files: args.files.clone(),
     });
-    if warnings > 0 {
-        let _ = events.send(Event::Warning(format!(
-            "{warnings} bad line(s) skipped in {files}"
-        )));
-    }
-    let pacing = (!args.instant).then_some(args.speed);
-    {
-        let feeder = Arc::clone(&feeder);
-        let events = events.clone();
-        std::thread::spawn(move || feeder.feed(items, pacing.is_some(), &events));
-    }
+    let (feeder, input, block_size): (Box<dyn FnOnce(Sender<EngineInput>) + Send>, _, _) =
+        if traces > 0 {
+            let format = formats
+                .iter()
+                .flatten()
+                .next()
+                .copied()
+                .unwrap_or(Format::Mooncake);
+            let Some((requests, bad)) = read_trace(&args.files, format) else {
+                return EXIT_UNREADABLE;
+            };
+            if headless {
+                return headless_trace(&requests, format, bad);
+            }
+            if bad > 0 {
+                let _ = events.send(Event::Warning(format!(
+                    "{bad} bad line(s) skipped in {files}"
+                )));
+            }
+            let pacer = Arc::clone(&pacer);
+            let feeder = move |inputs: Sender<EngineInput>| {
+                let items = requests.into_iter().map(|r| {
+                    let due = r.t_ms.unwrap_or(0);
+                    (due, Some(Arc::new(r)))
+                });
+                pacer.feed(items, &inputs, |request, now| {
+                    EngineInput::Request(request, now)
+                });
+            };
+            let input = Input::RequestsOnly(format.as_str().to_string());
+            (Box::new(feeder), input, format.default_block_size())
+        } else {
+            let opened: Vec<(PathBuf, std::fs::File)> = args
+                .files
+                .iter()
+                .filter_map(|path| match std::fs::File::open(path) {
+                    Ok(file) => Some((path.clone(), file)),
+                    Err(e) => {
+                        eprintln!("prefixscope: cannot read {}: {e}", path.display());
+                        None
+                    }
+                })
+                .collect();
+            if opened.is_empty() {
+                return EXIT_UNREADABLE;
+            }
+            if headless {
+                return headless_records(opened);
+            }
+            let pacer = Arc::clone(&pacer);
+            let warnings = events.clone();
+            let feeder = move |inputs: Sender<EngineInput>| {
+                // Records are read as they are fed: the first screen never waits for the file.
+                let items = opened.into_iter().flat_map(move |(path, file)| {
+                    let warnings = warnings.clone();
+                    Lines::new(std::io::BufReader::new(file)).map(move |item| match item {
+                        Ok(record) => (
+                            record.t_end_ms.max(record.t_start_ms),
+                            Some(Arc::new(record)),
+                        ),
+                        Err(bad) => {
+                            let _ = warnings.send(Event::Warning(format!(
+                                "{}:{}: {}",
+                                path.display(),
+                                bad.line,
+                                bad.error
+                            )));
+                            (i64::MIN, None)
+                        }
+                    })
+                });
+                pacer.feed(items, &inputs, EngineInput::Record);
+            };
+            (Box::new(feeder), Input::Exchanges, LIVE_BLOCK_SIZE)
+        };
     let source = Source::Replay { files };
     let view = tui::View {
         source,
         input,
         block_size,
-        speed: pacing,
+        speed: (!args.instant).then_some(args.speed),
         mouse: !args.no_mouse,
     };
-    tui::run_tui(view, events, receiver, &*feeder)
+    let feed = tui::Feed {
+        records: None,
+        feeder: Some(feeder),
+    };
+    tui::run_tui(view, events, receiver, feed, &*pacer)
 }
 
 /// The format of a file, from its first line (`None` when unreadable or unknown: read as a
@@ -158,6 +190,7 @@ fn read_trace(paths: &[PathBuf], format: Format) -> Option<(Vec<Request>, usize)
                 for row in &file.report.bad_rows {
                     eprintln!("prefixscope: {name}:{}: {}", row.line, row.error);
                 }
+                super::print_bad_values(&name, &file.report);
                 bad += file.report.bad_rows.len();
                 requests.extend(file.requests);
             }
@@ -168,15 +201,10 @@ fn read_trace(paths: &[PathBuf], format: Format) -> Option<(Vec<Request>, usize)
     (opened > 0).then_some((requests, bad))
 }
 
-/// No terminal, a trace: one line per request, then the hit rates of a cold replay.
+/// No terminal, a trace: one line per request, then the hit rates of a cold replay (the live
+/// engine's snapshot, as the panes would show it).
 fn headless_trace(requests: &[Request], format: Format, bad: usize) -> u8 {
-    let mut app = App::with_block_size(
-        Source::Replay {
-            files: String::new(),
-        },
-        Config::default(),
-        format.default_block_size(),
-    );
+    let mut engine = Engine::with_block_size(Config::default(), format.default_block_size());
     for (i, request) in requests.iter().enumerate() {
         println!(
             "#{} t {} ms  input {} tokens  {} blocks",
@@ -185,13 +213,14 @@ fn headless_trace(requests: &[Request], format: Format, bad: usize) -> u8 {
             request.input_tokens,
             request.blocks.len()
         );
-        app.handle(Event::Request(Arc::new(request.clone())), 0);
+        engine.push(EngineInput::Request(Arc::new(request.clone()), 0));
     }
-    app.rebuild_view();
+    engine.push(EngineInput::SourceDone);
+    let snapshot = engine.snapshot();
     if bad > 0 {
         println!("{bad} bad row(s) skipped");
     }
-    if let Some(curve) = &app.view.curve {
+    if let Some(curve) = &snapshot.view.curve {
         let points: Vec<String> = curve
             .points
             .iter()
@@ -209,54 +238,78 @@ fn headless_trace(requests: &[Request], format: Format, bad: usize) -> u8 {
     EXIT_OK
 }
 
-/// No terminal: every record's status line, then the analysis summary.
-fn headless_records(records: &[Record], bad_lines: usize) -> u8 {
-    let mut engine = Analyzer::new(Config::default());
-    for record in records {
-        println!("{}", status::record_line(record));
-        engine.push(record);
+/// No terminal: every record's status line as it is read, then the summary of the live
+/// engine's snapshot (the one a TUI would have shown at the end).
+fn headless_records(files: Vec<(PathBuf, std::fs::File)>) -> u8 {
+    let mut engine = Engine::new(Config::default());
+    let mut bad_lines = 0;
+    for (path, file) in files {
+        for item in Lines::new(std::io::BufReader::new(file)) {
+            match item {
+                Ok(record) => {
+                    println!("{}", status::record_line(&record));
+                    engine.push(EngineInput::Record(Arc::new(record), 0));
+                }
+                Err(bad) => {
+                    eprintln!(
+                        "prefixscope: {}:{}: {}",
+                        path.display(),
+                        bad.line,
+                        bad.error
+                    );
+                    bad_lines += 1;
+                }
+            }
+        }
     }
+    engine.push(EngineInput::SourceDone);
     if bad_lines > 0 {
         println!("{bad_lines} bad line(s) skipped");
     }
-    print!("{}", engine.report().summary());
+    print!("{}", engine.snapshot().summary());
     EXIT_OK
 }
 
-/// Sends the records on the app's channel at the recorded pace.
-struct Feeder {
+/// Feeds the engine at the recorded pace (or at once), and is the app's control of it.
+struct Pacer {
     speed: AtomicU64,
     stop: AtomicBool,
+    paced: bool,
     files: Vec<PathBuf>,
 }
 
-impl Feeder {
-    /// `items`: each event with the recorded time it is due at, in order.
-    fn feed(&self, items: Vec<(i64, Event)>, paced: bool, events: &Sender<Event>) {
-        let Some(&(first, _)) = items.first() else {
-            let _ = events.send(Event::SourceDone);
-            return;
-        };
-        // Recorded time `first + elapsed * speed` is due at wall time `anchor`; a speed change
-        // re-anchors at the current item so nothing jumps.
-        let mut anchor = (Instant::now(), first);
+impl Pacer {
+    /// `items`: each thing to send with the recorded time it is due at (`None`: nothing to send,
+    /// e.g. a bad line already reported), in file order; a time before the previous one's is
+    /// sent at once. Ends with the source's end.
+    fn feed<T>(
+        &self,
+        items: impl Iterator<Item = (i64, Option<T>)>,
+        inputs: &Sender<EngineInput>,
+        wrap: impl Fn(T, i64) -> EngineInput,
+    ) {
+        // Recorded time `anchor.1 + elapsed * speed` is due at wall time `anchor.0`; a speed
+        // change re-anchors at the current item so nothing jumps.
+        let mut anchor: Option<(Instant, i64)> = None;
         let mut speed = f64::from_bits(self.speed.load(Ordering::Relaxed));
-        for (due_ms, event) in items {
+        for (due_ms, item) in items {
             if self.stop.load(Ordering::Relaxed) {
-                break;
+                return;
             }
-            if paced {
-                self.wait_until(due_ms, &mut anchor, &mut speed);
+            let Some(item) = item else { continue };
+            if self.paced {
+                match anchor.as_mut() {
+                    None => anchor = Some((Instant::now(), due_ms)),
+                    Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
+                }
             }
-            if events.send(event).is_err() {
+            if inputs.send(wrap(item, SystemClock.now_ms())).is_err() {
                 return;
             }
         }
-        let _ = events.send(Event::SourceDone);
+        let _ = inputs.send(EngineInput::SourceDone);
     }
-}
 
-impl Feeder {
     /// Sleeps until recorded time `due_ms` is due, in short steps so speed changes and
     /// quitting take effect at once.
     fn wait_until(&self, due_ms: i64, anchor: &mut (Instant, i64), speed: &mut f64) {
@@ -278,7 +331,7 @@ impl Feeder {
     }
 }
 
-impl Control for Feeder {
+impl Control for Pacer {
     fn set_speed(&self, speed: f64) {
         self.speed.store(speed.to_bits(), Ordering::Relaxed);
     }

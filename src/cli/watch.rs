@@ -12,13 +12,14 @@ use clap::Args;
 
 use super::record::{Capture, CaptureArgs, start_capture};
 use super::{EXIT_OK, status, tui};
-use prefixscope::analysis::{Analyzer, Config};
+use prefixscope::analysis::Config;
+use prefixscope::live::{Engine, Input as EngineInput, LIVE_BLOCK_SIZE};
 use prefixscope::proxy::ProxyStats;
 use prefixscope::record::Record;
 use prefixscope::recorder::RecorderStats;
-use prefixscope::tui::Control;
-use prefixscope::tui::app::{Input, LIVE_BLOCK_SIZE, Source};
+use prefixscope::tui::app::{Input, Source};
 use prefixscope::tui::event::Event;
+use prefixscope::tui::{Clock, Control, SystemClock};
 
 #[derive(Args)]
 pub struct WatchArgs {
@@ -47,16 +48,6 @@ pub fn run(args: WatchArgs) -> u8 {
         upstream,
     } = capture;
     let (events, receiver) = crossbeam_channel::unbounded();
-    {
-        let events = events.clone();
-        std::thread::spawn(move || {
-            for record in records_rx {
-                if events.send(Event::Record(record)).is_err() {
-                    return;
-                }
-            }
-        });
-    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let control = Live {
         proxy: proxy.stats(),
@@ -85,7 +76,12 @@ pub fn run(args: WatchArgs) -> u8 {
         speed: None,
         mouse: !args.no_mouse,
     };
-    let code = tui::run_tui(view, events, receiver, &control);
+    // The recorder's consumer channel goes straight into the live engine.
+    let feed = tui::Feed {
+        records: Some(records_rx),
+        feeder: None,
+    };
+    let code = tui::run_tui(view, events, receiver, feed, &control);
     control.stop();
     let _ = proxy_thread.join();
     let stats = recorder.finish();
@@ -147,12 +143,12 @@ fn headless(capture: Capture, records: crossbeam_channel::Receiver<Arc<Record>>)
         path.display()
     );
     let printer = std::thread::spawn(move || {
-        let mut engine = Analyzer::new(Config::default());
+        let mut engine = Engine::new(Config::default());
         for record in records {
             println!("{}", status::record_line(&record));
-            engine.push(&record);
+            engine.push(EngineInput::Record(record, SystemClock.now_ms()));
         }
-        print!("{}", engine.report().summary());
+        print!("{}", engine.snapshot().summary());
     });
     runtime.block_on(proxy.run(async {
         let _ = tokio::signal::ctrl_c().await;

@@ -23,43 +23,78 @@ pub struct BadLine {
 }
 
 /// Reads every record it can. I/O errors mid-file end the read and are reported as a bad line.
-pub fn read_jsonl(mut reader: impl BufRead) -> ReadResult {
+pub fn read_jsonl(reader: impl BufRead) -> ReadResult {
     let mut result = ReadResult::default();
-    let mut buffer = Vec::new();
-    let mut number = 0usize;
-    loop {
-        buffer.clear();
-        match reader.read_until(b'\n', &mut buffer) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                result.bad_lines.push(BadLine {
-                    line: number + 1,
-                    error: format!("read error: {e}"),
-                });
-                break;
-            }
-        }
-        number += 1;
-        let complete = buffer.last() == Some(&b'\n');
-        let line = trim_ascii(&buffer);
-        if line.is_empty() {
-            continue;
-        }
-        match parse_line(line) {
+    for item in Lines::new(reader) {
+        match item {
             Ok(record) => result.records.push(record),
-            Err(error) if !complete => result.bad_lines.push(BadLine {
-                line: number,
-                error: format!("truncated last line: {error}"),
-            }),
-            Err(error) => result.bad_lines.push(BadLine {
-                line: number,
-                error,
-            }),
+            Err(bad) => result.bad_lines.push(bad),
         }
     }
     result.records.sort_by_key(|r| r.id);
     result
+}
+
+/// The records of a recording one at a time, in file order (which is completion order), with
+/// each bad line in its place: a reader that never holds the file.
+pub struct Lines<R> {
+    reader: R,
+    buffer: Vec<u8>,
+    number: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Lines<R> {
+    pub fn new(reader: R) -> Lines<R> {
+        Lines {
+            reader,
+            buffer: Vec::new(),
+            number: 0,
+            done: false,
+        }
+    }
+}
+
+impl<R: BufRead> Iterator for Lines<R> {
+    type Item = Result<Record, BadLine>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            self.buffer.clear();
+            match self.reader.read_until(b'\n', &mut self.buffer) {
+                Ok(0) => {
+                    self.done = true;
+                    return None;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(BadLine {
+                        line: self.number + 1,
+                        error: format!("read error: {e}"),
+                    }));
+                }
+            }
+            self.number += 1;
+            let complete = self.buffer.last() == Some(&b'\n');
+            let line = trim_ascii(&self.buffer);
+            if line.is_empty() {
+                continue;
+            }
+            return Some(match parse_line(line) {
+                Ok(record) => Ok(record),
+                Err(error) if !complete => Err(BadLine {
+                    line: self.number,
+                    error: format!("truncated last line: {error}"),
+                }),
+                Err(error) => Err(BadLine {
+                    line: self.number,
+                    error,
+                }),
+            });
+        }
+        None
+    }
 }
 
 fn trim_ascii(bytes: &[u8]) -> &[u8] {

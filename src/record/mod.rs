@@ -18,7 +18,7 @@ pub use digest::{
     apply_digest, message_digest, message_digest_and_text, message_text, request_digest,
     request_digest_without_messages, response_digest,
 };
-pub use jsonl::{BadLine, ReadResult, read_jsonl, record_line, write_jsonl};
+pub use jsonl::{BadLine, Lines, ReadResult, read_jsonl, record_line, write_jsonl};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {

@@ -6,33 +6,13 @@ use crossterm::event::{
 };
 use tui_textarea::TextArea;
 
-use super::event::Event;
-use super::view::{Curve, PrefixItem, View, thousands};
-use crate::analysis::{Analyzer, Config};
-use crate::cache::Policy;
-use crate::cache::blocks::BlockModel;
-use crate::cache::live::LiveSimulator;
-use crate::cache::prefixes::TOP_PREFIXES;
-use crate::cache::profile::Capacity;
-use crate::input::recording::live_request;
-use crate::input::{FileReport, Format};
+use std::sync::Arc;
 
-/// Data redraws at most this often; keys redraw at once.
-pub const DATA_REDRAW_MS: i64 = 250;
-/// Rebuilding the view is linear in the rows (the report), so data redraws wait at least this
-/// many times the last rebuild's cost: the rebuild never takes more than a tenth of a core,
-/// however long the run.
-pub const REBUILD_COST_FACTOR: i64 = 10;
-/// Block size and capacities of the live hit-rate curve (tokens).
-pub const LIVE_BLOCK_SIZE: u32 = 16;
-pub const LIVE_CAPACITIES: [(&str, u64); 6] = [
-    ("4K", 4_096),
-    ("16K", 16_384),
-    ("64K", 65_536),
-    ("256K", 262_144),
-    ("1M", 1_048_576),
-    ("4M", 4_194_304),
-];
+use super::event::Event;
+use super::view::View;
+use crate::live::{Command, Snapshot};
+
+pub use crate::live::{LIVE_BLOCK_SIZE, LIVE_CAPACITIES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pane {
@@ -111,22 +91,18 @@ pub enum Action {
     Quit,
     ForceQuit,
     Speed(f64),
+    /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
+    /// as a new snapshot.
+    Engine(Command),
 }
 
 pub struct App {
     pub source: Source,
     pub input: Input,
-    engine: Analyzer,
-    /// Records received (their bodies are not kept: the recording holds them).
-    pub requests_seen: u64,
-    /// The cold-replay cache simulation behind the hit-rate pane.
-    cache: LiveSimulator,
-    block_model: BlockModel,
-    cache_skips: FileReport,
-    /// Prompt tokens of simulated requests, and of those the server said it reused (only
-    /// requests whose server reported reuse count in both).
-    server_reuse: (u64, u64),
-    pub view: View,
+    /// The latest snapshot shown (drawing reads this and the UI state below, nothing else).
+    pub snapshot: Arc<Snapshot>,
+    /// While paused: the newest snapshot, shown when the view resumes.
+    held: Option<Arc<Snapshot>>,
     pub focus: Pane,
     pub selected: [usize; 5],
     pub paused: bool,
@@ -143,50 +119,25 @@ pub struct App {
     pub mouse: bool,
     pub chart: bool,
     pub prefixes_by_tokens: bool,
-    /// Request start times of the last minute, for requests/s.
-    recent: std::collections::VecDeque<i64>,
     pub now_ms: i64,
-    data_dirty: bool,
-    last_view_ms: i64,
     pub needs_draw: bool,
-    /// How long the last view rebuild took (measured by the loop, which owns the clock).
-    pub rebuild_cost_ms: i64,
-    rebuilt: bool,
     /// The terminal size at the last draw, for mouse hit-testing (set by the loop).
     pub last_size: (u16, u16),
+    /// Frames drawn so far (the loop counts them).
+    pub frames_drawn: u64,
+    /// When measured: for each key, µs from the loop taking it to the end of the draw that
+    /// shows it.
+    pub key_latency_us: Option<Vec<u64>>,
 }
 
 impl App {
-    pub fn new(source: Source, config: Config) -> App {
-        App::with_block_size(source, config, LIVE_BLOCK_SIZE)
-    }
-
-    /// `block_size`: tokens per block of the hit-rate simulation (a trace's own, e.g. 512 for
-    /// Mooncake; capacities stay in tokens).
-    pub fn with_block_size(source: Source, config: Config, block_size: u32) -> App {
-        let block_size = block_size.max(1);
+    /// An app showing `snapshot` (an empty engine's, before any record).
+    pub fn new(source: Source, snapshot: Arc<Snapshot>) -> App {
         App {
             source,
             input: Input::Exchanges,
-            engine: Analyzer::new(config),
-            requests_seen: 0,
-            cache: LiveSimulator::new(
-                block_size,
-                LIVE_CAPACITIES
-                    .iter()
-                    .map(|(label, tokens)| Capacity {
-                        blocks: tokens / u64::from(block_size),
-                        label: (*label).to_string(),
-                    })
-                    .collect(),
-            ),
-            block_model: BlockModel {
-                block_size,
-                ..BlockModel::default()
-            },
-            cache_skips: FileReport::new("live", Format::Recording),
-            server_reuse: (0, 0),
-            view: View::default(),
+            snapshot,
+            held: None,
             focus: Pane::Conversations,
             selected: [0; 5],
             paused: false,
@@ -203,54 +154,31 @@ impl App {
             mouse: true,
             chart: false,
             prefixes_by_tokens: false,
-            recent: std::collections::VecDeque::new(),
             now_ms: 0,
-            data_dirty: false,
-            last_view_ms: i64::MIN / 2,
             needs_draw: true,
-            rebuild_cost_ms: 0,
-            rebuilt: false,
             last_size: (0, 0),
+            frames_drawn: 0,
+            key_latency_us: None,
         }
     }
 
+    pub fn view(&self) -> &View {
+        &self.snapshot.view
+    }
+
     pub fn requests(&self) -> u64 {
-        self.requests_seen
+        self.snapshot.requests
     }
 
     pub fn requests_per_second(&self) -> f64 {
-        // `recent` is in arrival order, so the last ten seconds are its tail.
-        let since = self.now_ms - 10_000;
-        let older = self.recent.partition_point(|&t| t < since);
-        (self.recent.len() - older) as f64 / 10.0
-    }
-
-    pub fn report(&self) -> crate::analysis::Report {
-        self.engine.report()
+        self.snapshot.requests_per_second(self.now_ms)
     }
 
     pub fn handle(&mut self, event: Event, now_ms: i64) -> Action {
         self.now_ms = now_ms;
         match event {
-            Event::Record(record) => {
-                self.engine.push(&record);
-                if let Some(request) =
-                    live_request(&record, &self.block_model, &mut self.cache_skips)
-                {
-                    self.simulate(&request);
-                }
-                self.count_arrival(now_ms);
-                Action::None
-            }
-            Event::Request(request) => {
-                self.simulate(&request);
-                self.count_arrival(now_ms);
-                Action::None
-            }
-            Event::SourceDone => {
-                self.source_done = true;
-                self.status = Some("replay finished".into());
-                self.needs_draw = true;
+            Event::Snapshot(snapshot) => {
+                self.show(snapshot);
                 Action::None
             }
             Event::ProxyStopped => {
@@ -267,7 +195,8 @@ impl App {
                 self.needs_draw = true;
                 Action::None
             }
-            Event::Tick => {
+            Event::Notice(text) => {
+                self.status = Some(text);
                 self.needs_draw = true;
                 Action::None
             }
@@ -285,146 +214,39 @@ impl App {
         }
     }
 
-    fn simulate(&mut self, request: &crate::cache::Request) {
-        let update = self.cache.push(request);
-        if let Some(reused) = request.server_reused_tokens {
-            self.server_reuse.0 += update.request_tokens;
-            self.server_reuse.1 += reused.min(update.request_tokens);
+    /// A new snapshot: shown at once, or held while the view is paused.
+    pub fn show(&mut self, snapshot: Arc<Snapshot>) {
+        if snapshot.generation < self.snapshot.generation {
+            return;
         }
-    }
-
-    fn count_arrival(&mut self, now_ms: i64) {
-        self.recent.push_back(now_ms);
-        while self.recent.front().is_some_and(|&t| t < now_ms - 60_000) {
-            self.recent.pop_front();
+        if self.paused {
+            self.held = Some(snapshot);
+            return;
         }
-        self.requests_seen += 1;
-        self.data_dirty = true;
-    }
-
-    /// Rebuilds the view from the engine when data changed, at most every 250 ms, never while
-    /// paused (the engine keeps consuming; only the picture stands still).
-    pub fn refresh(&mut self, now_ms: i64) -> bool {
-        self.now_ms = now_ms;
-        if self.data_dirty
-            && !self.paused
-            && now_ms - self.last_view_ms >= self.redraw_interval_ms()
-        {
-            self.rebuild_view();
-            self.rebuilt = true;
-            self.last_view_ms = now_ms;
-            self.data_dirty = false;
-            self.needs_draw = true;
+        if snapshot.source_done && !self.source_done {
+            self.source_done = true;
+            self.status = Some("replay finished".into());
         }
-        std::mem::take(&mut self.needs_draw)
-    }
-
-    pub fn redraw_interval_ms(&self) -> i64 {
-        DATA_REDRAW_MS.max(self.rebuild_cost_ms.saturating_mul(REBUILD_COST_FACTOR))
-    }
-
-    /// Whether `refresh` rebuilt the view since the last call (the loop times rebuilds).
-    pub fn take_rebuilt(&mut self) -> bool {
-        std::mem::take(&mut self.rebuilt)
-    }
-
-    /// When the next data redraw is due, if one is pending.
-    pub fn next_refresh_ms(&self) -> Option<i64> {
-        (self.data_dirty && !self.paused).then_some(self.last_view_ms + self.redraw_interval_ms())
-    }
-
-    pub fn rebuild_view(&mut self) {
-        let (report, _changes) = self.engine.refresh();
-        self.view = View::build(report, &self.filter);
-        self.view.curve = self.curve();
-        self.view.prefixes = self.prefixes();
+        self.snapshot = snapshot;
         for (i, pane) in Pane::ALL.iter().enumerate() {
             let len = self.pane_len(*pane);
             self.selected[i] = self.selected[i].min(len.saturating_sub(1));
         }
+        self.needs_draw = true;
     }
 
-    /// The hit-rate curve of the requests so far (LRU and FIFO at each capacity, the
-    /// ceiling, the server's reuse), or `None` before the first simulated request.
-    fn curve(&self) -> Option<Curve> {
-        if self.cache.requests() == 0 {
-            return None;
-        }
-        let points = self.cache.points();
-        let share = |policy: Policy, label: &str| {
-            points
-                .iter()
-                .find(|p| p.policy == policy && p.capacity.as_deref() == Some(label))
-                .map_or(0.0, |p| p.hit_rate)
-        };
-        // Belady's optimal replays every block so far, so only while the chart shows it.
-        let block_size = u64::from(self.block_model.block_size);
-        let optimal = |label: &str| {
-            let tokens = LIVE_CAPACITIES.iter().find(|(l, _)| *l == label)?.1;
-            self.chart.then(|| {
-                self.cache
-                    .optimal_snapshot(&Capacity {
-                        blocks: tokens / block_size,
-                        label: label.to_string(),
-                    })
-                    .hit_rate
-            })
-        };
-        Some(Curve {
-            label: format!(
-                "cold replay of {} requests, {}-token blocks",
-                self.cache.requests(),
-                self.block_model.block_size
-            ),
-            points: LIVE_CAPACITIES
-                .iter()
-                .map(|(label, _)| {
-                    (
-                        (*label).to_string(),
-                        share(Policy::Lru, label),
-                        share(Policy::Fifo, label),
-                        optimal(label),
-                    )
-                })
-                .collect(),
-            ceiling: self.cache.ceiling().hit_rate,
-            observed: (self.server_reuse.0 > 0)
-                .then(|| self.server_reuse.1 as f64 / self.server_reuse.0 as f64),
-        })
-    }
-
-    /// Both leaderboards, merged (the pane sorts by the key the user picked).
-    fn prefixes(&self) -> Vec<PrefixItem> {
-        let boards = self.cache.leaderboards(TOP_PREFIXES);
-        let mut items: Vec<PrefixItem> = Vec::new();
-        for group in boards.by_count.iter().chain(&boards.by_reusable_tokens) {
-            let label = format!(
-                "{} tok prefix ({:.0}% of reusable)",
-                thousands(group.prefix_tokens),
-                group.share_of_reusable * 100.0
-            );
-            if !items.iter().any(|i| {
-                i.label == label
-                    && i.count == group.count
-                    && i.reusable_tokens == group.reusable_tokens
-            }) {
-                items.push(PrefixItem {
-                    label,
-                    count: group.count,
-                    reusable_tokens: group.reusable_tokens,
-                });
-            }
-        }
-        items
+    /// Whether something changed since the last draw (and forget it: the loop draws now).
+    pub fn take_needs_draw(&mut self) -> bool {
+        std::mem::take(&mut self.needs_draw)
     }
 
     pub fn pane_len(&self, pane: Pane) -> usize {
         match pane {
-            Pane::Conversations => self.view.lanes.len(),
-            Pane::Breaks => self.view.breaks.len(),
-            Pane::Losses => self.view.losses.len(),
-            Pane::HitRate => self.view.curve.as_ref().map_or(0, |c| c.points.len()),
-            Pane::Prefixes => self.view.prefixes.len(),
+            Pane::Conversations => self.view().lanes.len(),
+            Pane::Breaks => self.view().breaks.len(),
+            Pane::Losses => self.view().losses.len(),
+            Pane::HitRate => self.view().curve.as_ref().map_or(0, |c| c.points.len()),
+            Pane::Prefixes => self.view().prefixes.len(),
         }
     }
 
@@ -437,12 +259,12 @@ impl App {
         let i = self.selected[self.focus_index()];
         match self.focus {
             Pane::Conversations => self
-                .view
+                .view()
                 .lanes
                 .get(i)
                 .and_then(|l| l.cells.last())
                 .map(|c| c.id),
-            Pane::Breaks => self.view.breaks.get(i).map(|b| b.id),
+            Pane::Breaks => self.view().breaks.get(i).map(|b| b.id),
             _ => None,
         }
     }
@@ -456,12 +278,12 @@ impl App {
                     KeyCode::Enter => {
                         self.filter = area.lines().join(" ");
                         self.dialog = None;
-                        self.rebuild_view();
                         self.status = Some(if self.filter.is_empty() {
                             "filter cleared".into()
                         } else {
                             format!("filter: {}", self.filter)
                         });
+                        return Action::Engine(Command::Filter(self.filter.clone()));
                     }
                     KeyCode::Esc => self.dialog = None,
                     _ => {
@@ -523,8 +345,10 @@ impl App {
             }
             KeyCode::Char('p') | KeyCode::Char(' ') => {
                 self.paused = !self.paused;
-                if !self.paused {
-                    self.data_dirty = true;
+                if !self.paused
+                    && let Some(snapshot) = self.held.take()
+                {
+                    self.show(snapshot);
                 }
                 self.status = Some(if self.paused {
                     "view paused; recording goes on".into()
@@ -546,10 +370,8 @@ impl App {
             }
             KeyCode::Char('c') => {
                 self.chart = !self.chart;
-                // The chart adds Belady's optimal, worked out now.
-                if self.chart && !self.paused {
-                    self.rebuild_view();
-                }
+                // The chart adds Belady's optimal, which the engine works out for it.
+                return Action::Engine(Command::Chart(self.chart));
             }
             KeyCode::Char('t') => self.prefixes_by_tokens = !self.prefixes_by_tokens,
             KeyCode::Char('m') => {
@@ -560,8 +382,8 @@ impl App {
             KeyCode::Char('-') => return self.change_speed(0.5),
             KeyCode::Esc if !self.filter.is_empty() => {
                 self.filter.clear();
-                self.rebuild_view();
                 self.status = Some("filter cleared".into());
+                return Action::Engine(Command::Filter(String::new()));
             }
             _ => {}
         }

@@ -12,12 +12,14 @@ pub mod view;
 
 use std::io;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use ratatui::Terminal;
 use ratatui::backend::Backend;
 
+use crate::live::{Command, Engine, Snapshot};
 use app::{Action, App};
 use event::Event;
 use theme::Theme;
@@ -64,13 +66,33 @@ pub trait Control {
     fn export(&self, _format: &str, _path: &str) -> Result<String, String> {
         Err("export is not available in this build".into())
     }
+    /// Hands work to the live engine. An engine on its own thread answers with a snapshot
+    /// event later (`None` here); a synchronous one (tests) may answer at once.
+    fn command(&self, _command: Command) -> Option<Arc<Snapshot>> {
+        None
+    }
 }
 
 pub struct NoControl;
 impl Control for NoControl {}
 
-/// The loop: wait for an event (or the next capped redraw), apply it, draw when something
-/// changed. Nothing happens while nothing happens: no busy loop, no redraw of a static screen.
+/// A synchronous live engine behind the app (tests, goldens): commands are answered at once.
+pub struct EngineControl(pub std::cell::RefCell<Engine>);
+
+impl Control for EngineControl {
+    fn command(&self, command: Command) -> Option<Arc<Snapshot>> {
+        let mut engine = self.0.borrow_mut();
+        engine.push(crate::live::Input::Command(command));
+        Some(Arc::new(engine.snapshot()))
+    }
+}
+
+/// Events applied before drawing once: keys are few, snapshots are capped by the engine.
+const EVENT_BATCH: usize = 1024;
+
+/// The loop: wait for an event, apply it, draw when something changed. Nothing happens while
+/// nothing happens: no busy loop, no redraw of a static screen. Records never reach this
+/// thread: the live engine consumes them and sends snapshots.
 pub fn run<B: Backend>(
     terminal: &mut Terminal<B>,
     app: &mut App,
@@ -80,8 +102,10 @@ pub fn run<B: Backend>(
     theme: &Theme,
 ) -> io::Result<()> {
     let mut last_rate = -1.0;
+    // Keys applied since the last draw, with when the loop took them (key latency).
+    let mut keys_waiting: Vec<Instant> = Vec::new();
     loop {
-        let now = clock.now_ms();
+        app.now_ms = clock.now_ms();
         app.in_flight = control.in_flight();
         app.records_written = control.records_written();
         app.upstream_ok = control.upstream_ok().or(app.upstream_ok);
@@ -90,26 +114,28 @@ pub fn run<B: Backend>(
             app.needs_draw = true;
             last_rate = rate;
         }
-        let draw = app.refresh(now);
-        if app.take_rebuilt() {
-            app.rebuild_cost_ms = clock.now_ms() - now;
-        }
-        if draw {
+        if app.take_needs_draw() {
             let size = terminal.size()?;
             app.last_size = (size.width, size.height);
             terminal.draw(|frame| ui::draw(frame, app, theme))?;
+            app.frames_drawn += 1;
+            if let Some(latencies) = app.key_latency_us.as_mut() {
+                for taken in keys_waiting.drain(..) {
+                    latencies.push(u64::try_from(taken.elapsed().as_micros()).unwrap_or(u64::MAX));
+                }
+            }
+            keys_waiting.clear();
         }
-        let wait = match app.next_refresh_ms() {
-            Some(due) => (due - now).clamp(1, app::DATA_REDRAW_MS),
-            None => 1000,
-        };
-        let first = match events.recv_timeout(Duration::from_millis(wait as u64)) {
+        // Rates and "n s ago" change with time alone: look again every second.
+        let first = match events.recv_timeout(Duration::from_millis(1000)) {
             Ok(event) => event,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => return Ok(()),
         };
-        // Apply everything already waiting before drawing once.
-        for event in std::iter::once(first).chain(events.try_iter().take(50_000)) {
+        for event in std::iter::once(first).chain(events.try_iter().take(EVENT_BATCH)) {
+            if matches!(event, Event::Key(_)) {
+                keys_waiting.push(Instant::now());
+            }
             match app.handle(event, clock.now_ms()) {
                 Action::ForceQuit => return Ok(()),
                 Action::Quit => control.stop(),
@@ -126,23 +152,38 @@ pub fn run<B: Backend>(
                         Err(e) => format!("export failed: {e}"),
                     });
                 }
+                Action::Engine(command) => {
+                    if let Some(snapshot) = control.command(command) {
+                        app.show(snapshot);
+                    }
+                }
                 Action::None | Action::Redraw => {}
             }
         }
     }
 }
 
-/// `prefixscope-snapshot-<ms>.json` (the report) and `.txt` (its summary), in the working
-/// directory.
+/// `prefixscope-snapshot-<ms>.json` (the snapshot on screen: `analyze --json`'s report plus
+/// what the panes show) and `.txt` (its summary, as printed at exit), in the working directory,
+/// private (0600): they hold break text.
 fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
-    let report = app.report();
     let base = PathBuf::from(format!("prefixscope-snapshot-{now_ms}"));
     let json = base.with_extension("json");
     let text = base.with_extension("txt");
-    let body = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    std::fs::write(&json, body + "\n").map_err(|e| format!("{}: {e}", json.display()))?;
-    std::fs::write(&text, report.summary()).map_err(|e| format!("{}: {e}", text.display()))?;
+    let body = serde_json::to_string_pretty(&app.snapshot.to_json()).map_err(|e| e.to_string())?;
+    write_private(&json, &(body + "\n")).map_err(|e| format!("{}: {e}", json.display()))?;
+    write_private(&text, &app.snapshot.summary())
+        .map_err(|e| format!("{}: {e}", text.display()))?;
     Ok(format!("{} and {}", json.display(), text.display()))
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
 }
 
 /// Terminal set-up for a real TTY, undone on every exit: the guard's `Drop` for returns and

@@ -19,7 +19,7 @@ pub fn draw(
     focused: bool,
     theme: &Theme,
 ) {
-    let breaks = &app.view.breaks;
+    let breaks = &app.view().breaks;
     if breaks.is_empty() {
         empty(frame, area, "no prefix breaks yet", theme);
         return;

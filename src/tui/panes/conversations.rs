@@ -20,7 +20,7 @@ pub fn draw(
     focused: bool,
     theme: &Theme,
 ) {
-    let lanes = &app.view.lanes;
+    let lanes = &app.view().lanes;
     if lanes.is_empty() {
         empty(frame, area, "no conversations yet", theme);
         return;

@@ -54,7 +54,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         }
         Some(Dialog::Detail(id)) => {
             let inner = popup(frame, area, 90, 18, &format!("request #{id}"), theme);
-            let Some(row) = app.view.row(*id) else {
+            let Some(row) = app.snapshot.row(*id) else {
                 frame.render_widget(Paragraph::new("not in the current view"), inner);
                 return;
             };

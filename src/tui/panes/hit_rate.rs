@@ -17,7 +17,7 @@ use crate::tui::ui::empty;
 type CurvePoint = (String, f64, f64, Option<f64>);
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let Some(curve) = &app.view.curve else {
+    let Some(curve) = &app.view().curve else {
         empty(frame, area, "cache simulation: waiting for requests", theme);
         return;
     };

@@ -19,14 +19,14 @@ pub fn draw(
     focused: bool,
     theme: &Theme,
 ) {
-    let losses = &app.view.losses;
+    let losses = &app.view().losses;
     if losses.is_empty() {
         empty(frame, area, "no clients yet", theme);
         return;
     }
     let width = area.width as usize;
     let mut lines = Vec::new();
-    let h = &app.view.header;
+    let h = &app.view().header;
     let total = match (h.lost_ms, h.prefill_ms) {
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
             format!(

@@ -19,7 +19,7 @@ pub fn draw(
     focused: bool,
     theme: &Theme,
 ) {
-    let mut items: Vec<_> = app.view.prefixes.iter().collect();
+    let mut items: Vec<_> = app.view().prefixes.iter().collect();
     if items.is_empty() {
         empty(frame, area, "no shared prefixes yet", theme);
         return;

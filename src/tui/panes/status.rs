@@ -8,7 +8,7 @@ use crate::tui::theme::Theme;
 use crate::tui::view::{duration, thousands, tokens};
 
 pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
-    let h = &app.view.header;
+    let h = &app.view().header;
     if let Input::RequestsOnly(format) = &app.input {
         let source = match &app.source {
             Source::Replay { files } => files.clone(),
@@ -58,10 +58,11 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     if let Some(written) = app.records_written {
         parts.push(format!("{written} written"));
     }
-    if app.view.header.bad_lines > 0 || app.warnings > 0 {
+    if app.view().header.bad_lines > 0 || app.warnings > 0 {
         parts.push(format!(
             "{} bad lines, {} warnings",
-            app.view.header.bad_lines, app.warnings
+            app.view().header.bad_lines,
+            app.warnings
         ));
     }
     match (&app.source, app.upstream_ok) {

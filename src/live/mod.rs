@@ -1,0 +1,553 @@
+//! The live engine: every consumer of records that the panes read (the analysis engine, the
+//! live cache simulation and its block model, the counters, what the panes derive) in one
+//! place, behind one immutable `Snapshot`.
+//!
+//! `Engine` is pure and synchronous (no clock: arrival times come with the inputs), so tests and
+//! the headless commands drive it directly. `spawn` runs it on a thread of its own and publishes
+//! a snapshot at a capped rate, so the TUI never does record work on its thread and a key never
+//! waits behind records (DESIGN.md, "Live engine").
+
+pub mod view;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use serde::Serialize;
+
+use crate::analysis::{Analyzer, Config, Report};
+use crate::cache::Policy;
+use crate::cache::Request;
+use crate::cache::blocks::BlockModel;
+use crate::cache::live::LiveSimulator;
+use crate::cache::prefixes::TOP_PREFIXES;
+use crate::cache::profile::Capacity;
+use crate::input::recording::live_request;
+use crate::input::{FileReport, Format};
+use crate::record::Record;
+use view::{Curve, PrefixItem, View, thousands};
+
+/// Version of the snapshot JSON (the `s` key): `analyze --json`'s report at the same paths, plus
+/// what the panes show.
+pub const SNAPSHOT_VERSION: u32 = 1;
+/// Block size and capacities of the live hit-rate curve (tokens).
+pub const LIVE_BLOCK_SIZE: u32 = 16;
+pub const LIVE_CAPACITIES: [(&str, u64); 6] = [
+    ("4K", 4_096),
+    ("16K", 16_384),
+    ("64K", 65_536),
+    ("256K", 262_144),
+    ("1M", 1_048_576),
+    ("4M", 4_194_304),
+];
+/// Snapshots are published at most this often.
+pub const MIN_SNAPSHOT_INTERVAL_MS: u64 = 200;
+/// ... and, after a snapshot that took `t` to build, not before `t` times this has passed: the
+/// engine spends at most half its time on snapshots, the rest on records, and a record waits
+/// at most about two build times to be seen.
+pub const SNAPSHOT_COST_FACTOR: u32 = 1;
+/// Arrivals are counted per second for the last minute (requests per second).
+const ARRIVAL_WINDOW_S: i64 = 60;
+
+/// What the engine consumes.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// One exchange, from the proxy's recorder or a replayed file, and when it arrived (ms).
+    Record(Arc<Record>, i64),
+    /// One request of a trace or gateway log (no messages: only the cache panes use it).
+    Request(Arc<Request>, i64),
+    /// The source has no more (a replay's end).
+    SourceDone,
+    /// Something the user asked for: the answer is the next snapshot.
+    Command(Command),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Panes show only rows matching this (client, model, `c3`, break text).
+    Filter(String),
+    /// The hit-rate chart is open: work out Belady's optimal for it.
+    Chart(bool),
+}
+
+/// Everything the panes, the headless lines, the exit summary and the `s` key read; immutable
+/// once built.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Increases with every snapshot the engine builds.
+    pub generation: u64,
+    /// Records and trace requests received.
+    pub requests: u64,
+    /// Arrivals per second `(second, count)`, oldest first, for the last minute.
+    pub arrivals: Vec<(i64, u32)>,
+    pub source_done: bool,
+    /// The filter and chart state the view was built with.
+    pub filter: String,
+    pub chart: bool,
+    pub report: Report,
+    pub view: View,
+    /// Tokens per character and block size of the hit-rate simulation, and where they came from.
+    pub block_model: String,
+    /// How long building this snapshot took (µs), measured by the runner; 0 when built directly.
+    pub build_us: u64,
+}
+
+impl Snapshot {
+    /// The row behind a detail view.
+    pub fn row(&self, id: u64) -> Option<&crate::analysis::table::Row> {
+        self.report.rows.iter().find(|r| r.id == id)
+    }
+
+    /// Requests per second over the ten seconds before `now_ms`.
+    pub fn requests_per_second(&self, now_ms: i64) -> f64 {
+        let now = now_ms.div_euclid(1000);
+        let recent: u64 = self
+            .arrivals
+            .iter()
+            .filter(|(second, _)| *second > now - 10 && *second <= now)
+            .map(|(_, n)| u64::from(*n))
+            .sum();
+        recent as f64 / 10.0
+    }
+
+    /// The summary every output ends with: the analysis's (as `analyze` prints it), then the
+    /// hit-rate curve and the top prefixes, as the panes show them.
+    pub fn summary(&self) -> String {
+        let mut out = if self.report.coverage.records > 0 || self.requests == 0 {
+            self.report.summary()
+        } else {
+            String::new()
+        };
+        if let Some(curve) = &self.view.curve {
+            let points: Vec<String> = curve
+                .points
+                .iter()
+                .map(|(label, lru, _, _)| format!("{label} {:.1}%", lru * 100.0))
+                .collect();
+            out.push_str(&format!(
+                "hit rate ({}): ceiling {:.1}%{} · LRU {}\n",
+                curve.label,
+                curve.ceiling * 100.0,
+                curve
+                    .observed
+                    .map_or(String::new(), |o| format!(" · server {:.1}%", o * 100.0)),
+                points.join(", ")
+            ));
+        }
+        if !self.view.prefixes.is_empty() {
+            out.push_str("top prefixes (requests × prefix, reusable tokens):\n");
+            for item in self.view.prefixes.iter().take(5) {
+                out.push_str(&format!(
+                    "  {}× {} · {} reusable\n",
+                    item.count,
+                    item.label,
+                    thousands(item.reusable_tokens)
+                ));
+            }
+        }
+        out
+    }
+
+    /// The `s` key's JSON: `analyze --json`'s report (same keys at the same paths), then what
+    /// the panes show beside it.
+    pub fn to_json(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        struct Point<'a> {
+            capacity: &'a str,
+            lru: f64,
+            fifo: f64,
+            optimal: Option<f64>,
+        }
+        let mut json = serde_json::to_value(&self.report).unwrap_or_default();
+        if let Some(object) = json.as_object_mut() {
+            object.insert("snapshot_version".into(), SNAPSHOT_VERSION.into());
+            object.insert("requests_received".into(), self.requests.into());
+            object.insert(
+                "hit_rate".into(),
+                match &self.view.curve {
+                    Some(curve) => serde_json::json!({
+                        "label": curve.label,
+                        "ceiling": curve.ceiling,
+                        "server": curve.observed,
+                        "block_model": self.block_model,
+                        "points": curve.points.iter().map(|(capacity, lru, fifo, optimal)| Point {
+                            capacity, lru: *lru, fifo: *fifo, optimal: *optimal,
+                        }).collect::<Vec<_>>(),
+                    }),
+                    None => serde_json::Value::Null,
+                },
+            );
+            object.insert(
+                "top_prefixes".into(),
+                serde_json::to_value(&self.view.prefixes).unwrap_or_default(),
+            );
+            object.insert("filter".into(), self.filter.clone().into());
+        }
+        json
+    }
+}
+
+/// The engine's state: what every pane derives from, updated record by record.
+pub struct Engine {
+    analyzer: Analyzer,
+    cache: LiveSimulator,
+    block_model: BlockModel,
+    cache_skips: FileReport,
+    /// Prompt tokens of simulated requests, and of those the server said it reused (only
+    /// requests whose server reported reuse count in both).
+    server_reuse: (u64, u64),
+    requests: u64,
+    arrivals: std::collections::VecDeque<(i64, u32)>,
+    filter: String,
+    chart: bool,
+    source_done: bool,
+    generation: u64,
+}
+
+impl Engine {
+    pub fn new(config: Config) -> Engine {
+        Engine::with_block_size(config, LIVE_BLOCK_SIZE)
+    }
+
+    /// `block_size`: tokens per block of the hit-rate simulation (a trace's own, e.g. 512 for
+    /// Mooncake; capacities stay in tokens).
+    pub fn with_block_size(config: Config, block_size: u32) -> Engine {
+        let block_size = block_size.max(1);
+        Engine {
+            analyzer: Analyzer::new(config),
+            cache: LiveSimulator::new(
+                block_size,
+                LIVE_CAPACITIES
+                    .iter()
+                    .map(|(label, tokens)| Capacity {
+                        blocks: tokens / u64::from(block_size),
+                        label: (*label).to_string(),
+                    })
+                    .collect(),
+            ),
+            block_model: BlockModel {
+                block_size,
+                ..BlockModel::default()
+            },
+            cache_skips: FileReport::new("live", Format::Recording),
+            server_reuse: (0, 0),
+            requests: 0,
+            arrivals: std::collections::VecDeque::new(),
+            filter: String::new(),
+            chart: false,
+            source_done: false,
+            generation: 0,
+        }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// Applies one input. Returns whether the user is waiting for its answer (a command, the
+    /// end of the source): the runner then publishes a snapshot at once.
+    pub fn push(&mut self, input: Input) -> bool {
+        match input {
+            Input::Record(record, arrived_ms) => {
+                self.analyzer.push(&record);
+                if let Some(request) =
+                    live_request(&record, &self.block_model, &mut self.cache_skips)
+                {
+                    self.simulate(&request);
+                }
+                self.count_arrival(arrived_ms);
+                false
+            }
+            Input::Request(request, arrived_ms) => {
+                self.simulate(&request);
+                self.count_arrival(arrived_ms);
+                false
+            }
+            Input::SourceDone => {
+                self.source_done = true;
+                true
+            }
+            Input::Command(Command::Filter(filter)) => {
+                self.filter = filter;
+                true
+            }
+            Input::Command(Command::Chart(open)) => {
+                self.chart = open;
+                true
+            }
+        }
+    }
+
+    fn simulate(&mut self, request: &Request) {
+        let update = self.cache.push(request);
+        if let Some(reused) = request.server_reused_tokens {
+            self.server_reuse.0 += update.request_tokens;
+            self.server_reuse.1 += reused.min(update.request_tokens);
+        }
+    }
+
+    fn count_arrival(&mut self, arrived_ms: i64) {
+        let second = arrived_ms.div_euclid(1000);
+        match self.arrivals.back_mut() {
+            Some((s, n)) if *s == second => *n = n.saturating_add(1),
+            _ => self.arrivals.push_back((second, 1)),
+        }
+        while self
+            .arrivals
+            .front()
+            .is_some_and(|(s, _)| *s < second - ARRIVAL_WINDOW_S)
+        {
+            self.arrivals.pop_front();
+        }
+        self.requests += 1;
+    }
+
+    /// Builds the snapshot of everything pushed so far.
+    pub fn snapshot(&mut self) -> Snapshot {
+        self.generation += 1;
+        let report = self.analyzer.report();
+        let mut view = View::build(&report, &self.filter);
+        view.curve = self.curve();
+        view.prefixes = self.prefixes();
+        Snapshot {
+            generation: self.generation,
+            requests: self.requests,
+            arrivals: self.arrivals.iter().copied().collect(),
+            source_done: self.source_done,
+            filter: self.filter.clone(),
+            chart: self.chart,
+            report,
+            view,
+            block_model: format!(
+                "{}-token blocks, {} tokens per character",
+                self.block_model.block_size, self.block_model.tokens_per_char
+            ),
+            build_us: 0,
+        }
+    }
+
+    /// The hit-rate curve of the requests so far (LRU and FIFO at each capacity, the
+    /// ceiling, the server's reuse), or `None` before the first simulated request.
+    fn curve(&self) -> Option<Curve> {
+        if self.cache.requests() == 0 {
+            return None;
+        }
+        let points = self.cache.points();
+        let share = |policy: Policy, label: &str| {
+            points
+                .iter()
+                .find(|p| p.policy == policy && p.capacity.as_deref() == Some(label))
+                .map_or(0.0, |p| p.hit_rate)
+        };
+        // Belady's optimal replays every block so far, so only while the chart shows it.
+        let block_size = u64::from(self.block_model.block_size);
+        let optimal = |label: &str| {
+            let tokens = LIVE_CAPACITIES.iter().find(|(l, _)| *l == label)?.1;
+            self.chart.then(|| {
+                self.cache
+                    .optimal_snapshot(&Capacity {
+                        blocks: tokens / block_size,
+                        label: label.to_string(),
+                    })
+                    .hit_rate
+            })
+        };
+        Some(Curve {
+            label: format!(
+                "cold replay of {} requests, {}-token blocks",
+                self.cache.requests(),
+                self.block_model.block_size
+            ),
+            points: LIVE_CAPACITIES
+                .iter()
+                .map(|(label, _)| {
+                    (
+                        (*label).to_string(),
+                        share(Policy::Lru, label),
+                        share(Policy::Fifo, label),
+                        optimal(label),
+                    )
+                })
+                .collect(),
+            ceiling: self.cache.ceiling().hit_rate,
+            observed: (self.server_reuse.0 > 0)
+                .then(|| self.server_reuse.1 as f64 / self.server_reuse.0 as f64),
+        })
+    }
+
+    /// Both leaderboards, merged (the pane sorts by the key the user picked).
+    fn prefixes(&self) -> Vec<PrefixItem> {
+        let boards = self.cache.leaderboards(TOP_PREFIXES);
+        let mut items: Vec<PrefixItem> = Vec::new();
+        for group in boards.by_count.iter().chain(&boards.by_reusable_tokens) {
+            let label = format!(
+                "{} tok prefix ({:.0}% of reusable)",
+                thousands(group.prefix_tokens),
+                group.share_of_reusable * 100.0
+            );
+            if !items.iter().any(|i| {
+                i.label == label
+                    && i.count == group.count
+                    && i.reusable_tokens == group.reusable_tokens
+            }) {
+                items.push(PrefixItem {
+                    label,
+                    count: group.count,
+                    reusable_tokens: group.reusable_tokens,
+                });
+            }
+        }
+        items
+    }
+}
+
+/// The engine on its own thread: what it is fed, and how to reach it.
+pub struct Handle {
+    inputs: Sender<Input>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Handle {
+    /// Where records, trace requests, the end of the source and commands go (bounded: a file
+    /// reader waits for the engine instead of holding the file in memory).
+    pub fn sender(&self) -> Sender<Input> {
+        self.inputs.clone()
+    }
+
+    pub fn command(&self, command: Command) {
+        let _ = self.inputs.send(Input::Command(command));
+    }
+
+    /// Waits for the engine to finish what it was given (every sender dropped) and publish its
+    /// last snapshot.
+    pub fn join(mut self) {
+        let (closed, _) = crossbeam_channel::bounded(1);
+        self.inputs = closed;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// How many inputs may wait for the engine (records are small next to what a reader would
+/// otherwise hold: a parsed file).
+pub const INPUT_QUEUE: usize = 1024;
+
+/// Runs `engine` on its own thread. It takes inputs from the returned handle's channel and, for
+/// `watch`, records straight from the recorder (`records`: the recorder's consumer channel, no
+/// bridge thread), stamped with `clock`. Every snapshot goes to `publish`, at most every
+/// `MIN_SNAPSHOT_INTERVAL_MS` and never sooner than `SNAPSHOT_COST_FACTOR` times the last
+/// one's build time; a command or the end of the source is answered at once. The thread ends,
+/// after a last snapshot, when every input sender is dropped and `records` is closed.
+pub fn spawn(
+    mut engine: Engine,
+    records: Option<Receiver<Arc<Record>>>,
+    clock: Arc<dyn Fn() -> i64 + Send + Sync>,
+    publish: impl Fn(Arc<Snapshot>) + Send + 'static,
+) -> Handle {
+    let (inputs, receiver) = crossbeam_channel::bounded::<Input>(INPUT_QUEUE);
+    let thread = std::thread::Builder::new()
+        .name("live-engine".into())
+        .spawn(move || {
+            run(&mut engine, &receiver, records.as_ref(), &*clock, &publish);
+        })
+        .ok();
+    Handle { inputs, thread }
+}
+
+/// How long the engine works through queued inputs before it looks at the clock again.
+const DRAIN_SLICE: Duration = Duration::from_millis(20);
+
+fn run(
+    engine: &mut Engine,
+    inputs: &Receiver<Input>,
+    records: Option<&Receiver<Arc<Record>>>,
+    clock: &(dyn Fn() -> i64 + Send + Sync),
+    publish: &dyn Fn(Arc<Snapshot>),
+) {
+    let never_records = crossbeam_channel::never::<Arc<Record>>();
+    let never_inputs = crossbeam_channel::never::<Input>();
+    let records_rx = records.unwrap_or(&never_records);
+    let (mut inputs_open, mut records_open) = (true, records.is_some());
+    let mut dirty = false;
+    let mut urgent = false;
+    let mut next_build = Instant::now();
+    let build = |engine: &mut Engine| {
+        let start = Instant::now();
+        let mut snapshot = engine.snapshot();
+        let cost = start.elapsed();
+        snapshot.build_us = u64::try_from(cost.as_micros()).unwrap_or(u64::MAX);
+        publish(Arc::new(snapshot));
+        Instant::now()
+            + (cost * SNAPSHOT_COST_FACTOR).max(Duration::from_millis(MIN_SNAPSHOT_INTERVAL_MS))
+    };
+    while inputs_open || records_open {
+        // Wait for something, or for the next snapshot to be due.
+        let wait = if dirty {
+            next_build.saturating_duration_since(Instant::now())
+        } else {
+            Duration::from_secs(3600)
+        };
+        let inputs_rx = if inputs_open { inputs } else { &never_inputs };
+        let records_now = if records_open {
+            records_rx
+        } else {
+            &never_records
+        };
+        crossbeam_channel::select! {
+            recv(inputs_rx) -> input => match input {
+                Ok(input) => {
+                    urgent |= engine.push(input);
+                    dirty = true;
+                }
+                Err(_) => inputs_open = false,
+            },
+            recv(records_now) -> record => match record {
+                Ok(record) => {
+                    engine.push(Input::Record(record, clock()));
+                    dirty = true;
+                }
+                Err(_) => records_open = false,
+            },
+            default(wait) => {}
+        }
+        // Work through what is queued, a slice of time at a time, commands first in line.
+        let slice_end = Instant::now() + DRAIN_SLICE;
+        while !urgent && Instant::now() < slice_end {
+            let mut took = false;
+            if inputs_open {
+                match inputs.try_recv() {
+                    Ok(input) => {
+                        urgent |= engine.push(input);
+                        dirty = true;
+                        took = true;
+                    }
+                    Err(TryRecvError::Disconnected) => inputs_open = false,
+                    Err(TryRecvError::Empty) => {}
+                }
+            }
+            if records_open {
+                match records_rx.try_recv() {
+                    Ok(record) => {
+                        engine.push(Input::Record(record, clock()));
+                        dirty = true;
+                        took = true;
+                    }
+                    Err(TryRecvError::Disconnected) => records_open = false,
+                    Err(TryRecvError::Empty) => {}
+                }
+            }
+            if !took {
+                break;
+            }
+        }
+        if dirty && (urgent || Instant::now() >= next_build) {
+            next_build = build(engine);
+            dirty = false;
+            urgent = false;
+        }
+    }
+    if dirty {
+        build(engine);
+    }
+}

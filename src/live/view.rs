@@ -1,0 +1,370 @@
+//! What the panes draw, built from a report (pure) by the live engine for each snapshot; the
+//! TUI only reads it.
+
+use crate::analysis::Report;
+use crate::analysis::table::{BreakCause, EvictedBy, Row, RowKind};
+
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub header: Header,
+    pub lanes: Vec<Lane>,
+    /// The newest `MAX_BREAKS_SHOWN` breaks, newest first, of `breaks_total`.
+    pub breaks: Vec<BreakItem>,
+    pub breaks_total: usize,
+    pub losses: Vec<ClientLoss>,
+    pub curve: Option<Curve>,
+    pub prefixes: Vec<PrefixItem>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Header {
+    pub records: u64,
+    pub analysed: u64,
+    pub turns: u64,
+    pub conversations: u64,
+    pub lost_tokens: u64,
+    pub lost_ms: Option<f64>,
+    pub prefill_ms: Option<f64>,
+    pub bad_lines: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Lane {
+    pub client: String,
+    pub conversation: u32,
+    pub cells: Vec<Cell>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub id: u64,
+    pub turn: u32,
+    pub reuse: Option<f64>,
+    pub broke: Option<BreakCause>,
+    pub lost_tokens: u32,
+    pub evicted_by: Option<EvictedBy>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BreakItem {
+    pub id: u64,
+    pub t_start_ms: i64,
+    pub client: String,
+    pub conversation: Option<u32>,
+    pub turn: Option<u32>,
+    pub cause: String,
+    pub tokens: u32,
+    pub ms: Option<f64>,
+    pub place: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientLoss {
+    pub client: String,
+    pub requests: u32,
+    pub conversations: u32,
+    pub tokens: u64,
+    pub ms: Option<f64>,
+    pub by_cause: Vec<(String, u64)>,
+}
+
+/// Hit rate by capacity (cold replay while live), with the ceiling and the server's own reuse.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Curve {
+    pub label: String,
+    /// (capacity label, lru, fifo, optimal) as hit shares 0..1; optimal only in snapshots.
+    pub points: Vec<(String, f64, f64, Option<f64>)>,
+    pub ceiling: f64,
+    pub observed: Option<f64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PrefixItem {
+    pub label: String,
+    pub count: u64,
+    pub reusable_tokens: u64,
+}
+
+/// Breaks described in a view (the newest); the rest are counted.
+pub const MAX_BREAKS_SHOWN: usize = 1_000;
+
+/// Tokens, milliseconds (if measured) and tokens by cause, of one client.
+type LossTally = (u64, Option<f64>, Vec<(String, u64)>);
+
+/// Short names for causes, used by every pane (defined once).
+pub fn cause_label(cause: &str) -> &str {
+    match cause {
+        "tools_changed" => "tools changed",
+        "system_changed" => "system prompt changed",
+        "history_rewritten" => "history rewritten",
+        "side_call" => "side-call",
+        "other_conversation" => "other conversation",
+        "other_model" => "other model",
+        "server_empty" => "server emptied cache",
+        "server_head_only" => "server kept head only",
+        "server_rollback" => "server rolled back",
+        other => other,
+    }
+}
+
+/// Does a row pass the filter (client, model, conversation `c3`, or text of its break)?
+pub fn matches(row: &Row, filter: &str) -> bool {
+    let filter = filter.trim().to_lowercase();
+    if filter.is_empty() {
+        return true;
+    }
+    let conversation = row
+        .conversation
+        .map(|c| format!("c{c}"))
+        .unwrap_or_default();
+    let place = row
+        .break_location
+        .as_ref()
+        .map(|l| {
+            format!(
+                "{} {}",
+                l.before.as_deref().unwrap_or(""),
+                l.after.as_deref().unwrap_or("")
+            )
+        })
+        .unwrap_or_default();
+    [
+        row.client.as_str(),
+        row.model.as_str(),
+        conversation.as_str(),
+        place.as_str(),
+    ]
+    .iter()
+    .any(|field| field.to_lowercase().contains(&filter))
+}
+
+impl View {
+    /// Borrows the report's rows (no copy of a hundred thousand rows per snapshot).
+    pub fn build(report: &Report, filter: &str) -> View {
+        let filtered = !filter.trim().is_empty();
+        let rows: Vec<&Row> = report
+            .rows
+            .iter()
+            .filter(|r| !filtered || matches(r, filter))
+            .collect();
+        let header = Header {
+            records: report.coverage.records,
+            analysed: report.coverage.analysed,
+            turns: report.coverage.turns,
+            conversations: report.coverage.conversations,
+            lost_tokens: report.time.lost_tokens,
+            lost_ms: report.time.lost_ms.map(|m| m.value),
+            prefill_ms: report.time.prefill_ms.map(|m| m.value),
+            bad_lines: report.coverage.bad_lines,
+        };
+        let mut lanes: Vec<Lane> = Vec::new();
+        let mut lane_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
+            let Some(conversation) = row.conversation else {
+                continue;
+            };
+            let cell = Cell {
+                id: row.id,
+                turn: row.turn.unwrap_or(0),
+                reuse: row.observed_reuse,
+                broke: row.break_cause,
+                lost_tokens: [&row.lost_client, &row.lost_external]
+                    .into_iter()
+                    .flatten()
+                    .map(|l| l.tokens)
+                    .sum(),
+                evicted_by: row.evicted_by.clone(),
+            };
+            match lane_of.get(&conversation) {
+                Some(&i) => lanes[i].cells.push(cell),
+                None => {
+                    lane_of.insert(conversation, lanes.len());
+                    lanes.push(Lane {
+                        client: row.client.clone(),
+                        conversation,
+                        cells: vec![cell],
+                    });
+                }
+            }
+        }
+        // Grouped by client, in order of each client's first request.
+        let client_order: std::collections::HashMap<&str, usize> = report
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.client.as_str(), i))
+            .collect();
+        lanes.sort_by_key(|l| {
+            (
+                client_order
+                    .get(l.client.as_str())
+                    .copied()
+                    .unwrap_or(usize::MAX),
+                l.conversation,
+            )
+        });
+
+        let broken: Vec<&Row> = rows
+            .iter()
+            .copied()
+            .filter(|r| r.break_cause.is_some() || r.lost_external.is_some())
+            .collect();
+        let breaks_total = broken.len();
+        // Only the newest are described: formatting every break of a long run was most of a
+        // snapshot's view cost, and the pane lists the newest first.
+        let mut breaks: Vec<BreakItem> = broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..]
+            .iter()
+            .map(|r| {
+                let loss: Vec<_> = [&r.lost_client, &r.lost_external]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let cause = r
+                    .break_cause
+                    .map(|c| {
+                        serde_json::to_value(c)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    })
+                    .or_else(|| r.lost_external.as_ref().map(|l| l.cause.clone()))
+                    .unwrap_or_default();
+                let place = match (&r.break_location, &r.evicted_by) {
+                    (Some(l), _) if l.before.is_some() || l.after.is_some() => change(
+                        l.before.as_deref().unwrap_or(""),
+                        l.after.as_deref().unwrap_or(""),
+                    ),
+                    (Some(l), _) if !l.tools_added.is_empty() || !l.tools_removed.is_empty() => {
+                        format!("tools +{:?} -{:?}", l.tools_added, l.tools_removed)
+                    }
+                    (Some(l), _) => match (l.message, l.head_matched, l.tail_matched) {
+                        (Some(m), Some(h), Some(t)) => {
+                            format!("message {m}: head {}, tail {}", same(h), same(t))
+                        }
+                        (Some(m), _, _) => format!("message {m}"),
+                        _ => String::new(),
+                    },
+                    (None, Some(by)) => format!(
+                        "evicted by #{} ({}, {})",
+                        by.row,
+                        by.client,
+                        cause_label(&by.kind)
+                    ),
+                    (None, None) => String::new(),
+                };
+                BreakItem {
+                    id: r.id,
+                    t_start_ms: r.t_start_ms,
+                    client: r.client.clone(),
+                    conversation: r.conversation,
+                    turn: r.turn,
+                    cause: cause_label(&cause).to_string(),
+                    tokens: loss.iter().map(|l| l.tokens).sum(),
+                    ms: loss
+                        .iter()
+                        .filter_map(|l| l.ms.map(|m| m.value))
+                        .reduce(|a, b| a + b),
+                    place,
+                }
+            })
+            .collect();
+        breaks.reverse();
+
+        // One pass over the rows, then one entry per client in the report's order.
+        let mut loss_of: std::collections::HashMap<&str, LossTally> =
+            std::collections::HashMap::new();
+        for row in rows.iter().copied() {
+            for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
+                let (tokens, ms, by_cause) = loss_of.entry(row.client.as_str()).or_default();
+                *tokens += u64::from(loss.tokens);
+                if let Some(m) = loss.ms {
+                    *ms = Some(ms.unwrap_or(0.0) + m.value);
+                }
+                let label = cause_label(&loss.cause).to_string();
+                match by_cause.iter_mut().find(|(l, _)| *l == label) {
+                    Some(entry) => entry.1 += u64::from(loss.tokens),
+                    None => by_cause.push((label, u64::from(loss.tokens))),
+                }
+            }
+        }
+        let losses = report
+            .clients
+            .iter()
+            .map(|c| {
+                let (tokens, ms, mut by_cause) =
+                    loss_of.remove(c.client.as_str()).unwrap_or_default();
+                by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
+                ClientLoss {
+                    client: c.client.clone(),
+                    requests: c.requests,
+                    conversations: c.conversations,
+                    tokens,
+                    ms,
+                    by_cause,
+                }
+            })
+            .collect();
+
+        View {
+            header,
+            lanes,
+            breaks,
+            breaks_total,
+            losses,
+            curve: None,
+            prefixes: Vec::new(),
+        }
+    }
+}
+
+/// `"…Today is Monday." → "…Today is Tuesday."`: the shared lead-in cut to a few characters,
+/// so the change itself fits a narrow pane.
+fn change(before: &str, after: &str) -> String {
+    const CONTEXT: usize = 12;
+    let shared = before
+        .chars()
+        .zip(after.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let cut = |text: &str| -> String {
+        let skip = shared.saturating_sub(CONTEXT);
+        let rest: String = text.chars().skip(skip).collect();
+        if skip > 0 { format!("…{rest}") } else { rest }
+    };
+    format!("{:?} → {:?}", cut(before), cut(after))
+}
+
+fn same(matched: bool) -> &'static str {
+    if matched { "same" } else { "changed" }
+}
+
+/// `8,759`, `12.3K`, `4.1M`: short and readable.
+pub fn tokens(n: u64) -> String {
+    match n {
+        0..=9_999 => thousands(n),
+        10_000..=999_999 => format!("{:.1}K", n as f64 / 1000.0),
+        _ => format!("{:.1}M", n as f64 / 1_000_000.0),
+    }
+}
+
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn duration(ms: f64) -> String {
+    if ms < 1000.0 {
+        format!("{ms:.0} ms")
+    } else if ms < 60_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else {
+        format!("{:.1} min", ms / 60_000.0)
+    }
+}

@@ -1,0 +1,337 @@
+//! The live engine (issue #11): one snapshot behind every output. The `s` key's JSON is
+//! `analyze --json` at the same paths plus what the panes show; the headless replay prints the
+//! same snapshot's summary; the engine on its thread ends where the synchronous one does, and
+//! answers a command with a snapshot. Plus the app's state machine (keys, mouse, dialogs,
+//! pause, redraws), so a key that stops working fails a test.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
+use prefixscope::analysis::{Config, analyze};
+use prefixscope::live::{self, Command, Engine, Input, Snapshot};
+use prefixscope::record::{Lines, Record, read_jsonl};
+use prefixscope::tui::app::{Action, App, Dialog, EXPORT_FORMATS, Pane, Source};
+use prefixscope::tui::event::Event;
+use prefixscope::tui::theme::Theme;
+use prefixscope::tui::{EngineControl, FixedClock, run};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
+
+fn recording(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("recordings")
+        .join(name)
+}
+
+/// The records in file order (what `replay` feeds).
+fn file_order(name: &str) -> Vec<Record> {
+    let file = std::fs::File::open(recording(name)).unwrap();
+    Lines::new(std::io::BufReader::new(file))
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn engine_of(records: &[Record]) -> Engine {
+    let mut engine = Engine::new(Config::default());
+    for record in records {
+        engine.push(Input::Record(Arc::new(record.clone()), 0));
+    }
+    engine.push(Input::SourceDone);
+    engine
+}
+
+#[test]
+fn the_snapshot_json_is_analyze_json_plus_what_the_panes_show() {
+    let name = "llmp/llama.cpp/parallel-nocache.jsonl";
+    let records = file_order(name);
+    let snapshot = engine_of(&records).snapshot();
+    let mut json = snapshot.to_json();
+    // What the panes show, beside the report.
+    assert_eq!(json["snapshot_version"], live::SNAPSHOT_VERSION);
+    let points = json["hit_rate"]["points"].as_array().unwrap();
+    assert_eq!(points.len(), live::LIVE_CAPACITIES.len());
+    assert!(json["hit_rate"]["ceiling"].as_f64().unwrap() > 0.0);
+    assert!(!json["top_prefixes"].as_array().unwrap().is_empty());
+    assert!(!json["findings"].as_array().unwrap().is_empty());
+    assert_eq!(json["time"]["lost_tokens"], 8759);
+    // Without those, exactly `analyze --json`'s report.
+    for added in [
+        "snapshot_version",
+        "requests_received",
+        "hit_rate",
+        "top_prefixes",
+        "filter",
+    ] {
+        json.as_object_mut().unwrap().remove(added);
+    }
+    let read = read_jsonl(std::fs::read(recording(name)).unwrap().as_slice());
+    let reference = serde_json::to_value(analyze(&read.records, &Config::default())).unwrap();
+    assert_eq!(json, reference);
+}
+
+#[test]
+fn the_headless_replay_ends_with_the_snapshot_summary() {
+    let name = "llmp/llama.cpp/parallel-nocache.jsonl";
+    let snapshot = engine_of(&file_order(name)).snapshot();
+    let out = std::process::Command::new(BIN)
+        .args(["replay", "--headless", "--instant"])
+        .arg(recording(name))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let summary = snapshot.summary();
+    assert!(summary.contains("hit rate ("), "{summary}");
+    assert!(summary.contains("top prefixes"), "{summary}");
+    assert!(
+        stdout.ends_with(&summary),
+        "stdout:\n{stdout}\nsnapshot summary:\n{summary}"
+    );
+}
+
+#[test]
+fn the_engine_on_its_thread_ends_where_the_synchronous_one_does_and_answers_commands() {
+    let name = "llmp/llama.cpp/parallel-nocache.jsonl";
+    let records = file_order(name);
+    let expected = engine_of(&records).snapshot();
+    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
+    let handle = live::spawn(
+        Engine::new(Config::default()),
+        None,
+        Arc::new(|| 0),
+        move |s| {
+            let _ = sender.send(s);
+        },
+    );
+    let inputs = handle.sender();
+    for record in &records {
+        inputs
+            .send(Input::Record(Arc::new(record.clone()), 0))
+            .unwrap();
+    }
+    inputs.send(Input::SourceDone).unwrap();
+    // The end of the source is answered at once.
+    let done = loop {
+        let s = snapshots.recv_timeout(Duration::from_secs(10)).unwrap();
+        if s.source_done {
+            break s;
+        }
+    };
+    assert_eq!(done.requests, records.len() as u64);
+    assert_eq!(done.report, expected.report);
+    assert_eq!(done.summary(), expected.summary());
+    // A filter comes back as a snapshot built with it.
+    handle.command(Command::Filter("other-agent".into()));
+    let filtered = snapshots.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(filtered.filter, "other-agent");
+    assert!(filtered.generation > done.generation);
+    assert!(
+        filtered
+            .view
+            .lanes
+            .iter()
+            .all(|l| l.client.contains("other-agent"))
+    );
+    drop(inputs);
+    handle.join();
+}
+
+// The app's state machine.
+
+fn app_on(name: &str) -> (App, EngineControl) {
+    let mut engine = engine_of(&file_order(name));
+    let snapshot = Arc::new(engine.snapshot());
+    let mut app = App::new(Source::Replay { files: name.into() }, snapshot);
+    app.last_size = (120, 40);
+    (app, EngineControl(RefCell::new(engine)))
+}
+
+fn key(app: &mut App, code: KeyCode) -> Action {
+    app.handle(Event::Key(KeyEvent::new(code, KeyModifiers::NONE)), 0)
+}
+
+#[test]
+fn keys_change_what_they_say() {
+    let (mut app, _) = app_on("llmp/llama.cpp/parallel-nocache.jsonl");
+    // t: prefixes by reusable tokens, and back.
+    assert!(!app.prefixes_by_tokens);
+    key(&mut app, KeyCode::Char('t'));
+    assert!(app.prefixes_by_tokens);
+    key(&mut app, KeyCode::Char('t'));
+    assert!(!app.prefixes_by_tokens);
+    // Tab moves the focus along the panes, BackTab back.
+    assert_eq!(app.focus, Pane::Conversations);
+    key(&mut app, KeyCode::Tab);
+    assert_eq!(app.focus, Pane::Breaks);
+    key(&mut app, KeyCode::BackTab);
+    assert_eq!(app.focus, Pane::Conversations);
+    // Down / Up move the selection, within the pane.
+    key(&mut app, KeyCode::Down);
+    assert_eq!(app.selected[0], 1);
+    for _ in 0..100 {
+        key(&mut app, KeyCode::Down);
+    }
+    assert_eq!(app.selected[0], app.pane_len(Pane::Conversations) - 1);
+    key(&mut app, KeyCode::Up);
+    assert_eq!(app.selected[0], app.pane_len(Pane::Conversations) - 2);
+    // c asks the engine for the chart; / then Enter for a filter.
+    assert_eq!(
+        key(&mut app, KeyCode::Char('c')),
+        Action::Engine(Command::Chart(true))
+    );
+    key(&mut app, KeyCode::Char('/'));
+    for c in "c4".chars() {
+        key(&mut app, KeyCode::Char(c));
+    }
+    assert_eq!(
+        key(&mut app, KeyCode::Enter),
+        Action::Engine(Command::Filter("c4".into()))
+    );
+    assert_eq!(
+        key(&mut app, KeyCode::Esc),
+        Action::Engine(Command::Filter(String::new()))
+    );
+    // m turns mouse capture off; s asks for a snapshot; q quits at once with nothing in flight.
+    key(&mut app, KeyCode::Char('m'));
+    assert!(!app.mouse);
+    assert_eq!(key(&mut app, KeyCode::Char('s')), Action::Snapshot);
+    assert_eq!(key(&mut app, KeyCode::Char('q')), Action::ForceQuit);
+}
+
+#[test]
+fn replay_speed_doubles_halves_and_stays_within_its_bounds() {
+    let (mut app, _) = app_on("llmp/llama.cpp/session.jsonl");
+    assert!(matches!(key(&mut app, KeyCode::Char('+')), Action::Redraw));
+    app.speed = Some(1.0);
+    assert_eq!(key(&mut app, KeyCode::Char('+')), Action::Speed(2.0));
+    assert_eq!(key(&mut app, KeyCode::Char('-')), Action::Speed(1.0));
+    for _ in 0..20 {
+        key(&mut app, KeyCode::Char('+'));
+    }
+    assert_eq!(app.speed, Some(1024.0));
+    for _ in 0..40 {
+        key(&mut app, KeyCode::Char('-'));
+    }
+    assert_eq!(app.speed, Some(0.125));
+}
+
+#[test]
+fn the_export_dialog_cycles_formats_and_names() {
+    let (mut app, _) = app_on("llmp/llama.cpp/session.jsonl");
+    key(&mut app, KeyCode::Char('e'));
+    for step in 1..=EXPORT_FORMATS.len() {
+        key(&mut app, KeyCode::Tab);
+        let Some(Dialog::Export { format, .. }) = &app.dialog else {
+            panic!("the export dialog closed");
+        };
+        assert_eq!(*format, step % EXPORT_FORMATS.len());
+    }
+    key(&mut app, KeyCode::BackTab);
+    let action = key(&mut app, KeyCode::Enter);
+    let last = EXPORT_FORMATS[EXPORT_FORMATS.len() - 1];
+    assert_eq!(
+        action,
+        Action::Export {
+            format: last.into(),
+            path: format!("prefixscope-{last}.jsonl")
+        }
+    );
+    assert!(app.dialog.is_none());
+}
+
+#[test]
+fn the_mouse_scrolls_and_clicks_unless_turned_off() {
+    let (mut app, _) = app_on("llmp/llama.cpp/parallel-nocache.jsonl");
+    let mouse = |kind, column, row| {
+        Event::Mouse(MouseEvent {
+            kind,
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        })
+    };
+    app.handle(mouse(MouseEventKind::ScrollDown, 10, 5), 0);
+    assert_eq!(app.selected[0], 1);
+    app.handle(mouse(MouseEventKind::ScrollUp, 10, 5), 0);
+    assert_eq!(app.selected[0], 0);
+    // A click on the right half of the top row of panes focuses the breaks.
+    app.handle(mouse(MouseEventKind::Down(MouseButton::Left), 100, 5), 0);
+    assert_eq!(app.focus, Pane::Breaks);
+    app.mouse = false;
+    app.handle(mouse(MouseEventKind::ScrollDown, 100, 5), 0);
+    assert_eq!(app.selected[1], 0);
+}
+
+#[test]
+fn pause_holds_new_snapshots_and_resume_shows_the_newest() {
+    let (mut app, control) = app_on("llmp/llama.cpp/session.jsonl");
+    let shown = app.snapshot.generation;
+    key(&mut app, KeyCode::Char('p'));
+    assert!(app.paused);
+    let newer = Arc::new(control.0.borrow_mut().snapshot());
+    app.handle(Event::Snapshot(Arc::clone(&newer)), 0);
+    assert_eq!(app.snapshot.generation, shown, "a paused view changed");
+    key(&mut app, KeyCode::Char('p'));
+    assert_eq!(app.snapshot.generation, newer.generation);
+    // An older snapshot arriving late never replaces a newer one.
+    let mut older = (*newer).clone();
+    older.generation = 0;
+    app.handle(Event::Snapshot(Arc::new(older)), 0);
+    assert_eq!(app.snapshot.generation, newer.generation);
+}
+
+#[test]
+fn the_loop_draws_once_per_change_and_never_for_nothing() {
+    let (mut app, control) = app_on("llmp/llama.cpp/session.jsonl");
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    // Three snapshots and a key in one batch: applied together, drawn once (plus the first
+    // frame).
+    for _ in 0..3 {
+        let s = Arc::new(control.0.borrow_mut().snapshot());
+        sender.send(Event::Snapshot(s)).unwrap();
+    }
+    sender
+        .send(Event::Key(KeyEvent::new(KeyCode::Down, KeyModifiers::NONE)))
+        .unwrap();
+    drop(sender);
+    let clock = FixedClock(1_735_689_600_000);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &clock,
+        &control,
+        &Theme::plain(),
+    )
+    .unwrap();
+    assert_eq!(app.frames_drawn, 2);
+    // A new loop draws its first frame; an event that changes nothing (the mouse while it is
+    // off) draws none.
+    app.mouse = false;
+    let (sender, receiver) = crossbeam_channel::unbounded::<Event>();
+    sender
+        .send(Event::Mouse(MouseEvent {
+            kind: MouseEventKind::ScrollDown,
+            column: 1,
+            row: 1,
+            modifiers: KeyModifiers::NONE,
+        }))
+        .unwrap();
+    drop(sender);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &clock,
+        &control,
+        &Theme::plain(),
+    )
+    .unwrap();
+    assert_eq!(app.frames_drawn, 3);
+}
