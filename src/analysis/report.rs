@@ -5,10 +5,10 @@ use serde::{Deserialize, Serialize};
 use super::REPORT_VERSION;
 use super::Skipped;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
-use super::measured::{Measured, Source};
 use super::table::{Client, Row, RowKind, Table, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
+use crate::normalize::measured::{Measured, Source};
 use crate::record::Record;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

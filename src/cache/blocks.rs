@@ -25,8 +25,9 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{Block, BlockKeys, Cut, PromptPart};
+use crate::normalize::digest::message_digest;
 use crate::normalize::{Api, anthropic};
-use crate::record::{RequestDigest, TokenCounts, hash, message_digest};
+use crate::record::{RequestDigest, TokenCounts, hash};
 
 /// Block ids stay below 2^53, the largest range of integers a JSON reader keeps exact.
 pub const ID_MASK: u64 = (1 << 53) - 1;
@@ -577,7 +578,7 @@ pub fn renders(api: Api) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::request_digest;
+    use crate::normalize::digest::request_digest;
     use serde_json::json;
 
     fn body() -> Value {

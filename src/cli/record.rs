@@ -10,8 +10,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, parse_bytes, status};
+use prefixscope::capture::BodyMode;
 use prefixscope::proxy::{DEFAULT_PORT, Proxy, ProxyConfig, ProxyStats, Upstream};
-use prefixscope::record::{BodyMode, Record};
+use prefixscope::record::Record;
 use prefixscope::recorder::{Recorder, RecorderConfig, RecorderStats};
 
 /// Where to listen, where to forward, what to record: shared by `record` and `watch`.

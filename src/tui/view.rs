@@ -1,8 +1,7 @@
 //! What the panes draw, built from a report (pure): the app rebuilds it when data changed and
 //! the view is not paused; drawing only reads it.
 
-use crate::analysis::Report;
-use crate::analysis::table::{BreakCause, EvictedBy, Row, RowKind};
+use crate::analysis::{BreakCause, EvictedBy, Report, Row, RowKind};
 
 #[derive(Debug, Clone, Default)]
 pub struct View {

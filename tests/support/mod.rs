@@ -23,8 +23,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
+use prefixscope::capture::BodyMode;
 use prefixscope::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
-use prefixscope::record::{BodyMode, Record, read_jsonl};
+use prefixscope::record::{Record, read_jsonl};
 use prefixscope::recorder::{Recorder, RecorderConfig};
 
 pub type TestBody = BoxBody<Bytes, Infallible>;

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::hash;
-use super::{
+use super::{Api, anthropic};
+use crate::record::hash;
+use crate::record::{
     MessageDigest, Output, Params, Record, RequestDigest, ResponseDigest, ToolCall, ToolDigest,
 };
-use crate::normalize::{Api, anthropic};
 
 /// Characters hashed for `head` and `tail`.
 const EDGE_CHARS: usize = 256;
