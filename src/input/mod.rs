@@ -9,7 +9,7 @@ pub mod gateway_csv;
 pub mod recording;
 pub mod trace;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 
 use serde::{Deserialize, Serialize};
@@ -176,13 +176,33 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
     })
 }
 
-/// Reads one (decompressed) file in the given format.
+/// Reads one (decompressed) file in the given format, as the profile splits it: a recording's
+/// requests are keyed by the analysis's conversations ([`keyed_by_analysis`]), which it runs
+/// here; [`recording::read`] alone runs none.
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
     match format {
-        Format::Recording => recording::read(reader, name, options),
+        Format::Recording => keyed_by_analysis(recording::read(reader, name, options), name),
         Format::Csv => gateway_csv::read(reader, name, options),
         Format::Mooncake | Format::Bailian => trace::read(reader, name, format, options),
     }
+}
+
+/// A recording's requests keyed by the analysis's conversations (turns linked to the conversation
+/// they continue), the ones the `analyze` report and the TUI show; `FILE#cN`, so two files never
+/// share one. Side-calls belong to none.
+pub fn keyed_by_analysis(recording: recording::Recording, name: &str) -> FileInput {
+    let recording::Recording { mut input, records } = recording;
+    let analysis = crate::analysis::analyze(&records, &crate::analysis::Config::default());
+    let conversation_by_record: HashMap<u64, String> = analysis
+        .rows
+        .iter()
+        .filter_map(|row| Some((row.id, format!("{name}#c{}", row.conversation?))))
+        .collect();
+    recording::set_conversations(&mut input.requests, &conversation_by_record);
+    if input.requests.iter().any(|r| r.conversation.is_some()) {
+        input.report.conversation_source = "analysis".to_string();
+    }
+    input
 }
 
 /// First non-empty string at any of `paths` (JSON pointers) in `body`.
