@@ -15,7 +15,6 @@ pub mod normalize;
 pub mod record;
 pub mod recorder;
 pub mod sim;
-pub mod workload;
 
 #[cfg(feature = "net")]
 pub mod proxy;

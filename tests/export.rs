@@ -13,7 +13,7 @@ use prefixscope::cache::{Capacity, Policy, ProfileConfig, Request, profile};
 use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
 use prefixscope::input::{self, Format, InputOptions};
 use prefixscope::record::{read_jsonl, write_jsonl};
-use prefixscope::workload::{WorkloadConfig, generate};
+use workload::{WorkloadConfig, generate};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");

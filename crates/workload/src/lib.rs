@@ -1,6 +1,9 @@
 //! A deterministic generator of realistic agent traffic, as the proxy records it: for property
 //! tests and benchmarks of the analysis.
 //!
+//! A crate of its own, used by prefixscope's tests, examples and benchmarks only (a
+//! dev-dependency), so the shipped library does not carry it.
+//!
 //! Pure: no I/O, no clock; the only randomness is a SplitMix64 stream seeded from the config, so
 //! one config always gives the same records.
 //!
@@ -31,8 +34,8 @@ use std::fmt::Write;
 
 use serde_json::{Map, Value, json};
 
-use crate::RECORD_VERSION;
-use crate::record::{Record, RequestRecord, ResponseRecord, StreamKind};
+use prefixscope::RECORD_VERSION;
+use prefixscope::record::{Record, RequestRecord, ResponseRecord, StreamKind};
 
 /// What to generate. Start from `WorkloadConfig::default()` and change what matters.
 #[derive(Debug, Clone, PartialEq)]
@@ -1577,7 +1580,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::record::{read_jsonl, record_line};
+    use prefixscope::record::{read_jsonl, record_line};
 
     fn config(records: usize, out_of_order: bool) -> WorkloadConfig {
         WorkloadConfig {
