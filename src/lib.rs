@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod cache;
+pub mod calendar;
 pub mod capture;
 pub mod export;
 pub mod input;
