@@ -16,6 +16,7 @@ pub mod normalize;
 pub mod record;
 pub mod recorder;
 pub mod sim;
+pub mod units;
 
 #[cfg(feature = "net")]
 pub mod proxy;

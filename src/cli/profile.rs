@@ -15,6 +15,7 @@ use prefixscope::cache::capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token,
 use prefixscope::cache::profile::Point;
 use prefixscope::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
 use prefixscope::input::{self, FileReport, Format, InputOptions};
+use prefixscope::units::thousands;
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -243,19 +244,6 @@ pub fn run(args: ProfileArgs) -> u8 {
     EXIT_OK
 }
 
-/// 12345678 → "12,345,678".
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 fn percent(part: u64, whole: u64, decimals: usize) -> String {
     if whole == 0 {
         return "–".to_string();
@@ -457,16 +445,4 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
         }
     }
     out.join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(27_038_068), "27,038,068");
-    }
 }

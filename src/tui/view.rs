@@ -2,6 +2,8 @@
 //! the view is not paused; drawing only reads it.
 
 use crate::analysis::{BreakCause, EvictedBy, Report, Row, RowKind};
+// Defined once in the core, for the report and the commands as well; the panes take them from here.
+pub use crate::units::{cause_label, duration_decimal as duration, thousands};
 
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -87,22 +89,6 @@ pub struct PrefixItem {
 
 /// Tokens, milliseconds (if measured) and tokens by cause, of one client.
 type LossTally = (u64, Option<f64>, Vec<(String, u64)>);
-
-/// Short names for causes, used by every pane (defined once).
-pub fn cause_label(cause: &str) -> &str {
-    match cause {
-        "tools_changed" => "tools changed",
-        "system_changed" => "system prompt changed",
-        "history_rewritten" => "history rewritten",
-        "side_call" => "side-call",
-        "other_conversation" => "other conversation",
-        "other_model" => "other model",
-        "server_empty" => "server emptied cache",
-        "server_head_only" => "server kept head only",
-        "server_rollback" => "server rolled back",
-        other => other,
-    }
-}
 
 /// Does a row pass the filter (client, model, conversation `c3`, or text of its break)?
 pub fn matches(row: &Row, filter: &str) -> bool {
@@ -345,27 +331,5 @@ pub fn tokens(n: u64) -> String {
         0..=9_999 => thousands(n),
         10_000..=999_999 => format!("{:.1}K", n as f64 / 1000.0),
         _ => format!("{:.1}M", n as f64 / 1_000_000.0),
-    }
-}
-
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-pub fn duration(ms: f64) -> String {
-    if ms < 1000.0 {
-        format!("{ms:.0} ms")
-    } else if ms < 60_000.0 {
-        format!("{:.1} s", ms / 1000.0)
-    } else {
-        format!("{:.1} min", ms / 60_000.0)
     }
 }
