@@ -19,6 +19,8 @@ pub mod sim;
 pub mod units;
 
 #[cfg(feature = "net")]
+pub mod http1;
+#[cfg(feature = "net")]
 pub mod proxy;
 #[cfg(feature = "net")]
 pub mod tokenize;

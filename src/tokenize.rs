@@ -19,13 +19,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Method, Request, Uri, header};
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 
+use crate::http1;
 use crate::normalize::{Api, anthropic, digest};
 use crate::record::{self, Record, TokenCounts, hash};
 
@@ -457,7 +455,7 @@ fn tokens(status: u16, reply: &Value) -> Option<u32> {
 /// One kept-alive HTTP/1.1 connection, reopened when the server closed it.
 struct Client<'a> {
     endpoint: &'a Endpoint,
-    sender: Option<SendRequest<Full<Bytes>>>,
+    sender: Option<http1::Sender>,
     requests: u64,
 }
 
@@ -513,20 +511,11 @@ impl Client<'_> {
         Err("the connection closed".into())
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let stream =
-            tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.endpoint.socket))
-                .await
-                .map_err(|_| format!("connecting took more than {} s", CONNECT_TIMEOUT.as_secs()))?
-                .map_err(|e| e.to_string())?;
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+    async fn connect(&self) -> Result<http1::Sender, String> {
+        tokio::time::timeout(CONNECT_TIMEOUT, http1::connect(&self.endpoint.socket))
             .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(sender)
+            .map_err(|_| format!("connecting took more than {} s", CONNECT_TIMEOUT.as_secs()))?
+            .map_err(|e| e.to_string())
     }
 }
 
