@@ -16,8 +16,6 @@ use prefixscope::cache::blocks::ToolsPosition;
 use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
 use prefixscope::input::{self, Format};
 
-const TARGETS: [&str; 5] = ["mooncake", "bailian", "weka", "trace_synthetic", "otel"];
-
 #[derive(Args)]
 #[command(after_help = "\
 Formats: mooncake (GuideLLM, AIPerf; 512-token blocks), bailian (AIPerf; 16), weka (GuideLLM,
@@ -35,7 +33,7 @@ pub struct ExportArgs {
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// The trace format to write (otel is NOT anonymous: it carries the messages).
-    #[arg(long, value_name = "FORMAT", value_parser = TARGETS)]
+    #[arg(long, value_name = "FORMAT", value_parser = export::TARGET_NAMES)]
     to: String,
     /// Write the export to this file instead of stdout.
     #[arg(short, long)]
