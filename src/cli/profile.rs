@@ -2,8 +2,7 @@
 //! much capacity that takes. Reads recordings, gateway CSV logs and Mooncake or bailian traces
 //! (gzipped or not); prints a short summary, and a versioned JSON report with `--json` or `-o`.
 
-use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -14,7 +13,7 @@ use prefixscope::cache::blocks::ToolsPosition;
 use prefixscope::cache::capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
 use prefixscope::cache::profile::Point;
 use prefixscope::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
-use prefixscope::input::{self, FileReport, Format, InputOptions};
+use prefixscope::input::{self, FileReport, Format, InputOptions, OpenError, OpenedInput};
 use prefixscope::units::thousands;
 
 #[derive(Args)]
@@ -137,34 +136,13 @@ pub fn run(args: ProfileArgs) -> u8 {
     // Open and recognise every file first: the block size follows the first file's format.
     let mut opened = Vec::new();
     for path in &args.files {
-        let reader = File::open(path)
-            .map(|f| BufReader::with_capacity(1 << 18, f))
-            .and_then(input::decompressed);
-        let mut reader = match reader {
-            Ok(r) => r,
-            Err(e) => {
+        match input::open(path, settings.format) {
+            Ok(OpenedInput { reader, format }) => opened.push((path, format, reader)),
+            Err(OpenError::Unreadable(e)) => {
                 eprintln!("prefixscope: cannot read {}: {e}", path.display());
-                continue;
             }
-        };
-        let format = match settings.format {
-            Some(f) => f,
-            None => match input::detect(&mut reader) {
-                Ok(Some(f)) => f,
-                Ok(None) => {
-                    eprintln!(
-                        "prefixscope: {}: cannot tell the format; give --format",
-                        path.display()
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    eprintln!("prefixscope: cannot read {}: {e}", path.display());
-                    continue;
-                }
-            },
-        };
-        opened.push((path, format, reader));
+            Err(e @ OpenError::UnknownFormat) => eprintln!("prefixscope: {}: {e}", path.display()),
+        }
     }
     let Some(&(_, first_format, _)) = opened.first() else {
         return EXIT_UNREADABLE;

@@ -11,6 +11,7 @@ pub mod trace;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -146,6 +147,50 @@ pub fn decompressed<'a>(mut reader: impl BufRead + 'a) -> std::io::Result<Box<dy
     } else {
         Box::new(reader)
     })
+}
+
+/// An input file ready to read: decompressed, and of a known format.
+pub struct OpenedInput {
+    pub reader: Box<dyn BufRead>,
+    pub format: Format,
+}
+
+#[derive(Debug)]
+pub enum OpenError {
+    /// The file could not be opened or its first bytes read.
+    Unreadable(std::io::Error),
+    /// Its first line is no format we read.
+    UnknownFormat,
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Unreadable(e) => e.fmt(f),
+            OpenError::UnknownFormat => f.write_str("cannot tell the format; give --format"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// Opens `path` and undoes gzip when it is gzipped, for a caller that knows the format.
+pub fn open_decompressed(path: &Path) -> std::io::Result<Box<dyn BufRead>> {
+    let file = std::fs::File::open(path)?;
+    decompressed(BufReader::with_capacity(1 << 18, file))
+}
+
+/// Opens `path`, undoes gzip, and tells its format from its first line unless `format` is
+/// given. The first bytes stay in the reader.
+pub fn open(path: &Path, format: Option<Format>) -> Result<OpenedInput, OpenError> {
+    let mut reader = open_decompressed(path).map_err(OpenError::Unreadable)?;
+    let format = match format {
+        Some(format) => format,
+        None => detect(&mut reader)
+            .map_err(OpenError::Unreadable)?
+            .ok_or(OpenError::UnknownFormat)?,
+    };
+    Ok(OpenedInput { reader, format })
 }
 
 /// Tells the format from the first bytes (which `fill_buf` keeps for the reader).
