@@ -77,13 +77,13 @@ fn main() {
     let (events, receiver) = crossbeam_channel::unbounded::<Event>();
     let mut engine = Engine::new(Config::default());
     let first = Arc::new(engine.snapshot());
-    let snapshot_costs = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
+    let snapshot_costs = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64, u64)>::new()));
     let publish = {
         let events = events.clone();
         let costs = Arc::clone(&snapshot_costs);
         move |snapshot: Arc<live::Snapshot>| {
             if let Ok(mut costs) = costs.lock() {
-                costs.push((snapshot.requests, snapshot.build_us));
+                costs.push((snapshot.requests, snapshot.build_us, snapshot.waited_us));
             }
             let _ = events.send(Event::Snapshot(snapshot));
         }
@@ -183,6 +183,8 @@ fn main() {
     let costs = snapshot_costs.lock().map(|c| c.clone()).unwrap_or_default();
     let mut build: Vec<u64> = costs.iter().map(|c| c.1).collect();
     build.sort_unstable();
+    let mut waited: Vec<u64> = costs.iter().map(|c| c.2).collect();
+    waited.sort_unstable();
     let rss_peak = status_kib("VmHWM:") / 1024.0;
     let requests = app.snapshot.requests;
 
@@ -225,6 +227,8 @@ fn main() {
             "snapshots": costs.len(),
             "snapshot_build_ms_p50": pick(&build, 0.5) as f64 / 1000.0,
             "snapshot_build_ms_max": pick(&build, 1.0) as f64 / 1000.0,
+            "record_to_snapshot_ms_p50": pick(&waited, 0.5) as f64 / 1000.0,
+            "record_to_snapshot_ms_max": pick(&waited, 1.0) as f64 / 1000.0,
             "frame_us_p50": pick(&frames_us, 0.5), "frame_us_p99": pick(&frames_us, 0.99),
             "rss_peak_mib": rss_peak,
             "push_us_per_record": push_s * 1e6 / count.max(1) as f64,

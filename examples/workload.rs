@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use prefixscope::record::record_line;
-use prefixscope::workload::{WorkloadConfig, generate};
+use workload::{WorkloadConfig, generate};
 
 const USAGE: &str =
     "usage: workload --records N [--agents A] [--seed S] [--in-order] [--context-chars C] -o FILE";

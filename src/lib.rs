@@ -1,11 +1,15 @@
 //! prefixscope: a recording proxy in front of an LLM server, and (as it grows) the analysis of how
 //! well the server's prefix cache serves that traffic.
 //!
-//! The core (`record`, `normalize`) is pure: no clock, no network, no terminal. The proxy is an
-//! edge behind the `net` feature; the recorder is the one consumer that touches the disk.
+//! The core (`record`, `normalize`, `capture`) is pure: no clock, no network, no terminal. Each
+//! module depends only on the floors below it: `record` (the format) on nothing, `normalize` on
+//! `record`, `capture` and `analysis` on both (see DESIGN.md, "Modules"). The proxy is an edge
+//! behind the `net` feature; the recorder is the one consumer that touches the disk.
 
 pub mod analysis;
 pub mod cache;
+pub mod calendar;
+pub mod capture;
 pub mod export;
 pub mod input;
 pub mod limits;
@@ -14,8 +18,10 @@ pub mod normalize;
 pub mod record;
 pub mod recorder;
 pub mod sim;
-pub mod workload;
+pub mod units;
 
+#[cfg(feature = "net")]
+pub mod http1;
 #[cfg(feature = "net")]
 pub mod proxy;
 #[cfg(feature = "net")]

@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use crate::record::{BodyMode, Capture, Record, build_record, record_line};
+use crate::capture::{BodyMode, Capture, build_record};
+use crate::record::{Record, record_line};
 
 /// Captures waiting to be recorded before the proxy holds the next request back.
 pub const RECORDER_QUEUE: usize = 1024;

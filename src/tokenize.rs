@@ -1,7 +1,7 @@
 //! `--tokenize URL`: count every distinct message and tool of a recording with the server's own
 //! tokenizer, so the analysis reads counts instead of estimates from characters.
 //!
-//! The texts are exactly the ones the analysis reads (`record::message_text` of the chat-form
+//! The texts are exactly the ones the analysis reads (`normalize::digest::message_text` of the chat-form
 //! messages, canonical JSON of the tools), keyed by the same hashes. llama.cpp's
 //! `POST /tokenize {"content", "add_special": false}` first, then Ollama's
 //! `POST /api/tokenize {"model", "text"}` if that answers 404/405. Counts are raw, without the
@@ -19,14 +19,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Method, Request, Uri, header};
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
 
-use crate::normalize::{Api, anthropic};
+use crate::http1;
+use crate::normalize::{Api, anthropic, digest};
 use crate::record::{self, Record, TokenCounts, hash};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -160,7 +158,7 @@ struct Collected {
 
 /// The request's messages (chat form) and tools, with the digest that hashes them.
 fn parts(api: Api, body: &Value) -> Option<(record::RequestDigest, Vec<Value>, Vec<Value>)> {
-    let digest = record::request_digest(api, body)?;
+    let digest = digest::request_digest(api, body)?;
     let (messages, tools) = if api == Api::AnthropicMessages {
         (anthropic::chat_messages(body), anthropic::chat_tools(body))
     } else {
@@ -202,7 +200,7 @@ fn collect(records: &[Record]) -> Collected {
                 collected.texts.push(Text {
                     kind: Kind::Message,
                     hash: message.hash.clone(),
-                    text: record::message_text(value),
+                    text: digest::message_text(value),
                 });
             }
         }
@@ -235,7 +233,7 @@ fn apply(records: &mut [Record], counts: &Counts) {
             .request
             .body
             .as_ref()
-            .and_then(|body| record::request_digest(api, body))
+            .and_then(|body| digest::request_digest(api, body))
         else {
             continue;
         };
@@ -457,7 +455,7 @@ fn tokens(status: u16, reply: &Value) -> Option<u32> {
 /// One kept-alive HTTP/1.1 connection, reopened when the server closed it.
 struct Client<'a> {
     endpoint: &'a Endpoint,
-    sender: Option<SendRequest<Full<Bytes>>>,
+    sender: Option<http1::Sender>,
     requests: u64,
 }
 
@@ -513,20 +511,11 @@ impl Client<'_> {
         Err("the connection closed".into())
     }
 
-    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
-        let stream =
-            tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.endpoint.socket))
-                .await
-                .map_err(|_| format!("connecting took more than {} s", CONNECT_TIMEOUT.as_secs()))?
-                .map_err(|e| e.to_string())?;
-        let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+    async fn connect(&self) -> Result<http1::Sender, String> {
+        tokio::time::timeout(CONNECT_TIMEOUT, http1::connect(&self.endpoint.socket))
             .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(sender)
+            .map_err(|_| format!("connecting took more than {} s", CONNECT_TIMEOUT.as_secs()))?
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -600,7 +589,7 @@ mod tests {
                 "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}),
         );
         let mut digest = a.clone();
-        record::apply_digest(&mut digest);
+        digest::apply_digest(&mut digest);
         let other = chat("/v1/embeddings", json!({"input": "x"}));
         let c = collect(&[a, b, anthropic, digest, other]);
         let texts: Vec<(Kind, &str)> = c.texts.iter().map(|t| (t.kind, t.text.as_str())).collect();

@@ -13,8 +13,8 @@ use prefixscope::cache::{Capacity, Policy, ProfileConfig, Request, profile};
 use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
 use prefixscope::input::{self, Format, InputOptions};
 use prefixscope::record::{read_jsonl, write_jsonl};
-use prefixscope::workload::{WorkloadConfig, generate};
 use serde_json::Value;
+use workload::{WorkloadConfig, generate};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 const SALT: &str = "prefixscope golden export salt";

@@ -23,11 +23,11 @@ use std::process::Command;
 use prefixscope::cache::profile::aiperf_cache_hit_rate;
 use prefixscope::input::{self, Format, InputOptions};
 use prefixscope::record::write_jsonl;
-use prefixscope::workload::{WorkloadConfig, generate};
+use workload::{WorkloadConfig, generate};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 const SALT: &str = "prefixscope golden export salt";
-const FORMATS: [&str; 5] = ["mooncake", "bailian", "weka", "trace_synthetic", "otel"];
+const FORMATS: [&str; 5] = prefixscope::export::TARGET_NAMES;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -206,7 +206,7 @@ fn live_equals_batch_on_generated_interleaved_agents_completing_out_of_order() {
 /// index decides most links): the engine, fed in completion order, equals the reference.
 #[test]
 fn engine_equals_reference_on_the_benchmark_workload() {
-    use prefixscope::workload::{WorkloadConfig, generate};
+    use workload::{WorkloadConfig, generate};
     for seed in [1u64, 2, 3] {
         let config = WorkloadConfig {
             seed,

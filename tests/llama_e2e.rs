@@ -207,7 +207,7 @@ async fn a_real_conversation_through_a_real_llama_cpp_server() {
         a_plain["content"][0]["type"]
     );
     assert!(a_first["usage"]["input_tokens"].as_u64().unwrap() > 0);
-    let digest = prefixscope::record::request_digest(
+    let digest = prefixscope::normalize::digest::request_digest(
         prefixscope::normalize::Api::AnthropicMessages,
         records[6].request.body.as_ref().unwrap(),
     )

@@ -14,7 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use prefixscope::record::{BodyMode, ExchangeError, StreamKind};
+use prefixscope::capture::BodyMode;
+use prefixscope::record::{ExchangeError, StreamKind};
 use support::*;
 
 const CHAT: &str = "/v1/chat/completions";

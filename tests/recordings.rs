@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prefixscope::record::{Record, apply_digest, read_jsonl, record_line};
+use prefixscope::normalize::digest::apply_digest;
+use prefixscope::record::{Record, read_jsonl, record_line};
 
 const REAL: [&str; 7] = [
     "recordings/xllamacpp/session.jsonl",

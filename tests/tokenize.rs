@@ -13,7 +13,8 @@ use hyper::Response;
 use serde_json::{Value, json};
 
 use prefixscope::normalize::Api;
-use prefixscope::record::{self, Record, TokenCounts, hash, read_jsonl};
+use prefixscope::normalize::digest;
+use prefixscope::record::{Record, TokenCounts, hash, read_jsonl};
 use prefixscope::tokenize::{TokenizeResult, enrich};
 use support::*;
 
@@ -123,7 +124,7 @@ fn expected_texts(records: &[Record]) -> (BTreeMap<String, String>, BTreeMap<Str
     for record in records {
         let api = Api::from_path(&record.request.path);
         let body = record.request.body.as_ref().unwrap();
-        let digest = record::request_digest(api, body).unwrap();
+        let digest = digest::request_digest(api, body).unwrap();
         let (chat, defs) = if api == Api::AnthropicMessages {
             (
                 prefixscope::normalize::anthropic::chat_messages(body),
@@ -136,7 +137,7 @@ fn expected_texts(records: &[Record]) -> (BTreeMap<String, String>, BTreeMap<Str
             )
         };
         for (m, value) in digest.messages.iter().zip(&chat) {
-            messages.insert(m.hash.clone(), record::message_text(value));
+            messages.insert(m.hash.clone(), digest::message_text(value));
         }
         for (t, value) in digest.tools.iter().zip(&defs) {
             tools.insert(t.hash.clone(), hash::canonical_json(value));
@@ -179,7 +180,7 @@ async fn counts_land_by_hash_and_each_text_is_sent_once() {
     // Every record has a count for each of its messages and tools, the one of its text.
     for record in &records {
         let api = Api::from_path(&record.request.path);
-        let digest = record::request_digest(api, record.request.body.as_ref().unwrap()).unwrap();
+        let digest = digest::request_digest(api, record.request.body.as_ref().unwrap()).unwrap();
         let tokens = record.tokens.as_ref().expect("counts");
         assert_eq!(tokens.messages.len(), digest.messages.len());
         assert_eq!(tokens.tools.len(), digest.tools.len());
@@ -344,8 +345,8 @@ async fn bad_urls_are_warnings() {
 async fn digest_records_are_skipped_with_a_warning() {
     let (addr, seen) = fake_tokenizer("", false).await;
     let mut records = conversation();
-    record::apply_digest(&mut records[0]);
-    record::apply_digest(&mut records[2]);
+    digest::apply_digest(&mut records[0]);
+    digest::apply_digest(&mut records[2]);
     let (records, result) = run_enrich(records, format!("http://{addr}")).await;
     assert!(records[0].tokens.is_none());
     assert!(records[2].tokens.is_none());

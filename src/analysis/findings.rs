@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::Config;
-use super::measured::{Measured, Source};
 use super::table::{BreakCause, Cause, Loss, Row, RowKind, Shape, Table};
+use crate::normalize::measured::{Measured, Source};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {

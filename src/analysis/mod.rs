@@ -7,7 +7,6 @@
 
 pub mod engine;
 pub mod findings;
-pub mod measured;
 pub mod report;
 pub mod table;
 
@@ -18,8 +17,13 @@ use crate::record::Record;
 
 pub use engine::{Analyzer, FindingKey, Refresh, Update};
 pub use findings::{Confidence, Finding, FindingKind};
-pub use measured::{Measured, Source};
+// Counts carry their source from normalization on; the analysis passes them on as they are.
+pub use crate::normalize::measured::{Measured, Source};
 pub use report::Report;
+pub use table::{
+    BreakCause, BreakLocation, Cause, Client, Composition, EvictedBy, Loss, Row, RowKind, Shape,
+    ToolUsage,
+};
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).
 pub const REPORT_VERSION: u32 = 1;

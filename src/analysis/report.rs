@@ -5,11 +5,12 @@ use serde::{Deserialize, Serialize};
 use super::REPORT_VERSION;
 use super::Skipped;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
-use super::measured::{Measured, Source};
 use super::table::{Client, Row, RowKind, Table, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
+use crate::normalize::measured::{Measured, Source};
 use crate::record::Record;
+use crate::units::{cause_label_plural, duration_compound, thousands};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -265,7 +266,7 @@ impl Report {
             .map(|w| {
                 format!(
                     " over {}",
-                    duration(w.end_ms.saturating_sub(w.start_ms) as f64)
+                    duration_compound(w.end_ms.saturating_sub(w.start_ms) as f64)
                 )
             })
             .unwrap_or_default();
@@ -313,7 +314,11 @@ impl Report {
                 .iter()
                 .take(SUMMARY_CAUSES)
                 .map(|(cause, total)| {
-                    format!("{} {}", cause_label(cause), size(total.tokens, total.ms))
+                    format!(
+                        "{} {}",
+                        cause_label_plural(cause),
+                        size(total.tokens, total.ms)
+                    )
                 })
                 .collect();
             lines.push(format!("  by cause: {}", top.join(" · ")));
@@ -351,15 +356,15 @@ impl Report {
         match (self.time.lost_ms, self.time.prefill_ms) {
             (Some(lost), Some(prefill)) if prefill.value > 0.0 => format!(
                 "time lost re-processing prompts: {}{} of {} prefill ({:.0}%), {} tokens",
-                duration(lost.value),
+                duration_compound(lost.value),
                 source_note(lost.source),
-                duration(prefill.value),
+                duration_compound(prefill.value),
                 100.0 * lost.value / prefill.value,
                 thousands(self.time.lost_tokens)
             ),
             (Some(lost), _) => format!(
                 "time lost re-processing prompts: {}{}, {} tokens",
-                duration(lost.value),
+                duration_compound(lost.value),
                 source_note(lost.source),
                 thousands(self.time.lost_tokens)
             ),
@@ -447,13 +452,13 @@ fn label(finding: &Finding) -> String {
         ),
         FindingKind::PrefixBreak => format!(
             "prompt prefix broken by {} on {} of {} links ({model}){lost}",
-            cause_label(&text("break_cause")),
+            cause_label_plural(&text("break_cause")),
             number("broken"),
             number("links")
         ),
         FindingKind::ServerCacheLoss => format!(
             "{} on {} ({model}){lost}",
-            cause_label(&text("kind")),
+            cause_label_plural(&text("kind")),
             plural(finding.rows.len() as u64, "turn")
         ),
         FindingKind::OtherConversationEviction => format!(
@@ -501,21 +506,6 @@ fn label(finding: &Finding) -> String {
     }
 }
 
-fn cause_label(cause: &str) -> &str {
-    match cause {
-        "tools_changed" => "tool list changes",
-        "system_changed" => "system prompt changes",
-        "history_rewritten" => "history rewrites",
-        "side_call" => "side-calls",
-        "other_conversation" => "other conversations",
-        "other_model" => "other models",
-        "server_empty" => "server cache emptied",
-        "server_head_only" => "server kept only the head",
-        "server_rollback" => "server cache rolled back",
-        other => other,
-    }
-}
-
 fn confidence_label(confidence: Confidence) -> &'static str {
     match confidence {
         Confidence::High => "high",
@@ -534,26 +524,12 @@ fn source_note(source: Source) -> &'static str {
 
 fn size(tokens: u64, ms: Option<Measured<f64>>) -> String {
     match ms {
-        Some(ms) => format!("{} ({} tokens)", duration(ms.value), thousands(tokens)),
+        Some(ms) => format!(
+            "{} ({} tokens)",
+            duration_compound(ms.value),
+            thousands(tokens)
+        ),
         None => format!("{} tokens", thousands(tokens)),
-    }
-}
-
-fn duration(ms: f64) -> String {
-    let ms = ms.max(0.0);
-    if ms < 1000.0 {
-        return format!("{ms:.0} ms");
-    }
-    let seconds = ms / 1000.0;
-    if seconds < 60.0 {
-        return format!("{seconds:.1} s");
-    }
-    let total = seconds.round() as u64;
-    let (hours, minutes, seconds) = (total / 3600, total / 60 % 60, total % 60);
-    if hours > 0 {
-        format!("{hours}h {minutes}m")
-    } else {
-        format!("{minutes}m {seconds}s")
     }
 }
 
@@ -563,16 +539,4 @@ fn plural(n: u64, noun: &str) -> String {
     } else {
         format!("{} {noun}s", thousands(n))
     }
-}
-
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

@@ -3,9 +3,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::{Deserialize, Serialize};
 
 use super::Config;
-use super::measured::{Measured, Source};
 use crate::normalize::Api;
 use crate::normalize::exchange::{Counts, Exchange, Msg};
+use crate::normalize::measured::{Measured, Source};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {

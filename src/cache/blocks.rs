@@ -25,8 +25,9 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{Block, BlockKeys, Cut, PromptPart};
+use crate::normalize::digest::{content_text, message_digest};
 use crate::normalize::{Api, anthropic};
-use crate::record::{RequestDigest, TokenCounts, hash, message_digest};
+use crate::record::{RequestDigest, TokenCounts, hash};
 
 /// Block ids stay below 2^53, the largest range of integers a JSON reader keeps exact.
 pub const ID_MASK: u64 = (1 << 53) - 1;
@@ -132,17 +133,6 @@ fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
         .get(key)
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-}
-
-fn content_text(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect(),
-        _ => String::new(),
-    }
 }
 
 fn header(role: &str, name: Option<&str>, tool_call_id: Option<&str>) -> String {
@@ -581,7 +571,7 @@ pub fn renders(api: Api) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::request_digest;
+    use crate::normalize::digest::request_digest;
     use serde_json::json;
 
     fn body() -> Value {

@@ -6,7 +6,7 @@
 //! (32 random bytes as hex, mode 0600) and reused after, so exports of the same traffic share ids.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -14,9 +14,7 @@ use clap::Args;
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
 use prefixscope::cache::blocks::ToolsPosition;
 use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
-use prefixscope::input::{self, Format};
-
-const TARGETS: [&str; 5] = ["mooncake", "bailian", "weka", "trace_synthetic", "otel"];
+use prefixscope::input::{self, Format, OpenError};
 
 #[derive(Args)]
 #[command(after_help = "\
@@ -35,7 +33,7 @@ pub struct ExportArgs {
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// The trace format to write (otel is NOT anonymous: it carries the messages).
-    #[arg(long, value_name = "FORMAT", value_parser = TARGETS)]
+    #[arg(long, value_name = "FORMAT", value_parser = export::TARGET_NAMES)]
     to: String,
     /// Write the export to this file instead of stdout.
     #[arg(short, long)]
@@ -73,11 +71,6 @@ struct Files<'a> {
     paths: &'a [PathBuf],
 }
 
-fn open_file(path: &Path) -> std::io::Result<Box<dyn BufRead>> {
-    let file = File::open(path)?;
-    input::decompressed(BufReader::with_capacity(1 << 18, file))
-}
-
 impl Inputs for Files<'_> {
     fn count(&self) -> usize {
         self.paths.len()
@@ -92,7 +85,7 @@ impl Inputs for Files<'_> {
 
     fn open(&self, index: usize) -> std::io::Result<Box<dyn BufRead + '_>> {
         match self.paths.get(index) {
-            Some(path) => open_file(path),
+            Some(path) => input::open_decompressed(path),
             None => Err(std::io::Error::other("no such input")),
         }
     }
@@ -209,20 +202,14 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
     };
     let mut kinds: Vec<(Format, &Path)> = Vec::new();
     for path in &args.files {
-        let mut reader = open_file(path)
-            .map_err(|e| unreadable(format!("cannot read {}: {e}", path.display())))?;
-        let format = match forced {
-            Some(format) => format,
-            None => match input::detect(&mut reader) {
-                Ok(Some(format)) => format,
-                Ok(None) => {
-                    return Err(usage(format!(
-                        "{}: cannot tell the format; give --format",
-                        path.display()
-                    )));
-                }
-                Err(e) => return Err(unreadable(format!("cannot read {}: {e}", path.display()))),
-            },
+        let format = match input::open(path, forced) {
+            Ok(opened) => opened.format,
+            Err(OpenError::Unreadable(e)) => {
+                return Err(unreadable(format!("cannot read {}: {e}", path.display())));
+            }
+            Err(e @ OpenError::UnknownFormat) => {
+                return Err(usage(format!("{}: {e}", path.display())));
+            }
         };
         kinds.push((format, path));
     }
@@ -501,9 +488,8 @@ pub fn export_recordings(files: &[PathBuf], to: &str, path: &Path) -> Result<Str
     // The replayed files' own format (a recording, a trace, a gateway log).
     let format = files
         .first()
-        .and_then(|path| open_file(path).ok())
-        .and_then(|mut reader| input::detect(&mut reader).ok().flatten())
-        .unwrap_or(Format::Recording);
+        .and_then(|path| input::open(path, None).ok())
+        .map_or(Format::Recording, |opened| opened.format);
     let result = export::export(&inputs, format, &options, &mut out)
         .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
     match result {

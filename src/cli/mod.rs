@@ -37,9 +37,9 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         files: Vec::new(),
     };
     for path in paths {
-        match std::fs::File::open(path) {
-            Ok(file) => {
-                let read = prefixscope::record::read_jsonl(std::io::BufReader::new(file));
+        match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
+            Ok(opened) => {
+                let read = prefixscope::record::read_jsonl(opened.reader);
                 for bad in &read.bad_lines {
                     eprintln!(
                         "prefixscope: {}:{}: {}",

@@ -2,8 +2,7 @@
 //! much capacity that takes. Reads recordings, gateway CSV logs and Mooncake or bailian traces
 //! (gzipped or not); prints a short summary, and a versioned JSON report with `--json` or `-o`.
 
-use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -14,7 +13,8 @@ use prefixscope::cache::blocks::ToolsPosition;
 use prefixscope::cache::capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
 use prefixscope::cache::profile::Point;
 use prefixscope::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
-use prefixscope::input::{self, FileReport, Format, InputOptions};
+use prefixscope::input::{self, FileReport, Format, InputOptions, OpenError, OpenedInput};
+use prefixscope::units::thousands;
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -136,34 +136,13 @@ pub fn run(args: ProfileArgs) -> u8 {
     // Open and recognise every file first: the block size follows the first file's format.
     let mut opened = Vec::new();
     for path in &args.files {
-        let reader = File::open(path)
-            .map(|f| BufReader::with_capacity(1 << 18, f))
-            .and_then(input::decompressed);
-        let mut reader = match reader {
-            Ok(r) => r,
-            Err(e) => {
+        match input::open(path, settings.format) {
+            Ok(OpenedInput { reader, format }) => opened.push((path, format, reader)),
+            Err(OpenError::Unreadable(e)) => {
                 eprintln!("prefixscope: cannot read {}: {e}", path.display());
-                continue;
             }
-        };
-        let format = match settings.format {
-            Some(f) => f,
-            None => match input::detect(&mut reader) {
-                Ok(Some(f)) => f,
-                Ok(None) => {
-                    eprintln!(
-                        "prefixscope: {}: cannot tell the format; give --format",
-                        path.display()
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    eprintln!("prefixscope: cannot read {}: {e}", path.display());
-                    continue;
-                }
-            },
-        };
-        opened.push((path, format, reader));
+            Err(e @ OpenError::UnknownFormat) => eprintln!("prefixscope: {}: {e}", path.display()),
+        }
     }
     let Some(&(_, first_format, _)) = opened.first() else {
         return EXIT_UNREADABLE;
@@ -242,19 +221,6 @@ pub fn run(args: ProfileArgs) -> u8 {
     };
     let _ = writeln!(stdout, "{text}");
     EXIT_OK
-}
-
-/// 12345678 → "12,345,678".
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn percent(part: u64, whole: u64, decimals: usize) -> String {
@@ -464,16 +430,4 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
         }
     }
     out.join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(27_038_068), "27,038,068");
-    }
 }

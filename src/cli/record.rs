@@ -10,8 +10,10 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, parse_bytes, status};
+use prefixscope::calendar::civil_from_days;
+use prefixscope::capture::BodyMode;
 use prefixscope::proxy::{DEFAULT_PORT, Proxy, ProxyConfig, ProxyStats, Upstream};
-use prefixscope::record::{BodyMode, Record};
+use prefixscope::record::Record;
 use prefixscope::recorder::{Recorder, RecorderConfig, RecorderStats};
 
 /// Where to listen, where to forward, what to record: shared by `record` and `watch`.
@@ -300,29 +302,4 @@ fn default_recording_name() -> PathBuf {
         t / 60 % 60,
         t % 60
     ))
-}
-
-/// Days since 1970-01-01 to a UTC (year, month, day): Howard Hinnant's algorithm.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_787), (2026, 11, 30));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-    }
 }

@@ -9,7 +9,7 @@ use clap::Args;
 use super::demo::OnOff;
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope::sim::whatif::{Totals, WhatIf, what_if};
-use prefixscope::tui::view::thousands;
+use prefixscope::units::thousands;
 
 #[derive(Args)]
 pub struct WhatIfArgs {

@@ -29,6 +29,17 @@ use crate::cache::blocks::ID_MASK;
 
 pub use source::{ExportError, Inputs, Options, Summary, export};
 
+/// Every target's name, in [`Target::ALL`]'s order: the command line's choices, the TUI's list.
+pub const TARGET_NAMES: [&str; Target::ALL.len()] = {
+    let mut names = [""; Target::ALL.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = Target::ALL[i].as_str();
+        i += 1;
+    }
+    names
+};
+
 /// A trace format a replay tool reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -59,7 +70,7 @@ impl Target {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Target::Mooncake => "mooncake",
             Target::Bailian => "bailian",

@@ -21,6 +21,7 @@ use std::io::{self, Write};
 use serde_json::{Map, Value, json};
 
 use super::{ExportRequest, Salt, Tag, Written, write_line};
+use crate::calendar::civil_from_days;
 
 struct Trace {
     seq: u64,
@@ -34,20 +35,6 @@ pub struct Writer {
     next_seq: u64,
     held: u64,
     written: Written,
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// Epoch milliseconds as `2025-01-01T00:00:00.100Z`.

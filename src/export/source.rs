@@ -35,8 +35,9 @@ use crate::analysis::{Analyzer, Config};
 use crate::cache::blocks::{BlockModel, Prompt, ToolsPosition, tokens_per_char};
 use crate::input::recording::{Pending, pending_request};
 use crate::input::{BadRow, FileReport, Format, gateway_csv, trace};
+use crate::normalize::digest::{self, apply_digest};
 use crate::normalize::{Api, anthropic};
-use crate::record::{self, Output, Record, apply_digest, read_jsonl};
+use crate::record::{Output, Record, read_jsonl};
 
 /// The files to export, each opened once per pass.
 pub trait Inputs {
@@ -469,7 +470,7 @@ impl RecordingContext<'_> {
         let response = record.response.as_ref();
         let output = response.and_then(|r| match (&r.digest, &r.body) {
             (Some(digest), _) => Some(digest.output.clone()),
-            (None, Some(body)) => Some(record::response_digest(api, body).output),
+            (None, Some(body)) => Some(digest::response_digest(api, body).output),
             (None, None) => None,
         });
         let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
@@ -710,7 +711,7 @@ impl GatewayContext<'_> {
         let output = row
             .response
             .as_ref()
-            .map(|r| record::response_digest(api, r).output);
+            .map(|r| digest::response_digest(api, r).output);
         let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
         let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
             let ids: Vec<u64> = cut.blocks.iter().map(|b| b.id).collect();

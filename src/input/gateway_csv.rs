@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
 use crate::cache::Request;
 use crate::cache::blocks::{BlockModel, Prompt, prompt_from_body, tokens_per_char};
+use crate::calendar::days_from_civil;
 use crate::normalize::Api;
 
 const TIMESTAMP_COLUMNS: [&str; 5] = ["timestamp", "ts", "created_at", "request_time", "time"];
@@ -88,17 +89,6 @@ fn parse_iso8601_ms(text: &str) -> Option<i64> {
     let days = days_from_civil(year, month, day);
     let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
     Some(seconds * 1000 + millis)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {

@@ -9,8 +9,9 @@ pub mod gateway_csv;
 pub mod recording;
 pub mod trace;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -171,6 +172,50 @@ pub fn decompressed<'a>(mut reader: impl BufRead + 'a) -> std::io::Result<Box<dy
     })
 }
 
+/// An input file ready to read: decompressed, and of a known format.
+pub struct OpenedInput {
+    pub reader: Box<dyn BufRead>,
+    pub format: Format,
+}
+
+#[derive(Debug)]
+pub enum OpenError {
+    /// The file could not be opened or its first bytes read.
+    Unreadable(std::io::Error),
+    /// Its first line is no format we read.
+    UnknownFormat,
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Unreadable(e) => e.fmt(f),
+            OpenError::UnknownFormat => f.write_str("cannot tell the format; give --format"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// Opens `path` and undoes gzip when it is gzipped, for a caller that knows the format.
+pub fn open_decompressed(path: &Path) -> std::io::Result<Box<dyn BufRead>> {
+    let file = std::fs::File::open(path)?;
+    decompressed(BufReader::with_capacity(1 << 18, file))
+}
+
+/// Opens `path`, undoes gzip, and tells its format from its first line unless `format` is
+/// given. The first bytes stay in the reader.
+pub fn open(path: &Path, format: Option<Format>) -> Result<OpenedInput, OpenError> {
+    let mut reader = open_decompressed(path).map_err(OpenError::Unreadable)?;
+    let format = match format {
+        Some(format) => format,
+        None => detect(&mut reader)
+            .map_err(OpenError::Unreadable)?
+            .ok_or(OpenError::UnknownFormat)?,
+    };
+    Ok(OpenedInput { reader, format })
+}
+
 /// Tells the format from the first bytes (which `fill_buf` keeps for the reader).
 pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
     let head = reader.fill_buf()?;
@@ -199,13 +244,33 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
     })
 }
 
-/// Reads one (decompressed) file in the given format.
+/// Reads one (decompressed) file in the given format, as the profile splits it: a recording's
+/// requests are keyed by the analysis's conversations ([`keyed_by_analysis`]), which it runs
+/// here; [`recording::read`] alone runs none.
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
     match format {
-        Format::Recording => recording::read(reader, name, options),
+        Format::Recording => keyed_by_analysis(recording::read(reader, name, options), name),
         Format::Csv => gateway_csv::read(reader, name, options),
         Format::Mooncake | Format::Bailian => trace::read(reader, name, format, options),
     }
+}
+
+/// A recording's requests keyed by the analysis's conversations (turns linked to the conversation
+/// they continue), the ones the `analyze` report and the TUI show; `FILE#cN`, so two files never
+/// share one. Side-calls belong to none.
+pub fn keyed_by_analysis(recording: recording::Recording, name: &str) -> FileInput {
+    let recording::Recording { mut input, records } = recording;
+    let analysis = crate::analysis::analyze(&records, &crate::analysis::Config::default());
+    let conversation_by_record: HashMap<u64, String> = analysis
+        .rows
+        .iter()
+        .filter_map(|row| Some((row.id, format!("{name}#c{}", row.conversation?))))
+        .collect();
+    recording::set_conversations(&mut input.requests, &conversation_by_record);
+    if input.requests.iter().any(|r| r.conversation.is_some()) {
+        input.report.conversation_source = "analysis".to_string();
+    }
+    input
 }
 
 /// First non-empty string at any of `paths` (JSON pointers) in `body`.

@@ -11,10 +11,10 @@ use crate::cache::{Request, SessionId};
 use crate::normalize::Api;
 use crate::record::{Record, read_jsonl};
 
-/// A record's conversation key, for now: an explicit session header the client sent (names
+/// A record's conversation key as read: an explicit session header the client sent (names
 /// containing `session` or `conversation`, as the recorder keeps them). The analysis links turns
-/// into conversations from the prompts themselves; once it runs beside the profile, its keys
-/// replace these through [`set_conversations`].
+/// into conversations from the prompts themselves; a caller that runs it replaces these keys by
+/// its own through [`set_conversations`].
 pub fn conversation_from_session_header(record: &Record) -> Option<String> {
     session_header(record).map(|s| s.value)
 }
@@ -27,6 +27,13 @@ pub fn set_conversations(requests: &mut [Request], conversation_by_record: &Hash
             .record_id
             .and_then(|id| conversation_by_record.get(&id).cloned());
     }
+}
+
+/// A recording as read: its requests, keyed by session header, and the records they came from,
+/// for a caller that wants the analysis's conversations instead ([`set_conversations`]).
+pub struct Recording {
+    pub input: FileInput,
+    pub records: Vec<Record>,
 }
 
 fn session_header(record: &Record) -> Option<SessionId> {
@@ -53,7 +60,8 @@ pub struct Pending {
     pub request: Request,
 }
 
-pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
+/// Reads a recording; runs no analysis (conversations are the session headers').
+pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recording {
     let mut report = FileReport::new(name, Format::Recording);
     let result = read_jsonl(reader);
     for bad in &result.bad_lines {
@@ -89,21 +97,11 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
             }
         })
         .collect();
-    let mut requests = requests;
     report.requests = requests.len() as u64;
-    // The analysis's conversations (turns linked to the conversation they continue), the same
-    // the `analyze` report and the TUI show; keyed by file so two files never share one.
-    let analysis = crate::analysis::analyze(&result.records, &crate::analysis::Config::default());
-    let conversation_by_record: HashMap<u64, String> = analysis
-        .rows
-        .iter()
-        .filter_map(|row| Some((row.id, format!("{name}#c{}", row.conversation?))))
-        .collect();
-    set_conversations(&mut requests, &conversation_by_record);
-    if requests.iter().any(|r| r.conversation.is_some()) {
-        report.conversation_source = "analysis".to_string();
+    Recording {
+        input: FileInput { requests, report },
+        records: result.records,
     }
-    FileInput { requests, report }
 }
 
 /// One record as a cache request, for the live simulation (records arrive one by one, so the

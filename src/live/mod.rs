@@ -90,11 +90,13 @@ pub struct Snapshot {
     pub block_model: String,
     /// How long building this snapshot took (µs), measured by the runner; 0 when built directly.
     pub build_us: u64,
+    /// How long the oldest input in it waited to be published (µs): queued, pushed, built.
+    pub waited_us: u64,
 }
 
 impl Snapshot {
     /// The row behind a detail view.
-    pub fn row(&self, id: u64) -> Option<&crate::analysis::table::Row> {
+    pub fn row(&self, id: u64) -> Option<&crate::analysis::Row> {
         self.report.rows.iter().find(|r| r.id == id)
     }
 
@@ -323,6 +325,7 @@ impl Engine {
                 self.block_model.block_size, self.block_model.tokens_per_char
             ),
             build_us: 0,
+            waited_us: 0,
         }
     }
 
@@ -472,11 +475,16 @@ fn run(
     let mut dirty = false;
     let mut urgent = false;
     let mut next_build = Instant::now();
-    let build = |engine: &mut Engine| {
+    // When the oldest input not yet in a published snapshot arrived.
+    let mut waiting_since: Option<Instant> = None;
+    let build = |engine: &mut Engine, waiting_since: &mut Option<Instant>| {
         let start = Instant::now();
         let mut snapshot = engine.snapshot();
         let cost = start.elapsed();
         snapshot.build_us = u64::try_from(cost.as_micros()).unwrap_or(u64::MAX);
+        snapshot.waited_us = waiting_since
+            .take()
+            .map_or(0, |since| u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX));
         publish(Arc::new(snapshot));
         Instant::now()
             + (cost * SNAPSHOT_COST_FACTOR).max(Duration::from_millis(MIN_SNAPSHOT_INTERVAL_MS))
@@ -541,13 +549,16 @@ fn run(
                 break;
             }
         }
+        if dirty && waiting_since.is_none() {
+            waiting_since = Some(Instant::now());
+        }
         if dirty && (urgent || Instant::now() >= next_build) {
-            next_build = build(engine);
+            next_build = build(engine, &mut waiting_since);
             dirty = false;
             urgent = false;
         }
     }
     if dirty {
-        build(engine);
+        build(engine, &mut waiting_since);
     }
 }

@@ -1,8 +1,9 @@
 //! What the panes draw, built from a report (pure) by the live engine for each snapshot; the
 //! TUI only reads it.
 
-use crate::analysis::Report;
-use crate::analysis::table::{BreakCause, EvictedBy, Row, RowKind};
+use crate::analysis::{BreakCause, EvictedBy, Report, Row, RowKind};
+// Defined once in the core, for the report and the commands as well; the panes take them from here.
+pub use crate::units::{cause_label, duration_decimal as duration, thousands};
 
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -90,22 +91,6 @@ pub const MAX_BREAKS_SHOWN: usize = 1_000;
 
 /// Tokens, milliseconds (if measured) and tokens by cause, of one client.
 type LossTally = (u64, Option<f64>, Vec<(String, u64)>);
-
-/// Short names for causes, used by every pane (defined once).
-pub fn cause_label(cause: &str) -> &str {
-    match cause {
-        "tools_changed" => "tools changed",
-        "system_changed" => "system prompt changed",
-        "history_rewritten" => "history rewritten",
-        "side_call" => "side-call",
-        "other_conversation" => "other conversation",
-        "other_model" => "other model",
-        "server_empty" => "server emptied cache",
-        "server_head_only" => "server kept head only",
-        "server_rollback" => "server rolled back",
-        other => other,
-    }
-}
 
 /// Does a row pass the filter (client, model, conversation `c3`, or text of its break)?
 pub fn matches(row: &Row, filter: &str) -> bool {
@@ -347,24 +332,3 @@ pub fn tokens(n: u64) -> String {
     }
 }
 
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-pub fn duration(ms: f64) -> String {
-    if ms < 1000.0 {
-        format!("{ms:.0} ms")
-    } else if ms < 60_000.0 {
-        format!("{:.1} s", ms / 1000.0)
-    } else {
-        format!("{:.1} min", ms / 60_000.0)
-    }
-}

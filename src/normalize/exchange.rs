@@ -7,9 +7,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Api, anthropic};
-use crate::analysis::measured::{Measured, Source};
-use crate::record::{self, Output, Params, Record, RequestDigest, ToolCall};
+use super::measured::{Measured, Source};
+use super::{Api, anthropic, digest};
+use crate::record::{Output, Params, Record, RequestDigest, ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Counts {
@@ -89,7 +89,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
     let (request, texts) = request_parts(api, record)?;
     let response_digest = match (&response.digest, &response.body) {
         (Some(digest), _) => Some(digest.clone()),
-        (None, Some(body)) => Some(record::response_digest(api, body)),
+        (None, Some(body)) => Some(digest::response_digest(api, body)),
         (None, None) => None,
     };
     let ok = response_digest.is_some();
@@ -170,7 +170,7 @@ fn request_parts(
     }
     let body = record.request.body.as_ref().ok_or(SkipReason::Unparsed)?;
     let mut digest =
-        record::request_digest_without_messages(api, body).ok_or(SkipReason::Unparsed)?;
+        digest::request_digest_without_messages(api, body).ok_or(SkipReason::Unparsed)?;
     let converted;
     let messages: &[Value] = if api == Api::AnthropicMessages {
         converted = anthropic::chat_messages(body);
@@ -181,7 +181,7 @@ fn request_parts(
             .map(Vec::as_slice)
             .unwrap_or_default()
     };
-    let (digests, texts) = messages.iter().map(record::message_digest_and_text).unzip();
+    let (digests, texts) = messages.iter().map(digest::message_digest_and_text).unzip();
     digest.messages = digests;
     Ok((digest, Some(texts)))
 }

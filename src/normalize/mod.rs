@@ -2,7 +2,9 @@
 //! stream merges into the non-streamed shape, and the Anthropic Messages API in chat form.
 
 pub mod anthropic;
+pub mod digest;
 pub mod exchange;
+pub mod measured;
 pub mod stream;
 
 use serde::{Deserialize, Serialize};

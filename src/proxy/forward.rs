@@ -16,7 +16,8 @@ use super::body::RecordingBody;
 use super::headers::{recorded_headers, strip_hop_by_hop};
 use super::upstream::{self, UpstreamSender};
 use super::{Shared, now_ms};
-use crate::record::{Capture, ExchangeError, ResponseCapture, stream_kind_of};
+use crate::capture::{Capture, ResponseCapture, stream_kind_of};
+use crate::record::ExchangeError;
 
 pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
 

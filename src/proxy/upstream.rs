@@ -4,12 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::client::conn::http1::{self as client_http1, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::http1;
 use crate::record::ExchangeError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,7 +129,7 @@ fn pem_certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<
         .map_err(|e| format!("CA file: {e}"))
 }
 
-pub(crate) type UpstreamSender = SendRequest<Full<Bytes>>;
+pub(crate) type UpstreamSender = http1::Sender;
 
 /// Connects (within `timeout`) and performs the HTTP/1.1 handshake.
 pub(crate) async fn connect(
@@ -156,24 +153,15 @@ pub(crate) async fn connect(
                 Ok(Err(_)) => return Err(ExchangeError::UpstreamUnreachable),
                 Err(_) => return Err(ExchangeError::Timeout),
             };
-            handshake(TokioIo::new(tls_stream)).await
+            http1::handshake(tls_stream)
+                .await
+                .map_err(|_| ExchangeError::UpstreamUnreachable)
         }
         (true, None) => Err(ExchangeError::UpstreamUnreachable),
-        (false, _) => handshake(TokioIo::new(stream)).await,
+        (false, _) => http1::handshake(stream)
+            .await
+            .map_err(|_| ExchangeError::UpstreamUnreachable),
     }
-}
-
-async fn handshake<T>(io: T) -> Result<UpstreamSender, ExchangeError>
-where
-    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, connection) = client_http1::handshake(io)
-        .await
-        .map_err(|_| ExchangeError::UpstreamUnreachable)?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(sender)
 }
 
 #[cfg(test)]

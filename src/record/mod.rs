@@ -2,9 +2,10 @@
 //!
 //! `null` means "not measured", never zero. Extensions are new fields or new keys only, so llmp
 //! reads what we write and we read what llmp writes.
+//!
+//! The lowest floor: this module depends on nothing else of the crate. Digesting
+//! (`normalize::digest`) and building records from captures (`capture`) live above it.
 
-mod build;
-mod digest;
 pub mod hash;
 mod jsonl;
 
@@ -13,11 +14,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use build::{BodyMode, Capture, ResponseCapture, build_record, stream_kind_of};
-pub use digest::{
-    apply_digest, message_digest, message_digest_and_text, message_text, request_digest,
-    request_digest_without_messages, response_digest,
-};
 pub use jsonl::{BadLine, Lines, ReadResult, read_jsonl, record_line, write_jsonl};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -15,8 +15,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -24,6 +22,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::model::sentence;
 use super::script::{EventKind, RequestLog, RunLog, ScriptEvent};
 use super::server::Speed;
+use crate::http1::{self, ConnectError};
 
 pub const SCENARIOS: [&str; 5] = [
     "mixed",
@@ -110,7 +109,7 @@ struct Ctx {
     name: String,
     user_agent: String,
     proxy: SocketAddr,
-    sender: Option<SendRequest<Full<Bytes>>>,
+    sender: Option<http1::Sender>,
     scheduler: Arc<Scheduler>,
     speed: Arc<Speed>,
     log: Arc<Mutex<RunLog>>,
@@ -187,14 +186,12 @@ impl Ctx {
             let sender = match self.sender.as_mut() {
                 Some(sender) if !sender.is_closed() => sender,
                 _ => {
-                    let stream = tokio::net::TcpStream::connect(self.proxy)
-                        .await
-                        .map_err(|e| format!("cannot connect to {}: {e}", self.proxy))?;
-                    let (sender, connection) =
-                        hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                            .await
-                            .map_err(|e| e.to_string())?;
-                    tokio::spawn(connection);
+                    let sender = http1::connect(self.proxy).await.map_err(|e| match e {
+                        ConnectError::Connect(e) => {
+                            format!("cannot connect to {}: {e}", self.proxy)
+                        }
+                        ConnectError::Handshake(e) => e.to_string(),
+                    })?;
                     self.sender.insert(sender)
                 }
             };

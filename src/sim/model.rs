@@ -5,7 +5,7 @@
 use serde_json::{Map, Value, json};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::text::content_text;
+use crate::normalize::digest::content_text_newline_joined;
 
 /// Most tool calls the model makes after one user message.
 pub const MAX_TOOL_STEPS: u64 = 3;
@@ -80,7 +80,7 @@ pub fn reply(body: &Value, seed: u64, request_number: u64) -> Reply {
     }
     let last_user = messages.iter().rposition(|m| role(m) == "user");
     let user_text = last_user
-        .map(|i| content_text(messages[i].get("content")))
+        .map(|i| content_text_newline_joined(messages[i].get("content")))
         .unwrap_or_default();
     let steps_done = last_user.map_or(0, |i| {
         messages[i + 1..]

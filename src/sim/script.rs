@@ -7,8 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::kv::ServedLog;
-use crate::analysis::Report;
-use crate::analysis::table::{BreakCause, Cause, RowKind};
+use crate::analysis::{BreakCause, Cause, Report, Row, RowKind};
 use crate::record::Record;
 
 /// What a script did that the analysis should name.
@@ -193,8 +192,7 @@ pub fn check(
         .filter(|r| r.conversation.is_none())
         .map(|r| r.response_id.as_str())
         .collect();
-    let rows: BTreeMap<u64, &crate::analysis::table::Row> =
-        report.rows.iter().map(|r| (r.id, r)).collect();
+    let rows: BTreeMap<u64, &Row> = report.rows.iter().map(|r| (r.id, r)).collect();
     let mut evicted_rows = BTreeSet::new();
     let checks = events
         .iter()
@@ -272,7 +270,7 @@ pub fn check(
     }
 }
 
-fn describe(row: &crate::analysis::table::Row) -> String {
+fn describe(row: &Row) -> String {
     format!(
         "kind {:?}, break {:?}, compaction {}, cause {:?}, lost {:?}/{:?}, evicted by {:?}",
         row.kind,

@@ -9,6 +9,7 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::kv::Token;
+use crate::normalize::digest::content_text_newline_joined;
 
 /// Vocabulary size of the stand-in (SmolLM2's, whose samples the responses are shaped on).
 pub const VOCAB: u32 = 49_152;
@@ -68,19 +69,6 @@ pub fn tokenize(text: &str) -> Vec<Token> {
     pieces(text).into_iter().map(token_id).collect()
 }
 
-/// A message's text content: a string, or the text parts of a content array.
-pub fn content_text(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(text)) => text.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 /// The prompt llama-server would evaluate for a chat request, ChatML-style: tools inside the
 /// system block (after the system text), each message in `<|im_start|>role … <|im_end|>`, and the
 /// generation prompt last.
@@ -122,7 +110,7 @@ pub fn render_chat(body: &Value) -> String {
         out.push_str("<|im_start|>");
         out.push_str(role);
         out.push('\n');
-        out.push_str(&content_text(message.get("content")));
+        out.push_str(&content_text_newline_joined(message.get("content")));
         if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
             for call in calls {
                 let function = call.get("function");

@@ -75,7 +75,7 @@ pub enum Dialog {
     },
 }
 
-pub const EXPORT_FORMATS: [&str; 5] = ["mooncake", "bailian", "weka", "trace_synthetic", "otel"];
+pub use crate::export::TARGET_NAMES as EXPORT_FORMATS;
 
 /// What the loop must do for the app (I/O stays out of here).
 #[derive(Debug, Clone, PartialEq)]

@@ -20,11 +20,12 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
+use prefixscope::capture::BodyMode;
 use prefixscope::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
-use prefixscope::record::{BodyMode, Record, read_jsonl};
+use prefixscope::record::{Record, read_jsonl};
 use prefixscope::recorder::{Recorder, RecorderConfig};
 
 pub type TestBody = BoxBody<Bytes, Infallible>;
@@ -92,14 +93,7 @@ where
 }
 
 pub async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    sender
+    prefixscope::http1::connect(addr).await.unwrap()
 }
 
 pub fn post(path: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {

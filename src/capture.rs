@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ExchangeError, Record, RequestRecord, ResponseRecord, StreamKind, apply_digest};
 use crate::RECORD_VERSION;
+use crate::normalize::digest::apply_digest;
 use crate::normalize::{Api, stream};
+use crate::record::{ExchangeError, Record, RequestRecord, ResponseRecord, StreamKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -239,7 +240,7 @@ mod tests {
             capture("/v1/chat/completions", request, Some(response)),
             BodyMode::Digest,
         );
-        let line = String::from_utf8(super::super::record_line(&digest)).unwrap();
+        let line = String::from_utf8(crate::record::record_line(&digest)).unwrap();
         assert!(!line.contains("secret") && !line.contains("hidden"));
         assert_eq!(
             digest.request.digest.as_ref().map(|d| d.messages[0].chars),

@@ -1,3 +1,6 @@
+//! A figure and where it came from: the server said it, a tokenizer counted it, the proxy timed
+//! it, or it is an estimate. Normalization attaches the source as it reads each count.
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,9 @@
 //! A deterministic generator of realistic agent traffic, as the proxy records it: for property
 //! tests and benchmarks of the analysis.
 //!
+//! A crate of its own, used by prefixscope's tests, examples and benchmarks only (a
+//! dev-dependency), so the shipped library does not carry it.
+//!
 //! Pure: no I/O, no clock; the only randomness is a SplitMix64 stream seeded from the config, so
 //! one config always gives the same records.
 //!
@@ -31,8 +34,9 @@ use std::fmt::Write;
 
 use serde_json::{Map, Value, json};
 
-use crate::RECORD_VERSION;
-use crate::record::{Record, RequestRecord, ResponseRecord, StreamKind};
+use prefixscope::RECORD_VERSION;
+use prefixscope::calendar::civil_from_days;
+use prefixscope::record::{Record, RequestRecord, ResponseRecord, StreamKind};
 
 /// What to generate. Start from `WorkloadConfig::default()` and change what matters.
 #[derive(Debug, Clone, PartialEq)]
@@ -825,7 +829,7 @@ impl<'a> Sim<'a> {
         if self.lanes[li].day == self.day {
             return;
         }
-        let (year, month, dom) = civil(self.day);
+        let (year, month, dom) = civil_from_days(self.day);
         let weekday = WEEKDAYS[(self.day + 4).rem_euclid(7) as usize];
         let line = format!("Today is {weekday}, {year:04}-{month:02}-{dom:02}.");
         let date_seg = self.seg();
@@ -1492,20 +1496,6 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// Days since the Unix epoch to (year, month, day), proleptic Gregorian.
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month as u32, day as u32)
-}
-
 /// Length of `value` as serde_json writes it compactly.
 fn json_len(value: &Value) -> usize {
     match value {
@@ -1577,7 +1567,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::record::{read_jsonl, record_line};
+    use prefixscope::record::{read_jsonl, record_line};
 
     fn config(records: usize, out_of_order: bool) -> WorkloadConfig {
         WorkloadConfig {
@@ -1765,12 +1755,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil(0), (1970, 1, 1));
-        assert_eq!(civil(20_454), (2026, 1, 1));
-        assert_eq!(civil(11_016), (2000, 2, 29));
     }
 }

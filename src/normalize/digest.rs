@@ -7,11 +7,11 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::hash;
-use super::{
+use super::{Api, anthropic};
+use crate::record::hash;
+use crate::record::{
     MessageDigest, Output, Params, Record, RequestDigest, ResponseDigest, ToolCall, ToolDigest,
 };
-use crate::normalize::{Api, anthropic};
 
 /// Characters hashed for `head` and `tail`.
 const EDGE_CHARS: usize = 256;
@@ -369,13 +369,35 @@ fn tool_calls(message: &Value) -> Vec<ToolCall> {
         .unwrap_or_default()
 }
 
-fn content_text(content: Option<&Value>) -> String {
+/// A message's text content as the digest counts it: a string, or the text parts of a content
+/// array joined without separator (llmp's rule, so our character counts equal its own).
+pub fn content_text(content: Option<&Value>) -> String {
+    text_parts_joined(content, "")
+}
+
+/// A message's text content as llama-server's chat templates render it: the text parts of a
+/// content array joined by a line feed. The simulated server renders prompts this way; the
+/// digest must not (llmp counts the parts without separator).
+pub fn content_text_newline_joined(content: Option<&Value>) -> String {
+    text_parts_joined(content, "\n")
+}
+
+fn text_parts_joined(content: Option<&Value>, separator: &str) -> String {
     match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|part| part.get("text").and_then(Value::as_str))
-            .collect(),
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            let texts = parts
+                .iter()
+                .filter_map(|part| part.get("text").and_then(Value::as_str));
+            for (i, part) in texts.enumerate() {
+                if i > 0 {
+                    text.push_str(separator);
+                }
+                text.push_str(part);
+            }
+            text
+        }
         _ => String::new(),
     }
 }
