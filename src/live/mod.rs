@@ -482,9 +482,9 @@ fn run(
         let mut snapshot = engine.snapshot();
         let cost = start.elapsed();
         snapshot.build_us = u64::try_from(cost.as_micros()).unwrap_or(u64::MAX);
-        snapshot.waited_us = waiting_since
-            .take()
-            .map_or(0, |since| u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX));
+        snapshot.waited_us = waiting_since.take().map_or(0, |since| {
+            u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
+        });
         publish(Arc::new(snapshot));
         Instant::now()
             + (cost * SNAPSHOT_COST_FACTOR).max(Duration::from_millis(MIN_SNAPSHOT_INTERVAL_MS))

@@ -331,4 +331,3 @@ pub fn tokens(n: u64) -> String {
         _ => format!("{:.1}M", n as f64 / 1_000_000.0),
     }
 }
-
