@@ -17,6 +17,7 @@ pub mod live;
 pub mod normalize;
 pub mod record;
 pub mod recorder;
+pub mod session;
 pub mod sim;
 pub mod units;
 

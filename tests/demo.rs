@@ -18,7 +18,8 @@ use serde_json::Value;
 use prefixscope::analysis::{self, Config, Report};
 use prefixscope::normalize::exchange::normalize;
 use prefixscope::record::{Record, read_jsonl};
-use prefixscope::sim::script::{EventKind, RequestLog, RunLog, ScriptEvent, check};
+use prefixscope::session::{self, demo::DemoConfig};
+use prefixscope::sim::script::{EventKind, RunLog, ScriptEvent, check};
 use prefixscope::sim::server::{SimConfig, SimServer, Speed};
 use prefixscope::sim::whatif::what_if;
 
@@ -46,54 +47,48 @@ struct Demo {
     report: Report,
     log: RunLog,
     events: Vec<ScriptEvent>,
-    stdout: String,
 }
 
-/// Runs `prefixscope demo` headless at high speed and reads back its recording and events.
+/// Runs the demo in-process (the library call `prefixscope demo` makes) at high speed, with
+/// `extra` as the command's flags (`--slots`, `--cache-ram`, `--seed`), to its end.
 fn demo(scenario: &str, extra: &[&str]) -> Demo {
     let dir = support::temp_file(&format!("demo-{scenario}-{}", extra.join("-")));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("rec.jsonl");
-    let events = dir.join("events.json");
     let _ = std::fs::remove_file(&out);
-    let seed: &[&str] = if extra.contains(&"--seed") {
-        &[]
-    } else {
-        &["--seed", "3"]
+    let flag = |name: &str| {
+        extra
+            .iter()
+            .position(|a| *a == name)
+            .map(|i| extra[i + 1].to_string())
     };
-    let output = Command::new(BIN)
-        .args(["demo", "--scenario", scenario, "--speed", "5000"])
-        .args(seed)
-        .args(extra)
-        .arg("-o")
-        .arg(&out)
-        .arg("--events")
-        .arg(&events)
-        .output()
+    let config = DemoConfig {
+        scenario: scenario.to_string(),
+        slots: flag("--slots").map(|s| s.parse().unwrap()),
+        cache_ram: flag("--cache-ram").as_deref() == Some("on"),
+        speed: 5000.0,
+        seed: flag("--seed").map_or(3, |s| s.parse().unwrap()),
+        out: Some(out.clone()),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let outcome = session::demo::Demo::start(config, Vec::new())
+        .unwrap()
+        .run_to_end(std::future::pending())
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(outcome.log.errors, Vec::<String>::new());
+    // The recording on disk is what was analysed.
     let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
     assert!(read.bad_lines.is_empty());
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(&events).unwrap()).unwrap();
-    let requests: Vec<RequestLog> = serde_json::from_value(json["requests"].clone()).unwrap();
-    let events: Vec<ScriptEvent> = serde_json::from_value(json["events"].clone()).unwrap();
-    assert_eq!(json["errors"], serde_json::json!([]));
-    let report = analysis::analyze(&read.records, &Config::default());
+    assert_eq!(read.records, outcome.records);
+    assert_eq!(
+        outcome.report,
+        analysis::analyze(&read.records, &Config::default())
+    );
     Demo {
-        records: read.records,
-        report,
-        log: RunLog {
-            requests,
-            events: Vec::new(),
-            errors: Vec::new(),
-        },
-        events,
-        stdout,
+        records: outcome.records,
+        report: outcome.report,
+        log: outcome.log,
+        events: outcome.events,
     }
 }
 
@@ -118,11 +113,27 @@ fn assert_named(run: &Demo, exact_evictor: bool) {
         "unexpected: {:#?}",
         checked.unexpected
     );
-    assert!(
-        run.stdout.contains("named by the analysis"),
-        "{}",
-        run.stdout
-    );
+}
+
+/// The command prints the analysis and the script's check, and exits 0.
+#[test]
+fn the_demo_command_prints_the_check() {
+    let output = Command::new(BIN)
+        .args([
+            "demo",
+            "--scenario",
+            "side-calls",
+            "--speed",
+            "5000",
+            "--seed",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("named by the analysis"), "{stdout}");
+    assert!(stdout.contains("prefixscope: "), "{stdout}");
 }
 
 #[test]

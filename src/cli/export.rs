@@ -6,15 +6,18 @@
 //! (32 random bytes as hex, mode 0600) and reused after, so exports of the same traffic share ids.
 
 use std::fs::File;
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
 use prefixscope::cache::blocks::ToolsPosition;
-use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
+use prefixscope::export::{self, ExportError, Options, Summary, Target};
 use prefixscope::input::{self, Format, OpenError};
+use prefixscope::session::export::{
+    Files, SaltFile, create_private, default_salt_path, load_or_create_salt,
+};
 
 #[derive(Args)]
 #[command(after_help = "\
@@ -64,130 +67,6 @@ fn usage(message: impl std::fmt::Display) -> u8 {
 fn unreadable(message: impl std::fmt::Display) -> u8 {
     eprintln!("prefixscope export: {message}");
     EXIT_UNREADABLE
-}
-
-/// The input files, opened again for each pass.
-struct Files<'a> {
-    paths: &'a [PathBuf],
-}
-
-impl Inputs for Files<'_> {
-    fn count(&self) -> usize {
-        self.paths.len()
-    }
-
-    fn name(&self, index: usize) -> String {
-        self.paths
-            .get(index)
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-    }
-
-    fn open(&self, index: usize) -> std::io::Result<Box<dyn BufRead + '_>> {
-        match self.paths.get(index) {
-            Some(path) => input::open_decompressed(path),
-            None => Err(std::io::Error::other("no such input")),
-        }
-    }
-}
-
-/// `$XDG_CONFIG_HOME/prefixscope/salt`, else `~/.config/prefixscope/salt`.
-pub fn default_salt_path() -> Option<PathBuf> {
-    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    set("XDG_CONFIG_HOME")
-        .map(PathBuf::from)
-        .or_else(|| set("HOME").map(|home| PathBuf::from(home).join(".config")))
-        .map(|config| config.join("prefixscope").join("salt"))
-}
-
-fn random_hex(bytes: usize) -> String {
-    use std::io::Read;
-    let mut buffer = vec![0u8; bytes];
-    let from_os = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buffer));
-    if from_os.is_err() {
-        // No /dev/urandom: std's per-process random hash keys, mixed with the clock.
-        use std::hash::{BuildHasher, Hasher};
-        for (i, chunk) in buffer.chunks_mut(8).enumerate() {
-            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-            hasher.write_usize(i);
-            hasher.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or_default(),
-            );
-            let word = hasher.finish().to_le_bytes();
-            chunk.copy_from_slice(&word[..chunk.len()]);
-        }
-    }
-    buffer.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn create_private(path: &Path) -> std::io::Result<File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    options.open(path)
-}
-
-/// Reads the salt file, creating it (mode 0600) when it does not exist. Returns the salt and
-/// whether the file was created.
-pub fn load_or_create_salt(path: &Path) -> Result<(Salt, bool), String> {
-    let read = |path: &Path| -> Result<Option<Salt>, String> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Salt::from_text(&text)
-                .map(Some)
-                .ok_or_else(|| format!("salt file {} is empty", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("cannot read salt file {}: {e}", path.display())),
-        }
-    };
-    if let Some(salt) = read(path)? {
-        #[cfg(unix)]
-        if let Ok(meta) = std::fs::metadata(path) {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                eprintln!(
-                    "prefixscope export: warning: salt file {} is readable by others (mode {mode:o}); chmod 600 it",
-                    path.display()
-                );
-            }
-        }
-        return Ok((salt, false));
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let mut builder = std::fs::DirBuilder::new();
-        builder.recursive(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            builder.mode(0o700);
-        }
-        builder
-            .create(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    let text = random_hex(32);
-    match create_private(path) {
-        Ok(mut file) => {
-            file.write_all(format!("{text}\n").as_bytes())
-                .and_then(|()| file.sync_all())
-                .map_err(|e| format!("cannot write salt file {}: {e}", path.display()))?;
-            let salt = Salt::from_text(&text)
-                .ok_or_else(|| format!("salt file {} is empty", path.display()))?;
-            Ok((salt, true))
-        }
-        // Another export created it meanwhile: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(path)?
-            .map(|s| (s, false))
-            .ok_or_else(|| format!("salt file {} is empty", path.display())),
-        Err(e) => Err(format!("cannot create salt file {}: {e}", path.display())),
-    }
 }
 
 /// Tells every file's kind; they must agree.
@@ -271,10 +150,17 @@ pub fn run(args: ExportArgs) -> u8 {
             "no place for the salt file (neither XDG_CONFIG_HOME nor HOME is set): give --salt-file",
         );
     };
-    let (salt, created) = match load_or_create_salt(&salt_path) {
+    let SaltFile {
+        salt,
+        created,
+        warning,
+    } = match load_or_create_salt(&salt_path) {
         Ok(loaded) => loaded,
         Err(message) => return unreadable(message),
     };
+    if let Some(warning) = warning {
+        eprintln!("prefixscope export: warning: {warning}");
+    }
 
     let block_size = match target.default_block_size() {
         Some(default) => {
@@ -451,114 +337,5 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         eprintln!(
             "  anonymized: token counts, times and salted ids; no message text, system prompt, tool schema, arguments, results, model or tool name"
         );
-    }
-}
-
-/// The TUI's `e` key: exports recordings to `path` with the format's default block size and
-/// the default salt file, saying what it did in one line (nothing on stderr: the TUI owns the
-/// terminal).
-pub fn export_recordings(files: &[PathBuf], to: &str, path: &Path) -> Result<String, String> {
-    let target = Target::parse(to).ok_or_else(|| format!("unknown format {to:?}"))?;
-    let salt_path = default_salt_path()
-        .ok_or("no place for the salt file (neither XDG_CONFIG_HOME nor HOME is set)")?;
-    let (salt, _) = load_or_create_salt(&salt_path)?;
-    let block_size = target.default_block_size().unwrap_or(16);
-    let options = Options {
-        target,
-        block_size,
-        salt,
-        tools_position: None,
-        ts_column: None,
-    };
-    if files
-        .iter()
-        .any(|f| f.canonicalize().ok() == path.canonicalize().ok() && path.exists())
-    {
-        return Err(format!("{} is one of the inputs", path.display()));
-    }
-    let file = if target.anonymous() {
-        File::create(path)
-    } else {
-        std::fs::remove_file(path).ok();
-        create_private(path)
-    }
-    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    let mut out = BufWriter::with_capacity(1 << 16, file);
-    let inputs = Files { paths: files };
-    // The replayed files' own format (a recording, a trace, a gateway log).
-    let format = files
-        .first()
-        .and_then(|path| input::open(path, None).ok())
-        .map_or(Format::Recording, |opened| opened.format);
-    let result = export::export(&inputs, format, &options, &mut out)
-        .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
-    match result {
-        Ok(summary) => Ok(format!(
-            "exported {} requests to {} ({}{}{})",
-            summary.requests,
-            path.display(),
-            target.as_str(),
-            if target.default_block_size().is_some() {
-                format!(", {block_size}-token blocks")
-            } else {
-                String::new()
-            },
-            if target.anonymous() {
-                ", anonymized"
-            } else {
-                ", NOT anonymous: it carries the messages"
-            }
-        )),
-        Err(e) => {
-            std::fs::remove_file(path).ok();
-            Err(e.to_string())
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("prefixscope-salt-{name}-{}", std::process::id()));
-        std::fs::remove_dir_all(&dir).ok();
-        dir
-    }
-
-    #[test]
-    fn a_salt_file_is_created_once_private_and_then_reused() {
-        let dir = temp_dir("create");
-        let path = dir.join("nested/salt");
-        let (first, created) = load_or_create_salt(&path).unwrap();
-        assert!(created);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(text.trim().len(), 64);
-        assert!(text.trim().chars().all(|c| c.is_ascii_hexdigit()));
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode(&path), 0o600);
-            assert_eq!(mode(&dir.join("nested")), 0o700);
-        }
-        let (again, created) = load_or_create_salt(&path).unwrap();
-        assert!(!created);
-        assert_eq!(first, again);
-        // Two new salts differ.
-        let (other, _) = load_or_create_salt(&dir.join("other")).unwrap();
-        assert_ne!(first, other);
-        std::fs::remove_dir_all(&dir).ok();
-    }
-
-    #[test]
-    fn an_empty_salt_file_is_an_error() {
-        let dir = temp_dir("empty");
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("salt");
-        std::fs::write(&path, "\n").unwrap();
-        assert!(load_or_create_salt(&path).is_err_and(|e| e.contains("empty")));
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -8,14 +8,32 @@ pub mod profile;
 pub mod record;
 pub mod records;
 pub mod replay;
-pub mod status;
-pub mod tui;
 pub mod watch;
 pub mod whatif;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
+
+/// A session's error on stderr, and its exit code.
+pub fn fail(error: prefixscope::session::Error) -> u8 {
+    use prefixscope::session::Error;
+    eprintln!("prefixscope: {error}");
+    match error {
+        Error::Usage(_) => EXIT_USAGE,
+        Error::Unreadable(_) => EXIT_UNREADABLE,
+    }
+}
+
+/// The screen's switches: the mouse from the flag, the test and benchmark ones from the
+/// environment (the binary is what they test).
+pub fn screen_switches(mouse: bool) -> prefixscope::session::screen::Switches {
+    prefixscope::session::screen::Switches {
+        mouse,
+        key_latency_file: std::env::var_os("PREFIXSCOPE_KEY_LATENCY").map(std::path::PathBuf::from),
+        panic_for_test: std::env::var_os("PREFIXSCOPE_TEST_PANIC").is_some(),
+    }
+}
 
 /// Recordings read from several files, each file's bad lines reported on stderr as read.
 pub struct Recordings {

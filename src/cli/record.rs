@@ -1,20 +1,19 @@
 //! `prefixscope record`: the proxy with a recorder and a one-line status per record on stderr.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
 
-use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, parse_bytes, status};
-use prefixscope::calendar::civil_from_days;
-use prefixscope::capture::BodyMode;
-use prefixscope::proxy::{DEFAULT_PORT, Proxy, ProxyConfig, ProxyStats, Upstream};
+use super::{EXIT_OK, fail, parse_bytes};
+use prefixscope::proxy::DEFAULT_PORT;
 use prefixscope::record::Record;
-use prefixscope::recorder::{Recorder, RecorderConfig, RecorderStats};
+use prefixscope::recorder::RecorderStats;
+use prefixscope::session::capture::{Capture, CaptureConfig, shutdown_signal};
+use prefixscope::session::headless::record_line;
 
 /// Where to listen, where to forward, what to record: shared by `record` and `watch`.
 #[derive(Args)]
@@ -46,6 +45,21 @@ pub struct CaptureArgs {
     pub ca_file: Option<PathBuf>,
 }
 
+impl CaptureArgs {
+    pub fn config(&self) -> CaptureConfig {
+        CaptureConfig {
+            upstream: self.upstream.clone(),
+            listen: self.listen,
+            out: self.out.clone(),
+            digest: self.digest,
+            max_body: self.max_body,
+            max_size: self.max_size,
+            connect_timeout: self.connect_timeout,
+            ca_file: self.ca_file.clone(),
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct RecordArgs {
     #[command(flatten)]
@@ -56,85 +70,6 @@ pub struct RecordArgs {
     /// Print a JSON summary on stdout when the proxy stops.
     #[arg(long)]
     json: bool,
-}
-
-/// A bound proxy and a running recorder, not yet serving.
-pub struct Capture {
-    pub runtime: tokio::runtime::Runtime,
-    pub proxy: Proxy,
-    pub recorder: Recorder<bytes::Bytes>,
-    pub path: PathBuf,
-    pub listen: SocketAddr,
-    pub upstream: Upstream,
-}
-
-/// Checks the arguments, creates the recording and binds the listener; every record goes to
-/// `consumers` too. On failure, the message is printed and the exit code returned.
-pub fn start_capture(
-    args: &CaptureArgs,
-    consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
-) -> Result<Capture, u8> {
-    let upstream = Upstream::parse(&args.upstream).map_err(|e| {
-        eprintln!("prefixscope: {e}");
-        EXIT_USAGE
-    })?;
-    if !(args.connect_timeout > 0.0 && args.connect_timeout.is_finite()) {
-        eprintln!("prefixscope: --connect-timeout must be a positive number of seconds");
-        return Err(EXIT_USAGE);
-    }
-    let path = args.out.clone().unwrap_or_else(default_recording_name);
-    if let Err(e) = check_new_recording(&path) {
-        eprintln!("prefixscope: {e}");
-        return Err(EXIT_USAGE);
-    }
-    let extra_ca_pem = match &args.ca_file {
-        Some(ca) => Some(std::fs::read(ca).map_err(|e| {
-            eprintln!("prefixscope: cannot read {}: {e}", ca.display());
-            EXIT_UNREADABLE
-        })?),
-        None => None,
-    };
-    let mode = if args.digest {
-        BodyMode::Digest
-    } else {
-        BodyMode::Full
-    };
-    let recorder_config = RecorderConfig {
-        path: Some(path.clone()),
-        mode,
-        max_size: args.max_size,
-        queue: None,
-    };
-    let recorder = Recorder::start(recorder_config, consumers).map_err(|e| {
-        eprintln!("prefixscope: cannot create {}: {e}", path.display());
-        EXIT_UNREADABLE
-    })?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("prefixscope: cannot start the runtime: {e}");
-            EXIT_UNREADABLE
-        })?;
-    let mut config = ProxyConfig::new(args.listen, upstream.clone());
-    config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
-    config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
-    config.extra_ca_pem = extra_ca_pem;
-    let proxy = runtime
-        .block_on(Proxy::bind(config, recorder.sender()))
-        .map_err(|e| {
-            eprintln!("prefixscope: cannot listen on {}: {e}", args.listen);
-            EXIT_UNREADABLE
-        })?;
-    let listen = proxy.local_addr().unwrap_or(args.listen);
-    Ok(Capture {
-        runtime,
-        proxy,
-        recorder,
-        path,
-        listen,
-        upstream,
-    })
 }
 
 #[derive(Serialize)]
@@ -158,9 +93,9 @@ pub fn run(args: RecordArgs) -> u8 {
         path,
         listen,
         upstream,
-    } = match start_capture(&args.capture, consumers) {
+    } = match Capture::start(&args.capture.config(), consumers) {
         Ok(capture) => capture,
-        Err(code) => return code,
+        Err(e) => return fail(e),
     };
     let recorder_stats = recorder.stats();
     // Even with -q this thread runs: it reports write failures.
@@ -226,38 +161,6 @@ pub fn run(args: RecordArgs) -> u8 {
     EXIT_OK
 }
 
-/// Resolves on the first Ctrl-C (or SIGTERM) after saying what is still in flight; a second
-/// Ctrl-C exits at once.
-async fn shutdown_signal(stats: Arc<ProxyStats>) {
-    wait_for_stop().await;
-    eprintln!(
-        "prefixscope: stopping: finishing {} exchange(s) in flight (Ctrl-C again to exit now)",
-        stats.in_flight()
-    );
-    tokio::spawn(async {
-        wait_for_stop().await;
-        eprintln!("prefixscope: exiting now; exchanges still in flight are not recorded");
-        std::process::exit(130);
-    });
-}
-
-async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 fn print_status(
     records: crossbeam_channel::Receiver<Arc<Record>>,
     stats: Arc<RecorderStats>,
@@ -266,7 +169,7 @@ fn print_status(
     let mut errors_seen = 0;
     for record in records {
         if !quiet {
-            eprintln!("{}", status::record_line(&record));
+            eprintln!("{}", record_line(&record));
         }
         let errors = stats.write_errors.load(Ordering::Relaxed);
         if errors > errors_seen {
@@ -277,29 +180,4 @@ fn print_status(
             );
         }
     }
-}
-
-/// Ids restart with every run, so appending to an old recording would mix two runs' ids.
-fn check_new_recording(path: &Path) -> Result<(), String> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() && meta.len() > 0 => Err(format!(
-            "{} already holds a recording; choose a new file (ids restart with every run)",
-            path.display()
-        )),
-        _ => Ok(()),
-    }
-}
-
-fn default_recording_name() -> PathBuf {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let t = secs % 86_400;
-    PathBuf::from(format!(
-        "prefixscope-{y:04}{m:02}{d:02}-{:02}{:02}{:02}.jsonl",
-        t / 3600,
-        t / 60 % 60,
-        t % 60
-    ))
 }

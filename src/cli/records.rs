@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
-use super::{EXIT_OK, EXIT_UNREADABLE, status};
+use super::{EXIT_OK, EXIT_UNREADABLE};
 use prefixscope::normalize::Api;
 use prefixscope::record::Record;
 
@@ -68,7 +68,11 @@ pub fn run(args: RecordsArgs) -> u8 {
         return EXIT_OK;
     }
     for record in &records {
-        let _ = writeln!(stdout, "{}", status::record_line(record));
+        let _ = writeln!(
+            stdout,
+            "{}",
+            prefixscope::session::headless::record_line(record)
+        );
     }
     let _ = writeln!(stdout, "{}", text_summary(&summary));
     EXIT_OK

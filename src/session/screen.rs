@@ -1,29 +1,40 @@
-//! What `replay`, `watch` and `demo` share: the live engine on its thread, the terminal set-up
-//! around the app loop, and the export the `e` key asks for.
+//! What `replay`, `watch` and `demo` share: the live engine on its thread, and the TUI on the
+//! real terminal around it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::{EXIT_OK, EXIT_UNREADABLE};
-use prefixscope::analysis::Config;
-use prefixscope::live::{self, Command, Engine, Input as EngineInput, Snapshot};
-use prefixscope::record::Record;
-use prefixscope::tui::app::{App, Input, Source};
-use prefixscope::tui::event::Event;
-use prefixscope::tui::theme::Theme;
-use prefixscope::tui::{Clock, Control, SystemClock, run, spawn_input, terminal};
+use super::Error;
+use crate::analysis::Config;
+use crate::live::{self, Command, Engine, Input as EngineInput, Snapshot};
+use crate::record::Record;
+use crate::tui::app::{App, Input, Source};
+use crate::tui::event::Event;
+use crate::tui::theme::Theme;
+use crate::tui::{Clock, Control, SystemClock, run, spawn_input, terminal};
 
 /// What the app shows and how.
-pub struct View {
+pub struct ScreenConfig {
     pub source: Source,
     pub input: Input,
     /// Tokens per block of the hit-rate simulation.
     pub block_size: u32,
     /// Replay speed (`None` live).
     pub speed: Option<f64>,
+    pub switches: Switches,
+}
+
+/// What the person (and the tests) choose about the screen itself.
+#[derive(Debug, Clone, Default)]
+pub struct Switches {
+    /// Capture the mouse (off: the terminal's own selection works).
     pub mouse: bool,
+    /// Write each key's latency (µs, one a line) here at exit.
+    pub key_latency_file: Option<PathBuf>,
+    /// Panic once the terminal is set up (the test that it is restored).
+    pub panic_for_test: bool,
 }
 
 /// Where the engine's records come from: the recorder's consumer channel (`watch`, `demo`),
@@ -66,14 +77,14 @@ impl Control for WithEngine<'_> {
 
 /// Runs the live engine on its thread and the app on the real terminal until it quits; the
 /// terminal is restored on every way out (the guard's Drop, and the panic hook for panics).
-/// At exit it prints the summary of the snapshot on screen.
-pub fn run_tui(
-    view: View,
+/// Returns the snapshot on screen at exit (its summary is what the caller prints).
+pub fn run_screen(
+    view: ScreenConfig,
     events: Sender<Event>,
     receiver: Receiver<Event>,
     feed: Feed,
     control: &dyn Control,
-) -> u8 {
+) -> Result<Arc<Snapshot>, Error> {
     let mut engine = Engine::with_block_size(Config::default(), view.block_size);
     let first = Arc::new(engine.snapshot());
     let publish = {
@@ -91,21 +102,22 @@ pub fn run_tui(
     let mut app = App::new(view.source, first);
     app.input = view.input;
     app.speed = view.speed;
-    app.mouse = view.mouse;
-    let latency_file = std::env::var_os("PREFIXSCOPE_KEY_LATENCY").map(PathBuf::from);
+    app.mouse = view.switches.mouse;
+    let latency_file = view.switches.key_latency_file;
     if latency_file.is_some() {
         app.key_latency_us = Some(Vec::new());
     }
-    let mut guard = match terminal::enter(view.mouse) {
+    let mut guard = match terminal::enter(view.switches.mouse) {
         Ok(guard) => guard,
         Err(e) => {
             terminal::restore();
-            eprintln!("prefixscope: cannot set up the terminal: {e}");
-            return EXIT_UNREADABLE;
+            return Err(Error::Unreadable(format!(
+                "cannot set up the terminal: {e}"
+            )));
         }
     };
     spawn_input(events.clone());
-    if std::env::var_os("PREFIXSCOPE_TEST_PANIC").is_some() {
+    if view.switches.panic_for_test {
         // For the test that the terminal is restored after a panic.
         panic!("PREFIXSCOPE_TEST_PANIC is set");
     }
@@ -125,28 +137,12 @@ pub fn run_tui(
     drop(guard);
     if let (Some(path), Some(latencies)) = (latency_file, &app.key_latency_us) {
         let lines: String = latencies.iter().map(|us| format!("{us}\n")).collect();
-        if let Err(e) = std::fs::write(&path, lines) {
-            eprintln!("prefixscope: cannot write {}: {e}", path.display());
-        }
+        std::fs::write(&path, lines)
+            .map_err(|e| Error::Unreadable(format!("cannot write {}: {e}", path.display())))?;
     }
     match result {
-        Ok(()) => {
-            // The summary of what was on screen, not a second pass over the input.
-            print!("{}", app.snapshot.summary());
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!("prefixscope: terminal error: {e}");
-            EXIT_UNREADABLE
-        }
+        // The summary of what was on screen, not a second pass over the input.
+        Ok(()) => Ok(Arc::clone(&app.snapshot)),
+        Err(e) => Err(Error::Unreadable(format!("terminal error: {e}"))),
     }
-}
-
-/// The `e` key: exports the recordings (read again from disk: the app keeps no bodies) to
-/// `path`.
-pub fn export_files(files: &[PathBuf], format: &str, path: &str) -> Result<String, String> {
-    if path.trim().is_empty() {
-        return Err("no file name".into());
-    }
-    super::export::export_recordings(files, format, Path::new(path.trim()))
 }

@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use prefixscope::normalize::Api;
-use prefixscope::record::Record;
+use crate::normalize::Api;
+use crate::record::Record;
 
 /// The server's top-level counters, from the body or, in digest mode, the digest.
 fn server_fields(record: &Record) -> Option<Value> {
@@ -62,7 +62,7 @@ pub fn record_line(record: &Record) -> String {
         (Some(response), error) => {
             line.push_str(&format!("  {}", response.status));
             if let Some(stream) = response.stream {
-                line.push_str(if stream == prefixscope::record::StreamKind::Sse {
+                line.push_str(if stream == crate::record::StreamKind::Sse {
                     " sse"
                 } else {
                     " ndjson"
@@ -101,14 +101,14 @@ mod tests {
     #[test]
     fn lines_for_real_records() {
         let text = include_str!("../../recordings/llmp/llama.cpp/session.jsonl");
-        let read = prefixscope::record::read_jsonl(text.as_bytes());
+        let read = crate::record::read_jsonl(text.as_bytes());
         let second = record_line(&read.records[1]);
         assert!(
             second.starts_with("#2 POST /v1/chat/completions  200"),
             "{second}"
         );
         assert!(second.contains("reused"), "{second}");
-        let digest = prefixscope::record::read_jsonl(
+        let digest = crate::record::read_jsonl(
             include_str!("../../recordings/llmp/llama.cpp/session.digest.jsonl").as_bytes(),
         );
         assert_eq!(

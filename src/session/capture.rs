@@ -1,0 +1,315 @@
+//! A capture session: the recording proxy (bound), its recorder and the runtime, from a plain
+//! config; what `record`, `watch` and `demo` start from. The live controls the TUI asks of it,
+//! the shutdown signals, and the headless printer live here too.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Error;
+use crate::calendar::civil_from_days;
+use crate::capture::BodyMode;
+use crate::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
+use crate::record::Record;
+use crate::recorder::{Recorder, RecorderConfig, RecorderStats};
+
+/// Where to listen, where to forward, what to record.
+#[derive(Debug, Clone)]
+pub struct CaptureConfig {
+    /// The model server: http://HOST:PORT[/prefix] or https://…
+    pub upstream: String,
+    pub listen: SocketAddr,
+    /// The recording; `None`: prefixscope-YYYYMMDD-HHMMSS.jsonl.
+    pub out: Option<PathBuf>,
+    /// Hashes, sizes and counters only, no text.
+    pub digest: bool,
+    /// Most bytes of each body kept.
+    pub max_body: u64,
+    /// Rotate before a file would grow past this.
+    pub max_size: Option<u64>,
+    /// Seconds to wait for a connection to the server.
+    pub connect_timeout: f64,
+    /// Extra CA certificates (PEM) for an https:// upstream.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// A bound proxy and a running recorder, not yet serving.
+pub struct Capture {
+    pub runtime: tokio::runtime::Runtime,
+    pub proxy: Proxy,
+    pub recorder: Recorder<bytes::Bytes>,
+    pub path: PathBuf,
+    pub listen: SocketAddr,
+    pub upstream: Upstream,
+}
+
+impl Capture {
+    /// Checks the config, creates the recording and binds the listener; every record goes to
+    /// `consumers` too.
+    pub fn start(
+        args: &CaptureConfig,
+        consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
+    ) -> Result<Capture, Error> {
+        let upstream = Upstream::parse(&args.upstream).map_err(|e| Error::Usage(e.to_string()))?;
+        if !(args.connect_timeout > 0.0 && args.connect_timeout.is_finite()) {
+            return Err(Error::Usage(
+                "--connect-timeout must be a positive number of seconds".into(),
+            ));
+        }
+        let path = args.out.clone().unwrap_or_else(default_recording_name);
+        check_new_recording(&path).map_err(Error::Usage)?;
+        let extra_ca_pem = match &args.ca_file {
+            Some(ca) => Some(
+                std::fs::read(ca)
+                    .map_err(|e| Error::Unreadable(format!("cannot read {}: {e}", ca.display())))?,
+            ),
+            None => None,
+        };
+        let mode = if args.digest {
+            BodyMode::Digest
+        } else {
+            BodyMode::Full
+        };
+        let recorder_config = RecorderConfig {
+            path: Some(path.clone()),
+            mode,
+            max_size: args.max_size,
+            queue: None,
+        };
+        let recorder = Recorder::start(recorder_config, consumers)
+            .map_err(|e| Error::Unreadable(format!("cannot create {}: {e}", path.display())))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Unreadable(format!("cannot start the runtime: {e}")))?;
+        let mut config = ProxyConfig::new(args.listen, upstream.clone());
+        config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
+        config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
+        config.extra_ca_pem = extra_ca_pem;
+        let proxy = runtime
+            .block_on(Proxy::bind(config, recorder.sender()))
+            .map_err(|e| Error::Unreadable(format!("cannot listen on {}: {e}", args.listen)))?;
+        let listen = proxy.local_addr().unwrap_or(args.listen);
+        Ok(Capture {
+            runtime,
+            proxy,
+            recorder,
+            path,
+            listen,
+            upstream,
+        })
+    }
+}
+
+/// What the TUI may ask of a live capture (`watch`, and `demo` around it).
+pub struct LiveControl {
+    pub proxy: Arc<ProxyStats>,
+    pub recorder: Arc<RecorderStats>,
+    pub stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    pub files: Vec<PathBuf>,
+}
+
+impl LiveControl {
+    /// Stops accepting; the proxy finishes what is in flight.
+    pub fn stop(&self) {
+        if let Some(stop) = self.stop.lock().ok().and_then(|mut s| s.take()) {
+            let _ = stop.send(());
+        }
+    }
+
+    pub fn upstream_ok(&self) -> Option<bool> {
+        let ok = self.proxy.last_upstream_ok_ms.load(Ordering::Relaxed);
+        let failed = self.proxy.last_upstream_failure_ms.load(Ordering::Relaxed);
+        (ok > 0 || failed > 0).then_some(ok >= failed)
+    }
+}
+
+#[cfg(feature = "tui")]
+impl crate::tui::Control for LiveControl {
+    fn stop(&self) {
+        LiveControl::stop(self);
+    }
+
+    fn in_flight(&self) -> u64 {
+        self.proxy.in_flight()
+    }
+
+    fn records_written(&self) -> Option<u64> {
+        Some(self.recorder.written.load(Ordering::Relaxed))
+    }
+
+    fn upstream_ok(&self) -> Option<bool> {
+        LiveControl::upstream_ok(self)
+    }
+
+    fn export(&self, format: &str, path: &str) -> Result<String, String> {
+        super::export::export_files(&self.files, format, path)
+    }
+}
+
+/// Resolves on the first Ctrl-C (or SIGTERM) after saying what is still in flight; a second
+/// Ctrl-C exits at once.
+pub async fn shutdown_signal(stats: Arc<ProxyStats>) {
+    wait_for_stop().await;
+    eprintln!(
+        "prefixscope: stopping: finishing {} exchange(s) in flight (Ctrl-C again to exit now)",
+        stats.in_flight()
+    );
+    tokio::spawn(async {
+        wait_for_stop().await;
+        eprintln!("prefixscope: exiting now; exchanges still in flight are not recorded");
+        std::process::exit(130);
+    });
+}
+
+pub async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Ids restart with every run, so appending to an old recording would mix two runs' ids.
+pub fn check_new_recording(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() && meta.len() > 0 => Err(format!(
+            "{} already holds a recording; choose a new file (ids restart with every run)",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+pub fn default_recording_name() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let t = secs % 86_400;
+    PathBuf::from(format!(
+        "prefixscope-{y:04}{m:02}{d:02}-{:02}{:02}{:02}.jsonl",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    ))
+}
+
+/// How a capture's records are written and what became of them.
+pub struct Written {
+    pub records: u64,
+    pub path: PathBuf,
+}
+
+/// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
+/// consumer channel (`records`), the TUI until the user quits. Returns the snapshot on screen
+/// at exit and what was written.
+#[cfg(feature = "tui")]
+pub fn watch_screen(
+    capture: Capture,
+    records: crossbeam_channel::Receiver<Arc<Record>>,
+    switches: super::screen::Switches,
+) -> (Result<Arc<crate::live::Snapshot>, Error>, Written) {
+    use super::screen::{Feed, ScreenConfig, run_screen};
+    use crate::tui::app::{Input, Source};
+    use crate::tui::event::Event;
+
+    let Capture {
+        runtime,
+        proxy,
+        recorder,
+        path,
+        listen,
+        upstream,
+    } = capture;
+    let (events, receiver) = crossbeam_channel::unbounded();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let control = LiveControl {
+        proxy: proxy.stats(),
+        recorder: recorder.stats(),
+        stop: std::sync::Mutex::new(Some(stop_tx)),
+        files: vec![path.clone()],
+    };
+    let proxy_thread = {
+        let events = events.clone();
+        std::thread::spawn(move || {
+            runtime.block_on(proxy.run(async {
+                let _ = stop_rx.await;
+            }));
+            let _ = events.send(Event::ProxyStopped);
+        })
+    };
+    let screen = ScreenConfig {
+        source: Source::Live {
+            upstream: upstream.url(),
+            listen: listen.to_string(),
+            recording: path.display().to_string(),
+        },
+        input: Input::Exchanges,
+        block_size: crate::live::LIVE_BLOCK_SIZE,
+        speed: None,
+        switches,
+    };
+    // The recorder's consumer channel goes straight into the live engine.
+    let feed = Feed {
+        records: Some(records),
+        feeder: None,
+    };
+    let result = run_screen(screen, events, receiver, feed, &control);
+    control.stop();
+    let _ = proxy_thread.join();
+    let stats = recorder.finish();
+    let written = Written {
+        records: stats.written.load(Ordering::Relaxed),
+        path,
+    };
+    (result, written)
+}
+
+/// `watch` with no terminal: records as `record` does, a line per record on `out` as it
+/// arrives, and at the end (Ctrl-C or SIGTERM) the summary of the live engine's snapshot.
+pub fn watch_headless(
+    capture: Capture,
+    records: crossbeam_channel::Receiver<Arc<Record>>,
+    mut out: impl std::io::Write + Send + 'static,
+) -> Written {
+    use crate::live::{Engine, Input};
+    let Capture {
+        runtime,
+        proxy,
+        recorder,
+        path,
+        ..
+    } = capture;
+    let printer = std::thread::spawn(move || {
+        let mut engine = Engine::new(crate::analysis::Config::default());
+        for record in records {
+            let _ = writeln!(out, "{}", super::headless::record_line(&record));
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            engine.push(Input::Record(record, now));
+        }
+        let _ = write!(out, "{}", engine.snapshot().summary());
+    });
+    let stats = proxy.stats();
+    runtime.block_on(proxy.run(shutdown_signal(stats)));
+    drop(runtime);
+    let stats = recorder.finish();
+    let _ = printer.join();
+    Written {
+        records: stats.written.load(Ordering::Relaxed),
+        path,
+    }
+}

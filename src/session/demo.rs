@@ -1,0 +1,314 @@
+//! The demo as a library call: a simulated llama-server, the recording proxy in front of it,
+//! scripted agents talking through the proxy, and the check of the analysis against what the
+//! script did. `prefixscope demo` and the tests run the same code.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Error;
+use super::capture::{Capture, CaptureConfig};
+use crate::analysis::{self, Config, Report};
+use crate::record::{Record, read_jsonl};
+use crate::sim::agents::{default_slots, run_scenario};
+use crate::sim::script::{Check, RunLog, ScriptEvent, check, evictions};
+use crate::sim::server::{SimConfig, SimServer, Speed};
+
+/// Where the demo's recording goes when none is named: a temporary file, removed at the end.
+fn temporary_recording() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "prefixscope-demo-{}-{}.jsonl",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ))
+}
+
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// One of `sim::agents::SCENARIOS`.
+    pub scenario: String,
+    /// The server's slots (`-np`); `None`: the scenario's default.
+    pub slots: Option<usize>,
+    /// The server's host-memory prompt cache (`--cache-ram`).
+    pub cache_ram: bool,
+    /// How much faster than real time.
+    pub speed: f64,
+    /// The same seed gives the same requests in the same order.
+    pub seed: u64,
+    /// Keep the recording here (`None`: a temporary file, removed at the end).
+    pub out: Option<PathBuf>,
+    /// Where the proxy listens (port 0: any free port).
+    pub listen: SocketAddr,
+}
+
+/// A demo ready to run: the simulated server bound, the proxy bound, the recorder running.
+pub struct Demo {
+    pub config: DemoConfig,
+    pub slots: usize,
+    pub capture: Capture,
+    pub sim: SimServer,
+    pub speed: Arc<Speed>,
+    /// `simulated llama-server: scenario …, N slots, cache-ram …, seed …`.
+    pub setting: String,
+}
+
+/// What a demo run to its end did, and what the analysis made of it.
+pub struct DemoOutcome {
+    /// The recording, as written.
+    pub records: Vec<Record>,
+    pub report: Report,
+    pub log: RunLog,
+    /// The script's events and the evictions from the server's log.
+    pub events: Vec<ScriptEvent>,
+    pub checked: Check,
+    pub records_written: u64,
+    /// Where the recording is (removed already when it was temporary).
+    pub path: PathBuf,
+}
+
+impl Demo {
+    /// Binds the simulated server and the proxy, and starts the recorder; every record goes to
+    /// `consumers` too.
+    pub fn start(
+        config: DemoConfig,
+        consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
+    ) -> Result<Demo, Error> {
+        if !(config.speed > 0.0 && config.speed.is_finite()) {
+            return Err(Error::Usage("--speed must be a positive number".into()));
+        }
+        let slots = config
+            .slots
+            .unwrap_or_else(|| default_slots(&config.scenario));
+        if slots == 0 || slots > 64 {
+            return Err(Error::Usage("--slots must be between 1 and 64".into()));
+        }
+        let sim_listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| {
+            Error::Unreadable(format!("cannot listen for the simulated server: {e}"))
+        })?;
+        let sim_addr = sim_listener
+            .local_addr()
+            .map_err(|e| Error::Unreadable(e.to_string()))?;
+        let path = config.out.clone().unwrap_or_else(temporary_recording);
+        let capture = Capture::start(
+            &CaptureConfig {
+                upstream: format!("http://{sim_addr}"),
+                listen: config.listen,
+                out: Some(path),
+                digest: false,
+                max_body: 64 << 20,
+                max_size: None,
+                connect_timeout: 10.0,
+                ca_file: None,
+            },
+            consumers,
+        )?;
+        let speed = Arc::new(Speed::new(config.speed));
+        let mut sim_config = SimConfig::new(slots, config.cache_ram);
+        sim_config.seed = config.seed;
+        let sim = {
+            let _entered = capture.runtime.enter();
+            SimServer::from_std(sim_listener, sim_config, Arc::clone(&speed))
+                .map_err(|e| Error::Unreadable(format!("cannot start the simulated server: {e}")))?
+        };
+        let setting = format!(
+            "simulated llama-server: scenario {}, {slots} slot{}, cache-ram {}, seed {}",
+            config.scenario,
+            if slots == 1 { "" } else { "s" },
+            if config.cache_ram { "on" } else { "off" },
+            config.seed
+        );
+        Ok(Demo {
+            config,
+            slots,
+            capture,
+            sim,
+            speed,
+            setting,
+        })
+    }
+
+    /// Runs the scenario to its end (or `stop`), then analyses the recording and checks the
+    /// analysis against the script's events and the server's evictions.
+    pub fn run_to_end(
+        self,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<DemoOutcome, Error> {
+        let Capture {
+            runtime,
+            proxy,
+            recorder,
+            path,
+            listen,
+            ..
+        } = self.capture;
+        let handle = self.sim.handle();
+        let sim = self.sim;
+        let (scenario, seed, speed) = (self.config.scenario.clone(), self.config.seed, self.speed);
+        let (log, served) = runtime.block_on(async move {
+            let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
+            let sim_task = tokio::spawn(sim.run(async {
+                let _ = sim_stopped.await;
+            }));
+            let (stop_proxy, proxy_stopped) = tokio::sync::oneshot::channel::<()>();
+            let proxy_task = tokio::spawn(proxy.run(async {
+                let _ = proxy_stopped.await;
+            }));
+            let log = tokio::select! {
+                log = run_scenario(&scenario, listen, seed, speed) => log,
+                () = stop => Err("interrupted".to_string()),
+            };
+            let _ = stop_proxy.send(());
+            let _ = proxy_task.await;
+            let _ = stop_sim.send(());
+            let _ = sim_task.await;
+            (log, handle.log())
+        });
+        drop(runtime);
+        let stats = recorder.finish();
+        let log = log.map_err(|e| Error::Unreadable(format!("the demo stopped: {e}")))?;
+        // Read back what was written: the recording is what the analysis is of.
+        let records = std::fs::File::open(&path)
+            .map(|f| read_jsonl(std::io::BufReader::new(f)).records)
+            .map_err(|e| Error::Unreadable(format!("cannot read {}: {e}", path.display())))?;
+        if self.config.out.is_none() {
+            let _ = std::fs::remove_file(&path);
+        }
+        let report = analysis::analyze(&records, &Config::default());
+        let mut events = log.events.clone();
+        events.extend(evictions(&log, &served));
+        let checked = check(&report, &records, &log, &events, self.slots == 1);
+        Ok(DemoOutcome {
+            records,
+            report,
+            log,
+            events,
+            checked,
+            records_written: stats.written.load(Ordering::Relaxed),
+            path,
+        })
+    }
+}
+
+/// The demo on the TUI: the agents, the server and the proxy on their runtime's thread, the
+/// live engine on `records`, until the user quits. Returns the snapshot on screen at exit.
+#[cfg(feature = "tui")]
+pub fn run_screen(
+    demo: Demo,
+    records: crossbeam_channel::Receiver<Arc<Record>>,
+    switches: super::screen::Switches,
+) -> Result<Arc<crate::live::Snapshot>, Error> {
+    use super::capture::LiveControl;
+    use super::screen::{Feed, ScreenConfig, run_screen};
+    use crate::tui::app::{Input, Source};
+    use crate::tui::event::Event;
+
+    let Capture {
+        runtime,
+        proxy,
+        recorder,
+        path,
+        listen,
+        ..
+    } = demo.capture;
+    let (events, receiver) = crossbeam_channel::unbounded();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let control = DemoControl {
+        live: LiveControl {
+            proxy: proxy.stats(),
+            recorder: recorder.stats(),
+            stop: std::sync::Mutex::new(Some(stop_tx)),
+            files: vec![path.clone()],
+        },
+        speed: Arc::clone(&demo.speed),
+    };
+    let speed = demo.speed.get();
+    let (scenario, seed, agents_speed) =
+        (demo.config.scenario.clone(), demo.config.seed, demo.speed);
+    let sim = demo.sim;
+    let edge = {
+        let events = events.clone();
+        std::thread::spawn(move || {
+            runtime.block_on(async {
+                tokio::spawn(sim.run(std::future::pending()));
+                let agents_events = events.clone();
+                tokio::spawn(async move {
+                    let message = match run_scenario(&scenario, listen, seed, agents_speed).await {
+                        Ok(RunLog {
+                            requests, errors, ..
+                        }) if errors.is_empty() => {
+                            format!("demo finished: {} requests; q quits", requests.len())
+                        }
+                        Ok(RunLog { errors, .. }) => {
+                            format!("demo stopped: {}", errors.join("; "))
+                        }
+                        Err(e) => format!("demo stopped: {e}"),
+                    };
+                    let _ = agents_events.send(Event::Notice(message));
+                });
+                proxy
+                    .run(async {
+                        let _ = stop_rx.await;
+                    })
+                    .await;
+            });
+            // The agents and the simulated server end with the runtime.
+            drop(runtime);
+            let _ = events.send(Event::ProxyStopped);
+        })
+    };
+    let screen = ScreenConfig {
+        source: Source::Live {
+            upstream: demo.setting,
+            listen: listen.to_string(),
+            recording: path.display().to_string(),
+        },
+        input: Input::Exchanges,
+        block_size: crate::live::LIVE_BLOCK_SIZE,
+        speed: Some(speed),
+        switches,
+    };
+    let feed = Feed {
+        records: Some(records),
+        feeder: None,
+    };
+    let result = run_screen(screen, events, receiver, feed, &control);
+    control.live.stop();
+    let _ = edge.join();
+    let _ = recorder.finish();
+    if demo.config.out.is_none() {
+        let _ = std::fs::remove_file(&path);
+    }
+    result
+}
+
+/// The live controls, plus speed: `+` / `-` speed the agents and the server up or down.
+#[cfg(feature = "tui")]
+struct DemoControl {
+    live: super::capture::LiveControl,
+    speed: Arc<Speed>,
+}
+
+#[cfg(feature = "tui")]
+impl crate::tui::Control for DemoControl {
+    fn set_speed(&self, speed: f64) {
+        self.speed.set(speed);
+    }
+    fn stop(&self) {
+        self.live.stop();
+    }
+    fn in_flight(&self) -> u64 {
+        crate::tui::Control::in_flight(&self.live)
+    }
+    fn records_written(&self) -> Option<u64> {
+        crate::tui::Control::records_written(&self.live)
+    }
+    fn upstream_ok(&self) -> Option<bool> {
+        self.live.upstream_ok()
+    }
+    fn export(&self, format: &str, path: &str) -> Result<String, String> {
+        crate::tui::Control::export(&self.live, format, path)
+    }
+}

@@ -1,0 +1,388 @@
+//! Replays: records of saved recordings, or requests of traces and gateway logs, fed to the
+//! live engine from their files at the recorded pace (or at once), or printed headless.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use super::Error;
+use super::headless::record_line;
+use crate::analysis::Config;
+use crate::cache::Request;
+use crate::input::{self, Format, InputOptions};
+use crate::live::{Engine, Input, LIVE_BLOCK_SIZE};
+use crate::record::Lines;
+
+/// What to replay and how fast.
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    pub files: Vec<PathBuf>,
+    /// How much faster than recorded (ignored with `instant`).
+    pub speed: f64,
+    /// Every record at once, no pacing.
+    pub instant: bool,
+}
+
+enum Source {
+    /// Recordings, opened, read as they are fed.
+    Recordings(Vec<(PathBuf, std::fs::File)>),
+    /// A trace's or gateway log's requests (read whole: the block model needs the file's
+    /// tokens per character first), in start order, and its bad rows.
+    Trace {
+        requests: Vec<Request>,
+        format: Format,
+        bad: usize,
+    },
+}
+
+/// A replay ready to run: its files opened, and what reading them found so far.
+pub struct Replay {
+    pub pacer: Arc<Pacer>,
+    source: Source,
+    /// Bad rows and values of a trace, to show before anything else.
+    pub messages: Vec<String>,
+}
+
+impl Replay {
+    /// Opens the files (recordings, or traces / gateway logs: all of one kind).
+    pub fn open(config: &ReplayConfig) -> Result<Replay, Error> {
+        if !(config.speed > 0.0 && config.speed.is_finite()) {
+            return Err(Error::Usage("--speed must be a positive number".into()));
+        }
+        let formats: Vec<Option<Format>> = config
+            .files
+            .iter()
+            .map(|p| input::open(p, None).ok().map(|o| o.format))
+            .collect();
+        let traces = formats
+            .iter()
+            .filter(|f| f.is_some_and(|f| f != Format::Recording))
+            .count();
+        if traces > 0 && traces < formats.len() {
+            return Err(Error::Usage(
+                "replay either recordings or traces / gateway logs, not both at once".into(),
+            ));
+        }
+        let pacer = Arc::new(Pacer {
+            speed: AtomicU64::new(config.speed.to_bits()),
+            stop: AtomicBool::new(false),
+            paced: !config.instant,
+            files: config.files.clone(),
+        });
+        let mut messages = Vec::new();
+        let source = if traces > 0 {
+            let format = formats
+                .iter()
+                .flatten()
+                .next()
+                .copied()
+                .unwrap_or(Format::Mooncake);
+            let (requests, bad) = read_trace(&config.files, format, &mut messages)?;
+            Source::Trace {
+                requests,
+                format,
+                bad,
+            }
+        } else {
+            let mut opened = Vec::new();
+            for path in &config.files {
+                match std::fs::File::open(path) {
+                    Ok(file) => opened.push((path.clone(), file)),
+                    Err(e) => messages.push(format!("cannot read {}: {e}", path.display())),
+                }
+            }
+            if opened.is_empty() {
+                return Err(Error::Unreadable(messages.join("; ")));
+            }
+            Source::Recordings(opened)
+        };
+        Ok(Replay {
+            pacer,
+            source,
+            messages,
+        })
+    }
+
+    /// The trace format being replayed (`None`: recordings, every pane applies).
+    pub fn trace_format(&self) -> Option<Format> {
+        match &self.source {
+            Source::Trace { format, .. } => Some(*format),
+            Source::Recordings(_) => None,
+        }
+    }
+
+    /// Tokens per block of the hit-rate simulation: a trace's own, else the live default.
+    pub fn block_size(&self) -> u32 {
+        self.trace_format()
+            .map_or(LIVE_BLOCK_SIZE, Format::default_block_size)
+    }
+
+    /// Feeds the engine from the files, paced; `warn` hears of each bad line as it is read.
+    pub fn feeder(
+        self,
+        warn: impl Fn(String) + Send + 'static,
+    ) -> Box<dyn FnOnce(Sender<Input>) + Send> {
+        let pacer = self.pacer;
+        match self.source {
+            Source::Trace { requests, bad, .. } => {
+                if bad > 0 {
+                    warn(format!("{bad} bad line(s) skipped"));
+                }
+                Box::new(move |inputs: Sender<Input>| {
+                    let items = requests.into_iter().map(|r| {
+                        let due = r.t_ms.unwrap_or(0);
+                        (due, Some(Arc::new(r)))
+                    });
+                    pacer.feed(items, &inputs, Input::Request);
+                })
+            }
+            Source::Recordings(opened) => Box::new(move |inputs: Sender<Input>| {
+                let warn = Arc::new(warn);
+                // Records are read as they are fed: the first screen never waits for the file.
+                let items = opened.into_iter().flat_map(move |(path, file)| {
+                    let warn = Arc::clone(&warn);
+                    Lines::new(std::io::BufReader::new(file)).map(move |item| match item {
+                        Ok(record) => (
+                            record.t_end_ms.max(record.t_start_ms),
+                            Some(Arc::new(record)),
+                        ),
+                        Err(bad) => {
+                            warn(format!("{}:{}: {}", path.display(), bad.line, bad.error));
+                            (i64::MIN, None)
+                        }
+                    })
+                });
+                pacer.feed(items, &inputs, Input::Record);
+            }),
+        }
+    }
+
+    /// No terminal: a line per record (or request) on `out` as it is read, bad lines on `err`,
+    /// then the summary of the live engine's snapshot (the one a TUI would show at the end).
+    pub fn headless(self, out: &mut dyn Write, err: &mut dyn Write) -> std::io::Result<()> {
+        match self.source {
+            Source::Trace {
+                requests,
+                format,
+                bad,
+            } => headless_trace(&requests, format, bad, out),
+            Source::Recordings(opened) => headless_records(opened, out, err),
+        }
+    }
+}
+
+/// A trace's or gateway log's requests, in start order, and the bad rows skipped (each also
+/// described in `messages`).
+fn read_trace(
+    paths: &[PathBuf],
+    format: Format,
+    messages: &mut Vec<String>,
+) -> Result<(Vec<Request>, usize), Error> {
+    let options = InputOptions {
+        block_size: format.default_block_size(),
+        ..InputOptions::default()
+    };
+    let mut requests = Vec::new();
+    let mut bad = 0;
+    let mut opened = 0;
+    for path in paths {
+        match input::open_decompressed(path) {
+            Ok(reader) => {
+                opened += 1;
+                let name = path.display().to_string();
+                let file = input::read(reader, &name, format, &options);
+                for row in &file.report.bad_rows {
+                    messages.push(format!("{name}:{}: {}", row.line, row.error));
+                }
+                for value in &file.report.bad_values {
+                    messages.push(format!("{name}: bad value: {value}"));
+                }
+                bad += file.report.bad_rows.len();
+                requests.extend(file.requests);
+            }
+            Err(e) => messages.push(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+    if opened == 0 {
+        return Err(Error::Unreadable(messages.join("; ")));
+    }
+    requests.sort_by_key(|r| r.t_ms.unwrap_or(0));
+    Ok((requests, bad))
+}
+
+/// A trace: one line per request, then the hit rates of a cold replay (the live engine's
+/// snapshot, as the panes would show it).
+fn headless_trace(
+    requests: &[Request],
+    format: Format,
+    bad: usize,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut engine = Engine::with_block_size(Config::default(), format.default_block_size());
+    for (i, request) in requests.iter().enumerate() {
+        writeln!(
+            out,
+            "#{} t {} ms  input {} tokens  {} blocks",
+            i + 1,
+            request.t_ms.unwrap_or(0),
+            request.input_tokens,
+            request.blocks.len()
+        )?;
+        engine.push(Input::Request(Arc::new(request.clone()), 0));
+    }
+    engine.push(Input::SourceDone);
+    let snapshot = engine.snapshot();
+    if bad > 0 {
+        writeln!(out, "{bad} bad row(s) skipped")?;
+    }
+    if let Some(curve) = &snapshot.view.curve {
+        let points: Vec<String> = curve
+            .points
+            .iter()
+            .map(|(label, lru, _, _)| format!("{label} {:.1}%", lru * 100.0))
+            .collect();
+        writeln!(
+            out,
+            "{} requests of a {} input · {} · ceiling {:.1}% · LRU {}",
+            requests.len(),
+            format.as_str(),
+            curve.label,
+            curve.ceiling * 100.0,
+            points.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+/// Recordings: every record's status line as it is read, then the snapshot's summary.
+fn headless_records(
+    files: Vec<(PathBuf, std::fs::File)>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut engine = Engine::new(Config::default());
+    let mut bad_lines = 0;
+    for (path, file) in files {
+        for item in Lines::new(std::io::BufReader::new(file)) {
+            match item {
+                Ok(record) => {
+                    writeln!(out, "{}", record_line(&record))?;
+                    engine.push(Input::Record(Arc::new(record), 0));
+                }
+                Err(bad) => {
+                    writeln!(
+                        err,
+                        "prefixscope: {}:{}: {}",
+                        path.display(),
+                        bad.line,
+                        bad.error
+                    )?;
+                    bad_lines += 1;
+                }
+            }
+        }
+    }
+    engine.push(Input::SourceDone);
+    if bad_lines > 0 {
+        writeln!(out, "{bad_lines} bad line(s) skipped")?;
+    }
+    write!(out, "{}", engine.snapshot().summary())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Feeds the engine at the recorded pace (or at once), and is the app's control of it.
+pub struct Pacer {
+    speed: AtomicU64,
+    stop: AtomicBool,
+    paced: bool,
+    /// What the `e` key exports (read again from disk).
+    pub files: Vec<PathBuf>,
+}
+
+impl Pacer {
+    /// `items`: each thing to send with the recorded time it is due at (`None`: nothing to send,
+    /// e.g. a bad line already reported), in file order; a time before the previous one's is
+    /// sent at once. Ends with the source's end.
+    fn feed<T>(
+        &self,
+        items: impl Iterator<Item = (i64, Option<T>)>,
+        inputs: &Sender<Input>,
+        wrap: impl Fn(T, i64) -> Input,
+    ) {
+        // Recorded time `anchor.1 + elapsed * speed` is due at wall time `anchor.0`; a speed
+        // change re-anchors at the current item so nothing jumps.
+        let mut anchor: Option<(Instant, i64)> = None;
+        let mut speed = f64::from_bits(self.speed.load(Ordering::Relaxed));
+        for (due_ms, item) in items {
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(item) = item else { continue };
+            if self.paced {
+                match anchor.as_mut() {
+                    None => anchor = Some((Instant::now(), due_ms)),
+                    Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
+                }
+            }
+            if inputs.send(wrap(item, now_ms())).is_err() {
+                return;
+            }
+        }
+        let _ = inputs.send(Input::SourceDone);
+    }
+
+    /// Sleeps until recorded time `due_ms` is due, in short steps so speed changes and
+    /// quitting take effect at once.
+    fn wait_until(&self, due_ms: i64, anchor: &mut (Instant, i64), speed: &mut f64) {
+        loop {
+            let now_speed = f64::from_bits(self.speed.load(Ordering::Relaxed));
+            if now_speed != *speed {
+                let recorded_now =
+                    anchor.1 as f64 + anchor.0.elapsed().as_secs_f64() * 1000.0 * *speed;
+                *anchor = (Instant::now(), recorded_now as i64);
+                *speed = now_speed;
+            }
+            let wait_ms =
+                (due_ms - anchor.1) as f64 / *speed - anchor.0.elapsed().as_secs_f64() * 1000.0;
+            if wait_ms <= 0.0 || self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs_f64(wait_ms.min(100.0) / 1000.0));
+        }
+    }
+}
+
+impl Pacer {
+    pub fn set_speed(&self, speed: f64) {
+        self.speed.store(speed.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Stops feeding (quitting).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(feature = "tui")]
+impl crate::tui::Control for Pacer {
+    fn set_speed(&self, speed: f64) {
+        Pacer::set_speed(self, speed);
+    }
+
+    fn stop(&self) {
+        Pacer::stop(self);
+    }
+
+    fn export(&self, format: &str, path: &str) -> Result<String, String> {
+        super::export::export_files(&self.files, format, path)
+    }
+}
