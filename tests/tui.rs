@@ -53,6 +53,17 @@ fn engine_of(name: &str) -> EngineControl {
 /// Runs the real loop on the engine's snapshot (the channel then closes), then on each event of
 /// `then` in a batch of its own, as a person types; returns the last screen.
 fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
+    screen_with(name, width, height, then, Theme::plain(), text)
+}
+
+fn screen_with(
+    name: &str,
+    width: u16,
+    height: u16,
+    then: &[Event],
+    theme: Theme,
+    read: fn(&TestBackend) -> String,
+) -> String {
     let control = engine_of(name);
     let (sender, receiver) = crossbeam_channel::unbounded();
     let snapshot = Arc::new(control.0.borrow_mut().snapshot());
@@ -66,30 +77,58 @@ fn screen(name: &str, width: u16, height: u16, then: &[Event]) -> String {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
     let clock = FixedClock(NOW_MS);
     drop(sender);
-    run(
-        &mut terminal,
-        &mut app,
-        &receiver,
-        &clock,
-        &control,
-        &Theme::plain(),
-    )
-    .unwrap();
+    run(&mut terminal, &mut app, &receiver, &clock, &control, &theme).unwrap();
     for event in then {
         let (sender, receiver) = crossbeam_channel::unbounded();
         sender.send(event.clone()).unwrap();
         drop(sender);
-        run(
-            &mut terminal,
-            &mut app,
-            &receiver,
-            &clock,
-            &control,
-            &Theme::plain(),
-        )
-        .unwrap();
+        run(&mut terminal, &mut app, &receiver, &clock, &control, &theme).unwrap();
     }
-    text(terminal.backend())
+    read(terminal.backend())
+}
+
+/// Every row's text, then the runs of cells whose style is not the default, so colours,
+/// highlight and modifiers are pinned too: `  @3-9 fg=Green bg=- +BOLD`.
+fn styled(backend: &TestBackend) -> String {
+    let buffer = backend.buffer();
+    let mut out = String::new();
+    for y in 0..buffer.area.height {
+        let line: String = (0..buffer.area.width)
+            .map(|x| buffer[(x, y)].symbol().to_string())
+            .collect();
+        out.push_str(line.trim_end());
+        out.push('\n');
+        let style_of = |x: u16| {
+            let cell = &buffer[(x, y)];
+            let color = |c: ratatui::style::Color| match c {
+                ratatui::style::Color::Reset => "-".to_string(),
+                other => format!("{other:?}"),
+            };
+            (
+                color(cell.fg),
+                color(cell.bg),
+                format!("{:?}", cell.modifier),
+            )
+        };
+        let mut x = 0;
+        while x < buffer.area.width {
+            let style = style_of(x);
+            let start = x;
+            while x < buffer.area.width && style_of(x) == style {
+                x += 1;
+            }
+            if style != ("-".to_string(), "-".to_string(), "NONE".to_string()) {
+                out.push_str(&format!(
+                    "  @{start}-{} fg={} bg={} {}\n",
+                    x - 1,
+                    style.0,
+                    style.1,
+                    style.2
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn text(backend: &TestBackend) -> String {
@@ -245,4 +284,37 @@ fn the_chart_key_shows_lru_fifo_and_optimal() {
     for name in ["LRU", "FIFO", "optimal"] {
         assert!(chart.contains(name), "{name}:\n{chart}");
     }
+}
+
+/// Colours, highlight and modifiers, cell by cell: the focused pane's border, the selected
+/// row, a turn's cell by its reuse, the chart's series.
+#[test]
+fn styled_screens_pin_colours_and_highlight() {
+    let colour = Theme { color: true };
+    let name = "llmp/llama.cpp/parallel-nocache";
+    for (width, height) in [(120, 40), (80, 24)] {
+        let screen = screen_with(name, width, height, &[], colour, styled);
+        check_golden(
+            &format!("parallel-nocache.{width}x{height}.styled.txt"),
+            &screen,
+        );
+    }
+    let breaks = screen_with(
+        name,
+        120,
+        40,
+        &[special(KeyCode::Tab), special(KeyCode::Down)],
+        colour,
+        styled,
+    );
+    check_golden("parallel-nocache.breaks-selected.styled.txt", &breaks);
+    let chart = screen_with(
+        "llmp/llama.cpp/session",
+        120,
+        40,
+        &[key('c')],
+        colour,
+        styled,
+    );
+    check_golden("session.chart.styled.txt", &chart);
 }
