@@ -335,3 +335,86 @@ fn the_loop_draws_once_per_change_and_never_for_nothing() {
     .unwrap();
     assert_eq!(app.frames_drawn, 3);
 }
+
+/// The replay session in-process: its feeder streams the file into the engine's thread, which
+/// ends where the synchronous engine does; its headless output ends with the same summary.
+#[test]
+fn a_replay_session_feeds_the_engine_and_prints_the_same_summary_headless() {
+    use prefixscope::session::replay::{Replay, ReplayConfig};
+    let name = "llmp/llama.cpp/parallel-nocache.jsonl";
+    let expected = engine_of(&file_order(name)).snapshot();
+    let config = ReplayConfig {
+        files: vec![recording(name)],
+        speed: 1.0,
+        instant: true,
+    };
+    let replay = Replay::open(&config).unwrap();
+    assert_eq!(replay.trace_format(), None);
+    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
+    let handle = live::spawn(
+        Engine::new(Config::default()),
+        None,
+        Arc::new(|| 0),
+        move |s| {
+            let _ = sender.send(s);
+        },
+    );
+    let feeder = replay.feeder(|warning| panic!("unexpected warning: {warning}"));
+    feeder(handle.sender());
+    let done = loop {
+        let s = snapshots.recv_timeout(Duration::from_secs(10)).unwrap();
+        if s.source_done {
+            break s;
+        }
+    };
+    assert_eq!(done.report, expected.report);
+    assert_eq!(done.summary(), expected.summary());
+    handle.join();
+
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    Replay::open(&config)
+        .unwrap()
+        .headless(&mut out, &mut err)
+        .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.ends_with(&expected.summary()), "{out}");
+    assert!(err.is_empty());
+}
+
+/// However fast records arrive, snapshots come at most every `MIN_SNAPSHOT_INTERVAL_MS`:
+/// the cap that keeps a busy engine from drawing for nothing.
+#[test]
+fn snapshots_are_capped_while_records_stream_in() {
+    let records = file_order("llmp/llama.cpp/parallel-nocache.jsonl");
+    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
+    let handle = live::spawn(
+        Engine::new(Config::default()),
+        None,
+        Arc::new(|| 0),
+        move |s| {
+            let _ = sender.send(s);
+        },
+    );
+    let inputs = handle.sender();
+    let start = std::time::Instant::now();
+    // A record every 5 ms for about 600 ms, over and over.
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_millis(600) {
+        let record = records[sent % records.len()].clone();
+        inputs.send(Input::Record(Arc::new(record), 0)).unwrap();
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let elapsed = start.elapsed();
+    drop(inputs);
+    handle.join();
+    let published = snapshots.try_iter().count() as u128;
+    // One per interval begun, plus the last one when the input closes.
+    let most = elapsed.as_millis() / u128::from(live::MIN_SNAPSHOT_INTERVAL_MS) + 2;
+    assert!(sent > 50, "{sent} records sent");
+    assert!(
+        (1..=most).contains(&published),
+        "{published} snapshots in {elapsed:?} (at most {most})"
+    );
+}

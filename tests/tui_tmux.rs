@@ -176,10 +176,22 @@ fn replay_as_a_person_uses_it() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json[0]).unwrap()).unwrap();
     assert_eq!(report["time"]["lost_tokens"], 8759);
+    let text = std::fs::read_to_string(&json[1]).unwrap();
+    assert!(text.contains("8,759 tokens"), "{text}");
+    // The snapshot's JSON holds what the panes show beside the report.
+    assert!(report["hit_rate"]["points"].is_array(), "{report}");
+    assert!(report["top_prefixes"].is_array(), "{report}");
+    assert!(report["findings"].is_array(), "{report}");
+    // Its text is the summary the headless replay of the same file prints at the end.
+    let headless = Command::new(BIN)
+        .args(["replay", "--headless", "--instant"])
+        .arg(recording("llmp/llama.cpp/parallel-nocache.jsonl"))
+        .output()
+        .unwrap();
+    let headless = String::from_utf8(headless.stdout).unwrap();
     assert!(
-        std::fs::read_to_string(&json[1])
-            .unwrap()
-            .contains("8,759 tokens")
+        headless.ends_with(&text),
+        "snapshot text:\n{text}\nheadless:\n{headless}"
     );
 
     // `e`: the export dialog, mooncake first; Enter writes it.
