@@ -318,3 +318,20 @@ fn styled_screens_pin_colours_and_highlight() {
     );
     check_golden("session.chart.styled.txt", &chart);
 }
+
+/// Ollama reports no reuse: every pane says "not measured", as `analyze` does, never a zero.
+#[test]
+fn a_server_without_reuse_counters_shows_not_measured_never_zero() {
+    for name in ["llmp/ollama/session", "llmp/ollama-openai/session"] {
+        let screen = screen(name, 120, 40, &[]);
+        assert!(
+            screen.contains("prefixscope · loss not measured (no reuse reported)"),
+            "{screen}"
+        );
+        assert!(screen.contains("llmp-drive/1: not measured"), "{screen}");
+        assert!(screen.contains("server reuse not rep"), "{screen}");
+        assert!(!screen.contains("lost 0 tokens"), "{screen}");
+        assert!(!screen.contains("0 tok,"), "{screen}");
+        assert!(!screen.contains("no loss"), "{screen}");
+    }
+}

@@ -27,6 +27,9 @@ pub struct Header {
     pub lost_ms: Option<f64>,
     pub prefill_ms: Option<f64>,
     pub bad_lines: u64,
+    /// Whether any turn's loss could be measured (the server reported reuse): when none could,
+    /// the panes say "not measured", as `analyze` does, never "0 tokens".
+    pub loss_measured: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +59,8 @@ pub struct BreakItem {
     pub cause: String,
     pub tokens: u32,
     pub ms: Option<f64>,
+    /// The row's loss could be measured (else "not measured", never "no loss").
+    pub measured: bool,
     pub place: String,
 }
 
@@ -141,6 +146,7 @@ impl View {
             lost_ms: report.time.lost_ms.map(|m| m.value),
             prefill_ms: report.time.prefill_ms.map(|m| m.value),
             bad_lines: report.coverage.bad_lines,
+            loss_measured: rows.iter().any(|r| r.loss_measured),
         };
         let mut lanes: Vec<Lane> = Vec::new();
         let mut lane_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
@@ -249,6 +255,7 @@ impl View {
                         .iter()
                         .filter_map(|l| l.ms.map(|m| m.value))
                         .reduce(|a, b| a + b),
+                    measured: r.loss_measured,
                     place,
                 }
             })

@@ -36,6 +36,7 @@ pub fn draw(
         let cost = match b.ms {
             Some(ms) => format!("{} tok, {}", tokens(u64::from(b.tokens)), duration(ms)),
             None if b.tokens > 0 => format!("{} tok", tokens(u64::from(b.tokens))),
+            None if !b.measured => "loss not measured".into(),
             None => "no loss".into(),
         };
         let head = format!(

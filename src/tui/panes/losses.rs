@@ -28,6 +28,7 @@ pub fn draw(
     let mut lines = Vec::new();
     let h = &app.view().header;
     let total = match (h.lost_ms, h.prefill_ms) {
+        _ if !h.loss_measured => "all: loss not measured (no reuse reported)".into(),
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
             format!(
                 "all: {} tokens, {} of {} prefill ({:.0}%)",
@@ -48,6 +49,11 @@ pub fn draw(
     ) {
         let l = &losses[i];
         let time = l.ms.map_or("time not measured".to_string(), duration);
+        let lost = if h.loss_measured {
+            format!("{} tok, {time}", tokens(l.tokens))
+        } else {
+            "not measured".to_string()
+        };
         let causes: Vec<String> = l
             .by_cause
             .iter()
@@ -55,10 +61,8 @@ pub fn draw(
             .map(|(c, t)| format!("{c} {}", tokens(*t)))
             .collect();
         let text = format!(
-            "{}: {} tok, {}{}",
+            "{}: {lost}{}",
             l.client,
-            tokens(l.tokens),
-            time,
             if causes.is_empty() {
                 String::new()
             } else {

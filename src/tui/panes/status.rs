@@ -35,6 +35,7 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
                 100.0 * lost / prefill
             )
         }
+        _ if !h.loss_measured => "loss not measured (no reuse reported)".to_string(),
         _ => format!("lost {} tokens", thousands(h.lost_tokens)),
     };
     // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
