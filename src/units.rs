@@ -79,6 +79,15 @@ pub fn cause_label_plural(cause: &str) -> &str {
     }
 }
 
+/// `1 turn`, `2 turns`, `1,200 turns`.
+pub fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{} {noun}s", thousands(n))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

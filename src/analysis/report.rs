@@ -10,7 +10,7 @@ use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
 use crate::normalize::measured::{Measured, Source};
 use crate::record::Record;
-use crate::units::{cause_label_plural, duration_compound, thousands};
+use crate::units::{cause_label_plural, duration_compound, plural, thousands};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -530,13 +530,5 @@ fn size(tokens: u64, ms: Option<Measured<f64>>) -> String {
             thousands(tokens)
         ),
         None => format!("{} tokens", thousands(tokens)),
-    }
-}
-
-fn plural(n: u64, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{} {noun}s", thousands(n))
     }
 }

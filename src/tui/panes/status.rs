@@ -6,6 +6,7 @@ use super::fit;
 use crate::tui::app::{App, Input, Source};
 use crate::tui::theme::Theme;
 use crate::tui::view::{duration, thousands, tokens};
+use crate::units::plural;
 
 pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     let h = &app.view().header;
@@ -41,8 +42,10 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
     // end of the line.
     let text = format!(
-        " prefixscope · {lost} · {} requests, {} turns in {} conversations · {source}",
-        h.records, h.turns, h.conversations
+        " prefixscope · {lost} · {}, {} in {} · {source}",
+        plural(h.records, "request"),
+        plural(h.turns, "turn"),
+        plural(h.conversations, "conversation")
     );
     Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title())
 }
