@@ -201,3 +201,88 @@ fn live_after_n_requests_equals_a_cold_batch_replay_of_those_n() {
         }
     }
 }
+
+/// Python's `statistics.mean` of `values` (written as their shortest round-trip text, which
+/// Python reads back exactly), or `None` when there is no python3 here.
+fn python_statistics_mean(values: &[f64]) -> Option<f64> {
+    use std::io::Write;
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, statistics; print(repr(statistics.mean(float(l) for l in sys.stdin)))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    let text: String = values.iter().map(|v| format!("{v:?}\n")).collect();
+    child.stdin.take()?.write_all(text.as_bytes()).ok()?;
+    let out = child.wait_with_output().ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+/// A seeded trace of `n` requests: conversations that grow (their earlier blocks again, then
+/// new ones), and one-off requests sharing a system prompt, so ratios take many values.
+fn generated_trace(n: usize) -> Vec<Request> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    let mut conversations: Vec<Vec<u64>> = Vec::new();
+    let mut fresh = 1_000_000u64;
+    let mut requests = Vec::new();
+    for _ in 0..n {
+        let blocks: Vec<u64> = if conversations.is_empty() || next(4) == 0 {
+            let mut ids = vec![next(3) + 1];
+            for _ in 0..(1 + next(40)) {
+                fresh += 1;
+                ids.push(fresh);
+            }
+            conversations.push(ids.clone());
+            ids
+        } else {
+            let c = next(conversations.len() as u64) as usize;
+            for _ in 0..(1 + next(6)) {
+                fresh += 1;
+                conversations[c].push(fresh);
+            }
+            conversations[c].clone()
+        };
+        requests.push(Request {
+            blocks: blocks
+                .iter()
+                .map(|&id| prefixscope::cache::Block { id, tokens: 16 })
+                .collect(),
+            input_tokens: 16 * blocks.len() as u64,
+            ..Request::default()
+        });
+    }
+    requests
+}
+
+/// AIPerf's cache_hit_rate is `statistics.mean` of the per-request ratios: the exact sum
+/// divided by n, rounded once. It equals Python's to the bit on the Mooncake trace and on a
+/// generated trace of 5,000 requests.
+#[test]
+fn the_aiperf_rate_equals_python_statistics_mean_to_the_bit() {
+    use prefixscope::cache::profile::{aiperf_cache_hit_rate, aiperf_ratios};
+    for (name, requests) in [("mooncake", trace()), ("generated", generated_trace(5_000))] {
+        let ours = aiperf_cache_hit_rate(&requests).unwrap();
+        let Some(python) = python_statistics_mean(&aiperf_ratios(&requests)) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "python3 is needed here to check the mean"
+            );
+            eprintln!("SKIPPED: no python3 to compare with");
+            return;
+        };
+        assert_eq!(
+            ours.to_bits(),
+            python.to_bits(),
+            "{name}: {ours:?} vs {python:?}"
+        );
+    }
+}

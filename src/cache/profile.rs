@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::{Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses};
 use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
-use super::stats::{Distribution, distribution, exact_sum};
+use super::stats::{Distribution, distribution, mean_of_unit_values};
 use super::{IdSet, PROFILE_REPORT_VERSION, Request};
 
 /// A cache size, always a whole number of blocks; `label` is how the user gave it.
@@ -442,8 +442,15 @@ fn conversations(requests: &[Request], source: &str) -> Conversations {
     }
 }
 
-/// AIPerf's definition, summed exactly so the mean is correctly rounded.
+/// AIPerf's definition: the mean of the per-request ratios, rounded once as Python's
+/// `statistics.mean` rounds it.
 pub fn aiperf_cache_hit_rate(requests: &[Request]) -> Option<f64> {
+    mean_of_unit_values(&aiperf_ratios(requests))
+}
+
+/// Per request, the share of its blocks before the first one no earlier request had (AIPerf's
+/// per-request cache hit ratio).
+pub fn aiperf_ratios(requests: &[Request]) -> Vec<f64> {
     let mut seen: IdSet<u64> = IdSet::default();
     seen.reserve(requests.iter().map(|r| r.blocks.len()).sum());
     let mut ratios = Vec::with_capacity(requests.len());
@@ -456,7 +463,7 @@ pub fn aiperf_cache_hit_rate(requests: &[Request]) -> Option<f64> {
         ratios.push(first_unseen as f64 / request.blocks.len() as f64);
         seen.extend(request.blocks.iter().map(|b| b.id));
     }
-    (!ratios.is_empty()).then(|| exact_sum(ratios.iter().copied()) / ratios.len() as f64)
+    ratios
 }
 
 fn server_observed(requests: &[Request], ceiling_per_request: &[u64]) -> Option<ServerObserved> {

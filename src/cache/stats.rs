@@ -101,9 +101,88 @@ pub fn distribution(values: &mut [u64]) -> Distribution {
     }
 }
 
+/// The mean of `values`, each in [0, 1], as Python's `statistics.mean` computes it: the exact
+/// sum divided by the count, rounded once (AIPerf's `cache_hit_rate` is that mean of per-request
+/// ratios). Summing first and dividing after rounds twice and can be one unit in the last place
+/// off. The exact sum is kept as an integer count of 2^-96 (every ratio k/m with m < 2^44 is a
+/// whole number of them); a value that is not falls back to the correctly rounded sum.
+pub fn mean_of_unit_values(values: &[f64]) -> Option<f64> {
+    const SCALE_BITS: i32 = 96;
+    if values.is_empty() {
+        return None;
+    }
+    let count = values.len() as u128;
+    let fallback = || exact_sum(values.iter().copied()) / values.len() as f64;
+    // Each value as a whole number of 2^-96; the sum of fewer than 2^31 of them fits in u128.
+    if count >= 1 << 31 {
+        return Some(fallback());
+    }
+    let mut sum: u128 = 0;
+    for &value in values {
+        if !(0.0..=1.0).contains(&value) {
+            return Some(fallback());
+        }
+        if value == 0.0 {
+            continue;
+        }
+        let bits = value.to_bits();
+        let exponent = ((bits >> 52) & 0x7ff) as i32;
+        let mantissa = if exponent == 0 {
+            bits & ((1 << 52) - 1)
+        } else {
+            (bits & ((1 << 52) - 1)) | (1 << 52)
+        };
+        // value = mantissa × 2^(exponent − 1075) (subnormals: exponent 1).
+        let power = exponent.max(1) - 1075 + SCALE_BITS;
+        if power < 0 {
+            return Some(fallback());
+        }
+        sum += u128::from(mantissa) << power;
+    }
+    if sum == 0 {
+        return Some(0.0);
+    }
+    // sum / count with at least 55 significant bits, then rounded to 53, half to even.
+    let mut quotient = sum / count;
+    let mut remainder = sum % count;
+    let mut extra = 0;
+    while 128 - quotient.leading_zeros() < 55 {
+        // remainder < count < 2^31, so one more bit at a time never overflows.
+        remainder <<= 1;
+        quotient = (quotient << 1) | (remainder / count);
+        remainder %= count;
+        extra += 1;
+    }
+    let width = 128 - quotient.leading_zeros();
+    let shift = width - 53;
+    let mut mantissa = quotient >> shift;
+    let dropped = quotient & ((1u128 << shift) - 1);
+    let half = 1u128 << (shift - 1);
+    if dropped > half || (dropped == half && (remainder != 0 || mantissa & 1 == 1)) {
+        mantissa += 1;
+    }
+    let exponent = shift as i32 - SCALE_BITS - extra;
+    Some(mantissa as f64 * 2f64.powi(exponent))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mean_is_rounded_once_as_statistics_mean() {
+        assert_eq!(mean_of_unit_values(&[]), None);
+        assert_eq!(mean_of_unit_values(&[0.0, 0.0]), Some(0.0));
+        assert_eq!(mean_of_unit_values(&[1.0, 0.0]), Some(0.5));
+        assert_eq!(mean_of_unit_values(&[0.1; 10]), Some(0.1));
+        assert_eq!(mean_of_unit_values(&[1.0 / 3.0; 3]), Some(1.0 / 3.0));
+        assert_eq!(mean_of_unit_values(&[0.1, 0.2, 0.3]), Some(0.2));
+        // Python's statistics.mean of these is 0.6525373923653592; math.fsum(...) / 6, which
+        // rounds twice, is 0.6525373923653593.
+        let ratios = [39.0 / 47.0, 1.0, 25.0 / 31.0, 1.0 / 3.0, 0.25, 16.0 / 23.0];
+        assert_eq!(mean_of_unit_values(&ratios), Some(0.652_537_392_365_359_2));
+        assert_eq!(exact_sum(ratios) / 6.0, 0.652_537_392_365_359_3);
+    }
 
     #[test]
     fn exact_sum_is_correctly_rounded() {
