@@ -335,3 +335,58 @@ fn a_server_without_reuse_counters_shows_not_measured_never_zero() {
         assert!(!screen.contains("no loss"), "{screen}");
     }
 }
+
+/// The chart on traffic whose policies differ (the Mooncake trace): optimal, LRU and FIFO each
+/// in their own colour and marker, cell by cell, with the ceiling and every capacity labelled.
+#[test]
+fn the_chart_shows_optimal_over_lru_over_fifo_cell_by_cell() {
+    use prefixscope::input::{self, Format, InputOptions};
+    use prefixscope::tui::app::Input as Shows;
+    let file = std::fs::File::open(root().join("tests/data/mooncake/conversation_trace.jsonl.gz"))
+        .unwrap();
+    let reader = input::decompressed(std::io::BufReader::new(file)).unwrap();
+    let options = InputOptions {
+        block_size: 512,
+        ..InputOptions::default()
+    };
+    let trace = input::read(reader, "conversation_trace", Format::Mooncake, &options);
+    let mut engine = Engine::with_block_size(Config::default(), 512);
+    for request in trace.requests.into_iter().take(2_000) {
+        engine.push(Input::Request(Arc::new(request), NOW_MS));
+    }
+    engine.push(Input::SourceDone);
+    let first = Arc::new(engine.snapshot());
+    // The data first: optimal ≥ LRU ≥ FIFO at every capacity once the chart asks for optimal.
+    let control = EngineControl(RefCell::new(engine));
+    let mut app = App::new(
+        Source::Replay {
+            files: "conversation_trace.jsonl.gz".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    app.input = Shows::RequestsOnly("mooncake".into());
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    let colour = Theme { color: true };
+    for events in [vec![Event::Snapshot(first)], vec![key('c')]] {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        for event in events {
+            sender.send(event).unwrap();
+        }
+        drop(sender);
+        run(&mut terminal, &mut app, &receiver, &clock, &control, &colour).unwrap();
+    }
+    let curve = app.view().curve.clone().unwrap();
+    for (label, lru, fifo, optimal) in &curve.points {
+        let optimal = optimal.unwrap();
+        assert!(optimal >= *lru && *lru >= *fifo, "{label}: {optimal} {lru} {fifo}");
+    }
+    let screen = styled(terminal.backend());
+    check_golden("mooncake-2000.chart.styled.txt", &screen);
+    for colour in ["Magenta", "Green", "Yellow", "Cyan"] {
+        assert!(screen.contains(&format!("fg={colour}")), "{colour}:\n{screen}");
+    }
+    for label in ["4K", "16K", "64K", "256K", "1M", "4M"] {
+        assert!(screen.contains(label), "{label}:\n{screen}");
+    }
+}

@@ -3,6 +3,16 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
+/// The series of the hit-rate chart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Series {
+    Fifo,
+    Lru,
+    Optimal,
+    Ceiling,
+    Server,
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Theme {
     pub color: bool,
@@ -61,6 +71,17 @@ impl Theme {
 
     pub fn warn(&self) -> Style {
         self.fg(Color::Yellow)
+    }
+
+    /// One colour per series of the hit-rate chart, so no series takes another's.
+    pub fn series(&self, series: Series) -> Style {
+        self.fg(match series {
+            Series::Fifo => Color::Yellow,
+            Series::Lru => Color::Green,
+            Series::Optimal => Color::Magenta,
+            Series::Ceiling => Color::Cyan,
+            Series::Server => Color::Blue,
+        })
     }
 
     pub fn good(&self) -> Style {

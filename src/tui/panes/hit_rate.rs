@@ -4,14 +4,13 @@
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::style::Style;
 use ratatui::symbols;
 use ratatui::text::Line;
 use ratatui::widgets::{Axis, Chart, Dataset, GraphType, Paragraph, Sparkline};
 
 use super::fit;
 use crate::tui::app::App;
-use crate::tui::theme::Theme;
+use crate::tui::theme::{Series, Theme};
 use crate::tui::ui::empty;
 
 type CurvePoint = (String, f64, f64, Option<f64>);
@@ -52,41 +51,65 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         let lru = series(&|p| Some(p.1));
         let fifo = series(&|p| Some(p.2));
         let optimal = series(&|p| p.3);
-        let mut sets = vec![
+        let last = curve.points.len().saturating_sub(1).max(1) as f64;
+        let level = |share: f64| vec![(0.0, share * 100.0), (last, share * 100.0)];
+        let ceiling = level(curve.ceiling);
+        let server = curve.observed.map(level).unwrap_or_default();
+        // Each series has its own colour and marker, so none takes another's colour, with or
+        // without colour.
+        fn line<'a>(
+            name: &'static str,
+            marker: symbols::Marker,
+            style: ratatui::style::Style,
+            data: &'a [(f64, f64)],
+        ) -> Dataset<'a> {
             Dataset::default()
-                .name("LRU")
-                .marker(symbols::Marker::Braille)
+                .name(name)
+                .marker(marker)
                 .graph_type(GraphType::Line)
-                .style(theme.good())
-                .data(&lru),
-            Dataset::default()
-                .name("FIFO")
-                .marker(symbols::Marker::Braille)
-                .graph_type(GraphType::Line)
-                .style(theme.warn())
-                .data(&fifo),
-        ];
-        if !optimal.is_empty() {
-            sets.push(
-                Dataset::default()
-                    .name("optimal")
-                    .marker(symbols::Marker::Braille)
-                    .graph_type(GraphType::Line)
-                    .style(Style::default())
-                    .data(&optimal),
-            );
+                .style(style)
+                .data(data)
         }
-        let labels: Vec<String> = [curve.points.first(), curve.points.last()]
-            .iter()
-            .flatten()
-            .map(|p| p.0.clone())
-            .collect();
+        // The reference levels first, then the policies lowest first (optimal ≥ LRU ≥ FIFO at
+        // every capacity), so where two meet the higher one is on top.
+        let mut sets = vec![line(
+            "ceiling",
+            symbols::Marker::Dot,
+            theme.series(Series::Ceiling),
+            &ceiling,
+        )];
+        if !server.is_empty() {
+            sets.push(line(
+                "server",
+                symbols::Marker::Dot,
+                theme.series(Series::Server),
+                &server,
+            ));
+        }
+        sets.push(line(
+            "FIFO",
+            symbols::Marker::Dot,
+            theme.series(Series::Fifo),
+            &fifo,
+        ));
+        sets.push(line(
+            "LRU",
+            symbols::Marker::Braille,
+            theme.series(Series::Lru),
+            &lru,
+        ));
+        if !optimal.is_empty() {
+            sets.push(line(
+                "optimal",
+                symbols::Marker::Block,
+                theme.series(Series::Optimal),
+                &optimal,
+            ));
+        }
+        // Every capacity labelled, at its own tick.
+        let labels: Vec<String> = curve.points.iter().map(|p| p.0.clone()).collect();
         let chart = Chart::new(sets)
-            .x_axis(
-                Axis::default()
-                    .bounds([0.0, curve.points.len().saturating_sub(1).max(1) as f64])
-                    .labels(labels),
-            )
+            .x_axis(Axis::default().bounds([0.0, last]).labels(labels))
             .y_axis(
                 Axis::default()
                     .bounds([0.0, 100.0])
