@@ -418,3 +418,65 @@ fn snapshots_are_capped_while_records_stream_in() {
         "{published} snapshots in {elapsed:?} (at most {most})"
     );
 }
+
+/// One cause per loss (issue #12, item 5): on the mixed demo, where a turn's history was
+/// rewritten harmlessly and a side-call evicted it, the break lines' costs by cause are the
+/// loss entries the header and the Loss pane sum, and the turn's glyph is the eviction's.
+#[test]
+fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
+    use prefixscope::live::view::Mark;
+    use prefixscope::session::demo::{Demo, DemoConfig};
+    let config = DemoConfig {
+        scenario: "mixed".into(),
+        slots: None,
+        cache_ram: false,
+        speed: 5000.0,
+        seed: 1,
+        out: None,
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let outcome = Demo::start(config, Vec::new())
+        .unwrap()
+        .run_to_end(std::future::pending())
+        .unwrap();
+    let snapshot = engine_of(&outcome.records).snapshot();
+    let view = &snapshot.view;
+    assert_eq!(view.breaks.len(), view.breaks_total.max(view.breaks.len()));
+    let lines: u64 = view.breaks.iter().map(|b| u64::from(b.tokens)).sum();
+    assert_eq!(lines, view.header.lost_tokens);
+    let mut by_cause_lines = std::collections::BTreeMap::<String, u64>::new();
+    for b in &view.breaks {
+        *by_cause_lines.entry(b.cause.clone()).or_default() += u64::from(b.tokens);
+    }
+    let mut by_cause_losses = std::collections::BTreeMap::<String, u64>::new();
+    for client in &view.losses {
+        for (cause, tokens) in &client.by_cause {
+            *by_cause_losses.entry(cause.clone()).or_default() += tokens;
+        }
+    }
+    by_cause_lines.retain(|_, t| *t > 0);
+    assert_eq!(by_cause_lines, by_cause_losses);
+    // Rows with a break and an eviction are two facts; the glyph follows the larger loss.
+    let both: Vec<_> = snapshot
+        .report
+        .rows
+        .iter()
+        .filter(|r| r.break_cause.is_some() && r.lost_external.is_some())
+        .collect();
+    // Seed 1 (the demo's default) has one: the coder's turn 8.
+    assert!(!both.is_empty());
+    for row in &both {
+        assert_eq!(view.breaks.iter().filter(|b| b.id == row.id).count(), 2);
+        let cell = view
+            .lanes
+            .iter()
+            .flat_map(|l| &l.cells)
+            .find(|c| c.id == row.id)
+            .unwrap();
+        let client = row.lost_client.as_ref().map_or(0, |l| l.tokens);
+        let external = row.lost_external.as_ref().map_or(0, |l| l.tokens);
+        if external > client {
+            assert_eq!(cell.mark, Mark::Eviction, "row {}", row.id);
+        }
+    }
+}

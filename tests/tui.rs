@@ -374,17 +374,31 @@ fn the_chart_shows_optimal_over_lru_over_fifo_cell_by_cell() {
             sender.send(event).unwrap();
         }
         drop(sender);
-        run(&mut terminal, &mut app, &receiver, &clock, &control, &colour).unwrap();
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &colour,
+        )
+        .unwrap();
     }
     let curve = app.view().curve.clone().unwrap();
     for (label, lru, fifo, optimal) in &curve.points {
         let optimal = optimal.unwrap();
-        assert!(optimal >= *lru && *lru >= *fifo, "{label}: {optimal} {lru} {fifo}");
+        assert!(
+            optimal >= *lru && *lru >= *fifo,
+            "{label}: {optimal} {lru} {fifo}"
+        );
     }
     let screen = styled(terminal.backend());
     check_golden("mooncake-2000.chart.styled.txt", &screen);
     for colour in ["Magenta", "Green", "Yellow", "Cyan"] {
-        assert!(screen.contains(&format!("fg={colour}")), "{colour}:\n{screen}");
+        assert!(
+            screen.contains(&format!("fg={colour}")),
+            "{colour}:\n{screen}"
+        );
     }
     for label in ["4K", "16K", "64K", "256K", "1M", "4M"] {
         assert!(screen.contains(label), "{label}:\n{screen}");

@@ -47,6 +47,19 @@ pub struct Cell {
     pub broke: Option<BreakCause>,
     pub lost_tokens: u32,
     pub evicted_by: Option<EvictedBy>,
+    /// What the cell's glyph says: the cause that cost the most on this turn.
+    pub mark: Mark,
+}
+
+/// A turn's glyph in its lane, from its losses: a harmless break beside a costly eviction is
+/// drawn as the eviction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    Clean,
+    /// The client broke the prefix (system prompt, tools, history).
+    Break,
+    /// Something else ran on the cache in between (a side-call, another conversation or model).
+    Eviction,
 }
 
 #[derive(Debug, Clone)]
@@ -165,6 +178,7 @@ impl View {
                     .map(|l| l.tokens)
                     .sum(),
                 evicted_by: row.evicted_by.clone(),
+                mark: mark_of(row),
             };
             match lane_of.get(&conversation) {
                 Some(&i) => lanes[i].cells.push(cell),
@@ -203,63 +217,48 @@ impl View {
         let breaks_total = broken.len();
         // Only the newest are described: formatting every break of a long run was most of a
         // snapshot's view cost, and the pane lists the newest first.
-        let mut breaks: Vec<BreakItem> = broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..]
-            .iter()
-            .map(|r| {
-                let loss: Vec<_> = [&r.lost_client, &r.lost_external]
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                let cause = r
-                    .break_cause
-                    .map(|c| {
-                        serde_json::to_value(c)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default()
-                    })
-                    .or_else(|| r.lost_external.as_ref().map(|l| l.cause.clone()))
-                    .unwrap_or_default();
-                let place = match (&r.break_location, &r.evicted_by) {
-                    (Some(l), _) if l.before.is_some() || l.after.is_some() => change(
-                        l.before.as_deref().unwrap_or(""),
-                        l.after.as_deref().unwrap_or(""),
-                    ),
-                    (Some(l), _) if !l.tools_added.is_empty() || !l.tools_removed.is_empty() => {
-                        format!("tools +{:?} -{:?}", l.tools_added, l.tools_removed)
-                    }
-                    (Some(l), _) => match (l.message, l.head_matched, l.tail_matched) {
-                        (Some(m), Some(h), Some(t)) => {
-                            format!("message {m}: head {}, tail {}", same(h), same(t))
-                        }
-                        (Some(m), _, _) => format!("message {m}"),
-                        _ => String::new(),
-                    },
-                    (None, Some(by)) => format!(
-                        "evicted by #{} ({}, {})",
-                        by.row,
-                        by.client,
-                        cause_label(&by.kind)
-                    ),
-                    (None, None) => String::new(),
-                };
-                BreakItem {
+        // One fact per cause, each with its own loss: a turn whose prefix broke harmlessly and
+        // that was also evicted is two lines, and the eviction's tokens are the eviction's, as
+        // the header, the Loss pane and `analyze` count them.
+        let mut breaks: Vec<BreakItem> = Vec::new();
+        for r in &broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..] {
+            let fact =
+                |cause: &str, loss: Option<&crate::analysis::Loss>, place: String| BreakItem {
                     id: r.id,
                     t_start_ms: r.t_start_ms,
                     client: r.client.clone(),
                     conversation: r.conversation,
                     turn: r.turn,
-                    cause: cause_label(&cause).to_string(),
-                    tokens: loss.iter().map(|l| l.tokens).sum(),
-                    ms: loss
-                        .iter()
-                        .filter_map(|l| l.ms.map(|m| m.value))
-                        .reduce(|a, b| a + b),
+                    cause: cause_label(cause).to_string(),
+                    tokens: loss.map_or(0, |l| l.tokens),
+                    ms: loss.and_then(|l| l.ms.map(|m| m.value)),
                     measured: r.loss_measured,
                     place,
-                }
-            })
-            .collect();
+                };
+            let client_cause = r
+                .break_cause
+                .and_then(|c| {
+                    serde_json::to_value(c)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                })
+                .or_else(|| r.lost_client.as_ref().map(|l| l.cause.clone()));
+            if let Some(cause) = client_cause {
+                breaks.push(fact(&cause, r.lost_client.as_ref(), location(r)));
+            }
+            if let Some(external) = &r.lost_external {
+                let place = match &r.evicted_by {
+                    Some(by) => format!(
+                        "evicted by #{} ({}, {})",
+                        by.row,
+                        by.client,
+                        cause_label(&by.kind)
+                    ),
+                    None => String::new(),
+                };
+                breaks.push(fact(&external.cause, Some(external), place));
+            }
+        }
         breaks.reverse();
 
         // One pass over the rows, then one entry per client in the report's order.
@@ -306,6 +305,38 @@ impl View {
             curve: None,
             prefixes: Vec::new(),
         }
+    }
+}
+
+fn mark_of(row: &Row) -> Mark {
+    let client = row.lost_client.as_ref().map_or(0, |l| l.tokens);
+    let external = row.lost_external.as_ref().map_or(0, |l| l.tokens);
+    match (row.break_cause.is_some(), row.evicted_by.is_some()) {
+        (true, true) if external > client => Mark::Eviction,
+        (true, _) => Mark::Break,
+        (false, true) => Mark::Eviction,
+        (false, false) => Mark::Clean,
+    }
+}
+
+/// Where a row's prompt stopped matching: the changed text, the tools, or the message.
+fn location(r: &Row) -> String {
+    match &r.break_location {
+        Some(l) if l.before.is_some() || l.after.is_some() => change(
+            l.before.as_deref().unwrap_or(""),
+            l.after.as_deref().unwrap_or(""),
+        ),
+        Some(l) if !l.tools_added.is_empty() || !l.tools_removed.is_empty() => {
+            format!("tools +{:?} -{:?}", l.tools_added, l.tools_removed)
+        }
+        Some(l) => match (l.message, l.head_matched, l.tail_matched) {
+            (Some(m), Some(h), Some(t)) => {
+                format!("message {m}: head {}, tail {}", same(h), same(t))
+            }
+            (Some(m), _, _) => format!("message {m}"),
+            _ => String::new(),
+        },
+        None => String::new(),
     }
 }
 

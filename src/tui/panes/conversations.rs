@@ -10,7 +10,7 @@ use super::fit;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
 use crate::tui::ui::{empty, line_style, window};
-use crate::tui::view::cause_label;
+use crate::tui::view::{Mark, cause_label};
 
 pub fn draw(
     frame: &mut Frame,
@@ -50,10 +50,10 @@ pub fn draw(
             .min(room.saturating_sub(24).max(room / 2));
         let skip = lane.cells.len().saturating_sub(cells_room);
         for cell in &lane.cells[skip..] {
-            let mark = match (cell.broke, &cell.evicted_by) {
-                (Some(_), _) => "×",
-                (None, Some(_)) => "!",
-                _ => "■",
+            let mark = match cell.mark {
+                Mark::Break => "×",
+                Mark::Eviction => "!",
+                Mark::Clean => "■",
             };
             spans.push(Span::styled(mark, theme.reuse(cell.reuse)));
         }
