@@ -15,14 +15,14 @@ use serde::{Deserialize, Serialize};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
 use crate::record::Record;
 
-pub use engine::{Analyzer, FindingKey, Refresh, Update};
+pub use engine::{Analyzer, Update};
 pub use findings::{Confidence, Finding, FindingKind};
 // Counts carry their source from normalization on; the analysis passes them on as they are.
 pub use crate::normalize::measured::{Measured, Source};
 pub use report::Report;
 pub use table::{
-    BreakCause, BreakLocation, Cause, Client, Composition, EvictedBy, Loss, Row, RowKind, Shape,
-    ToolUsage,
+    BreakCause, BreakLocation, Cause, Client, Composition, EvictedBy, Loss, Priced, Rated, Row,
+    RowKind, Shape, SharedRow, ToolUsage,
 };
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).
@@ -87,7 +87,7 @@ pub fn normalize_all(records: &[Record]) -> Normalized {
 /// The whole analysis of `records` (in any order; rows come out in start order): the engine in
 /// batch mode, linear in the records.
 pub fn analyze(records: &[Record], config: &Config) -> Report {
-    engine::Analyzer::from_records(records, config.clone()).report()
+    engine::Analyzer::from_records(records, config.clone()).into_report()
 }
 
 /// The same analysis done the straightforward way (llmp's algorithm, quadratic in the requests
@@ -95,12 +95,17 @@ pub fn analyze(records: &[Record], config: &Config) -> Report {
 pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
     let normalized = normalize_all(records);
     let table = table::build(&normalized.exchanges, config);
-    let findings = findings::find(&table, config);
+    let findings = findings::find(&table.rows, &table.tools, config);
     let input = report::Input {
         records: records.len() as u64,
         span: report::span(records),
         analysed: normalized.exchanges.len() as u64,
         skipped: &normalized.skipped,
     };
-    report::assemble(input, table, findings)
+    let globals = report::Globals {
+        clients: table.clients,
+        tools: table.tools,
+        findings,
+    };
+    report::assemble(input, table.rows, globals)
 }

@@ -5,15 +5,18 @@ use serde::{Deserialize, Serialize};
 use super::REPORT_VERSION;
 use super::Skipped;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
-use super::table::{Client, Row, RowKind, Table, ToolUsage};
+use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
 use crate::normalize::measured::{Measured, Source};
 use crate::record::Record;
 use crate::units::{cause_label_plural, duration_compound, thousands};
 
+/// `R` is how the rows are held: owned (`analyze`, the default), or shared with the live engine
+/// (`SharedRow`), which keeps them up to date so a snapshot copies pointers, not rows
+/// (DESIGN.md, "Live engine"). Either serializes the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
+pub struct Report<R = Row> {
     pub v: u32,
     pub window: Option<Window>,
     pub coverage: Coverage,
@@ -23,7 +26,7 @@ pub struct Report {
     pub clients: Vec<Client>,
     pub tools: Vec<ToolUsage>,
     pub findings: Vec<Finding>,
-    pub rows: Vec<Row>,
+    pub rows: Vec<R>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -116,7 +119,14 @@ pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
     ))
 }
 
-pub(crate) fn assemble(input: Input<'_>, table: Table, findings: Vec<Finding>) -> Report {
+/// The global figures a report carries beside its rows.
+pub(crate) struct Globals {
+    pub clients: Vec<Client>,
+    pub tools: Vec<ToolUsage>,
+    pub findings: Vec<Finding>,
+}
+
+pub(crate) fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globals) -> Report<R> {
     let window = input.span.map(|(start_ms, end_ms)| Window {
         start_ms,
         end_ms,
@@ -125,18 +135,22 @@ pub(crate) fn assemble(input: Input<'_>, table: Table, findings: Vec<Finding>) -
     Report {
         v: REPORT_VERSION,
         window,
-        coverage: coverage(&input, &table.rows),
-        servers: servers(&table.rows),
-        time: time(&table.rows),
-        composition: composition(&table.rows),
-        clients: table.clients,
-        tools: table.tools,
-        findings,
-        rows: table.rows,
+        coverage: coverage(&input, &rows),
+        servers: servers(&rows),
+        time: time(&rows),
+        composition: composition(&rows),
+        clients: globals.clients,
+        tools: globals.tools,
+        findings: globals.findings,
+        rows,
     }
 }
 
-fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
+fn each<R: Priced>(rows: &[R]) -> impl Iterator<Item = Rated<'_>> {
+    rows.iter().map(Priced::rated)
+}
+
+fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
     let mut coverage = Coverage {
         records: input.records,
         analysed: input.analysed,
@@ -154,12 +168,11 @@ fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
             SkipReason::Unparsed => coverage.skipped.unparsed += 1,
         }
     }
-    coverage.conversations = rows
-        .iter()
+    coverage.conversations = each(rows)
         .filter_map(|r| r.conversation)
         .collect::<BTreeSet<_>>()
         .len() as u64;
-    for row in rows.iter().filter(|r| r.kind == RowKind::Turn) {
+    for row in each(rows).filter(|r| r.kind == RowKind::Turn) {
         coverage.turns += 1;
         coverage.turns_with_reuse += u64::from(row.counts.reused_tokens.is_some());
         coverage.turns_with_timing += u64::from(row.counts.prefill_ms.is_some());
@@ -167,9 +180,9 @@ fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
     coverage
 }
 
-fn servers(rows: &[Row]) -> Vec<ServerFields> {
+fn servers<R: Priced>(rows: &[R]) -> Vec<ServerFields> {
     let mut apis: BTreeMap<Api, BTreeSet<CountField>> = BTreeMap::new();
-    for row in rows {
+    for row in each(rows) {
         let fields = apis.entry(row.api).or_default();
         let c = &row.counts;
         let reported = [
@@ -201,12 +214,12 @@ fn servers(rows: &[Row]) -> Vec<ServerFields> {
         .collect()
 }
 
-fn time(rows: &[Row]) -> Time {
+fn time<R: Priced>(rows: &[R]) -> Time {
     let mut prefill_ms = None;
     let mut lost_ms: Option<Measured<f64>> = None;
     let mut lost_tokens = 0u64;
     let mut by_cause: BTreeMap<String, CauseTotal> = BTreeMap::new();
-    for row in rows {
+    for row in each(rows) {
         if let Some(prefill) = row.counts.prefill_ms {
             prefill_ms = Some(add_ms(prefill_ms, prefill));
         }
@@ -222,7 +235,7 @@ fn time(rows: &[Row]) -> Time {
                 },
             ));
         }
-        for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
+        for (loss, ms) in row.losses() {
             lost_tokens += u64::from(loss.tokens);
             let total = by_cause.entry(loss.cause.clone()).or_insert(CauseTotal {
                 tokens: 0,
@@ -231,7 +244,7 @@ fn time(rows: &[Row]) -> Time {
             });
             total.tokens += u64::from(loss.tokens);
             total.rows += 1;
-            if let Some(ms) = loss.ms {
+            if let Some(ms) = ms {
                 total.ms = Some(add_ms(total.ms, ms));
                 lost_ms = Some(add_ms(lost_ms, ms));
             }
@@ -245,9 +258,9 @@ fn time(rows: &[Row]) -> Time {
     }
 }
 
-fn composition(rows: &[Row]) -> CompositionTotals {
+fn composition<R: Priced>(rows: &[R]) -> CompositionTotals {
     let mut totals = CompositionTotals::default();
-    for row in rows {
+    for row in each(rows) {
         let c = &row.composition;
         totals.system += u64::from(c.system.value);
         totals.tools += u64::from(c.tools.value);
@@ -257,7 +270,7 @@ fn composition(rows: &[Row]) -> CompositionTotals {
     totals
 }
 
-impl Report {
+impl<R> Report<R> {
     pub fn summary(&self) -> String {
         let mut lines = Vec::new();
         let turns = self.coverage.turns;

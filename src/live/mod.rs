@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 
-use crate::analysis::{Analyzer, Config, Report};
+use crate::analysis::{Analyzer, Config, Report, Row, SharedRow};
 use crate::cache::Policy;
 use crate::cache::Request;
 use crate::cache::blocks::BlockModel;
@@ -84,7 +84,9 @@ pub struct Snapshot {
     /// The filter and chart state the view was built with.
     pub filter: String,
     pub chart: bool,
-    pub report: Report,
+    /// Its rows shared with the engine (and the snapshots before), which writes a row again only
+    /// when its label changed; losses are priced by `SharedRow`.
+    pub report: Report<SharedRow>,
     pub view: View,
     /// Tokens per character and block size of the hit-rate simulation, and where they came from.
     pub block_model: String,
@@ -95,9 +97,13 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The row behind a detail view.
-    pub fn row(&self, id: u64) -> Option<&crate::analysis::Row> {
-        self.report.rows.iter().find(|r| r.id == id)
+    /// The row behind a detail view, its losses priced.
+    pub fn row(&self, id: u64) -> Option<Row> {
+        self.report
+            .rows
+            .iter()
+            .find(|r| r.row.id == id)
+            .map(SharedRow::priced)
     }
 
     /// Requests per second over the ten seconds before `now_ms`.
@@ -307,7 +313,7 @@ impl Engine {
     /// Builds the snapshot of everything pushed so far.
     pub fn snapshot(&mut self) -> Snapshot {
         self.generation += 1;
-        let report = self.analyzer.report();
+        let report = self.analyzer.shared_report();
         let mut view = View::build(&report, &self.filter);
         view.curve = self.curve();
         view.prefixes = self.prefixes();

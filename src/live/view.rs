@@ -1,7 +1,7 @@
 //! What the panes draw, built from a report (pure) by the live engine for each snapshot; the
 //! TUI only reads it.
 
-use crate::analysis::{BreakCause, EvictedBy, Report, Row, RowKind};
+use crate::analysis::{BreakCause, EvictedBy, Priced, Rated, Report, Row, RowKind};
 // Defined once in the core, for the report and the commands as well; the panes take them from here.
 pub use crate::units::{cause_label, duration_decimal as duration, thousands};
 
@@ -125,11 +125,12 @@ pub fn matches(row: &Row, filter: &str) -> bool {
 
 impl View {
     /// Borrows the report's rows (no copy of a hundred thousand rows per snapshot).
-    pub fn build(report: &Report, filter: &str) -> View {
+    pub fn build<R: Priced>(report: &Report<R>, filter: &str) -> View {
         let filtered = !filter.trim().is_empty();
-        let rows: Vec<&Row> = report
+        let rows: Vec<Rated> = report
             .rows
             .iter()
+            .map(Priced::rated)
             .filter(|r| !filtered || matches(r, filter))
             .collect();
         let header = Header {
@@ -189,7 +190,7 @@ impl View {
             )
         });
 
-        let broken: Vec<&Row> = rows
+        let broken: Vec<Rated> = rows
             .iter()
             .copied()
             .filter(|r| r.break_cause.is_some() || r.lost_external.is_some())
@@ -200,10 +201,7 @@ impl View {
         let mut breaks: Vec<BreakItem> = broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..]
             .iter()
             .map(|r| {
-                let loss: Vec<_> = [&r.lost_client, &r.lost_external]
-                    .into_iter()
-                    .flatten()
-                    .collect();
+                let loss: Vec<_> = r.losses().collect();
                 let cause = r
                     .break_cause
                     .map(|c| {
@@ -244,10 +242,10 @@ impl View {
                     conversation: r.conversation,
                     turn: r.turn,
                     cause: cause_label(&cause).to_string(),
-                    tokens: loss.iter().map(|l| l.tokens).sum(),
+                    tokens: loss.iter().map(|(l, _)| l.tokens).sum(),
                     ms: loss
                         .iter()
-                        .filter_map(|l| l.ms.map(|m| m.value))
+                        .filter_map(|(_, ms)| ms.map(|m| m.value))
                         .reduce(|a, b| a + b),
                     place,
                 }
@@ -259,10 +257,10 @@ impl View {
         let mut loss_of: std::collections::HashMap<&str, LossTally> =
             std::collections::HashMap::new();
         for row in rows.iter().copied() {
-            for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
-                let (tokens, ms, by_cause) = loss_of.entry(row.client.as_str()).or_default();
+            for (loss, loss_ms) in row.losses() {
+                let (tokens, ms, by_cause) = loss_of.entry(row.row.client.as_str()).or_default();
                 *tokens += u64::from(loss.tokens);
-                if let Some(m) = loss.ms {
+                if let Some(m) = loss_ms {
                     *ms = Some(ms.unwrap_or(0.0) + m.value);
                 }
                 let label = cause_label(&loss.cause).to_string();
