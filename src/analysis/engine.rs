@@ -15,6 +15,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use super::ids::{ById, IntMap};
 use super::report::{self, Report};
 use super::table::{
     self, Choice, Client, Link, Row, RowKind, Shape, SharedRow, Tip, ToolUsage, Weights,
@@ -194,12 +195,9 @@ struct GlobalState {
     /// Sets of tool names (sorted string ids), and unions already made of two of them.
     sets: Vec<Vec<u32>>,
     set_ids: HashMap<Vec<u32>, u32>,
-    unions: HashMap<(u32, u32), u32>,
+    unions: IntMap<(u32, u32), u32>,
     /// `agent #n` labels by (agent, n).
-    numbered: HashMap<(u32, u32), u32>,
-    /// The latest-started row of each id (evictors are named by id; the last row wins, as in
-    /// `table::name_evictors`).
-    key_of_id: HashMap<u64, OrderKey>,
+    numbered: IntMap<(u32, u32), u32>,
 }
 
 impl GlobalState {
@@ -431,26 +429,34 @@ impl Analyzer {
         })
     }
 
-    /// The report, its rows shared with the engine (the live view's snapshots). Linear in the
-    /// rows, but over integers: labels, tool usage and clients are worked out from `facts`;
-    /// losses are priced by the report, not in the rows; a row is written (copied, if a report
-    /// still holds it) only when its label or its evictor's label changed (DESIGN.md,
-    /// "Incremental analysis").
+    /// The report, its rows shared with the engine.
     pub fn shared_report(&mut self) -> Report<SharedRow> {
+        let mut report = self.live_report();
+        report.findings = findings::find(&report.rows, &report.tools, &self.config);
+        report
+    }
+
+    /// The report without its findings (`findings` empty), as a live snapshot holds it: no
+    /// pane shows findings, so a snapshot works them out only when its summary or JSON is
+    /// asked for (`analysis::find`). Linear in the rows, but over integers: labels, tool usage
+    /// and clients are worked out from `facts`; losses are priced by the report, not in the
+    /// rows; a row is written (copied, if a report still holds it) only when its label or its
+    /// evictor's label changed (DESIGN.md, "Incremental analysis").
+    pub fn live_report(&mut self) -> Report<SharedRow> {
         let labels = self.labels();
         self.apply(&labels);
         let tools = self.tool_usage(&labels);
         let clients = self.clients(&labels);
+        let bulk = self.bulk_rates();
         let rows: Vec<SharedRow> = self
             .rows
             .iter()
-            .zip(self.prices())
-            .map(|(row, per_token)| SharedRow {
+            .zip(self.facts.iter().zip(&self.applied))
+            .map(|(row, (f, applied))| SharedRow {
                 row: Arc::clone(row),
-                per_token,
+                per_token: per_token(f, applied, &bulk),
             })
             .collect();
-        let findings = findings::find(&rows, &tools, &self.config);
         let input = report::Input {
             records: self.records,
             span: self.span,
@@ -460,7 +466,7 @@ impl Analyzer {
         let globals = report::Globals {
             clients,
             tools,
-            findings,
+            findings: Vec::new(),
         };
         report::assemble(input, rows, globals)
     }
@@ -506,7 +512,7 @@ impl Analyzer {
             unit_of_row.push(unit);
         }
         // Distinct (agent, tool set) pairs, each with its first unit; subsets are merged.
-        let mut pair_ids: HashMap<(u32, u32), usize> = HashMap::new();
+        let mut pair_ids: IntMap<(u32, u32), usize> = IntMap::default();
         let mut pairs: Vec<(u32, u32, usize)> = Vec::new();
         let mut pair_of_unit: Vec<usize> = Vec::with_capacity(units.len());
         for (i, unit) in units.iter().enumerate() {
@@ -528,7 +534,7 @@ impl Analyzer {
             }
             i
         }
-        let mut by_agent: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut by_agent: IntMap<u32, Vec<usize>> = IntMap::default();
         for (id, pair) in pairs.iter().enumerate() {
             by_agent.entry(pair.0).or_default().push(id);
         }
@@ -543,13 +549,13 @@ impl Analyzer {
                 }
             }
         }
-        let mut first_unit: HashMap<usize, usize> = HashMap::new();
+        let mut first_unit: IntMap<usize, usize> = IntMap::default();
         for (id, pair) in pairs.iter().enumerate() {
             let r = root(&mut parent, id);
             let first = first_unit.entry(r).or_insert(pair.2);
             *first = (*first).min(pair.2);
         }
-        let mut clusters: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut clusters: IntMap<u32, Vec<usize>> = IntMap::default();
         for (&r, &first) in &first_unit {
             clusters.entry(pairs[r].0).or_default().push(first);
         }
@@ -584,15 +590,18 @@ impl Analyzer {
     /// Writes each row's client label and its evictor's (`table::name_evictors`) where they
     /// changed.
     fn apply(&mut self, labels: &Labels) {
+        let label_of_id = ById::new(
+            self.xs
+                .iter()
+                .zip(&labels.of_row)
+                .map(|(x, &label)| (x.id, label)),
+        );
         for i in 0..self.rows.len() {
             let applied = self.applied[i];
             let client = labels.of_row[i];
-            let evictor_client = applied.evictor.map_or(NONE, |id| {
-                self.globals
-                    .key_of_id
-                    .get(&id)
-                    .map_or(NONE, |&key| labels.of_row[self.position(key)])
-            });
+            let evictor_client = applied
+                .evictor
+                .map_or(NONE, |id| label_of_id.get(id).unwrap_or(NONE));
             if client == applied.client && evictor_client == applied.evictor_client {
                 continue;
             }
@@ -614,10 +623,9 @@ impl Analyzer {
         }
     }
 
-    /// What each row's losses cost per token (`table::price`): the cheaper of the row's own
-    /// prefill rate and its model's bulk rate (server-timed prefills of at least 50 evaluated
-    /// tokens). `None` for a row without losses or timing.
-    fn prices(&self) -> Vec<Option<Measured<f64>>> {
+    /// Each model's bulk prefill rate (by model id): ms per evaluated token over its
+    /// server-timed prefills of at least 50 evaluated tokens (`table::price`).
+    fn bulk_rates(&self) -> Vec<Option<f64>> {
         // Summed in row order, as `table::price` sums, so the rates are the same to the bit.
         let mut sums: Vec<(f64, f64)> = vec![(0.0, 0.0); self.globals.strings.len()];
         for f in &self.facts {
@@ -627,21 +635,8 @@ impl Analyzer {
                 sum.1 += evaluated;
             }
         }
-        let bulk: Vec<Option<f64>> = sums
-            .into_iter()
+        sums.into_iter()
             .map(|(ms, evaluated)| (evaluated > 0.0).then(|| ms / evaluated))
-            .collect();
-        self.facts
-            .iter()
-            .zip(&self.applied)
-            .map(|(f, applied)| {
-                let (own, source) = f.timing.filter(|_| applied.loss)?;
-                let rate = match (own, bulk.get(f.model as usize).copied().flatten()) {
-                    (Some(own), Some(bulk)) => Some(own.min(bulk)),
-                    (own, bulk) => own.or(bulk),
-                };
-                rate.map(|value| Measured { value, source })
-            })
             .collect()
     }
 
@@ -650,7 +645,7 @@ impl Analyzer {
     fn tool_usage(&self, labels: &Labels) -> Vec<ToolUsage> {
         // (schema tokens, offered, called) by (client, tool name).
         type Usage = (u32, u32, u32);
-        let mut usage: HashMap<(u32, u32), Usage> = HashMap::new();
+        let mut usage: IntMap<(u32, u32), Usage> = IntMap::default();
         for (f, &client) in self.facts.iter().zip(&labels.of_row) {
             for &(name, schema) in &f.offered {
                 let entry = usage.entry((client, name)).or_default();
@@ -694,7 +689,7 @@ impl Analyzer {
     fn clients(&self, labels: &Labels) -> Vec<Client> {
         // (label, first row, requests, conversations, tool sets)
         let mut found: Vec<(u32, usize, u32, u32, Vec<u32>)> = Vec::new();
-        let mut index: HashMap<u32, usize> = HashMap::new();
+        let mut index: IntMap<u32, usize> = IntMap::default();
         for (i, &label) in labels.of_row.iter().enumerate() {
             let at = *index.entry(label).or_insert_with(|| {
                 found.push((label, i, 0, 0, Vec::new()));
@@ -780,8 +775,6 @@ impl Analyzer {
                 }
             }
         }
-        let latest = g.key_of_id.entry(x.id).or_insert(key);
-        *latest = (*latest).max(key);
         let c = &x.counts;
         let (bulk, timing) = match (c.prefill_ms, c.evaluated_tokens) {
             (Some(prefill), Some(evaluated)) => (
@@ -1239,6 +1232,17 @@ impl Analyzer {
         });
         session
     }
+}
+
+/// What a row's losses cost per token (`table::price`): the cheaper of its own prefill rate
+/// and its model's bulk rate. `None` for a row without losses or timing.
+fn per_token(f: &Facts, applied: &Applied, bulk: &[Option<f64>]) -> Option<Measured<f64>> {
+    let (own, source) = f.timing.filter(|_| applied.loss)?;
+    let rate = match (own, bulk.get(f.model as usize).copied().flatten()) {
+        (Some(own), Some(bulk)) => Some(own.min(bulk)),
+        (own, bulk) => own.or(bulk),
+    };
+    rate.map(|value| Measured { value, source })
 }
 
 /// The same report with its rows held another way.

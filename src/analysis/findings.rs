@@ -1,10 +1,11 @@
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::Config;
+use super::ids::{ById, IntMap};
 use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, Shape, ToolUsage};
 use crate::normalize::measured::{Measured, Source};
 
@@ -84,30 +85,37 @@ pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measure
 /// and the tool usage worked out from them.
 pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) -> Vec<Finding> {
     let all: Vec<Rated> = rows.iter().map(Priced::rated).collect();
-    let models: BTreeSet<&str> = all.iter().map(|r| r.row.model.as_str()).collect();
-    let by_id: BTreeMap<u64, &Row> = all.iter().map(|r| (r.id, r.row)).collect();
+    let by_id = ById::new(all.iter().map(|r| (r.id, r.row())));
     let mut findings = Vec::new();
     // Rows grouped once by model and by (model, client), in table order: filtering the table
     // per client made findings quadratic in the clients (1.1 s of a 100,000-row snapshot).
-    let mut by_model: BTreeMap<&str, Vec<Rated>> = BTreeMap::new();
-    let mut by_client: HashMap<(&str, &str), Vec<Rated>> = HashMap::new();
+    let mut by_model: IntMap<&str, Vec<Rated>> = IntMap::default();
+    let mut by_client: IntMap<(&str, &str), Vec<Rated>> = IntMap::default();
     for &row in &all {
         by_model
-            .entry(row.row.model.as_str())
+            .entry(row.row().model.as_str())
             .or_default()
             .push(row);
         by_client
-            .entry((row.row.model.as_str(), row.row.client.as_str()))
+            .entry((row.row().model.as_str(), row.row().client.as_str()))
             .or_default()
             .push(row);
     }
-    for model in models {
-        let rows: &[Rated] = by_model.get(model).map_or(&[], Vec::as_slice);
+    // Each model's clients, in order, from the groups rather than from every row.
+    let mut clients_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for &(model, client) in by_client.keys() {
+        clients_of.entry(model).or_default().push(client);
+    }
+    let mut models: Vec<(&str, Vec<Rated>)> = by_model.into_iter().collect();
+    models.sort_unstable_by_key(|&(model, _)| model);
+    for (model, rows) in &models {
+        let (model, rows): (&str, &[Rated]) = (model, rows);
         findings.extend(side_call_on_conversation_model(model, rows));
         findings.extend(server_cache_losses(model, rows));
         findings.extend(other_conversation_eviction(model, rows, &by_id));
         findings.extend(other_model_eviction(model, rows, &by_id));
-        let clients: BTreeSet<&str> = rows.iter().map(|r| r.client.as_str()).collect();
+        let mut clients = clients_of.remove(model).unwrap_or_default();
+        clients.sort_unstable();
         for client in clients {
             let mine: &[Rated] = by_client.get(&(model, client)).map_or(&[], Vec::as_slice);
             findings.extend(prefix_breaks(model, client, mine));
@@ -289,11 +297,7 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
         .collect()
 }
 
-fn other_conversation_eviction(
-    model: &str,
-    rows: &[Rated],
-    by_id: &BTreeMap<u64, &Row>,
-) -> Option<Finding> {
+fn other_conversation_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Option<Finding> {
     let hit: Vec<Rated> = rows
         .iter()
         .copied()
@@ -306,18 +310,24 @@ fn other_conversation_eviction(
     for loss in hit.iter().filter_map(|r| r.external_loss()) {
         sum.add(loss);
     }
-    let others: Vec<&Row> = hit
+    let others = hit
         .iter()
         .flat_map(|r| &r.other_conversations_between)
-        .filter_map(|id| by_id.get(id).copied())
-        .collect();
-    let conversations: BTreeSet<u32> = others.iter().filter_map(|r| r.conversation).collect();
-    let clients: BTreeSet<&str> = hit
-        .iter()
-        .map(|r| r.row)
-        .chain(others.iter().copied())
-        .map(|r| r.client.as_str())
-        .collect();
+        .filter_map(|&id| by_id.get(id));
+    // Sorted and deduplicated, as the sets they stand for, but only the distinct ones sorted:
+    // a set insert per row (hundreds of thousands of them) was most of the findings' cost.
+    let mut conversations: Vec<u32> = Vec::new();
+    let mut seen: IntMap<&str, ()> = IntMap::default();
+    for row in hit.iter().map(|r| r.row()).chain(others.clone()) {
+        seen.insert(row.client.as_str(), ());
+    }
+    for row in others {
+        conversations.extend(row.conversation);
+    }
+    conversations.sort_unstable();
+    conversations.dedup();
+    let mut clients: Vec<&str> = seen.into_keys().collect();
+    clients.sort_unstable();
     Some(loss_finding(
         FindingKind::OtherConversationEviction,
         (model, None),
@@ -328,11 +338,7 @@ fn other_conversation_eviction(
     ))
 }
 
-fn other_model_eviction(
-    model: &str,
-    rows: &[Rated],
-    by_id: &BTreeMap<u64, &Row>,
-) -> Option<Finding> {
+fn other_model_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Option<Finding> {
     let hit: Vec<Rated> = rows
         .iter()
         .copied()
@@ -348,7 +354,7 @@ fn other_model_eviction(
     let others: BTreeSet<&str> = hit
         .iter()
         .flat_map(|r| &r.other_domains_between)
-        .filter_map(|id| by_id.get(id).map(|r| r.model.as_str()))
+        .filter_map(|&id| by_id.get(id).map(|r| r.model.as_str()))
         .collect();
     Some(loss_finding(
         FindingKind::OtherModelEviction,
@@ -460,9 +466,9 @@ fn server_sized(row: &Row) -> bool {
 fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Finding> {
     // What a tool's findings say of its client's rows, worked out once per client rather than
     // once per tool: (every tool block exactly sized, first and last start, sessions).
-    let mut of_client: HashMap<&str, (bool, i64, i64, Vec<u32>)> = HashMap::new();
+    let mut of_client: IntMap<&str, (bool, i64, i64, Vec<u32>)> = IntMap::default();
     for r in all {
-        let entry = of_client.entry(r.row.client.as_str()).or_insert((
+        let entry = of_client.entry(r.row().client.as_str()).or_insert((
             true,
             r.t_start_ms,
             r.t_start_ms,

@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod findings;
+pub mod ids;
 pub mod report;
 pub mod table;
 
@@ -88,6 +89,12 @@ pub fn normalize_all(records: &[Record]) -> Normalized {
 /// batch mode, linear in the records.
 pub fn analyze(records: &[Record], config: &Config) -> Report {
     engine::Analyzer::from_records(records, config.clone()).into_report()
+}
+
+/// The findings of a report's rows and tool usage (those of `Analyzer::live_report`, which
+/// leaves them out until they are read).
+pub fn find<R: Priced>(report: &report::Report<R>, config: &Config) -> Vec<Finding> {
+    findings::find(&report.rows, &report.tools, config)
 }
 
 /// The same analysis done the straightforward way (llmp's algorithm, quadratic in the requests

@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -168,10 +168,10 @@ fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
             SkipReason::Unparsed => coverage.skipped.unparsed += 1,
         }
     }
-    coverage.conversations = each(rows)
-        .filter_map(|r| r.conversation)
-        .collect::<BTreeSet<_>>()
-        .len() as u64;
+    let mut conversations: Vec<u32> = each(rows).filter_map(|r| r.conversation).collect();
+    conversations.sort_unstable();
+    conversations.dedup();
+    coverage.conversations = conversations.len() as u64;
     for row in each(rows).filter(|r| r.kind == RowKind::Turn) {
         coverage.turns += 1;
         coverage.turns_with_reuse += u64::from(row.counts.reused_tokens.is_some());
@@ -181,9 +181,12 @@ fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
 }
 
 fn servers<R: Priced>(rows: &[R]) -> Vec<ServerFields> {
-    let mut apis: BTreeMap<Api, BTreeSet<CountField>> = BTreeMap::new();
+    // The fields as a bit set per API while counting: a set insert per field per row was most
+    // of the report's own cost.
+    let mut apis: BTreeMap<Api, u8> = BTreeMap::new();
+    let mut last: Option<(Api, u8)> = None;
     for row in each(rows) {
-        let fields = apis.entry(row.api).or_default();
+        let mut fields = 0u8;
         let c = &row.counts;
         let reported = [
             (CountField::PromptTokens, c.prompt_tokens.map(|m| m.source)),
@@ -202,17 +205,43 @@ fn servers<R: Priced>(rows: &[R]) -> Vec<ServerFields> {
         ];
         for (field, source) in reported {
             if source == Some(Source::Server) {
-                fields.insert(field);
+                fields |= 1 << field as u8;
+            }
+        }
+        match &mut last {
+            Some((api, seen)) if *api == row.api => *seen |= fields,
+            _ => {
+                if let Some((api, seen)) = last {
+                    *apis.entry(api).or_default() |= seen;
+                }
+                last = Some((row.api, fields));
             }
         }
     }
+    if let Some((api, seen)) = last {
+        *apis.entry(api).or_default() |= seen;
+    }
     apis.into_iter()
-        .map(|(api, fields)| ServerFields {
+        .map(|(api, seen)| ServerFields {
             api,
-            fields: fields.into_iter().collect(),
+            fields: COUNT_FIELDS
+                .into_iter()
+                .filter(|&field| seen & (1 << field as u8) != 0)
+                .collect(),
         })
         .collect()
 }
+
+/// Every count field, in order.
+const COUNT_FIELDS: [CountField; 7] = [
+    CountField::PromptTokens,
+    CountField::CompletionTokens,
+    CountField::ReusedTokens,
+    CountField::EvaluatedTokens,
+    CountField::PrefillMs,
+    CountField::DecodeMs,
+    CountField::LoadMs,
+];
 
 fn time<R: Priced>(rows: &[R]) -> Time {
     let mut prefill_ms = None;
@@ -237,11 +266,20 @@ fn time<R: Priced>(rows: &[R]) -> Time {
         }
         for (loss, ms) in row.losses() {
             lost_tokens += u64::from(loss.tokens);
-            let total = by_cause.entry(loss.cause.clone()).or_insert(CauseTotal {
-                tokens: 0,
-                ms: None,
-                rows: 0,
-            });
+            // Looked up before it is inserted: a cause's name is copied once, not per loss.
+            if !by_cause.contains_key(loss.cause.as_str()) {
+                by_cause.insert(
+                    loss.cause.clone(),
+                    CauseTotal {
+                        tokens: 0,
+                        ms: None,
+                        rows: 0,
+                    },
+                );
+            }
+            let Some(total) = by_cause.get_mut(loss.cause.as_str()) else {
+                continue;
+            };
             total.tokens += u64::from(loss.tokens);
             total.rows += 1;
             if let Some(ms) = ms {
@@ -272,6 +310,12 @@ fn composition<R: Priced>(rows: &[R]) -> CompositionTotals {
 
 impl<R> Report<R> {
     pub fn summary(&self) -> String {
+        self.summary_with(&self.findings)
+    }
+
+    /// The summary, with findings worked out apart from the report (a live snapshot's, on
+    /// demand).
+    pub fn summary_with(&self, findings: &[Finding]) -> String {
         let mut lines = Vec::new();
         let turns = self.coverage.turns;
         let span = self
@@ -340,9 +384,9 @@ impl<R> Report<R> {
             lines.push(line);
         }
         lines.push(self.coverage_line());
-        if !self.findings.is_empty() {
+        if !findings.is_empty() {
             lines.push("findings:".into());
-            for finding in self.findings.iter().take(SUMMARY_FINDINGS) {
+            for finding in findings.iter().take(SUMMARY_FINDINGS) {
                 let client = match (&finding.client, several) {
                     (Some(client), true) => format!(" [{client}]"),
                     _ => String::new(),
@@ -353,10 +397,10 @@ impl<R> Report<R> {
                     label(finding)
                 ));
             }
-            if self.findings.len() > SUMMARY_FINDINGS {
+            if findings.len() > SUMMARY_FINDINGS {
                 lines.push(format!(
                     "  … {} more with --json",
-                    self.findings.len() - SUMMARY_FINDINGS
+                    findings.len() - SUMMARY_FINDINGS
                 ));
             }
         }

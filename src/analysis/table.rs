@@ -121,10 +121,7 @@ pub struct SharedRow {
 impl SharedRow {
     /// The milliseconds of one of this row's losses.
     pub fn ms(&self, loss: &Loss) -> Option<Measured<f64>> {
-        self.per_token.map(|rate| Measured {
-            value: f64::from(loss.tokens) * rate.value,
-            source: rate.source,
-        })
+        self.rated().ms(loss)
     }
 
     /// The row with its losses priced, as an owned report holds it.
@@ -173,20 +170,25 @@ impl Priced for SharedRow {
     fn rated(&self) -> Rated<'_> {
         Rated {
             row: &self.row,
-            per_token: Some(self.per_token),
+            per_token: Some(&self.per_token),
         }
     }
 }
 
-/// A row and how its losses are priced: by their own `ms` (`per_token` `None`), or at a rate.
+/// A row and how its losses are priced: by their own `ms` (`per_token` `None`), or at its
+/// shared row's rate. Two words, the row one step away, so a report's passes copy them freely.
 #[derive(Debug, Clone, Copy)]
 pub struct Rated<'a> {
-    pub row: &'a Row,
-    per_token: Option<Option<Measured<f64>>>,
+    row: &'a Row,
+    per_token: Option<&'a Option<Measured<f64>>>,
 }
 
 impl<'a> Rated<'a> {
-    pub fn ms(&self, loss: &Loss) -> Option<Measured<f64>> {
+    pub fn row(self) -> &'a Row {
+        self.row
+    }
+
+    pub fn ms(self, loss: &Loss) -> Option<Measured<f64>> {
         match self.per_token {
             None => loss.ms,
             Some(rate) => rate.map(|rate| Measured {
@@ -197,19 +199,19 @@ impl<'a> Rated<'a> {
     }
 
     /// The client-side loss and its milliseconds.
-    pub fn client_loss(&self) -> Option<(&'a Loss, Option<Measured<f64>>)> {
+    pub fn client_loss(self) -> Option<(&'a Loss, Option<Measured<f64>>)> {
         let loss = self.row.lost_client.as_ref()?;
         Some((loss, self.ms(loss)))
     }
 
     /// The external loss and its milliseconds.
-    pub fn external_loss(&self) -> Option<(&'a Loss, Option<Measured<f64>>)> {
+    pub fn external_loss(self) -> Option<(&'a Loss, Option<Measured<f64>>)> {
         let loss = self.row.lost_external.as_ref()?;
         Some((loss, self.ms(loss)))
     }
 
     /// Both losses, client first, with their milliseconds.
-    pub fn losses(&self) -> impl Iterator<Item = (&'a Loss, Option<Measured<f64>>)> + use<'a> {
+    pub fn losses(self) -> impl Iterator<Item = (&'a Loss, Option<Measured<f64>>)> {
         [self.client_loss(), self.external_loss()]
             .into_iter()
             .flatten()
@@ -219,7 +221,7 @@ impl<'a> Rated<'a> {
 impl std::ops::Deref for Rated<'_> {
     type Target = Row;
     fn deref(&self) -> &Row {
-        self.row
+        self.row()
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the panes draw, built from a report (pure) by the live engine for each snapshot; the
 //! TUI only reads it.
 
+use crate::analysis::ids::IntMap;
 use crate::analysis::{BreakCause, EvictedBy, Priced, Rated, Report, Row, RowKind};
 // Defined once in the core, for the report and the commands as well; the panes take them from here.
 pub use crate::units::{cause_label, duration_decimal as duration, thousands};
@@ -90,7 +91,7 @@ pub struct PrefixItem {
 pub const MAX_BREAKS_SHOWN: usize = 1_000;
 
 /// Tokens, milliseconds (if measured) and tokens by cause, of one client.
-type LossTally = (u64, Option<f64>, Vec<(String, u64)>);
+type LossTally<'a> = (u64, Option<f64>, Vec<(&'a str, u64)>);
 
 /// Does a row pass the filter (client, model, conversation `c3`, or text of its break)?
 pub fn matches(row: &Row, filter: &str) -> bool {
@@ -144,7 +145,8 @@ impl View {
             bad_lines: report.coverage.bad_lines,
         };
         let mut lanes: Vec<Lane> = Vec::new();
-        let mut lane_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        // Conversations are numbered from 1 up: a lane's index by number, not by hash.
+        let mut lane_of: Vec<usize> = Vec::new();
         for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
             let Some(conversation) = row.conversation else {
                 continue;
@@ -161,10 +163,14 @@ impl View {
                     .sum(),
                 evicted_by: row.evicted_by.clone(),
             };
-            match lane_of.get(&conversation) {
-                Some(&i) => lanes[i].cells.push(cell),
+            let slot = conversation as usize;
+            match lane_of.get(slot).copied().filter(|&i| i != usize::MAX) {
+                Some(i) => lanes[i].cells.push(cell),
                 None => {
-                    lane_of.insert(conversation, lanes.len());
+                    if lane_of.len() <= slot {
+                        lane_of.resize(slot + 1, usize::MAX);
+                    }
+                    lane_of[slot] = lanes.len();
                     lanes.push(Lane {
                         client: row.client.clone(),
                         conversation,
@@ -174,13 +180,14 @@ impl View {
             }
         }
         // Grouped by client, in order of each client's first request.
-        let client_order: std::collections::HashMap<&str, usize> = report
+        let client_order: IntMap<&str, usize> = report
             .clients
             .iter()
             .enumerate()
             .map(|(i, c)| (c.client.as_str(), i))
             .collect();
-        lanes.sort_by_key(|l| {
+        // Each lane's key worked out once, not at every comparison.
+        lanes.sort_by_cached_key(|l| {
             (
                 client_order
                     .get(l.client.as_str())
@@ -254,19 +261,19 @@ impl View {
         breaks.reverse();
 
         // One pass over the rows, then one entry per client in the report's order.
-        let mut loss_of: std::collections::HashMap<&str, LossTally> =
-            std::collections::HashMap::new();
+        let mut loss_of: IntMap<&str, LossTally> = IntMap::default();
         for row in rows.iter().copied() {
             for (loss, loss_ms) in row.losses() {
-                let (tokens, ms, by_cause) = loss_of.entry(row.row.client.as_str()).or_default();
+                let (tokens, ms, by_cause) = loss_of.entry(row.row().client.as_str()).or_default();
                 *tokens += u64::from(loss.tokens);
                 if let Some(m) = loss_ms {
                     *ms = Some(ms.unwrap_or(0.0) + m.value);
                 }
-                let label = cause_label(&loss.cause).to_string();
-                match by_cause.iter_mut().find(|(l, _)| *l == label) {
+                // By cause as recorded; named once per client below.
+                let cause = loss.cause.as_str();
+                match by_cause.iter_mut().find(|(c, _)| *c == cause) {
                     Some(entry) => entry.1 += u64::from(loss.tokens),
-                    None => by_cause.push((label, u64::from(loss.tokens))),
+                    None => by_cause.push((cause, u64::from(loss.tokens))),
                 }
             }
         }
@@ -274,8 +281,15 @@ impl View {
             .clients
             .iter()
             .map(|c| {
-                let (tokens, ms, mut by_cause) =
-                    loss_of.remove(c.client.as_str()).unwrap_or_default();
+                let (tokens, ms, causes) = loss_of.remove(c.client.as_str()).unwrap_or_default();
+                let mut by_cause: Vec<(&str, u64)> = Vec::new();
+                for (cause, tokens) in causes {
+                    let label = cause_label(cause);
+                    match by_cause.iter_mut().find(|(l, _)| *l == label) {
+                        Some(entry) => entry.1 += tokens,
+                        None => by_cause.push((label, tokens)),
+                    }
+                }
                 by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
                 ClientLoss {
                     client: c.client.clone(),
@@ -283,7 +297,10 @@ impl View {
                     conversations: c.conversations,
                     tokens,
                     ms,
-                    by_cause,
+                    by_cause: by_cause
+                        .into_iter()
+                        .map(|(label, tokens)| (label.to_string(), tokens))
+                        .collect(),
                 }
             })
             .collect();
