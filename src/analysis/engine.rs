@@ -403,6 +403,8 @@ impl Analyzer {
         }
     }
 
+    /// The derived rows, as the last report labelled them; their losses are not priced (a
+    /// report prices them, see `SharedRow`).
     pub fn rows(&self) -> &[Arc<Row>] {
         &self.rows
     }
