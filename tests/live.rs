@@ -461,6 +461,7 @@ fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
         .report
         .rows
         .iter()
+        .map(|r| &*r.row)
         .filter(|r| r.break_cause.is_some() && r.lost_external.is_some())
         .collect();
     // Seed 1 (the demo's default) has one: the coder's turn 8.

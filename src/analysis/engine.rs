@@ -7,18 +7,23 @@
 //! sequential pass (sessions, conversation tips, links, losses) is then re-run from the
 //! earliest affected row, starting from a checkpoint of its state. In the common case (the
 //! record started after every other) that is one row. Global figures that every new record
-//! shifts a little (the bulk prefill rate that prices losses, client labels, findings) are
-//! computed when a report is asked for.
+//! shifts a little (the bulk prefill rate that prices losses, client labels, tool usage,
+//! findings) are worked out when a report is asked for, from what each exchange contributes,
+//! taken once when it was inserted (`Facts`); rows are shared with the reports (`Arc`) and only
+//! those whose label, price or evictor's label changed are written again.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
+use super::ids::{ById, IntMap};
 use super::report::{self, Report};
 use super::table::{
-    self, Choice, Link, Row, RowKind, Shape, Table, Tip, Weights, apply_link, choose_by_match,
-    continues, link, structured, summarise, system_hash, weights,
+    self, Choice, Client, Link, Row, RowKind, Shape, SharedRow, Tip, ToolUsage, Weights,
+    apply_link, choose_by_match, continues, link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
+use crate::normalize::measured::{Measured, Source};
 use crate::record::{Record, hash};
 
 type OrderKey = (i64, u64);
@@ -103,28 +108,160 @@ struct Domain {
     stateless: bool,
 }
 
-/// What the global figures (client labels, findings) changed since the last `refresh`.
-#[derive(Debug, Clone, Default)]
-pub struct Refresh {
-    /// Rows already told about whose client label changed (e.g. `a/1` became `a/1 #1` when a
-    /// second tool set of that user-agent appeared), with the new label.
-    pub relabelled: Vec<(u64, String)>,
-    /// Indexes into `report.findings`.
-    pub findings_new: Vec<usize>,
-    pub findings_changed: Vec<usize>,
-    /// Findings no longer reported.
-    pub findings_gone: Vec<FindingKey>,
+/// Marks "none" among interned ids: no label yet, no call id.
+const NONE: u32 = u32::MAX;
+
+/// Strings as small ids, so the global figures group and compare integers.
+#[derive(Debug, Default)]
+struct Interner {
+    ids: HashMap<String, u32>,
+    strings: Vec<String>,
 }
 
-/// A finding's identity across refreshes: kind, model, client, and which of several findings
-/// with those three it is.
-pub type FindingKey = (findings::FindingKind, Option<String>, Option<String>, usize);
+impl Interner {
+    fn id(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(s) {
+            return id;
+        }
+        let id = u32::try_from(self.strings.len()).unwrap_or(NONE - 1);
+        self.strings.push(s.to_string());
+        self.ids.insert(s.to_string(), id);
+        id
+    }
+
+    /// `""` for `NONE` (the label of a row not yet labelled, as `base_row` leaves it).
+    fn get(&self, id: u32) -> &str {
+        self.strings.get(id as usize).map_or("", String::as_str)
+    }
+
+    fn len(&self) -> usize {
+        self.strings.len()
+    }
+}
+
+/// What one exchange contributes to the global figures, taken once when it is inserted.
+#[derive(Debug)]
+struct Facts {
+    model: u32,
+    /// The user-agent, or `unknown`.
+    agent: u32,
+    /// Its set of tool names (`GlobalState::sets`).
+    tools: u32,
+    /// Each distinct tool name (first occurrence) and its schema tokens.
+    offered: Vec<(u32, u32)>,
+    /// Calls that may be counted as the first sight of a call: (call id, name) for the first
+    /// occurrence here of each id no earlier-started row holds, (`NONE`, name) for the
+    /// response's calls without id.
+    calls: Vec<(u32, u32)>,
+    /// Server prefill milliseconds and evaluated tokens, when they count in the model's bulk
+    /// rate.
+    bulk: Option<(f64, f64)>,
+    /// The row's own prefill rate and the timing's source, when it has both counts.
+    timing: Option<(Option<f64>, Source)>,
+}
+
+/// The labels a row carries (as of the last report), and what deciding them and its price
+/// needs of the row, so a report reads no row it does not write.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    client: u32,
+    evictor_client: u32,
+    loss: bool,
+    evictor: Option<u64>,
+    conversation: Option<u32>,
+}
+
+impl Applied {
+    /// A row as derived: no client, no milliseconds, no evictor's client.
+    fn of(row: &Row) -> Applied {
+        Applied {
+            client: NONE,
+            evictor_client: NONE,
+            loss: row.lost_client.is_some() || row.lost_external.is_some(),
+            evictor: row.evicted_by.as_ref().map(|e| e.row),
+            conversation: row.conversation,
+        }
+    }
+}
+
+/// Interned names and what is kept across reports to work the global figures out quickly.
+#[derive(Debug, Default)]
+struct GlobalState {
+    /// Models, user-agents, tool and call names, client labels.
+    strings: Interner,
+    call_ids: Interner,
+    /// The earliest-started row holding each call id.
+    first_call: Vec<OrderKey>,
+    /// Sets of tool names (sorted string ids), and unions already made of two of them.
+    sets: Vec<Vec<u32>>,
+    set_ids: HashMap<Vec<u32>, u32>,
+    unions: IntMap<(u32, u32), u32>,
+    /// `agent #n` labels by (agent, n).
+    numbered: IntMap<(u32, u32), u32>,
+}
+
+impl GlobalState {
+    fn set(&mut self, names: Vec<u32>) -> u32 {
+        if let Some(&id) = self.set_ids.get(&names) {
+            return id;
+        }
+        let id = u32::try_from(self.sets.len()).unwrap_or(NONE - 1);
+        self.sets.push(names.clone());
+        self.set_ids.insert(names, id);
+        id
+    }
+
+    fn union(&mut self, a: u32, b: u32) -> u32 {
+        let (sa, sb) = (&self.sets[a as usize], &self.sets[b as usize]);
+        if a == b || sb.is_empty() {
+            return a;
+        }
+        if sa.is_empty() {
+            return b;
+        }
+        if let Some(&id) = self.unions.get(&(a, b)) {
+            return id;
+        }
+        let mut names: Vec<u32> = sa.iter().chain(sb).copied().collect();
+        names.sort_unstable();
+        names.dedup();
+        let id = self.set(names);
+        self.unions.insert((a, b), id);
+        id
+    }
+
+    fn numbered(&mut self, agent: u32, n: u32) -> u32 {
+        if let Some(&id) = self.numbered.get(&(agent, n)) {
+            return id;
+        }
+        let label = format!("{} #{n}", self.strings.get(agent));
+        let id = self.strings.id(&label);
+        self.numbered.insert((agent, n), id);
+        id
+    }
+}
+
+/// A conversation, or a request outside any: `assign_clients`'s unit.
+struct Unit {
+    agent: u32,
+    tools: u32,
+    conversation: bool,
+    label: u32,
+}
+
+/// Client labels (string ids) by row position, and the units they were decided by.
+struct Labels {
+    of_row: Vec<u32>,
+    units: Vec<Unit>,
+}
+
+fn is_subset(a: &[u32], b: &[u32]) -> bool {
+    let mut rest = b.iter();
+    a.iter().all(|x| rest.any(|y| y == x))
+}
 
 pub struct Analyzer {
     config: Config,
-    /// Client labels and findings as of the last `refresh`.
-    told_labels: HashMap<u64, String>,
-    told_findings: HashMap<FindingKey, findings::Finding>,
     records: u64,
     span: Option<(i64, i64)>,
     skipped: Vec<Skipped>,
@@ -137,7 +274,13 @@ pub struct Analyzer {
     continuing: Vec<bool>,
     kinds: Vec<(RowKind, Option<Shape>)>,
     domains: HashMap<String, Domain>,
-    rows: Vec<Row>,
+    /// Each exchange's part in the global figures, by position like `xs`.
+    facts: Vec<Facts>,
+    /// The derived rows, shared with the reports; their global fields (client, loss
+    /// milliseconds, evictor's client) are those of the last report, and `applied` says which.
+    rows: Vec<Arc<Row>>,
+    applied: Vec<Applied>,
+    globals: GlobalState,
     seq: SeqState,
     /// What each derived row changed in `seq`: row r's undos are
     /// `undo[undo_start[r]..undo_start[r + 1]]`.
@@ -198,8 +341,6 @@ impl Analyzer {
     pub fn new(config: Config) -> Analyzer {
         Analyzer {
             config,
-            told_labels: HashMap::new(),
-            told_findings: HashMap::new(),
             records: 0,
             span: None,
             skipped: Vec::new(),
@@ -211,7 +352,10 @@ impl Analyzer {
             continuing: Vec::new(),
             kinds: Vec::new(),
             domains: HashMap::new(),
+            facts: Vec::new(),
             rows: Vec::new(),
+            applied: Vec::new(),
+            globals: GlobalState::default(),
             seq: SeqState {
                 next_session: 1,
                 ..SeqState::default()
@@ -259,79 +403,401 @@ impl Analyzer {
         }
     }
 
-    pub fn rows(&self) -> &[Row] {
+    /// The derived rows, as the last report labelled them; their losses are not priced (a
+    /// report prices them, see `SharedRow`).
+    pub fn rows(&self) -> &[Arc<Row>] {
         &self.rows
     }
 
     /// The report of everything pushed so far: rows, then the global figures.
-    pub fn report(&self) -> Report {
-        let order: Vec<&Exchange> = self.xs.iter().collect();
-        let mut rows = self.rows.clone();
-        table::price(&mut rows);
-        table::assign_clients(&order, &mut rows);
-        table::name_evictors(&mut rows);
-        let tools = table::tool_usage(&order, &self.ws, &rows);
-        let clients = table::clients(&order, &rows);
-        let table = Table {
-            rows,
-            tools,
-            clients,
-        };
-        let findings = findings::find(&table, &self.config);
+    pub fn report(&mut self) -> Report {
+        let shared = self.shared_report();
+        map_rows(shared, |rows| rows.iter().map(SharedRow::priced).collect())
+    }
+
+    /// The report, the engine's last act (`analyze`): its rows are moved out, not copied.
+    pub fn into_report(mut self) -> Report {
+        let shared = self.shared_report();
+        drop(std::mem::take(&mut self.rows));
+        map_rows(shared, |rows| {
+            rows.into_iter()
+                .map(|shared| {
+                    let mut row =
+                        Arc::try_unwrap(shared.row).unwrap_or_else(|row| Row::clone(&row));
+                    table::price_at(&mut row, shared.per_token);
+                    row
+                })
+                .collect()
+        })
+    }
+
+    /// The report, its rows shared with the engine.
+    pub fn shared_report(&mut self) -> Report<SharedRow> {
+        let mut report = self.live_report();
+        report.findings = findings::find(&report.rows, &report.tools, &self.config);
+        report
+    }
+
+    /// The report without its findings (`findings` empty), as a live snapshot holds it: no
+    /// pane shows findings, so a snapshot works them out only when its summary or JSON is
+    /// asked for (`analysis::find`). Linear in the rows, but over integers: labels, tool usage
+    /// and clients are worked out from `facts`; losses are priced by the report, not in the
+    /// rows; a row is written (copied, if a report still holds it) only when its label or its
+    /// evictor's label changed (DESIGN.md, "Incremental analysis").
+    pub fn live_report(&mut self) -> Report<SharedRow> {
+        let labels = self.labels();
+        self.apply(&labels);
+        let tools = self.tool_usage(&labels);
+        let clients = self.clients(&labels);
+        let bulk = self.bulk_rates();
+        let rows: Vec<SharedRow> = self
+            .rows
+            .iter()
+            .zip(self.facts.iter().zip(&self.applied))
+            .map(|(row, (f, applied))| SharedRow {
+                row: Arc::clone(row),
+                per_token: per_token(f, applied, &bulk),
+            })
+            .collect();
         let input = report::Input {
             records: self.records,
             span: self.span,
             analysed: self.xs.len() as u64,
             skipped: &self.skipped,
         };
-        report::assemble(input, table, findings)
+        let globals = report::Globals {
+            clients,
+            tools,
+            findings: Vec::new(),
+        };
+        report::assemble(input, rows, globals)
     }
 
-    /// The report, and what its global figures changed since the last call. Client labels,
-    /// prices and findings depend on every row, so they are not worked out on each `push` but
-    /// here, as often as a view redraws (DESIGN.md, "Incremental analysis").
-    pub fn refresh(&mut self) -> (Report, Refresh) {
-        let report = self.report();
-        let mut changes = Refresh::default();
-        for row in &report.rows {
-            match self.told_labels.get_mut(&row.id) {
-                Some(label) if *label != row.client => {
-                    label.clone_from(&row.client);
-                    changes.relabelled.push((row.id, row.client.clone()));
+    /// `table::assign_clients` over `facts`: units (a conversation, or a request outside any)
+    /// of one user-agent whose tool sets are subsets of one another are one client, numbered
+    /// by first request when a user-agent has several.
+    fn labels(&mut self) -> Labels {
+        let g = &mut self.globals;
+        let mut units: Vec<Unit> = Vec::new();
+        let mut unit_of_row: Vec<u32> = Vec::with_capacity(self.facts.len());
+        let mut unit_of_conversation: Vec<u32> = Vec::new();
+        for (f, applied) in self.facts.iter().zip(&self.applied) {
+            let slot = applied.conversation.map(|c| c as usize);
+            let known = slot
+                .and_then(|c| unit_of_conversation.get(c).copied())
+                .filter(|&u| u != NONE);
+            let unit = match known {
+                Some(u) => {
+                    let unit = &mut units[u as usize];
+                    if unit.tools != f.tools {
+                        unit.tools = g.union(unit.tools, f.tools);
+                    }
+                    u
                 }
-                Some(_) => {}
                 None => {
-                    self.told_labels.insert(row.id, row.client.clone());
+                    let u = u32::try_from(units.len()).unwrap_or(NONE - 1);
+                    units.push(Unit {
+                        agent: f.agent,
+                        tools: f.tools,
+                        conversation: slot.is_some(),
+                        label: f.agent,
+                    });
+                    if let Some(c) = slot {
+                        if unit_of_conversation.len() <= c {
+                            unit_of_conversation.resize(c + 1, NONE);
+                        }
+                        unit_of_conversation[c] = u;
+                    }
+                    u
+                }
+            };
+            unit_of_row.push(unit);
+        }
+        // Distinct (agent, tool set) pairs, each with its first unit; subsets are merged.
+        let mut pair_ids: IntMap<(u32, u32), usize> = IntMap::default();
+        let mut pairs: Vec<(u32, u32, usize)> = Vec::new();
+        let mut pair_of_unit: Vec<usize> = Vec::with_capacity(units.len());
+        for (i, unit) in units.iter().enumerate() {
+            if g.sets[unit.tools as usize].is_empty() {
+                pair_of_unit.push(usize::MAX);
+                continue;
+            }
+            let id = *pair_ids.entry((unit.agent, unit.tools)).or_insert_with(|| {
+                pairs.push((unit.agent, unit.tools, i));
+                pairs.len() - 1
+            });
+            pair_of_unit.push(id);
+        }
+        let mut parent: Vec<usize> = (0..pairs.len()).collect();
+        fn root(parent: &mut [usize], mut i: usize) -> usize {
+            while parent[i] != i {
+                parent[i] = parent[parent[i]];
+                i = parent[i];
+            }
+            i
+        }
+        let mut by_agent: IntMap<u32, Vec<usize>> = IntMap::default();
+        for (id, pair) in pairs.iter().enumerate() {
+            by_agent.entry(pair.0).or_default().push(id);
+        }
+        for ids in by_agent.values() {
+            for (n, &a) in ids.iter().enumerate() {
+                for &b in &ids[n + 1..] {
+                    let (sa, sb) = (&g.sets[pairs[a].1 as usize], &g.sets[pairs[b].1 as usize]);
+                    if is_subset(sa, sb) || is_subset(sb, sa) {
+                        let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+                        parent[ra.max(rb)] = ra.min(rb);
+                    }
                 }
             }
         }
-        let mut current: HashMap<FindingKey, usize> = HashMap::new();
-        for (i, finding) in report.findings.iter().enumerate() {
-            let base = (finding.kind, finding.model.clone(), finding.client.clone());
-            let nth = report.findings[..i]
-                .iter()
-                .filter(|f| f.kind == base.0 && f.model == base.1 && f.client == base.2)
-                .count();
-            let key = (base.0, base.1, base.2, nth);
-            match self.told_findings.get(&key) {
-                None => changes.findings_new.push(i),
-                Some(told) if told != finding => changes.findings_changed.push(i),
-                Some(_) => {}
-            }
-            current.insert(key, i);
+        let mut first_unit: IntMap<usize, usize> = IntMap::default();
+        for (id, pair) in pairs.iter().enumerate() {
+            let r = root(&mut parent, id);
+            let first = first_unit.entry(r).or_insert(pair.2);
+            *first = (*first).min(pair.2);
         }
-        changes.findings_gone = self
-            .told_findings
-            .keys()
-            .filter(|key| !current.contains_key(*key))
-            .cloned()
-            .collect();
-        changes.findings_gone.sort();
-        self.told_findings = current
+        let mut clusters: IntMap<u32, Vec<usize>> = IntMap::default();
+        for (&r, &first) in &first_unit {
+            clusters.entry(pairs[r].0).or_default().push(first);
+        }
+        for firsts in clusters.values_mut() {
+            firsts.sort_unstable();
+        }
+        let mut pair_label: Vec<u32> = Vec::with_capacity(pairs.len());
+        for (id, &(agent, _, _)) in pairs.iter().enumerate() {
+            let firsts = clusters.get(&agent).map_or(&[][..], Vec::as_slice);
+            let label = if firsts.len() > 1 {
+                let r = root(&mut parent, id);
+                let first = first_unit.get(&r).copied().unwrap_or(0);
+                let n = firsts.iter().position(|&f| f == first).unwrap_or(0) + 1;
+                g.numbered(agent, u32::try_from(n).unwrap_or(u32::MAX))
+            } else {
+                agent
+            };
+            pair_label.push(label);
+        }
+        for (unit, &pair) in units.iter_mut().zip(&pair_of_unit) {
+            if let Some(&label) = pair_label.get(pair) {
+                unit.label = label;
+            }
+        }
+        let of_row = unit_of_row
             .into_iter()
-            .map(|(key, i)| (key, report.findings[i].clone()))
+            .map(|u| units[u as usize].label)
             .collect();
-        (report, changes)
+        Labels { of_row, units }
+    }
+
+    /// Writes each row's client label and its evictor's (`table::name_evictors`) where they
+    /// changed.
+    fn apply(&mut self, labels: &Labels) {
+        let label_of_id = ById::new(
+            self.xs
+                .iter()
+                .zip(&labels.of_row)
+                .map(|(x, &label)| (x.id, label)),
+        );
+        for i in 0..self.rows.len() {
+            let applied = self.applied[i];
+            let client = labels.of_row[i];
+            let evictor_client = applied
+                .evictor
+                .map_or(NONE, |id| label_of_id.get(id).unwrap_or(NONE));
+            if client == applied.client && evictor_client == applied.evictor_client {
+                continue;
+            }
+            let strings = &self.globals.strings;
+            let row = Arc::make_mut(&mut self.rows[i]);
+            if client != applied.client {
+                row.client = strings.get(client).to_string();
+            }
+            if evictor_client != applied.evictor_client
+                && let Some(evicted_by) = row.evicted_by.as_mut()
+            {
+                evicted_by.client = strings.get(evictor_client).to_string();
+            }
+            self.applied[i] = Applied {
+                client,
+                evictor_client,
+                ..applied
+            };
+        }
+    }
+
+    /// Each model's bulk prefill rate (by model id): ms per evaluated token over its
+    /// server-timed prefills of at least 50 evaluated tokens (`table::price`).
+    fn bulk_rates(&self) -> Vec<Option<f64>> {
+        // Summed in row order, as `table::price` sums, so the rates are the same to the bit.
+        let mut sums: Vec<(f64, f64)> = vec![(0.0, 0.0); self.globals.strings.len()];
+        for f in &self.facts {
+            if let Some((ms, evaluated)) = f.bulk {
+                let sum = &mut sums[f.model as usize];
+                sum.0 += ms;
+                sum.1 += evaluated;
+            }
+        }
+        sums.into_iter()
+            .map(|(ms, evaluated)| (evaluated > 0.0).then(|| ms / evaluated))
+            .collect()
+    }
+
+    /// `table::tool_usage` over `facts`: per client and tool, how often it was offered, its
+    /// largest schema, and how many calls of it were first seen in that client's rows.
+    fn tool_usage(&self, labels: &Labels) -> Vec<ToolUsage> {
+        // (schema tokens, offered, called) by (client, tool name).
+        type Usage = (u32, u32, u32);
+        let mut usage: IntMap<(u32, u32), Usage> = IntMap::default();
+        for (f, &client) in self.facts.iter().zip(&labels.of_row) {
+            for &(name, schema) in &f.offered {
+                let entry = usage.entry((client, name)).or_default();
+                entry.0 = entry.0.max(schema);
+                entry.1 += 1;
+            }
+        }
+        let mut seen = vec![false; self.globals.call_ids.len()];
+        for (f, &client) in self.facts.iter().zip(&labels.of_row) {
+            for &(call, name) in &f.calls {
+                let first = call == NONE
+                    || seen
+                        .get_mut(call as usize)
+                        .is_some_and(|seen| !std::mem::replace(seen, true));
+                if first && let Some(entry) = usage.get_mut(&(client, name)) {
+                    entry.2 += 1;
+                }
+            }
+        }
+        let strings = &self.globals.strings;
+        let mut usage: Vec<((u32, u32), Usage)> = usage.into_iter().collect();
+        usage.sort_by(|((ca, na), _), ((cb, nb), _)| {
+            (strings.get(*ca), strings.get(*na)).cmp(&(strings.get(*cb), strings.get(*nb)))
+        });
+        usage
+            .into_iter()
+            .map(
+                |((client, name), (schema_tokens, offered, called))| ToolUsage {
+                    client: strings.get(client).to_string(),
+                    name: strings.get(name).to_string(),
+                    schema_tokens,
+                    offered,
+                    called,
+                },
+            )
+            .collect()
+    }
+
+    /// `table::clients` over `facts`: in order of first request, with their conversations and
+    /// every tool they offered.
+    fn clients(&self, labels: &Labels) -> Vec<Client> {
+        // (label, first row, requests, conversations, tool sets)
+        let mut found: Vec<(u32, usize, u32, u32, Vec<u32>)> = Vec::new();
+        let mut index: IntMap<u32, usize> = IntMap::default();
+        for (i, &label) in labels.of_row.iter().enumerate() {
+            let at = *index.entry(label).or_insert_with(|| {
+                found.push((label, i, 0, 0, Vec::new()));
+                found.len() - 1
+            });
+            found[at].2 += 1;
+        }
+        for unit in &labels.units {
+            let Some(&at) = index.get(&unit.label) else {
+                continue;
+            };
+            let client = &mut found[at];
+            client.3 += u32::from(unit.conversation);
+            if !client.4.contains(&unit.tools) {
+                client.4.push(unit.tools);
+            }
+        }
+        let (strings, sets) = (&self.globals.strings, &self.globals.sets);
+        found
+            .into_iter()
+            .map(|(label, first, requests, conversations, tool_sets)| {
+                let mut tools: Vec<&str> = tool_sets
+                    .iter()
+                    .flat_map(|&set| &sets[set as usize])
+                    .map(|&name| strings.get(name))
+                    .collect();
+                tools.sort_unstable();
+                tools.dedup();
+                Client {
+                    client: strings.get(label).to_string(),
+                    user_agent: self.xs[first].user_agent.clone(),
+                    requests,
+                    conversations,
+                    tools: tools.into_iter().map(str::to_string).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// What `x` contributes to the global figures (see `Facts`).
+    fn facts_of(&mut self, x: &Exchange, w: &Weights) -> Facts {
+        let key = order_key(x);
+        let g = &mut self.globals;
+        let model = g.strings.id(&x.model);
+        let agent = g
+            .strings
+            .id(x.user_agent.as_deref().unwrap_or(table::UNKNOWN_CLIENT));
+        let mut offered: Vec<(u32, u32)> = Vec::new();
+        for (tool, &weight) in x.tools.iter().zip(w.tools()) {
+            let name = g.strings.id(&tool.name);
+            if !offered.iter().any(|&(n, _)| n == name) {
+                offered.push((name, table::round(weight)));
+            }
+        }
+        let mut names: Vec<u32> = offered.iter().map(|&(name, _)| name).collect();
+        names.sort_unstable();
+        let tools = g.set(names);
+        let from_response = x.output.tool_calls.iter().map(|call| (call, true));
+        let from_history = x
+            .messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .flat_map(|m| &m.tool_calls)
+            .map(|call| (call, false));
+        let mut calls = Vec::new();
+        let mut here: BTreeSet<u32> = BTreeSet::new();
+        for (call, in_response) in from_response.chain(from_history) {
+            match &call.id {
+                None if in_response => calls.push((NONE, g.strings.id(&call.name))),
+                None => {}
+                Some(id) => {
+                    let c = g.call_ids.id(id);
+                    if !here.insert(c) {
+                        continue;
+                    }
+                    match g.first_call.get_mut(c as usize) {
+                        // An earlier-started row holds it: this is never its first sight.
+                        Some(first) if *first < key => continue,
+                        Some(first) => *first = key,
+                        None => g.first_call.push(key),
+                    }
+                    calls.push((c, g.strings.id(&call.name)));
+                }
+            }
+        }
+        let c = &x.counts;
+        let (bulk, timing) = match (c.prefill_ms, c.evaluated_tokens) {
+            (Some(prefill), Some(evaluated)) => (
+                (prefill.source == Source::Server && evaluated.value >= table::BULK_MIN_EVALUATED)
+                    .then(|| (prefill.value, f64::from(evaluated.value))),
+                Some((
+                    (evaluated.value > 0).then(|| prefill.value / f64::from(evaluated.value)),
+                    prefill.source,
+                )),
+            ),
+            _ => (None, None),
+        };
+        Facts {
+            model,
+            agent,
+            tools,
+            offered,
+            calls,
+            bulk,
+            timing,
+        }
     }
 
     fn count(&mut self, record: &Record) {
@@ -354,7 +820,10 @@ impl Analyzer {
         let p = self.position(key);
         let (own_key, prefixes) = message_keys(&x);
         let model = x.model.clone();
-        self.ws.insert(p, weights(&x));
+        let w = weights(&x);
+        let facts = self.facts_of(&x, &w);
+        self.facts.insert(p, facts);
+        self.ws.insert(p, w);
         self.keys.insert(p, own_key);
         self.prefix_keys.insert(p, prefixes.clone());
         self.continued.insert(p, false);
@@ -607,7 +1076,8 @@ impl Analyzer {
         for i in first..self.xs.len() {
             self.undo_start.push(self.undo.len());
             let row = self.derive(i);
-            self.rows.push(row);
+            self.applied.push(Applied::of(&row));
+            self.rows.push(Arc::new(row));
         }
         self.rows[first..].iter().map(|r| r.id).collect()
     }
@@ -616,6 +1086,7 @@ impl Analyzer {
     fn rewind(&mut self, to: usize) {
         while self.rows.len() > to {
             self.rows.pop();
+            self.applied.pop();
             let start = self.undo_start.pop().unwrap_or(0);
             while self.undo.len() > start {
                 let Some(undo) = self.undo.pop() else { break };
@@ -765,6 +1236,33 @@ impl Analyzer {
     }
 }
 
+/// What a row's losses cost per token (`table::price`): the cheaper of its own prefill rate
+/// and its model's bulk rate. `None` for a row without losses or timing.
+fn per_token(f: &Facts, applied: &Applied, bulk: &[Option<f64>]) -> Option<Measured<f64>> {
+    let (own, source) = f.timing.filter(|_| applied.loss)?;
+    let rate = match (own, bulk.get(f.model as usize).copied().flatten()) {
+        (Some(own), Some(bulk)) => Some(own.min(bulk)),
+        (own, bulk) => own.or(bulk),
+    };
+    rate.map(|value| Measured { value, source })
+}
+
+/// The same report with its rows held another way.
+fn map_rows<A, B>(report: Report<A>, f: impl FnOnce(Vec<A>) -> Vec<B>) -> Report<B> {
+    Report {
+        v: report.v,
+        window: report.window,
+        coverage: report.coverage,
+        servers: report.servers,
+        time: report.time,
+        composition: report.composition,
+        clients: report.clients,
+        tools: report.tools,
+        findings: report.findings,
+        rows: f(report.rows),
+    }
+}
+
 fn tip_key_hash((model, user_agent, session): &(String, Option<String>, u32)) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hash::feed_bytes(model.as_bytes(), &mut hasher);
@@ -817,7 +1315,7 @@ mod tests {
 
     #[test]
     fn empty_analyzer_reports_nothing() {
-        let a = Analyzer::new(Config::default());
+        let mut a = Analyzer::new(Config::default());
         let r = a.report();
         assert_eq!((r.coverage.records, r.rows.len(), r.window), (0, 0, None));
     }

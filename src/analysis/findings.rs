@@ -1,11 +1,12 @@
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::Config;
-use super::table::{BreakCause, Cause, Loss, Row, RowKind, Shape, Table};
+use super::ids::{ById, IntMap};
+use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, Shape, ToolUsage};
 use crate::normalize::measured::{Measured, Source};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,9 +62,9 @@ struct LossSum {
 }
 
 impl LossSum {
-    fn add(&mut self, loss: &Loss) {
+    fn add(&mut self, (loss, ms): (&Loss, Option<Measured<f64>>)) {
         self.tokens += u64::from(loss.tokens);
-        match loss.ms {
+        match ms {
             Some(ms) => self.ms = Some(add_ms(self.ms, ms)),
             None => self.untimed += 1,
         }
@@ -80,30 +81,43 @@ pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measure
     }
 }
 
-pub(crate) fn find(table: &Table, config: &Config) -> Vec<Finding> {
-    let models: BTreeSet<&str> = table.rows.iter().map(|r| r.model.as_str()).collect();
-    let by_id: BTreeMap<u64, &Row> = table.rows.iter().map(|r| (r.id, r)).collect();
+/// The findings of rows in start order (owned by the reference's table, shared by the engine's)
+/// and the tool usage worked out from them.
+pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) -> Vec<Finding> {
+    let all: Vec<Rated> = rows.iter().map(Priced::rated).collect();
+    let by_id = ById::new(all.iter().map(|r| (r.id, r.row())));
     let mut findings = Vec::new();
     // Rows grouped once by model and by (model, client), in table order: filtering the table
     // per client made findings quadratic in the clients (1.1 s of a 100,000-row snapshot).
-    let mut by_model: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
-    let mut by_client: HashMap<(&str, &str), Vec<&Row>> = HashMap::new();
-    for row in &table.rows {
-        by_model.entry(row.model.as_str()).or_default().push(row);
+    let mut by_model: IntMap<&str, Vec<Rated>> = IntMap::default();
+    let mut by_client: IntMap<(&str, &str), Vec<Rated>> = IntMap::default();
+    for &row in &all {
+        by_model
+            .entry(row.row().model.as_str())
+            .or_default()
+            .push(row);
         by_client
-            .entry((row.model.as_str(), row.client.as_str()))
+            .entry((row.row().model.as_str(), row.row().client.as_str()))
             .or_default()
             .push(row);
     }
-    for model in models {
-        let rows: &[&Row] = by_model.get(model).map_or(&[], Vec::as_slice);
+    // Each model's clients, in order, from the groups rather than from every row.
+    let mut clients_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for &(model, client) in by_client.keys() {
+        clients_of.entry(model).or_default().push(client);
+    }
+    let mut models: Vec<(&str, Vec<Rated>)> = by_model.into_iter().collect();
+    models.sort_unstable_by_key(|&(model, _)| model);
+    for (model, rows) in &models {
+        let (model, rows): (&str, &[Rated]) = (model, rows);
         findings.extend(side_call_on_conversation_model(model, rows));
         findings.extend(server_cache_losses(model, rows));
         findings.extend(other_conversation_eviction(model, rows, &by_id));
         findings.extend(other_model_eviction(model, rows, &by_id));
-        let clients: BTreeSet<&str> = rows.iter().map(|r| r.client.as_str()).collect();
+        let mut clients = clients_of.remove(model).unwrap_or_default();
+        clients.sort_unstable();
         for client in clients {
-            let mine: &[&Row] = by_client.get(&(model, client)).map_or(&[], Vec::as_slice);
+            let mine: &[Rated] = by_client.get(&(model, client)).map_or(&[], Vec::as_slice);
             findings.extend(prefix_breaks(model, client, mine));
             findings.extend(volatile_system_prompt(model, client, mine));
             findings.extend(large_system_prompt(
@@ -114,7 +128,11 @@ pub(crate) fn find(table: &Table, config: &Config) -> Vec<Finding> {
             ));
         }
     }
-    findings.extend(tool_findings(table, config.thresholds.tool_schema_tokens));
+    findings.extend(tool_findings(
+        &all,
+        tools,
+        config.thresholds.tool_schema_tokens,
+    ));
     findings.sort_by(order);
     findings
 }
@@ -151,8 +169,8 @@ fn counter_confidence(measured: usize) -> Confidence {
     }
 }
 
-fn side_call_on_conversation_model(model: &str, rows: &[&Row]) -> Option<Finding> {
-    let side_calls: Vec<&Row> = rows
+fn side_call_on_conversation_model(model: &str, rows: &[Rated]) -> Option<Finding> {
+    let side_calls: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| r.kind == RowKind::SideCall)
@@ -160,7 +178,7 @@ fn side_call_on_conversation_model(model: &str, rows: &[&Row]) -> Option<Finding
     if side_calls.is_empty() || !rows.iter().any(|r| r.kind == RowKind::Turn) {
         return None;
     }
-    let after: Vec<&Row> = rows
+    let after: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| r.kind == RowKind::Turn && !r.side_calls_between.is_empty())
@@ -169,7 +187,7 @@ fn side_call_on_conversation_model(model: &str, rows: &[&Row]) -> Option<Finding
     let mut sum = LossSum::default();
     for row in &after {
         if row.cause == Some(Cause::SideCall)
-            && let Some(loss) = &row.lost_external
+            && let Some(loss) = row.external_loss()
         {
             sum.add(loss);
         }
@@ -197,12 +215,12 @@ fn side_call_on_conversation_model(model: &str, rows: &[&Row]) -> Option<Finding
     ))
 }
 
-fn prefix_breaks(model: &str, client: &str, rows: &[&Row]) -> Vec<Finding> {
+fn prefix_breaks(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
     let mut session_sizes: BTreeMap<u32, usize> = BTreeMap::new();
     for row in rows {
         *session_sizes.entry(row.session).or_default() += 1;
     }
-    let links: Vec<&Row> = rows
+    let links: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| {
@@ -220,7 +238,7 @@ fn prefix_breaks(model: &str, client: &str, rows: &[&Row]) -> Vec<Finding> {
         BreakCause::SystemChanged,
         BreakCause::HistoryRewritten,
     ] {
-        let broken: Vec<&Row> = links
+        let broken: Vec<Rated> = links
             .iter()
             .copied()
             .filter(|r| r.break_cause == Some(cause) && !r.compaction)
@@ -230,7 +248,7 @@ fn prefix_breaks(model: &str, client: &str, rows: &[&Row]) -> Vec<Finding> {
             continue;
         }
         let mut sum = LossSum::default();
-        for loss in broken.iter().filter_map(|r| r.lost_client.as_ref()) {
+        for loss in broken.iter().filter_map(|r| r.client_loss()) {
             sum.add(loss);
         }
         let evidence = json!({
@@ -251,11 +269,11 @@ fn prefix_breaks(model: &str, client: &str, rows: &[&Row]) -> Vec<Finding> {
     findings
 }
 
-fn server_cache_losses(model: &str, rows: &[&Row]) -> Vec<Finding> {
+fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
     ["server_empty", "server_head_only", "server_rollback"]
         .into_iter()
         .filter_map(|kind| {
-            let hit: Vec<&Row> = rows
+            let hit: Vec<Rated> = rows
                 .iter()
                 .copied()
                 .filter(|r| r.lost_external.as_ref().is_some_and(|l| l.cause == kind))
@@ -264,7 +282,7 @@ fn server_cache_losses(model: &str, rows: &[&Row]) -> Vec<Finding> {
                 return None;
             }
             let mut sum = LossSum::default();
-            for loss in hit.iter().filter_map(|r| r.lost_external.as_ref()) {
+            for loss in hit.iter().filter_map(|r| r.external_loss()) {
                 sum.add(loss);
             }
             Some(loss_finding(
@@ -279,12 +297,8 @@ fn server_cache_losses(model: &str, rows: &[&Row]) -> Vec<Finding> {
         .collect()
 }
 
-fn other_conversation_eviction(
-    model: &str,
-    rows: &[&Row],
-    by_id: &BTreeMap<u64, &Row>,
-) -> Option<Finding> {
-    let hit: Vec<&Row> = rows
+fn other_conversation_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Option<Finding> {
+    let hit: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| r.cause == Some(Cause::OtherConversation))
@@ -293,21 +307,27 @@ fn other_conversation_eviction(
         return None;
     }
     let mut sum = LossSum::default();
-    for loss in hit.iter().filter_map(|r| r.lost_external.as_ref()) {
+    for loss in hit.iter().filter_map(|r| r.external_loss()) {
         sum.add(loss);
     }
-    let others: Vec<&Row> = hit
+    let others = hit
         .iter()
         .flat_map(|r| &r.other_conversations_between)
-        .filter_map(|id| by_id.get(id).copied())
-        .collect();
-    let conversations: BTreeSet<u32> = others.iter().filter_map(|r| r.conversation).collect();
-    let clients: BTreeSet<&str> = hit
-        .iter()
-        .copied()
-        .chain(others.iter().copied())
-        .map(|r| r.client.as_str())
-        .collect();
+        .filter_map(|&id| by_id.get(id));
+    // Sorted and deduplicated, as the sets they stand for, but only the distinct ones sorted:
+    // a set insert per row (hundreds of thousands of them) was most of the findings' cost.
+    let mut conversations: Vec<u32> = Vec::new();
+    let mut seen: IntMap<&str, ()> = IntMap::default();
+    for row in hit.iter().map(|r| r.row()).chain(others.clone()) {
+        seen.insert(row.client.as_str(), ());
+    }
+    for row in others {
+        conversations.extend(row.conversation);
+    }
+    conversations.sort_unstable();
+    conversations.dedup();
+    let mut clients: Vec<&str> = seen.into_keys().collect();
+    clients.sort_unstable();
     Some(loss_finding(
         FindingKind::OtherConversationEviction,
         (model, None),
@@ -318,12 +338,8 @@ fn other_conversation_eviction(
     ))
 }
 
-fn other_model_eviction(
-    model: &str,
-    rows: &[&Row],
-    by_id: &BTreeMap<u64, &Row>,
-) -> Option<Finding> {
-    let hit: Vec<&Row> = rows
+fn other_model_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Option<Finding> {
+    let hit: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| r.cause == Some(Cause::OtherModel))
@@ -332,13 +348,13 @@ fn other_model_eviction(
         return None;
     }
     let mut sum = LossSum::default();
-    for loss in hit.iter().filter_map(|r| r.lost_external.as_ref()) {
+    for loss in hit.iter().filter_map(|r| r.external_loss()) {
         sum.add(loss);
     }
     let others: BTreeSet<&str> = hit
         .iter()
         .flat_map(|r| &r.other_domains_between)
-        .filter_map(|id| by_id.get(id).map(|r| r.model.as_str()))
+        .filter_map(|&id| by_id.get(id).map(|r| r.model.as_str()))
         .collect();
     Some(loss_finding(
         FindingKind::OtherModelEviction,
@@ -355,13 +371,13 @@ const VOLATILE_SHARE: f64 = 0.5;
 
 /// The system prompt changed at the same place on most of a client's links: a date, a nonce, a
 /// billing header. Names the place and shows one change (full mode).
-fn volatile_system_prompt(model: &str, client: &str, rows: &[&Row]) -> Option<Finding> {
-    let links: Vec<&Row> = rows
+fn volatile_system_prompt(model: &str, client: &str, rows: &[Rated]) -> Option<Finding> {
+    let links: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| r.kind == RowKind::Turn && r.linked_to.is_some() && !r.new_conversation)
         .collect();
-    let changed: Vec<&Row> = links
+    let changed: Vec<Rated> = links
         .iter()
         .copied()
         .filter(|r| {
@@ -391,7 +407,7 @@ fn volatile_system_prompt(model: &str, client: &str, rows: &[&Row]) -> Option<Fi
         .filter_map(|r| r.break_location.as_ref())
         .find(|l| l.char_offset == offset);
     let mut sum = LossSum::default();
-    for loss in changed.iter().filter_map(|r| r.lost_client.as_ref()) {
+    for loss in changed.iter().filter_map(|r| r.client_loss()) {
         sum.add(loss);
     }
     let evidence = json!({
@@ -416,10 +432,10 @@ fn volatile_system_prompt(model: &str, client: &str, rows: &[&Row]) -> Option<Fi
 fn large_system_prompt(
     model: &str,
     client: &str,
-    rows: &[&Row],
+    rows: &[Rated],
     threshold: u32,
 ) -> Option<Finding> {
-    let over: Vec<&Row> = rows
+    let over: Vec<Rated> = rows
         .iter()
         .copied()
         .filter(|r| r.composition.system.value > threshold)
@@ -447,31 +463,38 @@ fn server_sized(row: &Row) -> bool {
     row.counts.prompt_tokens.is_some() || row.composition.system.source == Source::Tokenizer
 }
 
-fn tool_findings(table: &Table, threshold: u32) -> Vec<Finding> {
-    let mut findings = Vec::new();
-    let mut by_client: HashMap<&str, Vec<&Row>> = HashMap::new();
-    for row in &table.rows {
-        by_client.entry(row.client.as_str()).or_default().push(row);
+fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Finding> {
+    // What a tool's findings say of its client's rows, worked out once per client rather than
+    // once per tool: (every tool block exactly sized, first and last start, sessions).
+    let mut of_client: IntMap<&str, (bool, i64, i64, Vec<u32>)> = IntMap::default();
+    for r in all {
+        let entry = of_client.entry(r.row().client.as_str()).or_insert((
+            true,
+            r.t_start_ms,
+            r.t_start_ms,
+            Vec::new(),
+        ));
+        if r.composition.tools.value > 0 {
+            entry.0 &= server_sized(r) || r.composition.tools.source == Source::Tokenizer;
+        }
+        entry.1 = entry.1.min(r.t_start_ms);
+        entry.2 = entry.2.max(r.t_start_ms);
+        if entry.3.last() != Some(&r.session) {
+            entry.3.push(r.session);
+        }
     }
-    for tool in &table.tools {
-        let rows: &[&Row] = by_client
-            .get(tool.client.as_str())
-            .map_or(&[], Vec::as_slice);
-        let exact = rows
-            .iter()
-            .filter(|r| r.composition.tools.value > 0)
-            .all(|r| server_sized(r) || r.composition.tools.source == Source::Tokenizer);
-        let start = rows.iter().map(|r| r.t_start_ms).min();
-        let end = rows.iter().map(|r| r.t_start_ms).max();
-        let days = match (start, end) {
-            (Some(start), Some(end)) => (end - start) as f64 / DAY_MS,
-            _ => 0.0,
+    for entry in of_client.values_mut() {
+        entry.3.sort_unstable();
+        entry.3.dedup();
+    }
+    let mut findings = Vec::new();
+    for tool in tools {
+        let (exact, days, sessions) = match of_client.get(tool.client.as_str()) {
+            Some((exact, start, end, sessions)) => {
+                (*exact, (end - start) as f64 / DAY_MS, sessions.len())
+            }
+            None => (true, 0.0, 0),
         };
-        let sessions = rows
-            .iter()
-            .map(|r| r.session)
-            .collect::<BTreeSet<_>>()
-            .len();
         let absence = if days >= HIGH_DAYS && sessions >= HIGH_SESSIONS {
             Confidence::High
         } else if days >= MEDIUM_DAYS {

@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod findings;
+pub mod ids;
 pub mod report;
 pub mod table;
 
@@ -15,14 +16,14 @@ use serde::{Deserialize, Serialize};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
 use crate::record::Record;
 
-pub use engine::{Analyzer, FindingKey, Refresh, Update};
+pub use engine::{Analyzer, Update};
 pub use findings::{Confidence, Finding, FindingKind};
 // Counts carry their source from normalization on; the analysis passes them on as they are.
 pub use crate::normalize::measured::{Measured, Source};
 pub use report::Report;
 pub use table::{
-    BreakCause, BreakLocation, Cause, Client, Composition, EvictedBy, Loss, Row, RowKind, Shape,
-    ToolUsage,
+    BreakCause, BreakLocation, Cause, Client, Composition, EvictedBy, Loss, Priced, Rated, Row,
+    RowKind, Shape, SharedRow, ToolUsage,
 };
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).
@@ -87,7 +88,13 @@ pub fn normalize_all(records: &[Record]) -> Normalized {
 /// The whole analysis of `records` (in any order; rows come out in start order): the engine in
 /// batch mode, linear in the records.
 pub fn analyze(records: &[Record], config: &Config) -> Report {
-    engine::Analyzer::from_records(records, config.clone()).report()
+    engine::Analyzer::from_records(records, config.clone()).into_report()
+}
+
+/// The findings of a report's rows and tool usage (those of `Analyzer::live_report`, which
+/// leaves them out until they are read).
+pub fn find<R: Priced>(report: &report::Report<R>, config: &Config) -> Vec<Finding> {
+    findings::find(&report.rows, &report.tools, config)
 }
 
 /// The same analysis done the straightforward way (llmp's algorithm, quadratic in the requests
@@ -95,12 +102,17 @@ pub fn analyze(records: &[Record], config: &Config) -> Report {
 pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
     let normalized = normalize_all(records);
     let table = table::build(&normalized.exchanges, config);
-    let findings = findings::find(&table, config);
+    let findings = findings::find(&table.rows, &table.tools, config);
     let input = report::Input {
         records: records.len() as u64,
         span: report::span(records),
         analysed: normalized.exchanges.len() as u64,
         skipped: &normalized.skipped,
     };
-    report::assemble(input, table, findings)
+    let globals = report::Globals {
+        clients: table.clients,
+        tools: table.tools,
+        findings,
+    };
+    report::assemble(input, table.rows, globals)
 }

@@ -1,19 +1,22 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::REPORT_VERSION;
 use super::Skipped;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
-use super::table::{Client, Row, RowKind, Table, ToolUsage};
+use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
 use crate::normalize::measured::{Measured, Source};
 use crate::record::Record;
 use crate::units::{cause_label_plural, duration_compound, plural, thousands};
 
+/// `R` is how the rows are held: owned (`analyze`, the default), or shared with the live engine
+/// (`SharedRow`), which keeps them up to date so a snapshot copies pointers, not rows
+/// (DESIGN.md, "Live engine"). Either serializes the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
+pub struct Report<R = Row> {
     pub v: u32,
     pub window: Option<Window>,
     pub coverage: Coverage,
@@ -23,7 +26,7 @@ pub struct Report {
     pub clients: Vec<Client>,
     pub tools: Vec<ToolUsage>,
     pub findings: Vec<Finding>,
-    pub rows: Vec<Row>,
+    pub rows: Vec<R>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -116,7 +119,14 @@ pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
     ))
 }
 
-pub(crate) fn assemble(input: Input<'_>, table: Table, findings: Vec<Finding>) -> Report {
+/// The global figures a report carries beside its rows.
+pub(crate) struct Globals {
+    pub clients: Vec<Client>,
+    pub tools: Vec<ToolUsage>,
+    pub findings: Vec<Finding>,
+}
+
+pub(crate) fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globals) -> Report<R> {
     let window = input.span.map(|(start_ms, end_ms)| Window {
         start_ms,
         end_ms,
@@ -125,18 +135,22 @@ pub(crate) fn assemble(input: Input<'_>, table: Table, findings: Vec<Finding>) -
     Report {
         v: REPORT_VERSION,
         window,
-        coverage: coverage(&input, &table.rows),
-        servers: servers(&table.rows),
-        time: time(&table.rows),
-        composition: composition(&table.rows),
-        clients: table.clients,
-        tools: table.tools,
-        findings,
-        rows: table.rows,
+        coverage: coverage(&input, &rows),
+        servers: servers(&rows),
+        time: time(&rows),
+        composition: composition(&rows),
+        clients: globals.clients,
+        tools: globals.tools,
+        findings: globals.findings,
+        rows,
     }
 }
 
-fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
+fn each<R: Priced>(rows: &[R]) -> impl Iterator<Item = Rated<'_>> {
+    rows.iter().map(Priced::rated)
+}
+
+fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
     let mut coverage = Coverage {
         records: input.records,
         analysed: input.analysed,
@@ -154,12 +168,11 @@ fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
             SkipReason::Unparsed => coverage.skipped.unparsed += 1,
         }
     }
-    coverage.conversations = rows
-        .iter()
-        .filter_map(|r| r.conversation)
-        .collect::<BTreeSet<_>>()
-        .len() as u64;
-    for row in rows.iter().filter(|r| r.kind == RowKind::Turn) {
+    let mut conversations: Vec<u32> = each(rows).filter_map(|r| r.conversation).collect();
+    conversations.sort_unstable();
+    conversations.dedup();
+    coverage.conversations = conversations.len() as u64;
+    for row in each(rows).filter(|r| r.kind == RowKind::Turn) {
         coverage.turns += 1;
         coverage.turns_with_reuse += u64::from(row.counts.reused_tokens.is_some());
         coverage.turns_with_timing += u64::from(row.counts.prefill_ms.is_some());
@@ -167,10 +180,13 @@ fn coverage(input: &Input<'_>, rows: &[Row]) -> Coverage {
     coverage
 }
 
-fn servers(rows: &[Row]) -> Vec<ServerFields> {
-    let mut apis: BTreeMap<Api, BTreeSet<CountField>> = BTreeMap::new();
-    for row in rows {
-        let fields = apis.entry(row.api).or_default();
+fn servers<R: Priced>(rows: &[R]) -> Vec<ServerFields> {
+    // The fields as a bit set per API while counting: a set insert per field per row was most
+    // of the report's own cost.
+    let mut apis: BTreeMap<Api, u8> = BTreeMap::new();
+    let mut last: Option<(Api, u8)> = None;
+    for row in each(rows) {
+        let mut fields = 0u8;
         let c = &row.counts;
         let reported = [
             (CountField::PromptTokens, c.prompt_tokens.map(|m| m.source)),
@@ -189,24 +205,50 @@ fn servers(rows: &[Row]) -> Vec<ServerFields> {
         ];
         for (field, source) in reported {
             if source == Some(Source::Server) {
-                fields.insert(field);
+                fields |= 1 << field as u8;
+            }
+        }
+        match &mut last {
+            Some((api, seen)) if *api == row.api => *seen |= fields,
+            _ => {
+                if let Some((api, seen)) = last {
+                    *apis.entry(api).or_default() |= seen;
+                }
+                last = Some((row.api, fields));
             }
         }
     }
+    if let Some((api, seen)) = last {
+        *apis.entry(api).or_default() |= seen;
+    }
     apis.into_iter()
-        .map(|(api, fields)| ServerFields {
+        .map(|(api, seen)| ServerFields {
             api,
-            fields: fields.into_iter().collect(),
+            fields: COUNT_FIELDS
+                .into_iter()
+                .filter(|&field| seen & (1 << field as u8) != 0)
+                .collect(),
         })
         .collect()
 }
 
-fn time(rows: &[Row]) -> Time {
+/// Every count field, in order.
+const COUNT_FIELDS: [CountField; 7] = [
+    CountField::PromptTokens,
+    CountField::CompletionTokens,
+    CountField::ReusedTokens,
+    CountField::EvaluatedTokens,
+    CountField::PrefillMs,
+    CountField::DecodeMs,
+    CountField::LoadMs,
+];
+
+fn time<R: Priced>(rows: &[R]) -> Time {
     let mut prefill_ms = None;
     let mut lost_ms: Option<Measured<f64>> = None;
     let mut lost_tokens = 0u64;
     let mut by_cause: BTreeMap<String, CauseTotal> = BTreeMap::new();
-    for row in rows {
+    for row in each(rows) {
         if let Some(prefill) = row.counts.prefill_ms {
             prefill_ms = Some(add_ms(prefill_ms, prefill));
         }
@@ -222,16 +264,25 @@ fn time(rows: &[Row]) -> Time {
                 },
             ));
         }
-        for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
+        for (loss, ms) in row.losses() {
             lost_tokens += u64::from(loss.tokens);
-            let total = by_cause.entry(loss.cause.clone()).or_insert(CauseTotal {
-                tokens: 0,
-                ms: None,
-                rows: 0,
-            });
+            // Looked up before it is inserted: a cause's name is copied once, not per loss.
+            if !by_cause.contains_key(loss.cause.as_str()) {
+                by_cause.insert(
+                    loss.cause.clone(),
+                    CauseTotal {
+                        tokens: 0,
+                        ms: None,
+                        rows: 0,
+                    },
+                );
+            }
+            let Some(total) = by_cause.get_mut(loss.cause.as_str()) else {
+                continue;
+            };
             total.tokens += u64::from(loss.tokens);
             total.rows += 1;
-            if let Some(ms) = loss.ms {
+            if let Some(ms) = ms {
                 total.ms = Some(add_ms(total.ms, ms));
                 lost_ms = Some(add_ms(lost_ms, ms));
             }
@@ -245,9 +296,9 @@ fn time(rows: &[Row]) -> Time {
     }
 }
 
-fn composition(rows: &[Row]) -> CompositionTotals {
+fn composition<R: Priced>(rows: &[R]) -> CompositionTotals {
     let mut totals = CompositionTotals::default();
-    for row in rows {
+    for row in each(rows) {
         let c = &row.composition;
         totals.system += u64::from(c.system.value);
         totals.tools += u64::from(c.tools.value);
@@ -257,8 +308,14 @@ fn composition(rows: &[Row]) -> CompositionTotals {
     totals
 }
 
-impl Report {
+impl<R> Report<R> {
     pub fn summary(&self) -> String {
+        self.summary_with(&self.findings)
+    }
+
+    /// The summary, with findings worked out apart from the report (a live snapshot's, on
+    /// demand).
+    pub fn summary_with(&self, findings: &[Finding]) -> String {
         let mut lines = Vec::new();
         let turns = self.coverage.turns;
         let span = self
@@ -327,9 +384,9 @@ impl Report {
             lines.push(line);
         }
         lines.push(self.coverage_line());
-        if !self.findings.is_empty() {
+        if !findings.is_empty() {
             lines.push("findings:".into());
-            for finding in self.findings.iter().take(SUMMARY_FINDINGS) {
+            for finding in findings.iter().take(SUMMARY_FINDINGS) {
                 let client = match (&finding.client, several) {
                     (Some(client), true) => format!(" [{client}]"),
                     _ => String::new(),
@@ -340,10 +397,10 @@ impl Report {
                     label(finding)
                 ));
             }
-            if self.findings.len() > SUMMARY_FINDINGS {
+            if findings.len() > SUMMARY_FINDINGS {
                 lines.push(format!(
                     "  … {} more with --json",
-                    self.findings.len() - SUMMARY_FINDINGS
+                    findings.len() - SUMMARY_FINDINGS
                 ));
             }
         }

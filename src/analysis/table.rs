@@ -1,4 +1,5 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +108,123 @@ pub struct Loss {
     pub ms: Option<Measured<f64>>,
 }
 
+/// A row shared with the live engine, and what its losses cost per token at its report's rates
+/// (milliseconds, with the timing's source); the row's own `Loss::ms` are left unset. Every
+/// record moves the bulk rate, hence nearly every loss's milliseconds: priced in the row, each
+/// snapshot would copy most rows; priced here, it copies none (DESIGN.md, "Live engine").
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedRow {
+    pub row: Arc<Row>,
+    pub per_token: Option<Measured<f64>>,
+}
+
+impl SharedRow {
+    /// The milliseconds of one of this row's losses.
+    pub fn ms(&self, loss: &Loss) -> Option<Measured<f64>> {
+        self.rated().ms(loss)
+    }
+
+    /// The row with its losses priced, as an owned report holds it.
+    pub fn priced(&self) -> Row {
+        let mut row = Row::clone(&self.row);
+        price_at(&mut row, self.per_token);
+        row
+    }
+}
+
+/// Sets a row's losses' milliseconds at a rate per token (`table::price`'s multiply).
+pub(super) fn price_at(row: &mut Row, per_token: Option<Measured<f64>>) {
+    for loss in [row.lost_client.as_mut(), row.lost_external.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        loss.ms = per_token.map(|rate| Measured {
+            value: f64::from(loss.tokens) * rate.value,
+            source: rate.source,
+        });
+    }
+}
+
+impl Serialize for SharedRow {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.priced().serialize(serializer)
+    }
+}
+
+/// How a report holds its rows: owned, with their losses priced (`Row`), or shared with the
+/// live engine (`SharedRow`). What reads losses' milliseconds reads them through `Rated`.
+pub trait Priced {
+    fn rated(&self) -> Rated<'_>;
+}
+
+impl Priced for Row {
+    fn rated(&self) -> Rated<'_> {
+        Rated {
+            row: self,
+            per_token: None,
+        }
+    }
+}
+
+impl Priced for SharedRow {
+    fn rated(&self) -> Rated<'_> {
+        Rated {
+            row: &self.row,
+            per_token: Some(&self.per_token),
+        }
+    }
+}
+
+/// A row and how its losses are priced: by their own `ms` (`per_token` `None`), or at its
+/// shared row's rate. Two words, the row one step away, so a report's passes copy them freely.
+#[derive(Debug, Clone, Copy)]
+pub struct Rated<'a> {
+    row: &'a Row,
+    per_token: Option<&'a Option<Measured<f64>>>,
+}
+
+impl<'a> Rated<'a> {
+    pub fn row(self) -> &'a Row {
+        self.row
+    }
+
+    pub fn ms(self, loss: &Loss) -> Option<Measured<f64>> {
+        match self.per_token {
+            None => loss.ms,
+            Some(rate) => rate.map(|rate| Measured {
+                value: f64::from(loss.tokens) * rate.value,
+                source: rate.source,
+            }),
+        }
+    }
+
+    /// The client-side loss and its milliseconds.
+    pub fn client_loss(self) -> Option<(&'a Loss, Option<Measured<f64>>)> {
+        let loss = self.row.lost_client.as_ref()?;
+        Some((loss, self.ms(loss)))
+    }
+
+    /// The external loss and its milliseconds.
+    pub fn external_loss(self) -> Option<(&'a Loss, Option<Measured<f64>>)> {
+        let loss = self.row.lost_external.as_ref()?;
+        Some((loss, self.ms(loss)))
+    }
+
+    /// Both losses, client first, with their milliseconds.
+    pub fn losses(self) -> impl Iterator<Item = (&'a Loss, Option<Measured<f64>>)> {
+        [self.client_loss(), self.external_loss()]
+            .into_iter()
+            .flatten()
+    }
+}
+
+impl std::ops::Deref for Rated<'_> {
+    type Target = Row;
+    fn deref(&self) -> &Row {
+        self.row()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Composition {
     pub system: Measured<u32>,
@@ -151,8 +269,8 @@ const COLD_SHARE: f64 = 0.05;
 const DIGEST_EDGE_CHARS: u32 = 256;
 const SERVER_EMPTY_BELOW: f64 = 128.0;
 const HEAD_MARGIN: f64 = 1.15;
-const BULK_MIN_EVALUATED: u32 = 50;
-const UNKNOWN_CLIENT: &str = "unknown";
+pub(super) const BULK_MIN_EVALUATED: u32 = 50;
+pub(super) const UNKNOWN_CLIENT: &str = "unknown";
 const SNIPPET_CHARS: usize = 60;
 const SNIPPET_CONTEXT: usize = 20;
 
@@ -422,6 +540,13 @@ pub(super) fn choose_by_match<'a>(
             .max_by_key(|&&t| (matched(t), recent(&t)))
             .copied(),
     )
+}
+
+impl Weights {
+    /// Each tool's schema tokens, in the exchange's order.
+    pub(super) fn tools(&self) -> &[f64] {
+        &self.tools
+    }
 }
 
 pub(super) fn weights(x: &Exchange) -> Weights {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 
-use crate::analysis::{Analyzer, Config, Report};
+use crate::analysis::{Analyzer, Config, Finding, Report, Row, SharedRow};
 use crate::cache::Policy;
 use crate::cache::Request;
 use crate::cache::blocks::BlockModel;
@@ -84,7 +84,10 @@ pub struct Snapshot {
     /// The filter and chart state the view was built with.
     pub filter: String,
     pub chart: bool,
-    pub report: Report,
+    /// Its rows shared with the engine (and the snapshots before), which writes a row again only
+    /// when its label changed; losses are priced by `SharedRow`. Its `findings` are empty:
+    /// no pane shows them, so they are worked out when read (`findings()`).
+    pub report: Report<SharedRow>,
     pub view: View,
     /// Tokens per character and block size of the hit-rate simulation, and where they came from.
     pub block_model: String,
@@ -92,12 +95,25 @@ pub struct Snapshot {
     pub build_us: u64,
     /// How long the oldest input in it waited to be published (µs): queued, pushed, built.
     pub waited_us: u64,
+    /// What the findings are worked out with, and them once they were.
+    config: Config,
+    findings: std::sync::OnceLock<Vec<Finding>>,
 }
 
 impl Snapshot {
-    /// The row behind a detail view.
-    pub fn row(&self, id: u64) -> Option<&crate::analysis::Row> {
-        self.report.rows.iter().find(|r| r.id == id)
+    /// The report's findings, worked out on first use (the summary, the JSON).
+    pub fn findings(&self) -> &[Finding] {
+        self.findings
+            .get_or_init(|| crate::analysis::find(&self.report, &self.config))
+    }
+
+    /// The row behind a detail view, its losses priced.
+    pub fn row(&self, id: u64) -> Option<Row> {
+        self.report
+            .rows
+            .iter()
+            .find(|r| r.row.id == id)
+            .map(SharedRow::priced)
     }
 
     /// Requests per second over the ten seconds before `now_ms`.
@@ -116,7 +132,7 @@ impl Snapshot {
     /// hit-rate curve and the top prefixes, as the panes show them.
     pub fn summary(&self) -> String {
         let mut out = if self.report.coverage.records > 0 || self.requests == 0 {
-            self.report.summary()
+            self.report.summary_with(self.findings())
         } else {
             String::new()
         };
@@ -162,6 +178,10 @@ impl Snapshot {
         }
         let mut json = serde_json::to_value(&self.report).unwrap_or_default();
         if let Some(object) = json.as_object_mut() {
+            object.insert(
+                "findings".into(),
+                serde_json::to_value(self.findings()).unwrap_or_default(),
+            );
             object.insert("snapshot_version".into(), SNAPSHOT_VERSION.into());
             object.insert("requests_received".into(), self.requests.into());
             object.insert(
@@ -192,6 +212,7 @@ impl Snapshot {
 /// The engine's state: what every pane derives from, updated record by record.
 pub struct Engine {
     analyzer: Analyzer,
+    config: Config,
     cache: LiveSimulator,
     block_model: BlockModel,
     cache_skips: FileReport,
@@ -216,7 +237,8 @@ impl Engine {
     pub fn with_block_size(config: Config, block_size: u32) -> Engine {
         let block_size = block_size.max(1);
         Engine {
-            analyzer: Analyzer::new(config),
+            analyzer: Analyzer::new(config.clone()),
+            config,
             cache: LiveSimulator::new(
                 block_size,
                 LIVE_CAPACITIES
@@ -307,7 +329,7 @@ impl Engine {
     /// Builds the snapshot of everything pushed so far.
     pub fn snapshot(&mut self) -> Snapshot {
         self.generation += 1;
-        let report = self.analyzer.report();
+        let report = self.analyzer.live_report();
         let mut view = View::build(&report, &self.filter);
         view.curve = self.curve();
         view.prefixes = self.prefixes();
@@ -326,6 +348,8 @@ impl Engine {
             ),
             build_us: 0,
             waited_us: 0,
+            config: self.config.clone(),
+            findings: std::sync::OnceLock::new(),
         }
     }
 

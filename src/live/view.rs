@@ -1,7 +1,8 @@
 //! What the panes draw, built from a report (pure) by the live engine for each snapshot; the
 //! TUI only reads it.
 
-use crate::analysis::{BreakCause, EvictedBy, Report, Row, RowKind};
+use crate::analysis::ids::IntMap;
+use crate::analysis::{BreakCause, EvictedBy, Priced, Rated, Report, Row, RowKind};
 // Defined once in the core, for the report and the commands as well; the panes take them from here.
 pub use crate::units::{cause_label, duration_decimal as duration, thousands};
 
@@ -108,7 +109,7 @@ pub struct PrefixItem {
 pub const MAX_BREAKS_SHOWN: usize = 1_000;
 
 /// Tokens, milliseconds (if measured) and tokens by cause, of one client.
-type LossTally = (u64, Option<f64>, Vec<(String, u64)>);
+type LossTally<'a> = (u64, Option<f64>, Vec<(&'a str, u64)>);
 
 /// Does a row pass the filter (client, model, conversation `c3`, or text of its break)?
 pub fn matches(row: &Row, filter: &str) -> bool {
@@ -143,11 +144,12 @@ pub fn matches(row: &Row, filter: &str) -> bool {
 
 impl View {
     /// Borrows the report's rows (no copy of a hundred thousand rows per snapshot).
-    pub fn build(report: &Report, filter: &str) -> View {
+    pub fn build<R: Priced>(report: &Report<R>, filter: &str) -> View {
         let filtered = !filter.trim().is_empty();
-        let rows: Vec<&Row> = report
+        let rows: Vec<Rated> = report
             .rows
             .iter()
+            .map(Priced::rated)
             .filter(|r| !filtered || matches(r, filter))
             .collect();
         let header = Header {
@@ -162,7 +164,8 @@ impl View {
             loss_measured: rows.iter().any(|r| r.loss_measured),
         };
         let mut lanes: Vec<Lane> = Vec::new();
-        let mut lane_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+        // Conversations are numbered from 1 up: a lane's index by number, not by hash.
+        let mut lane_of: Vec<usize> = Vec::new();
         for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
             let Some(conversation) = row.conversation else {
                 continue;
@@ -178,12 +181,16 @@ impl View {
                     .map(|l| l.tokens)
                     .sum(),
                 evicted_by: row.evicted_by.clone(),
-                mark: mark_of(row),
+                mark: mark_of(row.row()),
             };
-            match lane_of.get(&conversation) {
-                Some(&i) => lanes[i].cells.push(cell),
+            let slot = conversation as usize;
+            match lane_of.get(slot).copied().filter(|&i| i != usize::MAX) {
+                Some(i) => lanes[i].cells.push(cell),
                 None => {
-                    lane_of.insert(conversation, lanes.len());
+                    if lane_of.len() <= slot {
+                        lane_of.resize(slot + 1, usize::MAX);
+                    }
+                    lane_of[slot] = lanes.len();
                     lanes.push(Lane {
                         client: row.client.clone(),
                         conversation,
@@ -193,13 +200,14 @@ impl View {
             }
         }
         // Grouped by client, in order of each client's first request.
-        let client_order: std::collections::HashMap<&str, usize> = report
+        let client_order: IntMap<&str, usize> = report
             .clients
             .iter()
             .enumerate()
             .map(|(i, c)| (c.client.as_str(), i))
             .collect();
-        lanes.sort_by_key(|l| {
+        // Each lane's key worked out once, not at every comparison.
+        lanes.sort_by_cached_key(|l| {
             (
                 client_order
                     .get(l.client.as_str())
@@ -209,7 +217,7 @@ impl View {
             )
         });
 
-        let broken: Vec<&Row> = rows
+        let broken: Vec<Rated> = rows
             .iter()
             .copied()
             .filter(|r| r.break_cause.is_some() || r.lost_external.is_some())
@@ -222,19 +230,23 @@ impl View {
         // the header, the Loss pane and `analyze` count them.
         let mut breaks: Vec<BreakItem> = Vec::new();
         for r in &broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..] {
-            let fact =
-                |cause: &str, loss: Option<&crate::analysis::Loss>, place: String| BreakItem {
-                    id: r.id,
-                    t_start_ms: r.t_start_ms,
-                    client: r.client.clone(),
-                    conversation: r.conversation,
-                    turn: r.turn,
-                    cause: cause_label(cause).to_string(),
-                    tokens: loss.map_or(0, |l| l.tokens),
-                    ms: loss.and_then(|l| l.ms.map(|m| m.value)),
-                    measured: r.loss_measured,
-                    place,
-                };
+            let fact = |cause: &str,
+                        loss: Option<(
+                &crate::analysis::Loss,
+                Option<crate::analysis::Measured<f64>>,
+            )>,
+                        place: String| BreakItem {
+                id: r.id,
+                t_start_ms: r.t_start_ms,
+                client: r.client.clone(),
+                conversation: r.conversation,
+                turn: r.turn,
+                cause: cause_label(cause).to_string(),
+                tokens: loss.map_or(0, |(l, _)| l.tokens),
+                ms: loss.and_then(|(_, ms)| ms.map(|m| m.value)),
+                measured: r.loss_measured,
+                place,
+            };
             let client_cause = r
                 .break_cause
                 .and_then(|c| {
@@ -244,7 +256,7 @@ impl View {
                 })
                 .or_else(|| r.lost_client.as_ref().map(|l| l.cause.clone()));
             if let Some(cause) = client_cause {
-                breaks.push(fact(&cause, r.lost_client.as_ref(), location(r)));
+                breaks.push(fact(&cause, r.client_loss(), location(r)));
             }
             if let Some(external) = &r.lost_external {
                 let place = match &r.evicted_by {
@@ -256,25 +268,25 @@ impl View {
                     ),
                     None => String::new(),
                 };
-                breaks.push(fact(&external.cause, Some(external), place));
+                breaks.push(fact(&external.cause, r.external_loss(), place));
             }
         }
         breaks.reverse();
 
         // One pass over the rows, then one entry per client in the report's order.
-        let mut loss_of: std::collections::HashMap<&str, LossTally> =
-            std::collections::HashMap::new();
+        let mut loss_of: IntMap<&str, LossTally> = IntMap::default();
         for row in rows.iter().copied() {
-            for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
-                let (tokens, ms, by_cause) = loss_of.entry(row.client.as_str()).or_default();
+            for (loss, loss_ms) in row.losses() {
+                let (tokens, ms, by_cause) = loss_of.entry(row.row().client.as_str()).or_default();
                 *tokens += u64::from(loss.tokens);
-                if let Some(m) = loss.ms {
+                if let Some(m) = loss_ms {
                     *ms = Some(ms.unwrap_or(0.0) + m.value);
                 }
-                let label = cause_label(&loss.cause).to_string();
-                match by_cause.iter_mut().find(|(l, _)| *l == label) {
+                // By cause as recorded; named once per client below.
+                let cause = loss.cause.as_str();
+                match by_cause.iter_mut().find(|(c, _)| *c == cause) {
                     Some(entry) => entry.1 += u64::from(loss.tokens),
-                    None => by_cause.push((label, u64::from(loss.tokens))),
+                    None => by_cause.push((cause, u64::from(loss.tokens))),
                 }
             }
         }
@@ -282,8 +294,15 @@ impl View {
             .clients
             .iter()
             .map(|c| {
-                let (tokens, ms, mut by_cause) =
-                    loss_of.remove(c.client.as_str()).unwrap_or_default();
+                let (tokens, ms, causes) = loss_of.remove(c.client.as_str()).unwrap_or_default();
+                let mut by_cause: Vec<(&str, u64)> = Vec::new();
+                for (cause, tokens) in causes {
+                    let label = cause_label(cause);
+                    match by_cause.iter_mut().find(|(l, _)| *l == label) {
+                        Some(entry) => entry.1 += tokens,
+                        None => by_cause.push((label, tokens)),
+                    }
+                }
                 by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
                 ClientLoss {
                     client: c.client.clone(),
@@ -291,7 +310,10 @@ impl View {
                     conversations: c.conversations,
                     tokens,
                     ms,
-                    by_cause,
+                    by_cause: by_cause
+                        .into_iter()
+                        .map(|(label, tokens)| (label.to_string(), tokens))
+                        .collect(),
                 }
             })
             .collect();
