@@ -52,7 +52,7 @@ for _ in $(seq 1 600); do
     tmux -L "$socket" capture-pane -p | grep -q "replay finished" && break
     sleep 1
 done
-pid=$(pgrep -f "prefixscope replay --instant $real" | head -1)
+pid=$(pgrep -x -f "$PWD/target/release/prefixscope replay --instant $real" | head -1)
 peak=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")
 sleep 3
 ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
