@@ -129,8 +129,12 @@ async fn wait_listening(port: u16) {
 }
 
 fn interrupt(child: &Child) {
+    send_signal(child, "INT");
+}
+
+fn send_signal(child: &Child, signal: &str) {
     Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
 }
@@ -208,6 +212,52 @@ async fn ctrl_c_finishes_the_exchanges_in_flight_and_their_records() {
             std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+}
+
+/// SIGHUP (the terminal closed) and SIGTERM (a supervisor) stop `record` as Ctrl-C does: the
+/// exchange in flight is answered and recorded, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_and_sigterm_stop_record_gracefully() {
+    for signal in ["HUP", "TERM"] {
+        let upstream = slow_upstream(Duration::from_millis(1500)).await;
+        let port = free_port();
+        let file = temp_file(&format!("sig{signal}.jsonl"));
+        let child = spawn_record(upstream, port, &["-o", file.to_str().unwrap(), "--json"]);
+        wait_listening(port).await;
+        let request = tokio::spawn(async move {
+            let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+            let response = send(
+                &mut c,
+                post("/v1/chat/completions", r#"{"model":"m","messages":[]}"#),
+            )
+            .await;
+            (
+                response.status(),
+                response.into_body().collect().await.unwrap().to_bytes(),
+            )
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        send_signal(&child, signal);
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, 200, "SIG{signal}");
+        assert!(String::from_utf8_lossy(&body).contains("done"));
+        let (code, stdout, stderr) = tokio::task::spawn_blocking(move || finish(child))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(0), "SIG{signal}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "SIG{signal}: stopping: finishing 1 exchange(s) in flight"
+            )),
+            "{stderr}"
+        );
+        let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(summary["written"].as_u64(), Some(1), "SIG{signal}");
+        let records =
+            prefixscope::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+        assert_eq!(records.len(), 1, "SIG{signal}");
+        assert_eq!(records[0].error, None, "SIG{signal}");
     }
 }
 

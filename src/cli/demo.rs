@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{EXIT_OK, EXIT_UNREADABLE, fail, screen_switches};
+use super::{EXIT_OK, EXIT_UNREADABLE, fail, print_stdout, screen_switches};
 use prefixscope::record::Record;
-use prefixscope::session::capture::wait_for_stop;
 use prefixscope::session::demo::{self, Demo, DemoConfig};
+use prefixscope::session::shutdown::Shutdown;
 use prefixscope::sim::agents::SCENARIOS;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -55,6 +55,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let config = DemoConfig {
         scenario: args.scenario.clone(),
         slots: args.slots,
@@ -84,7 +85,10 @@ pub fn run(args: DemoArgs) -> u8 {
             demo.capture.listen,
             demo.capture.path.display()
         );
-        match demo.run_to_end(wait_for_stop()) {
+        let stopped = shutdown.stopped();
+        match demo.run_to_end(async move {
+            stopped.await;
+        }) {
             Ok(outcome) => {
                 for error in &outcome.log.errors {
                     eprintln!("prefixscope: agent error: {error}");
@@ -107,9 +111,9 @@ pub fn run(args: DemoArgs) -> u8 {
             Err(e) => fail(e),
         }
     } else {
-        match demo::run_screen(demo, records_rx, screen_switches(!args.no_mouse)) {
+        match demo::run_screen(demo, records_rx, screen_switches(!args.no_mouse), &shutdown) {
             Ok(snapshot) => {
-                print!("{}", snapshot.summary());
+                print_stdout(&snapshot.summary());
                 EXIT_OK
             }
             Err(e) => fail(e),

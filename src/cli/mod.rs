@@ -1,5 +1,7 @@
 //! One file per subcommand. Exit codes everywhere: 0 success, 1 input that could not be read at
-//! all (or a port that could not be bound), 2 a usage error (clap's own, and ours).
+//! all (or a port that could not be bound), 2 a usage error (clap's own, and ours). A first
+//! SIGINT, SIGTERM or SIGHUP stops gracefully (exit 0); a second exits with 128 + its number
+//! (`session::shutdown`).
 
 pub mod analyze;
 pub mod demo;
@@ -14,6 +16,15 @@ pub mod whatif;
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
+
+/// The command's final text on stdout. After a SIGHUP the terminal may be gone: a write error
+/// is not worth a panic (`print!` would panic).
+pub fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
 
 /// A session's error on stderr, and its exit code.
 pub fn fail(error: prefixscope::session::Error) -> u8 {

@@ -12,8 +12,9 @@ use super::{EXIT_OK, fail, parse_bytes};
 use prefixscope::proxy::DEFAULT_PORT;
 use prefixscope::record::Record;
 use prefixscope::recorder::RecorderStats;
-use prefixscope::session::capture::{Capture, CaptureConfig, shutdown_signal};
+use prefixscope::session::capture::{Capture, CaptureConfig, stop_on_signal};
 use prefixscope::session::headless::record_line;
+use prefixscope::session::shutdown::Shutdown;
 
 /// Where to listen, where to forward, what to record: shared by `record` and `watch`.
 #[derive(Args)]
@@ -84,6 +85,7 @@ struct RecordSummary {
 }
 
 pub fn run(args: RecordArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let (status_tx, status_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let consumers = vec![status_tx];
     let Capture {
@@ -106,7 +108,7 @@ pub fn run(args: RecordArgs) -> u8 {
     };
     let proxy_stats = proxy.stats();
     eprintln!(
-        "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C stops.",
+        "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C (or SIGTERM, SIGHUP) stops.",
         upstream.url(),
         path.display(),
         if args.capture.digest {
@@ -119,8 +121,7 @@ pub fn run(args: RecordArgs) -> u8 {
         "prefixscope: point your agent at http://{listen}/v1 (OpenAI), http://{listen} (Anthropic, Ollama)"
     );
 
-    let shutdown = shutdown_signal(Arc::clone(&proxy_stats));
-    runtime.block_on(proxy.run(shutdown));
+    runtime.block_on(proxy.run(stop_on_signal(&shutdown, Arc::clone(&proxy_stats))));
     drop(runtime);
     let recorder_stats = recorder.finish();
     let _ = status_thread.join();

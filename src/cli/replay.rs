@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::{EXIT_OK, fail, screen_switches};
+use super::{EXIT_OK, fail, print_stdout, screen_switches};
 use prefixscope::session::replay::{Replay, ReplayConfig};
 use prefixscope::session::screen::{Feed, ScreenConfig, run_screen};
+use prefixscope::session::shutdown::Shutdown;
 use prefixscope::tui::app::{Input, Source};
 use prefixscope::tui::event::Event;
 
@@ -35,6 +36,7 @@ pub struct ReplayArgs {
 }
 
 pub fn run(args: ReplayArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let config = ReplayConfig {
         files: args.files.clone(),
         speed: args.speed,
@@ -48,6 +50,9 @@ pub fn run(args: ReplayArgs) -> u8 {
         eprintln!("prefixscope: {message}");
     }
     if args.headless || !std::io::stdout().is_terminal() {
+        // A signal stops the reading; the summary of what was read follows.
+        let pacer = Arc::clone(&replay.pacer);
+        shutdown.on_stop(move |_| pacer.stop());
         // A write error is stdout closed (a pipe into `head`): nothing more to say.
         let _ = replay.headless(&mut std::io::stdout().lock(), &mut std::io::stderr());
         return EXIT_OK;
@@ -80,9 +85,9 @@ pub fn run(args: ReplayArgs) -> u8 {
         records: None,
         feeder: Some(feeder),
     };
-    match run_screen(screen, events, receiver, feed, &*pacer) {
+    match run_screen(screen, events, receiver, feed, &*pacer, &shutdown) {
         Ok(snapshot) => {
-            print!("{}", snapshot.summary());
+            print_stdout(&snapshot.summary());
             EXIT_OK
         }
         Err(e) => fail(e),

@@ -199,6 +199,7 @@ pub fn run_screen(
     demo: Demo,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     switches: super::screen::Switches,
+    shutdown: &super::shutdown::Shutdown,
 ) -> Result<Arc<crate::live::Snapshot>, Error> {
     use super::capture::LiveControl;
     use super::screen::{Feed, ScreenConfig, run_screen};
@@ -274,7 +275,7 @@ pub fn run_screen(
         records: Some(records),
         feeder: None,
     };
-    let result = run_screen(screen, events, receiver, feed, &control);
+    let result = run_screen(screen, events, receiver, feed, &control, shutdown);
     control.live.stop();
     let _ = edge.join();
     let _ = recorder.finish();

@@ -170,7 +170,7 @@ impl Replay {
                 format,
                 bad,
             } => headless_trace(&requests, format, bad, out),
-            Source::Recordings(opened) => headless_records(opened, out, err),
+            Source::Recordings(opened) => headless_records(opened, &self.pacer, out, err),
         }
     }
 }
@@ -259,8 +259,10 @@ fn headless_trace(
 }
 
 /// Recordings: every record's status line as it is read, then the snapshot's summary.
+/// Stopped (`Pacer::stop`, a signal), it ends with the summary of what was read.
 fn headless_records(
     files: Vec<(PathBuf, std::fs::File)>,
+    pacer: &Pacer,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> std::io::Result<()> {
@@ -268,6 +270,9 @@ fn headless_records(
     let mut bad_lines = 0;
     for (path, file) in files {
         for item in Lines::new(std::io::BufReader::new(file)) {
+            if pacer.stop.load(Ordering::Relaxed) {
+                break;
+            }
             match item {
                 Ok(record) => {
                     writeln!(out, "{}", record_line(&record))?;

@@ -189,6 +189,21 @@ impl App {
                     Action::None
                 }
             }
+            Event::Signal(name) => {
+                self.needs_draw = true;
+                if self.quitting {
+                    // Already waiting for the exchanges in flight; a second signal forces.
+                    return Action::None;
+                }
+                let action = self.quit();
+                if action == Action::Quit {
+                    self.status = Some(format!(
+                        "{name}: waiting for {} exchange(s) in flight; a second signal quits now",
+                        self.in_flight
+                    ));
+                }
+                action
+            }
             Event::Warning(text) => {
                 self.warnings += 1;
                 self.status = Some(text);

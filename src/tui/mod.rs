@@ -106,8 +106,13 @@ pub fn run<B: Backend>(
     let mut keys_waiting: Vec<Instant> = Vec::new();
     loop {
         app.now_ms = clock.now_ms();
-        app.in_flight = control.in_flight();
-        app.records_written = control.records_written();
+        // The status bar shows these: a change alone is worth a frame.
+        let (in_flight, written) = (control.in_flight(), control.records_written());
+        if (in_flight, written) != (app.in_flight, app.records_written) {
+            app.needs_draw = true;
+        }
+        app.in_flight = in_flight;
+        app.records_written = written;
         app.upstream_ok = control.upstream_ok().or(app.upstream_ok);
         let rate = app.requests_per_second();
         if rate != last_rate {
@@ -190,6 +195,7 @@ fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
 /// errors, the panic hook for panics (restore first, then print the panic).
 pub mod terminal {
     use std::io::{self, Stdout};
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
     use crossterm::execute;
@@ -203,7 +209,19 @@ pub mod terminal {
         pub terminal: Terminal<CrosstermBackend<Stdout>>,
     }
 
+    /// Whether the terminal is set up (raw, alternate screen): a forced exit restores it only
+    /// then, so `record`'s stdout never gets escape sequences.
+    static ENTERED: AtomicBool = AtomicBool::new(false);
+
+    /// `restore`, if `enter` set the terminal up and nothing restored it since.
+    pub fn restore_if_entered() {
+        if ENTERED.load(Ordering::SeqCst) {
+            restore();
+        }
+    }
+
     pub fn restore() {
+        ENTERED.store(false, Ordering::SeqCst);
         let _ = disable_raw_mode();
         let _ = execute!(
             io::stdout(),
@@ -219,6 +237,7 @@ pub mod terminal {
             restore();
             previous(info);
         }));
+        ENTERED.store(true, Ordering::SeqCst);
         enable_raw_mode()?;
         let mut stdout = io::stdout();
         execute!(stdout, EnterAlternateScreen)?;
