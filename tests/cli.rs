@@ -7,6 +7,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
@@ -388,4 +389,77 @@ fn a_port_in_use_exits_1() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
+
+/// Query-string credentials (`?api_key=…&key=…`) reach the upstream unchanged and nothing of
+/// ours: not the recording (full or digest), not the status line, not `records`, `analyze` or
+/// `replay --headless`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_string_credentials_are_forwarded_but_never_recorded_or_printed() {
+    let target = "/v1/chat/completions?api_key=SECRET-A&stream=false&key=SECRET-B&X-Amz-Signature=SECRET-C&access_token=SECRET-D&Api-Key=SECRET-E";
+    for digest in [false, true] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let upstream = {
+            let seen = Arc::clone(&seen);
+            fake_upstream(handler(move |req| {
+                seen.lock().unwrap().push(req.uri().to_string());
+                async move {
+                    Response::builder().header("content-type", "application/json").body(full(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"done"}}],"usage":{"prompt_tokens":10}}"#)).unwrap()
+                }
+            }))
+            .await
+        };
+        let port = free_port();
+        let file = temp_file(&format!("query-credentials-{digest}.jsonl"));
+        let mut extra = vec!["-o", file.to_str().unwrap()];
+        if digest {
+            extra.push("--digest");
+        }
+        let child = spawn_record(upstream, port, &extra);
+        wait_listening(port).await;
+        let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let response = send(&mut c, post(target, body)).await;
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+        drop(c);
+        interrupt(&child);
+        let (code, stdout, stderr) = tokio::task::spawn_blocking(move || finish(child))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(*seen.lock().unwrap(), vec![target.to_string()]);
+        // The status line names the exchange, with the values redacted.
+        assert!(
+            stderr.contains("api_key=REDACTED&stream=false&key=REDACTED"),
+            "{stderr}"
+        );
+        let recording = std::fs::read_to_string(&file).unwrap();
+        assert!(recording.contains("api_key=REDACTED"), "{recording}");
+        let path = file.to_str().unwrap();
+        let records = run(&["records", path]);
+        let records_json = run(&["records", path, "--json"]);
+        let analyze = run(&["analyze", path, "--json"]);
+        let replay = run(&["replay", "--headless", path]);
+        for (what, text) in [
+            ("the recording", recording.clone()),
+            ("record's stdout", stdout),
+            ("record's stderr", stderr),
+            ("records", output_text(&records)),
+            ("records --json", output_text(&records_json)),
+            ("analyze --json", output_text(&analyze)),
+            ("replay --headless", output_text(&replay)),
+        ] {
+            assert!(!text.contains("SECRET"), "digest {digest}: {what}:\n{text}");
+        }
+        assert!(output_text(&replay).contains("api_key=REDACTED"));
+    }
+}
+
+fn output_text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
