@@ -1,6 +1,7 @@
 //! What never reaches a recording, a screen or a file of ours although it passed through the
-//! proxy: credentials in the request's query string. (The proxy forwards them unchanged; only
-//! what we keep and print is redacted.) Pure: depends on nothing else of the crate.
+//! proxy: credentials in the request's query string, session headers that are not ids. (The
+//! proxy forwards everything unchanged; only what we keep and print is held back.) Pure:
+//! depends on nothing else of the crate.
 
 use std::borrow::Cow;
 
@@ -84,6 +85,42 @@ pub fn redact_query(target: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{path}?{}", pairs.join("&")))
 }
 
+/// The session and conversation headers recorded (beside llmp's four): an allowlist of names
+/// harnesses and routers use for ids, compared lowercase. A blocklist let anything through
+/// that merely contained `session` (`x-session-signature`, `x-session-passphrase`).
+const SESSION_HEADERS: [&str; 10] = [
+    "session-id",
+    "session_id",
+    "x-session-id",
+    "x-session-affinity",
+    "conversation-id",
+    "conversation_id",
+    "x-conversation-id",
+    "x-claude-code-session-id",
+    "x-opencode-session",
+    "x-client-session-id",
+];
+
+/// Longest session id value recorded.
+pub const MAX_SESSION_ID_LEN: usize = 128;
+
+/// Whether a request header of this name may be recorded as a session or conversation id.
+pub fn is_session_header(name: &str) -> bool {
+    SESSION_HEADERS
+        .iter()
+        .any(|allowed| allowed.eq_ignore_ascii_case(name))
+}
+
+/// Whether a value looks like an id (1 to 128 of `A-Z a-z 0-9 . _ : -`), not like a token or
+/// a sentence: only those are recorded.
+pub fn is_id_value(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= MAX_SESSION_ID_LEN
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
 /// `%5F` → `_` and so on; a malformed escape stays as written.
 fn percent_decoded(text: &str) -> Cow<'_, str> {
     if !text.contains('%') && !text.contains('+') {
@@ -114,6 +151,32 @@ fn percent_decoded(text: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_headers_by_name_and_id_shape() {
+        for name in [
+            "X-Session-Id",
+            "x-claude-code-session-id",
+            "conversation_id",
+        ] {
+            assert!(is_session_header(name), "{name}");
+        }
+        for name in [
+            "x-session-signature",
+            "x-conversation-jwt",
+            "x-session-passphrase",
+            "x-session-bearer",
+            "x-conversation",
+            "x-session-token",
+        ] {
+            assert!(!is_session_header(name), "{name}");
+        }
+        assert!(is_id_value("3f2b9c1e-8a7d-4e55-9b1a-0c2d3e4f5a6b"));
+        assert!(is_id_value("ses_01J:abc.def"));
+        for value in ["", "Bearer abc", "a=b", "eyJ...+/=", &"a".repeat(129)] {
+            assert!(!is_id_value(value), "{value}");
+        }
+    }
 
     #[test]
     fn credential_values_are_redacted_and_the_rest_is_kept() {

@@ -790,3 +790,56 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason
         records[0].request.digest.as_ref().unwrap().messages[1].hash
     );
 }
+
+/// Session headers are recorded by allowlist with id-shaped values; names that merely contain
+/// `session` or `conversation` (signatures, JWTs, passphrases, bearer tokens) are forwarded and
+/// never recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_headers_are_recorded_by_allowlist_with_id_shaped_values_only() {
+    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+    let upstream = {
+        let seen = Arc::clone(&seen);
+        fake_upstream(handler(move |req| {
+            seen.lock().unwrap().push(req.headers().clone());
+            async move { Response::new(full("{}")) }
+        }))
+        .await
+    };
+    let proxy = start_proxy(upstream, "session-headers", Options::default()).await;
+    let mut c = client(proxy.addr).await;
+    let mut request = post(CHAT, "{}");
+    let sent = [
+        ("x-session-signature", "SIG-SECRET-1"),
+        ("x-conversation-jwt", "JWT-SECRET-2"),
+        ("x-session-passphrase", "PASS-SECRET-3"),
+        ("x-session-bearer", "BEARER-SECRET-4"),
+        ("x-session-id", "sess-42"),
+        ("x-conversation-id", "Bearer SECRET-5"),
+    ];
+    for (name, value) in sent {
+        request.headers_mut().insert(name, value.parse().unwrap());
+    }
+    c.send_request(request).await.unwrap();
+    let records = proxy.stop().await;
+    let forwarded = &seen.lock().unwrap()[0];
+    for (name, value) in sent {
+        assert_eq!(forwarded[name], value, "{name} is forwarded unchanged");
+    }
+    let recorded = &records[0].request.headers;
+    assert_eq!(
+        recorded.get("x-session-id").map(String::as_str),
+        Some("sess-42")
+    );
+    let line = serde_json::to_string(&records[0]).unwrap();
+    assert!(!line.contains("SECRET"), "{line}");
+    for name in [
+        "x-session-signature",
+        "x-conversation-jwt",
+        "x-session-passphrase",
+        "x-session-bearer",
+        // Allowed name, but the value is no id.
+        "x-conversation-id",
+    ] {
+        assert!(!recorded.contains_key(name), "{name}: {recorded:?}");
+    }
+}
