@@ -660,6 +660,8 @@ async fn digest_mode_keeps_no_text() {
         "THINK-SECRET-INDIA",
         "MODELS-SECRET-JULIET",
         "ERROR-SECRET-KILO",
+        "VERBOSE-SECRET-LIMA",
+        "LOGPROB-SECRET-MIKE",
     ];
     let upstream = fake_upstream(handler(|req| async move {
         let path = req.uri().path().to_string();
@@ -679,9 +681,9 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason
             )).unwrap(),
             "/v1/messages" => json(r#"{"id":"msg","type":"message","role":"assistant","model":"gemma-test","content":[{"type":"text","text":"REPLY-SECRET-GOLF"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"cache_read_input_tokens":40,"output_tokens":3}}"#),
             _ if streamed => Response::builder().header("content-type", "text/event-stream").body(full(
-                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"THINK-SECRET-INDIA\",\"content\":\"REPLY-SECRET-GOLF\",\"tool_calls\":[{\"index\":0,\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":\"{\\\"path\\\":\\\"REPLYARG-SECRET-HOTEL\\\"}\"}}]}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":40,\"prompt_n\":5}}\n\ndata: [DONE]\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"THINK-SECRET-INDIA\",\"content\":\"REPLY-SECRET-GOLF\",\"tool_calls\":[{\"index\":0,\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":\"{\\\"path\\\":\\\"REPLYARG-SECRET-HOTEL\\\"}\"}}]}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":40,\"prompt_n\":5},\"__verbose\":{\"prompt\":\"VERBOSE-SECRET-LIMA\"},\"prompt_logprobs\":[{\"decoded_token\":\"LOGPROB-SECRET-MIKE\"}]}\n\ndata: [DONE]\n\n",
             )).unwrap(),
-            _ => json(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"REPLY-SECRET-GOLF","tool_calls":[{"id":"call_7","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"REPLYARG-SECRET-HOTEL\"}"}}]}}],"usage":{"prompt_tokens":45,"prompt_tokens_details":{"cached_tokens":40}},"timings":{"cache_n":40,"prompt_n":5}}"#),
+            _ => json(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"REPLY-SECRET-GOLF","tool_calls":[{"id":"call_7","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"REPLYARG-SECRET-HOTEL\"}"}}]}}],"usage":{"prompt_tokens":45,"prompt_tokens_details":{"cached_tokens":40}},"timings":{"cache_n":40,"prompt_n":5},"__verbose":{"prompt":"VERBOSE-SECRET-LIMA","content":"VERBOSE-SECRET-LIMA"},"prompt_logprobs":[null,{"1":{"logprob":-1.5,"decoded_token":"LOGPROB-SECRET-MIKE"}}]}"#),
         }
     }))
     .await;
