@@ -463,3 +463,57 @@ fn output_text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stderr)
     )
 }
+
+/// Out-of-range options are usage errors (exit 2, a message naming the option), never a panic:
+/// `--connect-timeout 1e20` panicked converting to a Duration, `demo --speed 5e-324` panicked in
+/// a worker and hung.
+#[test]
+fn out_of_range_options_exit_2_with_a_message_and_no_panic() {
+    let session = "recordings/llmp/llama.cpp/session.jsonl";
+    let upstream = "--upstream=http://127.0.0.1:9";
+    // `--option=value`, so a negative value is a value, not a flag.
+    let mut cases: Vec<(Vec<String>, &str)> = Vec::new();
+    let case = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    for value in ["1e20", "0", "86401", "1.5", "-1", "nan"] {
+        let timeout = format!("--connect-timeout={value}");
+        cases.push((case(&["record", upstream, &timeout]), "--connect-timeout"));
+    }
+    cases.push((
+        case(&["watch", upstream, "--connect-timeout=1e20"]),
+        "--connect-timeout",
+    ));
+    for value in [
+        "5e-324", "0", "0.001", "1001", "1e300", "nan", "inf", "-2", "fast",
+    ] {
+        let speed = format!("--speed={value}");
+        cases.push((case(&["replay", session, &speed]), "--speed"));
+        cases.push((case(&["demo", &speed]), "--speed"));
+    }
+    for value in ["0", "65", "-1", "2.5"] {
+        cases.push((case(&["demo", &format!("--slots={value}")]), "--slots"));
+    }
+    for (args, option) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(option), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    // The bounds themselves are accepted (a replay at ×1000 of a short recording, headless).
+    let out = run(&["replay", session, "--speed", "1000", "--headless"]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&[
+        "replay",
+        session,
+        "--speed",
+        "0.01",
+        "--instant",
+        "--headless",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--speed conflicts with --instant"
+    );
+}

@@ -28,14 +28,15 @@ pub struct DemoArgs {
     /// volatile-system (a nonce in front of the system prompt), compaction.
     #[arg(long, default_value = "mixed", value_parser = SCENARIOS)]
     scenario: String,
-    /// The server's slots (`-np`); default 2 for mixed, 1 otherwise.
-    #[arg(long)]
+    /// The server's slots (`-np`), 1 to 64; default 2 for mixed, 1 otherwise.
+    #[arg(long, value_parser = super::parse_sim_slots)]
     slots: Option<usize>,
     /// The server's host-memory prompt cache (llama-server's `--cache-ram`).
     #[arg(long, value_enum, default_value = "off")]
     cache_ram: OnOff,
-    /// How much faster than real time the agents and the server run (`+` / `-` change it).
-    #[arg(long, default_value_t = 1.0)]
+    /// How much faster than real time the agents and the server run, 0.01 to 1000 (`+` / `-`
+    /// change it).
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_speed)]
     speed: f64,
     /// The same seed gives the same requests in the same order.
     #[arg(long, default_value_t = 1)]

@@ -101,6 +101,40 @@ pub fn print_bad_values(name: &str, report: &prefixscope::input::FileReport) {
     }
 }
 
+/// `--speed`: a number from `MIN_SPEED` to `MAX_SPEED` (clap reports the error, exit 2).
+pub fn parse_speed(text: &str) -> Result<f64, String> {
+    use prefixscope::limits::{MAX_SPEED, MIN_SPEED, valid_speed};
+    let speed: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if valid_speed(speed) {
+        Ok(speed)
+    } else {
+        Err(format!("must be from {MIN_SPEED} to {MAX_SPEED}"))
+    }
+}
+
+/// A timeout in whole seconds, 1 to `MAX_CONNECT_TIMEOUT_SECS` (a day).
+pub fn parse_timeout_seconds(text: &str) -> Result<u64, String> {
+    use prefixscope::limits::MAX_CONNECT_TIMEOUT_SECS;
+    match text.trim().parse::<u64>() {
+        Ok(seconds) if (1..=MAX_CONNECT_TIMEOUT_SECS).contains(&seconds) => Ok(seconds),
+        _ => Err(format!(
+            "must be whole seconds from 1 to {MAX_CONNECT_TIMEOUT_SECS}"
+        )),
+    }
+}
+
+/// `--slots` of the simulated server: 1 to `MAX_SIM_SLOTS`.
+pub fn parse_sim_slots(text: &str) -> Result<usize, String> {
+    use prefixscope::limits::MAX_SIM_SLOTS;
+    match text.trim().parse::<usize>() {
+        Ok(slots) if (1..=MAX_SIM_SLOTS).contains(&slots) => Ok(slots),
+        _ => Err(format!("must be a whole number from 1 to {MAX_SIM_SLOTS}")),
+    }
+}
+
 /// `1048576`, `64K`, `64KiB`, `16MB`, `1G`: binary multiples (K = 1024), as users of these tools
 /// expect for memory-like sizes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

@@ -38,9 +38,10 @@ pub struct CaptureArgs {
     /// Start a new file (rec.1.jsonl, rec.2.jsonl…) before one would grow past this size.
     #[arg(long, value_parser = parse_bytes)]
     pub max_size: Option<u64>,
-    /// Seconds to wait for a connection to the server before recording a `timeout`.
-    #[arg(long, default_value_t = 10.0)]
-    pub connect_timeout: f64,
+    /// Seconds to wait for a connection to the server before recording a `timeout` (whole
+    /// seconds, 1 to 86400).
+    #[arg(long, default_value_t = 10, value_parser = super::parse_timeout_seconds)]
+    pub connect_timeout: u64,
     /// Extra CA certificates (PEM) to trust for an https:// upstream.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,

@@ -21,8 +21,9 @@ pub struct ReplayArgs {
     /// hit-rate and prefix panes only.
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// How much faster than recorded the records arrive (`+` / `-` change it while running).
-    #[arg(long, default_value_t = 1.0, conflicts_with = "instant")]
+    /// How much faster than recorded the records arrive, 0.01 to 1000 (`+` / `-` change it
+    /// while running).
+    #[arg(long, default_value_t = 1.0, conflicts_with = "instant", value_parser = super::parse_speed)]
     speed: f64,
     /// Every record at once, no pacing.
     #[arg(long)]

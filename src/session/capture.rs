@@ -30,8 +30,8 @@ pub struct CaptureConfig {
     pub max_body: u64,
     /// Rotate before a file would grow past this.
     pub max_size: Option<u64>,
-    /// Seconds to wait for a connection to the server.
-    pub connect_timeout: f64,
+    /// Whole seconds to wait for a connection to the server (1 to `MAX_CONNECT_TIMEOUT_SECS`).
+    pub connect_timeout: u64,
     /// Extra CA certificates (PEM) for an https:// upstream.
     pub ca_file: Option<PathBuf>,
 }
@@ -54,10 +54,11 @@ impl Capture {
         consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
     ) -> Result<Capture, Error> {
         let upstream = Upstream::parse(&args.upstream).map_err(|e| Error::Usage(e.to_string()))?;
-        if !(args.connect_timeout > 0.0 && args.connect_timeout.is_finite()) {
-            return Err(Error::Usage(
-                "--connect-timeout must be a positive number of seconds".into(),
-            ));
+        if !(1..=crate::limits::MAX_CONNECT_TIMEOUT_SECS).contains(&args.connect_timeout) {
+            return Err(Error::Usage(format!(
+                "--connect-timeout must be from 1 to {} seconds",
+                crate::limits::MAX_CONNECT_TIMEOUT_SECS
+            )));
         }
         let path = args.out.clone().unwrap_or_else(default_recording_name);
         check_new_recording(&path).map_err(Error::Usage)?;
@@ -87,7 +88,7 @@ impl Capture {
             .map_err(|e| Error::Unreadable(format!("cannot start the runtime: {e}")))?;
         let mut config = ProxyConfig::new(args.listen, upstream.clone());
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
-        config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
+        config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
         let proxy = runtime
             .block_on(Proxy::bind(config, recorder.sender()))

@@ -50,8 +50,12 @@ pub struct Replay {
 impl Replay {
     /// Opens the files (recordings, or traces / gateway logs: all of one kind).
     pub fn open(config: &ReplayConfig) -> Result<Replay, Error> {
-        if !(config.speed > 0.0 && config.speed.is_finite()) {
-            return Err(Error::Usage("--speed must be a positive number".into()));
+        if !crate::limits::valid_speed(config.speed) {
+            return Err(Error::Usage(format!(
+                "--speed must be from {} to {}",
+                crate::limits::MIN_SPEED,
+                crate::limits::MAX_SPEED
+            )));
         }
         let formats: Vec<Option<Format>> = config
             .files

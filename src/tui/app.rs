@@ -410,7 +410,7 @@ impl App {
             self.status = Some("speed applies to replays".into());
             return Action::Redraw;
         };
-        let speed = (speed * factor).clamp(0.125, 1024.0);
+        let speed = (speed * factor).clamp(crate::limits::MIN_SPEED, crate::limits::MAX_SPEED);
         self.speed = Some(speed);
         self.status = Some(format!("replay speed ×{speed}"));
         Action::Speed(speed)
