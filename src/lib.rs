@@ -20,6 +20,7 @@ pub mod record;
 pub mod recorder;
 pub mod session;
 pub mod sim;
+pub mod text;
 pub mod units;
 
 #[cfg(feature = "net")]

@@ -517,3 +517,35 @@ fn out_of_range_options_exit_2_with_a_message_and_no_panic() {
         "--speed conflicts with --instant"
     );
 }
+
+/// A recording whose model, user agent and messages hold `ESC ] 0 ; pwned BEL` (set the window
+/// title), `ESC [ 2 J` (clear the screen) and a C1 CSI: no text output lets one through raw.
+#[test]
+fn recorded_terminal_escapes_reach_no_output_raw() {
+    let hostile = "tests/data/hostile-escapes.jsonl";
+    let outputs = [
+        ("records", run(&["records", hostile])),
+        ("records --json", run(&["records", hostile, "--json"])),
+        ("analyze", run(&["analyze", hostile])),
+        ("analyze --json", run(&["analyze", hostile, "--json"])),
+        ("replay --headless", run(&["replay", "--headless", hostile])),
+        ("profile", run(&["profile", hostile])),
+        ("profile --json", run(&["profile", hostile, "--json"])),
+    ];
+    for (what, output) in &outputs {
+        assert_eq!(output.status.code(), Some(0), "{what}");
+        let text = output_text(output);
+        for control in ['\x1b', '\x07', '\u{9b}'] {
+            assert!(!text.contains(control), "{what}: {control:?} in\n{text}");
+        }
+    }
+    // The text is still there, written out.
+    let records = output_text(&outputs[0].1);
+    assert!(records.contains("model\\x1b]0;pwned\\x07"), "{records}");
+    assert!(
+        records.contains("agent\\x1b]0;pwned\\x07\\x1b[2J"),
+        "{records}"
+    );
+    let analyze = output_text(&outputs[2].1);
+    assert!(analyze.contains("pwned"), "{analyze}");
+}

@@ -94,7 +94,7 @@ pub fn run(args: DemoArgs) -> u8 {
                 for error in &outcome.log.errors {
                     eprintln!("prefixscope: agent error: {error}");
                 }
-                print!("{}", outcome.report.summary());
+                print_stdout(&outcome.report.summary());
                 println!(
                     "script: {} requests, {} events, {} named by the analysis ({})",
                     outcome.log.requests.len(),

@@ -19,11 +19,19 @@ pub const EXIT_USAGE: u8 = 2;
 
 /// The command's final text on stdout. After a SIGHUP the terminal may be gone: a write error
 /// is not worth a panic (`print!` would panic).
+/// Control characters of recorded text are escaped (`prefixscope::text`).
 pub fn print_stdout(text: &str) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.write_all(prefixscope::text::printable(text).as_bytes());
     let _ = stdout.flush();
+}
+
+/// JSON on stdout, a line: DEL and C1 escaped too (`prefixscope::text::printable_json`).
+pub fn print_json(json: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{}", prefixscope::text::printable_json(json));
 }
 
 /// A session's error on stderr, and its exit code.

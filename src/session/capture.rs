@@ -290,7 +290,11 @@ pub fn watch_headless(
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
             engine.push(Input::Record(record, now));
         }
-        let _ = write!(out, "{}", engine.snapshot().summary());
+        let _ = write!(
+            out,
+            "{}",
+            crate::text::printable(&engine.snapshot().summary())
+        );
     });
     let stats = proxy.stats();
     runtime.block_on(proxy.run(stop_on_signal(shutdown, stats)));

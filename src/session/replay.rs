@@ -299,7 +299,11 @@ fn headless_records(
     if bad_lines > 0 {
         writeln!(out, "{bad_lines} bad line(s) skipped")?;
     }
-    write!(out, "{}", engine.snapshot().summary())
+    write!(
+        out,
+        "{}",
+        crate::text::printable(&engine.snapshot().summary())
+    )
 }
 
 fn now_ms() -> i64 {

@@ -122,7 +122,10 @@ pub fn run<B: Backend>(
         if app.take_needs_draw() {
             let size = terminal.size()?;
             app.last_size = (size.width, size.height);
-            terminal.draw(|frame| ui::draw(frame, app, theme))?;
+            terminal.draw(|frame| {
+                ui::draw(frame, app, theme);
+                scrub_controls(frame.buffer_mut());
+            })?;
             app.frames_drawn += 1;
             if let Some(latencies) = app.key_latency_us.as_mut() {
                 for taken in keys_waiting.drain(..) {
@@ -164,6 +167,18 @@ pub fn run<B: Backend>(
                 }
                 Action::None | Action::Redraw => {}
             }
+        }
+    }
+}
+
+/// No cell may send a control character to the terminal: ratatui drops some, but a zero-width
+/// one can ride along with the cell before it. Recorded text (models, user agents, messages)
+/// reaches the panes from anywhere, so the frame is checked once, where it is complete.
+fn scrub_controls(buffer: &mut ratatui::buffer::Buffer) {
+    for cell in buffer.content.iter_mut() {
+        if crate::text::has_controls(cell.symbol()) {
+            let kept: String = cell.symbol().chars().filter(|c| !c.is_control()).collect();
+            cell.set_symbol(if kept.is_empty() { " " } else { &kept });
         }
     }
 }
