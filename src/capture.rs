@@ -125,7 +125,8 @@ pub fn build_record<B: AsRef<[u8]>>(capture: Capture<B>, mode: BodyMode) -> Reco
         t_end_ms: capture.t_end_ms,
         request: RequestRecord {
             method: capture.method,
-            path: capture.path,
+            // The query's credentials stay out of the record (the upstream got them unchanged).
+            path: crate::privacy::redact_query(&capture.path).into_owned(),
             headers: capture.request_headers,
             body_bytes: capture.request_body_bytes,
             body,

@@ -15,10 +15,12 @@ pub mod input;
 pub mod limits;
 pub mod live;
 pub mod normalize;
+pub mod privacy;
 pub mod record;
 pub mod recorder;
 pub mod session;
 pub mod sim;
+pub mod text;
 pub mod units;
 
 #[cfg(feature = "net")]

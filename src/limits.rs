@@ -14,6 +14,24 @@ pub const MAX_TOKENS_PER_CHAR: f64 = 4.0;
 /// is a few hundred to a few thousand tokens whatever the length of its URL).
 pub const TEMPLATE_AND_MEDIA_TOKENS: u64 = 1 << 17;
 
+/// Replay and demo speeds: ×0.01 to ×1000. Slower shows nothing for minutes; faster paces below
+/// what a sleep resolves, and a speed near zero turned a sleep into a `Duration` overflow (a
+/// panic in the simulated server's worker, then a hang).
+pub const MIN_SPEED: f64 = 0.01;
+pub const MAX_SPEED: f64 = 1000.0;
+
+/// The longest `--connect-timeout`, in whole seconds: a day. (`1e20` seconds panicked
+/// converting to a `Duration`.)
+pub const MAX_CONNECT_TIMEOUT_SECS: u64 = 86_400;
+
+/// The most slots the simulated server (`demo --slots`) runs.
+pub const MAX_SIM_SLOTS: usize = 64;
+
+/// Whether `speed` is a replay or demo speed we run at.
+pub fn valid_speed(speed: f64) -> bool {
+    (MIN_SPEED..=MAX_SPEED).contains(&speed)
+}
+
 /// A token count read from a server or a file, or `None` when it is past every context window.
 pub fn plausible_tokens(count: u64) -> Option<u64> {
     (count <= MAX_PROMPT_TOKENS).then_some(count)

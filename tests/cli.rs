@@ -7,6 +7,7 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
@@ -129,8 +130,12 @@ async fn wait_listening(port: u16) {
 }
 
 fn interrupt(child: &Child) {
+    send_signal(child, "INT");
+}
+
+fn send_signal(child: &Child, signal: &str) {
     Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
 }
@@ -208,6 +213,52 @@ async fn ctrl_c_finishes_the_exchanges_in_flight_and_their_records() {
             std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+}
+
+/// SIGHUP (the terminal closed) and SIGTERM (a supervisor) stop `record` as Ctrl-C does: the
+/// exchange in flight is answered and recorded, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_and_sigterm_stop_record_gracefully() {
+    for signal in ["HUP", "TERM"] {
+        let upstream = slow_upstream(Duration::from_millis(1500)).await;
+        let port = free_port();
+        let file = temp_file(&format!("sig{signal}.jsonl"));
+        let child = spawn_record(upstream, port, &["-o", file.to_str().unwrap(), "--json"]);
+        wait_listening(port).await;
+        let request = tokio::spawn(async move {
+            let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+            let response = send(
+                &mut c,
+                post("/v1/chat/completions", r#"{"model":"m","messages":[]}"#),
+            )
+            .await;
+            (
+                response.status(),
+                response.into_body().collect().await.unwrap().to_bytes(),
+            )
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        send_signal(&child, signal);
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, 200, "SIG{signal}");
+        assert!(String::from_utf8_lossy(&body).contains("done"));
+        let (code, stdout, stderr) = tokio::task::spawn_blocking(move || finish(child))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(0), "SIG{signal}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "SIG{signal}: stopping: finishing 1 exchange(s) in flight"
+            )),
+            "{stderr}"
+        );
+        let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(summary["written"].as_u64(), Some(1), "SIG{signal}");
+        let records =
+            prefixscope::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+        assert_eq!(records.len(), 1, "SIG{signal}");
+        assert_eq!(records[0].error, None, "SIG{signal}");
     }
 }
 
@@ -338,4 +389,163 @@ fn a_port_in_use_exits_1() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
+
+/// Query-string credentials (`?api_key=…&key=…`) reach the upstream unchanged and nothing of
+/// ours: not the recording (full or digest), not the status line, not `records`, `analyze` or
+/// `replay --headless`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_string_credentials_are_forwarded_but_never_recorded_or_printed() {
+    let target = "/v1/chat/completions?api_key=SECRET-A&stream=false&key=SECRET-B&X-Amz-Signature=SECRET-C&access_token=SECRET-D&Api-Key=SECRET-E";
+    for digest in [false, true] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let upstream = {
+            let seen = Arc::clone(&seen);
+            fake_upstream(handler(move |req| {
+                seen.lock().unwrap().push(req.uri().to_string());
+                async move {
+                    Response::builder().header("content-type", "application/json").body(full(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"done"}}],"usage":{"prompt_tokens":10}}"#)).unwrap()
+                }
+            }))
+            .await
+        };
+        let port = free_port();
+        let file = temp_file(&format!("query-credentials-{digest}.jsonl"));
+        let mut extra = vec!["-o", file.to_str().unwrap()];
+        if digest {
+            extra.push("--digest");
+        }
+        let child = spawn_record(upstream, port, &extra);
+        wait_listening(port).await;
+        let mut c = client(SocketAddr::from(([127, 0, 0, 1], port))).await;
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let response = send(&mut c, post(target, body)).await;
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+        drop(c);
+        interrupt(&child);
+        let (code, stdout, stderr) = tokio::task::spawn_blocking(move || finish(child))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(*seen.lock().unwrap(), vec![target.to_string()]);
+        // The status line names the exchange, with the values redacted.
+        assert!(
+            stderr.contains("api_key=REDACTED&stream=false&key=REDACTED"),
+            "{stderr}"
+        );
+        let recording = std::fs::read_to_string(&file).unwrap();
+        assert!(recording.contains("api_key=REDACTED"), "{recording}");
+        let path = file.to_str().unwrap();
+        let records = run(&["records", path]);
+        let records_json = run(&["records", path, "--json"]);
+        let analyze = run(&["analyze", path, "--json"]);
+        let replay = run(&["replay", "--headless", path]);
+        for (what, text) in [
+            ("the recording", recording.clone()),
+            ("record's stdout", stdout),
+            ("record's stderr", stderr),
+            ("records", output_text(&records)),
+            ("records --json", output_text(&records_json)),
+            ("analyze --json", output_text(&analyze)),
+            ("replay --headless", output_text(&replay)),
+        ] {
+            assert!(!text.contains("SECRET"), "digest {digest}: {what}:\n{text}");
+        }
+        assert!(output_text(&replay).contains("api_key=REDACTED"));
+    }
+}
+
+fn output_text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Out-of-range options are usage errors (exit 2, a message naming the option), never a panic:
+/// `--connect-timeout 1e20` panicked converting to a Duration, `demo --speed 5e-324` panicked in
+/// a worker and hung.
+#[test]
+fn out_of_range_options_exit_2_with_a_message_and_no_panic() {
+    let session = "recordings/llmp/llama.cpp/session.jsonl";
+    let upstream = "--upstream=http://127.0.0.1:9";
+    // `--option=value`, so a negative value is a value, not a flag.
+    let mut cases: Vec<(Vec<String>, &str)> = Vec::new();
+    let case = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    for value in ["1e20", "0", "86401", "1.5", "-1", "nan"] {
+        let timeout = format!("--connect-timeout={value}");
+        cases.push((case(&["record", upstream, &timeout]), "--connect-timeout"));
+    }
+    cases.push((
+        case(&["watch", upstream, "--connect-timeout=1e20"]),
+        "--connect-timeout",
+    ));
+    for value in [
+        "5e-324", "0", "0.001", "1001", "1e300", "nan", "inf", "-2", "fast",
+    ] {
+        let speed = format!("--speed={value}");
+        cases.push((case(&["replay", session, &speed]), "--speed"));
+        cases.push((case(&["demo", &speed]), "--speed"));
+    }
+    for value in ["0", "65", "-1", "2.5"] {
+        cases.push((case(&["demo", &format!("--slots={value}")]), "--slots"));
+    }
+    for (args, option) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(option), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    // The bounds themselves are accepted (a replay at ×1000 of a short recording, headless).
+    let out = run(&["replay", session, "--speed", "1000", "--headless"]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&[
+        "replay",
+        session,
+        "--speed",
+        "0.01",
+        "--instant",
+        "--headless",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "--speed conflicts with --instant"
+    );
+}
+
+/// A recording whose model, user agent and messages hold `ESC ] 0 ; pwned BEL` (set the window
+/// title), `ESC [ 2 J` (clear the screen) and a C1 CSI: no text output lets one through raw.
+#[test]
+fn recorded_terminal_escapes_reach_no_output_raw() {
+    let hostile = "tests/data/hostile-escapes.jsonl";
+    let outputs = [
+        ("records", run(&["records", hostile])),
+        ("records --json", run(&["records", hostile, "--json"])),
+        ("analyze", run(&["analyze", hostile])),
+        ("analyze --json", run(&["analyze", hostile, "--json"])),
+        ("replay --headless", run(&["replay", "--headless", hostile])),
+        ("profile", run(&["profile", hostile])),
+        ("profile --json", run(&["profile", hostile, "--json"])),
+    ];
+    for (what, output) in &outputs {
+        assert_eq!(output.status.code(), Some(0), "{what}");
+        let text = output_text(output);
+        for control in ['\x1b', '\x07', '\u{9b}'] {
+            assert!(!text.contains(control), "{what}: {control:?} in\n{text}");
+        }
+    }
+    // The text is still there, written out.
+    let records = output_text(&outputs[0].1);
+    assert!(records.contains("model\\x1b]0;pwned\\x07"), "{records}");
+    assert!(
+        records.contains("agent\\x1b]0;pwned\\x07\\x1b[2J"),
+        "{records}"
+    );
+    let analyze = output_text(&outputs[2].1);
+    assert!(analyze.contains("pwned"), "{analyze}");
 }

@@ -66,7 +66,7 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
         scenario: scenario.to_string(),
         slots: flag("--slots").map(|s| s.parse().unwrap()),
         cache_ram: flag("--cache-ram").as_deref() == Some("on"),
-        speed: 5000.0,
+        speed: 1000.0,
         seed: flag("--seed").map_or(3, |s| s.parse().unwrap()),
         out: Some(out.clone()),
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -124,7 +124,7 @@ fn the_demo_command_prints_the_check() {
             "--scenario",
             "side-calls",
             "--speed",
-            "5000",
+            "1000",
             "--seed",
             "3",
         ])

@@ -213,11 +213,11 @@ fn replay_speed_doubles_halves_and_stays_within_its_bounds() {
     for _ in 0..20 {
         key(&mut app, KeyCode::Char('+'));
     }
-    assert_eq!(app.speed, Some(1024.0));
+    assert_eq!(app.speed, Some(1000.0));
     for _ in 0..40 {
         key(&mut app, KeyCode::Char('-'));
     }
-    assert_eq!(app.speed, Some(0.125));
+    assert_eq!(app.speed, Some(0.01));
 }
 
 #[test]

@@ -660,6 +660,8 @@ async fn digest_mode_keeps_no_text() {
         "THINK-SECRET-INDIA",
         "MODELS-SECRET-JULIET",
         "ERROR-SECRET-KILO",
+        "VERBOSE-SECRET-LIMA",
+        "LOGPROB-SECRET-MIKE",
     ];
     let upstream = fake_upstream(handler(|req| async move {
         let path = req.uri().path().to_string();
@@ -679,9 +681,9 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason
             )).unwrap(),
             "/v1/messages" => json(r#"{"id":"msg","type":"message","role":"assistant","model":"gemma-test","content":[{"type":"text","text":"REPLY-SECRET-GOLF"}],"stop_reason":"end_turn","usage":{"input_tokens":5,"cache_read_input_tokens":40,"output_tokens":3}}"#),
             _ if streamed => Response::builder().header("content-type", "text/event-stream").body(full(
-                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"THINK-SECRET-INDIA\",\"content\":\"REPLY-SECRET-GOLF\",\"tool_calls\":[{\"index\":0,\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":\"{\\\"path\\\":\\\"REPLYARG-SECRET-HOTEL\\\"}\"}}]}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":40,\"prompt_n\":5}}\n\ndata: [DONE]\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"THINK-SECRET-INDIA\",\"content\":\"REPLY-SECRET-GOLF\",\"tool_calls\":[{\"index\":0,\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":\"{\\\"path\\\":\\\"REPLYARG-SECRET-HOTEL\\\"}\"}}]}}]}\n\ndata: {\"choices\":[],\"timings\":{\"cache_n\":40,\"prompt_n\":5},\"__verbose\":{\"prompt\":\"VERBOSE-SECRET-LIMA\"},\"prompt_logprobs\":[{\"decoded_token\":\"LOGPROB-SECRET-MIKE\"}]}\n\ndata: [DONE]\n\n",
             )).unwrap(),
-            _ => json(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"REPLY-SECRET-GOLF","tool_calls":[{"id":"call_7","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"REPLYARG-SECRET-HOTEL\"}"}}]}}],"usage":{"prompt_tokens":45,"prompt_tokens_details":{"cached_tokens":40}},"timings":{"cache_n":40,"prompt_n":5}}"#),
+            _ => json(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"REPLY-SECRET-GOLF","tool_calls":[{"id":"call_7","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"REPLYARG-SECRET-HOTEL\"}"}}]}}],"usage":{"prompt_tokens":45,"prompt_tokens_details":{"cached_tokens":40}},"timings":{"cache_n":40,"prompt_n":5},"__verbose":{"prompt":"VERBOSE-SECRET-LIMA","content":"VERBOSE-SECRET-LIMA"},"prompt_logprobs":[null,{"1":{"logprob":-1.5,"decoded_token":"LOGPROB-SECRET-MIKE"}}]}"#),
         }
     }))
     .await;
@@ -789,4 +791,57 @@ event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason
         request.messages[1].hash,
         records[0].request.digest.as_ref().unwrap().messages[1].hash
     );
+}
+
+/// Session headers are recorded by allowlist with id-shaped values; names that merely contain
+/// `session` or `conversation` (signatures, JWTs, passphrases, bearer tokens) are forwarded and
+/// never recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_headers_are_recorded_by_allowlist_with_id_shaped_values_only() {
+    let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+    let upstream = {
+        let seen = Arc::clone(&seen);
+        fake_upstream(handler(move |req| {
+            seen.lock().unwrap().push(req.headers().clone());
+            async move { Response::new(full("{}")) }
+        }))
+        .await
+    };
+    let proxy = start_proxy(upstream, "session-headers", Options::default()).await;
+    let mut c = client(proxy.addr).await;
+    let mut request = post(CHAT, "{}");
+    let sent = [
+        ("x-session-signature", "SIG-SECRET-1"),
+        ("x-conversation-jwt", "JWT-SECRET-2"),
+        ("x-session-passphrase", "PASS-SECRET-3"),
+        ("x-session-bearer", "BEARER-SECRET-4"),
+        ("x-session-id", "sess-42"),
+        ("x-conversation-id", "Bearer SECRET-5"),
+    ];
+    for (name, value) in sent {
+        request.headers_mut().insert(name, value.parse().unwrap());
+    }
+    c.send_request(request).await.unwrap();
+    let records = proxy.stop().await;
+    let forwarded = &seen.lock().unwrap()[0];
+    for (name, value) in sent {
+        assert_eq!(forwarded[name], value, "{name} is forwarded unchanged");
+    }
+    let recorded = &records[0].request.headers;
+    assert_eq!(
+        recorded.get("x-session-id").map(String::as_str),
+        Some("sess-42")
+    );
+    let line = serde_json::to_string(&records[0]).unwrap();
+    assert!(!line.contains("SECRET"), "{line}");
+    for name in [
+        "x-session-signature",
+        "x-conversation-jwt",
+        "x-session-passphrase",
+        "x-session-bearer",
+        // Allowed name, but the value is no id.
+        "x-conversation-id",
+    ] {
+        assert!(!recorded.contains_key(name), "{name}: {recorded:?}");
+    }
 }

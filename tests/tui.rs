@@ -404,3 +404,50 @@ fn the_chart_shows_optimal_over_lru_over_fifo_cell_by_cell() {
         assert!(screen.contains(label), "{label}:\n{screen}");
     }
 }
+
+/// Model names, user agents and message text with terminal escapes (window title, clear screen,
+/// C1 CSI): no cell of any screen holds a control character.
+#[test]
+fn recorded_terminal_escapes_never_reach_a_cell() {
+    let hostile = std::fs::read(root().join("tests/data/hostile-escapes.jsonl")).unwrap();
+    let mut engine = Engine::new(Config::default());
+    for record in read_jsonl(hostile.as_slice()).records {
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    }
+    engine.push(Input::SourceDone);
+    let control = EngineControl(RefCell::new(engine));
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: "hostile\x1b]0;pwned\x07.jsonl".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    let theme = Theme::plain();
+    // The first screen, each pane focused, and the detail of the selected request.
+    let mut events = vec![Event::Snapshot(snapshot)];
+    for _ in 0..5 {
+        events.push(special(KeyCode::Tab));
+        events.push(special(KeyCode::Enter));
+        events.push(special(KeyCode::Esc));
+    }
+    events.push(Event::Warning("bad line: \x1b[2J".into()));
+    for (screen, event) in events.into_iter().enumerate() {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(&mut terminal, &mut app, &receiver, &clock, &control, &theme).unwrap();
+        let buffer = terminal.backend().buffer();
+        for cell in buffer.content.iter() {
+            assert!(
+                !cell.symbol().chars().any(char::is_control),
+                "{:?} on screen {screen}:\n{}",
+                cell.symbol(),
+                text(terminal.backend())
+            );
+        }
+    }
+    assert!(text(terminal.backend()).contains("pwned"));
+}

@@ -115,6 +115,42 @@ impl Tmux {
         }
     }
 
+    /// The pid of the prefixscope process the pane's shell started (waits up to 15 s for it).
+    fn program_pid(&self) -> String {
+        let shell = self.display("#{pane_pid}");
+        let start = Instant::now();
+        loop {
+            let out = Command::new("pgrep")
+                .args(["-P", &shell, "-x", "prefixscope"])
+                .output()
+                .unwrap();
+            let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !pid.is_empty() {
+                return pid;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "no prefixscope under the pane's shell {shell}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A tmux format of the pane, e.g. `#{alternate_on}`.
+    fn display(&self, format: &str) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket, "display-message", "-p", format])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Alternate screen, cursor shown, mouse reporting: "1 0 1" in the TUI (mouse on), "0 1 0"
+    /// in a restored terminal.
+    fn modes(&self) -> String {
+        self.display("#{alternate_on} #{cursor_flag} #{mouse_any_flag}")
+    }
+
     fn files(&self, prefix: &str) -> Vec<PathBuf> {
         let mut found: Vec<PathBuf> = std::fs::read_dir(&self.dir)
             .unwrap()
@@ -292,11 +328,27 @@ fn the_demo_shows_breaks_as_they_happen() {
 /// A fake upstream on its own thread: answers every request with `body` (plain HTTP/1.1, one
 /// request per connection), and counts what it served.
 fn fake_upstream(body: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let (port, served, _) = slow_fake_upstream(body, Duration::ZERO);
+    (port, served)
+}
+
+/// `fake_upstream` that waits `delay` between reading a request and answering it; also counts
+/// the requests it has read (the second counter).
+fn slow_fake_upstream(
+    body: &'static str,
+    delay: Duration,
+) -> (
+    u16,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let received = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let count = std::sync::Arc::clone(&served);
+    let read_count = std::sync::Arc::clone(&received);
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
@@ -323,6 +375,8 @@ fn fake_upstream(body: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::
                     }
                 }
             }
+            read_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(delay);
             let response = format!(
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
@@ -331,7 +385,7 @@ fn fake_upstream(body: &'static str) -> (u16, std::sync::Arc<std::sync::atomic::
             count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     });
-    (port, served)
+    (port, served, received)
 }
 
 /// One chat request to the proxy; the status line of its answer.
@@ -389,4 +443,101 @@ fn watch_keeps_serving_and_recording_when_the_upstream_claims_2_pow_63_prompt_to
     assert!(screen.contains("3 records written"), "{screen}");
     let recording = std::fs::read_to_string(tmux.dir.join("rec.jsonl")).unwrap();
     assert_eq!(recording.lines().count(), 3, "{recording}");
+}
+
+/// The shell's lines after the program: its exit code, then the terminal's line discipline.
+const AFTER: &str = "echo EXITED $?; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?icanon\\|-\\?echo' | sed 's/^/AFTER /'; sleep 60";
+
+/// The terminal is as the shell left it: canonical mode and echo on, out of the alternate
+/// screen (the line printed before the TUI is visible again), cursor shown, no mouse reporting.
+fn assert_restored(tmux: &Tmux, screen: &str) {
+    assert!(
+        screen.contains("AFTER icanon"),
+        "raw mode left on:\n{screen}"
+    );
+    assert!(screen.contains("AFTER echo"), "echo left off:\n{screen}");
+    assert!(!screen.contains("AFTER -"), "{screen}");
+    assert!(screen.contains("BEFORE THE TUI"), "{screen}");
+    assert!(
+        !screen.contains("Prefix breaks"),
+        "the TUI is still on screen:\n{screen}"
+    );
+    assert_eq!(
+        tmux.modes(),
+        "0 1 0",
+        "alternate screen, cursor, mouse:\n{screen}"
+    );
+}
+
+#[test]
+fn replay_stops_gracefully_on_sigterm_sigint_and_sighup() {
+    if !have_tmux() {
+        return;
+    }
+    for signal in ["TERM", "INT", "HUP"] {
+        // At ×1 the recording takes 24 s: the signal lands mid-replay.
+        let command = format!(
+            "echo BEFORE THE TUI; {BIN} replay {}; {AFTER}",
+            recording("llmp/llama.cpp/parallel-nocache.jsonl")
+        );
+        let tmux = Tmux::start(&format!("replay-sig{signal}"), &command);
+        tmux.wait_for(&["Conversations"]);
+        assert_eq!(tmux.modes(), "1 0 1", "SIG{signal}: the TUI's modes");
+        let pid = tmux.program_pid();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let screen = tmux.wait_for(&["EXITED 0", "AFTER"]);
+        // The summary of what was on screen is printed, as after `q`.
+        assert!(screen.contains("tokens"), "SIG{signal}:\n{screen}");
+        assert_restored(&tmux, &screen);
+    }
+}
+
+#[test]
+fn watch_answers_and_records_the_exchange_in_flight_on_sigterm_sigint_and_sighup() {
+    if !have_tmux() {
+        return;
+    }
+    for signal in ["TERM", "INT", "HUP"] {
+        let (upstream, served, received) = slow_fake_upstream(
+            r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1}}"#,
+            Duration::from_secs(3),
+        );
+        let listen = free_port();
+        let command = format!(
+            "echo BEFORE THE TUI; {BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; {AFTER}"
+        );
+        let tmux = Tmux::start(&format!("watch-sig{signal}"), &command);
+        tmux.wait_for(&["Conversations"]);
+        let pid = tmux.program_pid();
+        let client = std::thread::spawn(move || chat_through(listen, 1));
+        // The exchange is in flight: the upstream has the request and the app counts it.
+        tmux.wait_for(&["1 in flight"]);
+        assert_eq!(received.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(client.join().unwrap(), "HTTP/1.1 200 OK", "SIG{signal}");
+        let screen = tmux.wait_for(&["EXITED 0", "AFTER"]);
+        assert!(
+            screen.contains("1 records written"),
+            "SIG{signal}:\n{screen}"
+        );
+        assert_restored(&tmux, &screen);
+        let recording = std::fs::read_to_string(tmux.dir.join("rec.jsonl")).unwrap();
+        let records = prefixscope::record::read_jsonl(recording.as_bytes()).records;
+        assert_eq!(records.len(), 1, "SIG{signal}: {recording}");
+        assert_eq!(records[0].error, None, "SIG{signal}: {recording}");
+        assert_eq!(
+            records[0].response.as_ref().map(|r| r.status),
+            Some(200),
+            "SIG{signal}"
+        );
+    }
 }

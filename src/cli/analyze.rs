@@ -53,9 +53,9 @@ pub fn run(args: AnalyzeArgs) -> u8 {
         return EXIT_UNREADABLE;
     }
     if args.json {
-        println!("{json}");
+        super::print_json(&json);
     } else {
-        print!("{}", report.summary());
+        super::print_stdout(&report.summary());
     }
     EXIT_OK
 }

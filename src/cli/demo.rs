@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{EXIT_OK, EXIT_UNREADABLE, fail, screen_switches};
+use super::{EXIT_OK, EXIT_UNREADABLE, fail, print_stdout, screen_switches};
 use prefixscope::record::Record;
-use prefixscope::session::capture::wait_for_stop;
 use prefixscope::session::demo::{self, Demo, DemoConfig};
+use prefixscope::session::shutdown::Shutdown;
 use prefixscope::sim::agents::SCENARIOS;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -28,14 +28,15 @@ pub struct DemoArgs {
     /// volatile-system (a nonce in front of the system prompt), compaction.
     #[arg(long, default_value = "mixed", value_parser = SCENARIOS)]
     scenario: String,
-    /// The server's slots (`-np`); default 2 for mixed, 1 otherwise.
-    #[arg(long)]
+    /// The server's slots (`-np`), 1 to 64; default 2 for mixed, 1 otherwise.
+    #[arg(long, value_parser = super::parse_sim_slots)]
     slots: Option<usize>,
     /// The server's host-memory prompt cache (llama-server's `--cache-ram`).
     #[arg(long, value_enum, default_value = "off")]
     cache_ram: OnOff,
-    /// How much faster than real time the agents and the server run (`+` / `-` change it).
-    #[arg(long, default_value_t = 1.0)]
+    /// How much faster than real time the agents and the server run, 0.01 to 1000 (`+` / `-`
+    /// change it).
+    #[arg(long, default_value_t = 1.0, value_parser = super::parse_speed)]
     speed: f64,
     /// The same seed gives the same requests in the same order.
     #[arg(long, default_value_t = 1)]
@@ -55,6 +56,7 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: DemoArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let config = DemoConfig {
         scenario: args.scenario.clone(),
         slots: args.slots,
@@ -84,12 +86,15 @@ pub fn run(args: DemoArgs) -> u8 {
             demo.capture.listen,
             demo.capture.path.display()
         );
-        match demo.run_to_end(wait_for_stop()) {
+        let stopped = shutdown.stopped();
+        match demo.run_to_end(async move {
+            stopped.await;
+        }) {
             Ok(outcome) => {
                 for error in &outcome.log.errors {
                     eprintln!("prefixscope: agent error: {error}");
                 }
-                print!("{}", outcome.report.summary());
+                print_stdout(&outcome.report.summary());
                 println!(
                     "script: {} requests, {} events, {} named by the analysis ({})",
                     outcome.log.requests.len(),
@@ -107,9 +112,9 @@ pub fn run(args: DemoArgs) -> u8 {
             Err(e) => fail(e),
         }
     } else {
-        match demo::run_screen(demo, records_rx, screen_switches(!args.no_mouse)) {
+        match demo::run_screen(demo, records_rx, screen_switches(!args.no_mouse), &shutdown) {
             Ok(snapshot) => {
-                print!("{}", snapshot.summary());
+                print_stdout(&snapshot.summary());
                 EXIT_OK
             }
             Err(e) => fail(e),

@@ -1,5 +1,7 @@
 //! One file per subcommand. Exit codes everywhere: 0 success, 1 input that could not be read at
-//! all (or a port that could not be bound), 2 a usage error (clap's own, and ours).
+//! all (or a port that could not be bound), 2 a usage error (clap's own, and ours). A first
+//! SIGINT, SIGTERM or SIGHUP stops gracefully (exit 0); a second exits with 128 + its number
+//! (`session::shutdown`).
 
 pub mod analyze;
 pub mod demo;
@@ -14,6 +16,23 @@ pub mod whatif;
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
+
+/// The command's final text on stdout. After a SIGHUP the terminal may be gone: a write error
+/// is not worth a panic (`print!` would panic).
+/// Control characters of recorded text are escaped (`prefixscope::text`).
+pub fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(prefixscope::text::printable(text).as_bytes());
+    let _ = stdout.flush();
+}
+
+/// JSON on stdout, a line: DEL and C1 escaped too (`prefixscope::text::printable_json`).
+pub fn print_json(json: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{}", prefixscope::text::printable_json(json));
+}
 
 /// A session's error on stderr, and its exit code.
 pub fn fail(error: prefixscope::session::Error) -> u8 {
@@ -87,6 +106,40 @@ pub fn print_bad_values(name: &str, report: &prefixscope::input::FileReport) {
     let more = report.bad_value_count - report.bad_values.len() as u64;
     if more > 0 {
         eprintln!("prefixscope: {name}: {more} more bad values");
+    }
+}
+
+/// `--speed`: a number from `MIN_SPEED` to `MAX_SPEED` (clap reports the error, exit 2).
+pub fn parse_speed(text: &str) -> Result<f64, String> {
+    use prefixscope::limits::{MAX_SPEED, MIN_SPEED, valid_speed};
+    let speed: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if valid_speed(speed) {
+        Ok(speed)
+    } else {
+        Err(format!("must be from {MIN_SPEED} to {MAX_SPEED}"))
+    }
+}
+
+/// A timeout in whole seconds, 1 to `MAX_CONNECT_TIMEOUT_SECS` (a day).
+pub fn parse_timeout_seconds(text: &str) -> Result<u64, String> {
+    use prefixscope::limits::MAX_CONNECT_TIMEOUT_SECS;
+    match text.trim().parse::<u64>() {
+        Ok(seconds) if (1..=MAX_CONNECT_TIMEOUT_SECS).contains(&seconds) => Ok(seconds),
+        _ => Err(format!(
+            "must be whole seconds from 1 to {MAX_CONNECT_TIMEOUT_SECS}"
+        )),
+    }
+}
+
+/// `--slots` of the simulated server: 1 to `MAX_SIM_SLOTS`.
+pub fn parse_sim_slots(text: &str) -> Result<usize, String> {
+    use prefixscope::limits::MAX_SIM_SLOTS;
+    match text.trim().parse::<usize>() {
+        Ok(slots) if (1..=MAX_SIM_SLOTS).contains(&slots) => Ok(slots),
+        _ => Err(format!("must be a whole number from 1 to {MAX_SIM_SLOTS}")),
     }
 }
 

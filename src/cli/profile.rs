@@ -2,7 +2,6 @@
 //! much capacity that takes. Reads recordings, gateway CSV logs and Mooncake or bailian traces
 //! (gzipped or not); prints a short summary, and a versioned JSON report with `--json` or `-o`.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -213,13 +212,11 @@ pub fn run(args: ProfileArgs) -> u8 {
         eprintln!("prefixscope: cannot write {}: {e}", path.display());
         return EXIT_UNREADABLE;
     }
-    let mut stdout = std::io::stdout().lock();
-    let text = if args.json {
-        json
+    if args.json {
+        super::print_json(&json);
     } else {
-        summary(&profile, &reports)
-    };
-    let _ = writeln!(stdout, "{text}");
+        super::print_stdout(&format!("{}\n", summary(&profile, &reports)));
+    }
     EXIT_OK
 }
 

@@ -12,8 +12,9 @@ use super::{EXIT_OK, fail, parse_bytes};
 use prefixscope::proxy::DEFAULT_PORT;
 use prefixscope::record::Record;
 use prefixscope::recorder::RecorderStats;
-use prefixscope::session::capture::{Capture, CaptureConfig, shutdown_signal};
+use prefixscope::session::capture::{Capture, CaptureConfig, stop_on_signal};
 use prefixscope::session::headless::record_line;
+use prefixscope::session::shutdown::Shutdown;
 
 /// Where to listen, where to forward, what to record: shared by `record` and `watch`.
 #[derive(Args)]
@@ -37,9 +38,10 @@ pub struct CaptureArgs {
     /// Start a new file (rec.1.jsonl, rec.2.jsonl…) before one would grow past this size.
     #[arg(long, value_parser = parse_bytes)]
     pub max_size: Option<u64>,
-    /// Seconds to wait for a connection to the server before recording a `timeout`.
-    #[arg(long, default_value_t = 10.0)]
-    pub connect_timeout: f64,
+    /// Seconds to wait for a connection to the server before recording a `timeout` (whole
+    /// seconds, 1 to 86400).
+    #[arg(long, default_value_t = 10, value_parser = super::parse_timeout_seconds)]
+    pub connect_timeout: u64,
     /// Extra CA certificates (PEM) to trust for an https:// upstream.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
@@ -84,6 +86,7 @@ struct RecordSummary {
 }
 
 pub fn run(args: RecordArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let (status_tx, status_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let consumers = vec![status_tx];
     let Capture {
@@ -106,7 +109,7 @@ pub fn run(args: RecordArgs) -> u8 {
     };
     let proxy_stats = proxy.stats();
     eprintln!(
-        "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C stops.",
+        "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C (or SIGTERM, SIGHUP) stops.",
         upstream.url(),
         path.display(),
         if args.capture.digest {
@@ -119,8 +122,7 @@ pub fn run(args: RecordArgs) -> u8 {
         "prefixscope: point your agent at http://{listen}/v1 (OpenAI), http://{listen} (Anthropic, Ollama)"
     );
 
-    let shutdown = shutdown_signal(Arc::clone(&proxy_stats));
-    runtime.block_on(proxy.run(shutdown));
+    runtime.block_on(proxy.run(stop_on_signal(&shutdown, Arc::clone(&proxy_stats))));
     drop(runtime);
     let recorder_stats = recorder.finish();
     let _ = status_thread.join();

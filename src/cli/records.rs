@@ -63,7 +63,9 @@ pub fn run(args: RecordsArgs) -> u8 {
         let _ = writeln!(
             stdout,
             "{}",
-            serde_json::to_string_pretty(&summary).unwrap_or_default()
+            prefixscope::text::printable_json(
+                &serde_json::to_string_pretty(&summary).unwrap_or_default()
+            )
         );
         return EXIT_OK;
     }
@@ -74,7 +76,11 @@ pub fn run(args: RecordsArgs) -> u8 {
             prefixscope::session::headless::record_line(record)
         );
     }
-    let _ = writeln!(stdout, "{}", text_summary(&summary));
+    let _ = writeln!(
+        stdout,
+        "{}",
+        prefixscope::text::printable(&text_summary(&summary))
+    );
     EXIT_OK
 }
 

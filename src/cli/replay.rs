@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::{EXIT_OK, fail, screen_switches};
+use super::{EXIT_OK, fail, print_stdout, screen_switches};
 use prefixscope::session::replay::{Replay, ReplayConfig};
 use prefixscope::session::screen::{Feed, ScreenConfig, run_screen};
+use prefixscope::session::shutdown::Shutdown;
 use prefixscope::tui::app::{Input, Source};
 use prefixscope::tui::event::Event;
 
@@ -20,8 +21,9 @@ pub struct ReplayArgs {
     /// hit-rate and prefix panes only.
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// How much faster than recorded the records arrive (`+` / `-` change it while running).
-    #[arg(long, default_value_t = 1.0, conflicts_with = "instant")]
+    /// How much faster than recorded the records arrive, 0.01 to 1000 (`+` / `-` change it
+    /// while running).
+    #[arg(long, default_value_t = 1.0, conflicts_with = "instant", value_parser = super::parse_speed)]
     speed: f64,
     /// Every record at once, no pacing.
     #[arg(long)]
@@ -35,6 +37,7 @@ pub struct ReplayArgs {
 }
 
 pub fn run(args: ReplayArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let config = ReplayConfig {
         files: args.files.clone(),
         speed: args.speed,
@@ -48,6 +51,9 @@ pub fn run(args: ReplayArgs) -> u8 {
         eprintln!("prefixscope: {message}");
     }
     if args.headless || !std::io::stdout().is_terminal() {
+        // A signal stops the reading; the summary of what was read follows.
+        let pacer = Arc::clone(&replay.pacer);
+        shutdown.on_stop(move |_| pacer.stop());
         // A write error is stdout closed (a pipe into `head`): nothing more to say.
         let _ = replay.headless(&mut std::io::stdout().lock(), &mut std::io::stderr());
         return EXIT_OK;
@@ -80,9 +86,9 @@ pub fn run(args: ReplayArgs) -> u8 {
         records: None,
         feeder: Some(feeder),
     };
-    match run_screen(screen, events, receiver, feed, &*pacer) {
+    match run_screen(screen, events, receiver, feed, &*pacer, &shutdown) {
         Ok(snapshot) => {
-            print!("{}", snapshot.summary());
+            print_stdout(&snapshot.summary());
             EXIT_OK
         }
         Err(e) => fail(e),

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::record::CaptureArgs;
-use super::{EXIT_OK, fail, screen_switches};
+use super::{EXIT_OK, fail, print_stdout, screen_switches};
 use prefixscope::record::Record;
 use prefixscope::session::capture::{Capture, watch_headless, watch_screen};
+use prefixscope::session::shutdown::Shutdown;
 
 #[derive(Args)]
 pub struct WatchArgs {
@@ -23,6 +24,7 @@ pub struct WatchArgs {
 }
 
 pub fn run(args: WatchArgs) -> u8 {
+    let shutdown = Shutdown::listen();
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let capture = match Capture::start(&args.capture.config(), vec![records_tx]) {
         Ok(capture) => capture,
@@ -35,7 +37,7 @@ pub fn run(args: WatchArgs) -> u8 {
             capture.upstream.url(),
             capture.path.display()
         );
-        let written = watch_headless(capture, records_rx, std::io::stdout());
+        let written = watch_headless(capture, records_rx, std::io::stdout(), &shutdown);
         eprintln!(
             "prefixscope: {} records written to {}",
             written.records,
@@ -43,10 +45,15 @@ pub fn run(args: WatchArgs) -> u8 {
         );
         return EXIT_OK;
     }
-    let (result, written) = watch_screen(capture, records_rx, screen_switches(!args.no_mouse));
+    let (result, written) = watch_screen(
+        capture,
+        records_rx,
+        screen_switches(!args.no_mouse),
+        &shutdown,
+    );
     let code = match result {
         Ok(snapshot) => {
-            print!("{}", snapshot.summary());
+            print_stdout(&snapshot.summary());
             EXIT_OK
         }
         Err(e) => fail(e),

@@ -37,12 +37,9 @@ pub fn run(args: WhatIfArgs) -> u8 {
     };
     let result = what_if(&read.records, args.slots, args.cache_ram == OnOff::On);
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&result).unwrap_or_default()
-        );
+        super::print_json(&serde_json::to_string_pretty(&result).unwrap_or_default());
     } else {
-        print!("{}", render(&result));
+        super::print_stdout(&render(&result));
     }
     EXIT_OK
 }

@@ -82,20 +82,52 @@ fn digest_request(api: Api, body: &Value, with_messages: bool) -> Option<Request
     })
 }
 
-/// Every top-level field but the reply itself, verbatim, and the reply's sizes.
+/// Top-level strings a digest keeps: ids, names and states the server sets, never text it
+/// echoes (llama-server's `__verbose.prompt`, the Responses API's `instructions`).
+/// `stop_sequence` (Anthropic: which of the client's stop sequences matched) is kept because
+/// llmp's digest keeps it.
+const KEPT_STRINGS: [&str; 12] = [
+    "id",
+    "object",
+    "model",
+    "system_fingerprint",
+    "created_at",
+    "done_reason",
+    "stop_reason",
+    "stop_sequence",
+    "status",
+    "type",
+    "role",
+    "service_tier",
+];
+
+/// Objects a digest keeps with their numbers only (nested objects too): the server's counters.
+const COUNTER_OBJECTS: [&str; 2] = ["usage", "timings"];
+
+/// The server's counters and ids, and the reply's sizes: top-level numbers, booleans, nulls
+/// (`created`, Ollama's `prompt_eval_count`, `eval_count`, `*_duration`, `done`), the numbers
+/// of `usage` and `timings`, and the strings of `KEPT_STRINGS`. Nothing else: arrays
+/// (`prompt_logprobs`, Ollama's `context` token ids) and other objects (`__verbose`) may hold
+/// the prompt or the reply.
 pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {
-    let reply_keys: &[&str] = if api == Api::AnthropicMessages {
-        &["content"]
-    } else {
-        &["choices", "message"]
-    };
     let usage = body
         .as_object()
         .map(|object| {
             object
                 .iter()
-                .filter(|(key, _)| !reply_keys.contains(&key.as_str()))
-                .map(|(key, value)| (key.clone(), value.clone()))
+                .filter_map(|(key, value)| {
+                    let kept = match value {
+                        Value::Number(_) | Value::Bool(_) | Value::Null => Some(value.clone()),
+                        Value::String(_) if KEPT_STRINGS.contains(&key.as_str()) => {
+                            Some(value.clone())
+                        }
+                        Value::Object(_) if COUNTER_OBJECTS.contains(&key.as_str()) => {
+                            Some(numbers_only(value))
+                        }
+                        _ => None,
+                    };
+                    kept.map(|value| (key.clone(), value))
+                })
                 .collect::<Map<String, Value>>()
         })
         .unwrap_or_default();
@@ -118,6 +150,21 @@ pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {
         })
         .unwrap_or_default();
     ResponseDigest { usage, output }
+}
+
+/// An object with its numbers, booleans and nulls, nested objects filtered alike; strings and
+/// arrays dropped.
+fn numbers_only(value: &Value) -> Value {
+    match value {
+        Value::Object(object) => Value::Object(
+            object
+                .iter()
+                .filter(|(_, v)| !matches!(v, Value::String(_) | Value::Array(_)))
+                .map(|(k, v)| (k.clone(), numbers_only(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// A message's identity is (role, content, tool calls, name, tool call id); every field of its
@@ -506,5 +553,44 @@ mod tests {
         assert_eq!(d.output.content_chars, 5);
         assert_eq!(d.output.reasoning_chars, 3);
         assert_eq!(d.output.tool_calls[0].name, "ls");
+    }
+
+    #[test]
+    fn response_digest_keeps_counters_and_ids_never_echoed_text() {
+        let body = json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "model": "m", "created": 7,
+            "system_fingerprint": "b1",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "REPLY"}}],
+            "usage": {"prompt_tokens": 45, "prompt_tokens_details": {"cached_tokens": 40, "note": "ECHO"}, "service_tier": "ECHO"},
+            "timings": {"cache_n": 40, "prompt_n": 5, "prompt_ms": 1.5},
+            "__verbose": {"prompt": "ECHO-PROMPT", "content": "ECHO-CONTENT"},
+            "prompt_logprobs": [null, {"1": {"logprob": -1.0, "decoded_token": "ECHO-TOKEN"}}],
+            "context": [1, 2, 3],
+            "instructions": "ECHO-INSTRUCTIONS",
+            "eval_count": 9, "load_duration": 12, "done": true, "done_reason": "stop"
+        });
+        let d = response_digest(Api::OpenaiChat, &body);
+        let text = serde_json::to_string(&d.usage).unwrap_or_default();
+        assert!(!text.contains("ECHO"), "{text}");
+        assert!(!text.contains("REPLY"), "{text}");
+        assert!(!d.usage.contains_key("context"), "{text}");
+        assert_eq!(
+            d.usage["usage"]["prompt_tokens_details"]["cached_tokens"],
+            40
+        );
+        assert_eq!(d.usage["timings"]["prompt_ms"], 1.5);
+        for key in [
+            "id",
+            "object",
+            "model",
+            "created",
+            "system_fingerprint",
+            "eval_count",
+            "load_duration",
+            "done",
+            "done_reason",
+        ] {
+            assert!(d.usage.contains_key(key), "{key}: {text}");
+        }
     }
 }

@@ -1,24 +1,18 @@
 //! Which headers are forwarded (all but hop-by-hop, RFC 9110 §7.6.1) and which are recorded
-//! (llmp's four, plus session and conversation ids; never credentials).
+//! (llmp's four, plus session and conversation ids by allowlist, id-shaped values only:
+//! `crate::privacy`).
 
 use std::collections::BTreeMap;
 
 use hyper::header::{self, HeaderMap, HeaderName};
+
+use crate::privacy::{is_id_value, is_session_header};
 
 const RECORDED: [&str; 4] = [
     "user-agent",
     "content-type",
     "content-length",
     "transfer-encoding",
-];
-const SECRET_PARTS: [&str; 7] = [
-    "auth",
-    "cookie",
-    "key",
-    "token",
-    "secret",
-    "password",
-    "credential",
 ];
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -47,14 +41,10 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Whether a header is kept in the recording.
+/// Whether a header (by name) is kept in the recording; a session header's value must also
+/// look like an id.
 pub fn is_recorded(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    if RECORDED.contains(&name.as_str()) {
-        return true;
-    }
-    (name.contains("session") || name.contains("conversation"))
-        && !SECRET_PARTS.iter().any(|s| name.contains(s))
+    RECORDED.iter().any(|r| r.eq_ignore_ascii_case(name)) || is_session_header(name)
 }
 
 pub(crate) fn recorded_headers(headers: &HeaderMap) -> BTreeMap<String, String> {
@@ -62,6 +52,9 @@ pub(crate) fn recorded_headers(headers: &HeaderMap) -> BTreeMap<String, String> 
     for (name, value) in headers {
         if is_recorded(name.as_str()) {
             let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            if is_session_header(name.as_str()) && !is_id_value(&value) {
+                continue;
+            }
             out.entry(name.as_str().to_string())
                 .and_modify(|v: &mut String| {
                     v.push_str(", ");
@@ -112,7 +105,6 @@ mod tests {
             "x-session-id",
             "x-claude-code-session-id",
             "conversation-id",
-            "X-Conversation",
         ] {
             assert!(is_recorded(name), "{name}");
         }
@@ -123,6 +115,11 @@ mod tests {
             "api-key",
             "x-session-token",
             "session-key",
+            "X-Conversation",
+            "x-session-signature",
+            "x-conversation-jwt",
+            "x-session-passphrase",
+            "x-session-bearer",
             "proxy-authorization",
             "accept",
             "host",

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::Error;
+use super::shutdown::Shutdown;
 use crate::calendar::civil_from_days;
 use crate::capture::BodyMode;
 use crate::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
@@ -29,8 +30,8 @@ pub struct CaptureConfig {
     pub max_body: u64,
     /// Rotate before a file would grow past this.
     pub max_size: Option<u64>,
-    /// Seconds to wait for a connection to the server.
-    pub connect_timeout: f64,
+    /// Whole seconds to wait for a connection to the server (1 to `MAX_CONNECT_TIMEOUT_SECS`).
+    pub connect_timeout: u64,
     /// Extra CA certificates (PEM) for an https:// upstream.
     pub ca_file: Option<PathBuf>,
 }
@@ -53,10 +54,11 @@ impl Capture {
         consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
     ) -> Result<Capture, Error> {
         let upstream = Upstream::parse(&args.upstream).map_err(|e| Error::Usage(e.to_string()))?;
-        if !(args.connect_timeout > 0.0 && args.connect_timeout.is_finite()) {
-            return Err(Error::Usage(
-                "--connect-timeout must be a positive number of seconds".into(),
-            ));
+        if !(1..=crate::limits::MAX_CONNECT_TIMEOUT_SECS).contains(&args.connect_timeout) {
+            return Err(Error::Usage(format!(
+                "--connect-timeout must be from 1 to {} seconds",
+                crate::limits::MAX_CONNECT_TIMEOUT_SECS
+            )));
         }
         let path = args.out.clone().unwrap_or_else(default_recording_name);
         check_new_recording(&path).map_err(Error::Usage)?;
@@ -86,7 +88,7 @@ impl Capture {
             .map_err(|e| Error::Unreadable(format!("cannot start the runtime: {e}")))?;
         let mut config = ProxyConfig::new(args.listen, upstream.clone());
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
-        config.connect_timeout = Duration::from_secs_f64(args.connect_timeout);
+        config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
         let proxy = runtime
             .block_on(Proxy::bind(config, recorder.sender()))
@@ -149,35 +151,20 @@ impl crate::tui::Control for LiveControl {
     }
 }
 
-/// Resolves on the first Ctrl-C (or SIGTERM) after saying what is still in flight; a second
-/// Ctrl-C exits at once.
-pub async fn shutdown_signal(stats: Arc<ProxyStats>) {
-    wait_for_stop().await;
-    eprintln!(
-        "prefixscope: stopping: finishing {} exchange(s) in flight (Ctrl-C again to exit now)",
-        stats.in_flight()
-    );
-    tokio::spawn(async {
-        wait_for_stop().await;
-        eprintln!("prefixscope: exiting now; exchanges still in flight are not recorded");
-        std::process::exit(130);
-    });
-}
-
-pub async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
+/// Resolves on the first signal (SIGINT, SIGTERM, SIGHUP) after saying what is still in
+/// flight; a second one exits at once (`shutdown`).
+pub fn stop_on_signal(
+    shutdown: &Shutdown,
+    stats: Arc<ProxyStats>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let stopped = shutdown.stopped();
+    async move {
+        let signal = stopped.await;
+        eprintln!(
+            "prefixscope: {}: stopping: finishing {} exchange(s) in flight (a second signal exits now)",
+            signal.name(),
+            stats.in_flight()
+        );
     }
 }
 
@@ -220,6 +207,7 @@ pub fn watch_screen(
     capture: Capture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     switches: super::screen::Switches,
+    shutdown: &Shutdown,
 ) -> (Result<Arc<crate::live::Snapshot>, Error>, Written) {
     use super::screen::{Feed, ScreenConfig, run_screen};
     use crate::tui::app::{Input, Source};
@@ -266,7 +254,7 @@ pub fn watch_screen(
         records: Some(records),
         feeder: None,
     };
-    let result = run_screen(screen, events, receiver, feed, &control);
+    let result = run_screen(screen, events, receiver, feed, &control, shutdown);
     control.stop();
     let _ = proxy_thread.join();
     let stats = recorder.finish();
@@ -278,11 +266,12 @@ pub fn watch_screen(
 }
 
 /// `watch` with no terminal: records as `record` does, a line per record on `out` as it
-/// arrives, and at the end (Ctrl-C or SIGTERM) the summary of the live engine's snapshot.
+/// arrives, and at the end (the first signal) the summary of the live engine's snapshot.
 pub fn watch_headless(
     capture: Capture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     mut out: impl std::io::Write + Send + 'static,
+    shutdown: &Shutdown,
 ) -> Written {
     use crate::live::{Engine, Input};
     let Capture {
@@ -301,10 +290,14 @@ pub fn watch_headless(
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
             engine.push(Input::Record(record, now));
         }
-        let _ = write!(out, "{}", engine.snapshot().summary());
+        let _ = write!(
+            out,
+            "{}",
+            crate::text::printable(&engine.snapshot().summary())
+        );
     });
     let stats = proxy.stats();
-    runtime.block_on(proxy.run(shutdown_signal(stats)));
+    runtime.block_on(proxy.run(stop_on_signal(shutdown, stats)));
     drop(runtime);
     let stats = recorder.finish();
     let _ = printer.join();

@@ -76,14 +76,21 @@ impl Demo {
         config: DemoConfig,
         consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
     ) -> Result<Demo, Error> {
-        if !(config.speed > 0.0 && config.speed.is_finite()) {
-            return Err(Error::Usage("--speed must be a positive number".into()));
+        if !crate::limits::valid_speed(config.speed) {
+            return Err(Error::Usage(format!(
+                "--speed must be from {} to {}",
+                crate::limits::MIN_SPEED,
+                crate::limits::MAX_SPEED
+            )));
         }
         let slots = config
             .slots
             .unwrap_or_else(|| default_slots(&config.scenario));
-        if slots == 0 || slots > 64 {
-            return Err(Error::Usage("--slots must be between 1 and 64".into()));
+        if slots == 0 || slots > crate::limits::MAX_SIM_SLOTS {
+            return Err(Error::Usage(format!(
+                "--slots must be between 1 and {}",
+                crate::limits::MAX_SIM_SLOTS
+            )));
         }
         let sim_listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| {
             Error::Unreadable(format!("cannot listen for the simulated server: {e}"))
@@ -100,7 +107,7 @@ impl Demo {
                 digest: false,
                 max_body: 64 << 20,
                 max_size: None,
-                connect_timeout: 10.0,
+                connect_timeout: 10,
                 ca_file: None,
             },
             consumers,
@@ -199,6 +206,7 @@ pub fn run_screen(
     demo: Demo,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     switches: super::screen::Switches,
+    shutdown: &super::shutdown::Shutdown,
 ) -> Result<Arc<crate::live::Snapshot>, Error> {
     use super::capture::LiveControl;
     use super::screen::{Feed, ScreenConfig, run_screen};
@@ -274,7 +282,7 @@ pub fn run_screen(
         records: Some(records),
         feeder: None,
     };
-    let result = run_screen(screen, events, receiver, feed, &control);
+    let result = run_screen(screen, events, receiver, feed, &control, shutdown);
     control.live.stop();
     let _ = edge.join();
     let _ = recorder.finish();

@@ -52,11 +52,15 @@ pub fn prompt_and_reused(record: &Record) -> (Option<u64>, Option<u64>) {
     (prompt, reused)
 }
 
+/// One line for a person; control characters in recorded text are escaped (`text`).
 pub fn record_line(record: &Record) -> String {
     let seconds = (record.t_end_ms - record.t_start_ms).max(0) as f64 / 1000.0;
+    // Recordings made before redaction (or by other tools) may still hold query credentials.
     let mut line = format!(
         "#{} {} {}",
-        record.id, record.request.method, record.request.path
+        record.id,
+        record.request.method,
+        crate::privacy::redact_query(&record.request.path)
     );
     match (&record.response, record.error) {
         (Some(response), error) => {
@@ -91,7 +95,7 @@ pub fn record_line(record: &Record) -> String {
     if let Some(agent) = record.request.headers.get("user-agent") {
         line.push_str(&format!("  [{agent}]"));
     }
-    line
+    crate::text::printable_line(&line).into_owned()
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! - `export`: what the TUI's `e` key and `prefixscope export` share, the salt file included.
 //! - `headless`: one line per record for humans.
 //! - `screen`: the live engine on its thread and the TUI on a terminal.
+//! - `shutdown`: SIGINT, SIGTERM and SIGHUP, the one way every command stops.
 
 #[cfg(feature = "net")]
 pub mod capture;
@@ -17,6 +18,8 @@ pub mod headless;
 pub mod replay;
 #[cfg(feature = "tui")]
 pub mod screen;
+#[cfg(feature = "signals")]
+pub mod shutdown;
 
 /// Why a session could not run; the CLI maps each kind to its exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]

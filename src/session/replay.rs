@@ -50,8 +50,12 @@ pub struct Replay {
 impl Replay {
     /// Opens the files (recordings, or traces / gateway logs: all of one kind).
     pub fn open(config: &ReplayConfig) -> Result<Replay, Error> {
-        if !(config.speed > 0.0 && config.speed.is_finite()) {
-            return Err(Error::Usage("--speed must be a positive number".into()));
+        if !crate::limits::valid_speed(config.speed) {
+            return Err(Error::Usage(format!(
+                "--speed must be from {} to {}",
+                crate::limits::MIN_SPEED,
+                crate::limits::MAX_SPEED
+            )));
         }
         let formats: Vec<Option<Format>> = config
             .files
@@ -170,7 +174,7 @@ impl Replay {
                 format,
                 bad,
             } => headless_trace(&requests, format, bad, out),
-            Source::Recordings(opened) => headless_records(opened, out, err),
+            Source::Recordings(opened) => headless_records(opened, &self.pacer, out, err),
         }
     }
 }
@@ -259,8 +263,10 @@ fn headless_trace(
 }
 
 /// Recordings: every record's status line as it is read, then the snapshot's summary.
+/// Stopped (`Pacer::stop`, a signal), it ends with the summary of what was read.
 fn headless_records(
     files: Vec<(PathBuf, std::fs::File)>,
+    pacer: &Pacer,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> std::io::Result<()> {
@@ -268,6 +274,9 @@ fn headless_records(
     let mut bad_lines = 0;
     for (path, file) in files {
         for item in Lines::new(std::io::BufReader::new(file)) {
+            if pacer.stop.load(Ordering::Relaxed) {
+                break;
+            }
             match item {
                 Ok(record) => {
                     writeln!(out, "{}", record_line(&record))?;
@@ -290,7 +299,11 @@ fn headless_records(
     if bad_lines > 0 {
         writeln!(out, "{bad_lines} bad line(s) skipped")?;
     }
-    write!(out, "{}", engine.snapshot().summary())
+    write!(
+        out,
+        "{}",
+        crate::text::printable(&engine.snapshot().summary())
+    )
 }
 
 fn now_ms() -> i64 {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::Error;
+use super::shutdown::Shutdown;
 use crate::analysis::Config;
 use crate::live::{self, Command, Engine, Input as EngineInput, Snapshot};
 use crate::record::Record;
@@ -77,14 +78,22 @@ impl Control for WithEngine<'_> {
 
 /// Runs the live engine on its thread and the app on the real terminal until it quits; the
 /// terminal is restored on every way out (the guard's Drop, and the panic hook for panics).
-/// Returns the snapshot on screen at exit (its summary is what the caller prints).
+/// Returns the snapshot on screen at exit (its summary is what the caller prints). A signal
+/// quits as `q` does (`Event::Signal`); a second one forces, restoring the terminal first.
 pub fn run_screen(
     view: ScreenConfig,
     events: Sender<Event>,
     receiver: Receiver<Event>,
     feed: Feed,
     control: &dyn Control,
+    shutdown: &Shutdown,
 ) -> Result<Arc<Snapshot>, Error> {
+    {
+        let events = events.clone();
+        shutdown.on_stop(move |signal| {
+            let _ = events.send(Event::Signal(signal.name()));
+        });
+    }
     let mut engine = Engine::with_block_size(Config::default(), view.block_size);
     let first = Arc::new(engine.snapshot());
     let publish = {

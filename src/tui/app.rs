@@ -189,6 +189,21 @@ impl App {
                     Action::None
                 }
             }
+            Event::Signal(name) => {
+                self.needs_draw = true;
+                if self.quitting {
+                    // Already waiting for the exchanges in flight; a second signal forces.
+                    return Action::None;
+                }
+                let action = self.quit();
+                if action == Action::Quit {
+                    self.status = Some(format!(
+                        "{name}: waiting for {} exchange(s) in flight; a second signal quits now",
+                        self.in_flight
+                    ));
+                }
+                action
+            }
             Event::Warning(text) => {
                 self.warnings += 1;
                 self.status = Some(text);
@@ -395,7 +410,7 @@ impl App {
             self.status = Some("speed applies to replays".into());
             return Action::Redraw;
         };
-        let speed = (speed * factor).clamp(0.125, 1024.0);
+        let speed = (speed * factor).clamp(crate::limits::MIN_SPEED, crate::limits::MAX_SPEED);
         self.speed = Some(speed);
         self.status = Some(format!("replay speed ×{speed}"));
         Action::Speed(speed)

@@ -16,6 +16,8 @@ pub enum Event {
     Snapshot(Arc<Snapshot>),
     /// The proxy stopped accepting and finished what was in flight.
     ProxyStopped,
+    /// SIGINT, SIGTERM or SIGHUP (its name): quit as `q` does, waiting for what is in flight.
+    Signal(&'static str),
     /// Something wrong to show in the status bar (a bad line, a write error); counted.
     Warning(String),
     /// Something to show in the status bar that is not a problem (the demo's end).

@@ -106,8 +106,13 @@ pub fn run<B: Backend>(
     let mut keys_waiting: Vec<Instant> = Vec::new();
     loop {
         app.now_ms = clock.now_ms();
-        app.in_flight = control.in_flight();
-        app.records_written = control.records_written();
+        // The status bar shows these: a change alone is worth a frame.
+        let (in_flight, written) = (control.in_flight(), control.records_written());
+        if (in_flight, written) != (app.in_flight, app.records_written) {
+            app.needs_draw = true;
+        }
+        app.in_flight = in_flight;
+        app.records_written = written;
         app.upstream_ok = control.upstream_ok().or(app.upstream_ok);
         let rate = app.requests_per_second();
         if rate != last_rate {
@@ -117,7 +122,10 @@ pub fn run<B: Backend>(
         if app.take_needs_draw() {
             let size = terminal.size()?;
             app.last_size = (size.width, size.height);
-            terminal.draw(|frame| ui::draw(frame, app, theme))?;
+            terminal.draw(|frame| {
+                ui::draw(frame, app, theme);
+                scrub_controls(frame.buffer_mut());
+            })?;
             app.frames_drawn += 1;
             if let Some(latencies) = app.key_latency_us.as_mut() {
                 for taken in keys_waiting.drain(..) {
@@ -163,6 +171,18 @@ pub fn run<B: Backend>(
     }
 }
 
+/// No cell may send a control character to the terminal: ratatui drops some, but a zero-width
+/// one can ride along with the cell before it. Recorded text (models, user agents, messages)
+/// reaches the panes from anywhere, so the frame is checked once, where it is complete.
+fn scrub_controls(buffer: &mut ratatui::buffer::Buffer) {
+    for cell in buffer.content.iter_mut() {
+        if crate::text::has_controls(cell.symbol()) {
+            let kept: String = cell.symbol().chars().filter(|c| !c.is_control()).collect();
+            cell.set_symbol(if kept.is_empty() { " " } else { &kept });
+        }
+    }
+}
+
 /// `prefixscope-snapshot-<ms>.json` (the snapshot on screen: `analyze --json`'s report plus
 /// what the panes show) and `.txt` (its summary, as printed at exit), in the working directory,
 /// private (0600): they hold break text.
@@ -190,6 +210,7 @@ fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
 /// errors, the panic hook for panics (restore first, then print the panic).
 pub mod terminal {
     use std::io::{self, Stdout};
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
     use crossterm::execute;
@@ -203,7 +224,19 @@ pub mod terminal {
         pub terminal: Terminal<CrosstermBackend<Stdout>>,
     }
 
+    /// Whether the terminal is set up (raw, alternate screen): a forced exit restores it only
+    /// then, so `record`'s stdout never gets escape sequences.
+    static ENTERED: AtomicBool = AtomicBool::new(false);
+
+    /// `restore`, if `enter` set the terminal up and nothing restored it since.
+    pub fn restore_if_entered() {
+        if ENTERED.load(Ordering::SeqCst) {
+            restore();
+        }
+    }
+
     pub fn restore() {
+        ENTERED.store(false, Ordering::SeqCst);
         let _ = disable_raw_mode();
         let _ = execute!(
             io::stdout(),
@@ -219,6 +252,7 @@ pub mod terminal {
             restore();
             previous(info);
         }));
+        ENTERED.store(true, Ordering::SeqCst);
         enable_raw_mode()?;
         let mut stdout = io::stdout();
         execute!(stdout, EnterAlternateScreen)?;
