@@ -430,7 +430,7 @@ fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
         scenario: "mixed".into(),
         slots: None,
         cache_ram: false,
-        speed: 5000.0,
+        speed: 1000.0,
         seed: 1,
         out: None,
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
