@@ -28,8 +28,13 @@ fn model(record: &Record) -> Option<String> {
     record.request.digest.as_ref().and_then(|d| d.model.clone())
 }
 
+/// A counter as the server reported it; one past every context window (`limits`) is not a
+/// count, and reads as not reported.
 fn number(fields: &Value, pointer: &str) -> Option<u64> {
-    fields.pointer(pointer).and_then(Value::as_u64)
+    fields
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .and_then(crate::limits::plausible_tokens)
 }
 
 /// (prompt tokens, reused tokens) as the server reported them.
@@ -85,9 +90,10 @@ pub fn record_line(record: &Record) -> String {
             line.push_str(&format!("  {model}"));
         }
         match prompt_and_reused(record) {
-            (Some(p), Some(r)) if p > 0 => {
-                line.push_str(&format!("  prompt {p} reused {r} ({}%)", r * 100 / p))
-            }
+            (Some(p), Some(r)) if p > 0 => line.push_str(&format!(
+                "  prompt {p} reused {r} ({}%)",
+                r.saturating_mul(100) / p
+            )),
             (Some(p), _) => line.push_str(&format!("  prompt {p} reuse not reported")),
             _ => line.push_str("  counts not reported"),
         }
