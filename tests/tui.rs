@@ -451,3 +451,37 @@ fn recorded_terminal_escapes_never_reach_a_cell() {
     }
     assert!(text(terminal.backend()).contains("pwned"));
 }
+
+/// Past the newest 1,000 breaks the pane says how many there are in all.
+#[test]
+fn the_breaks_title_says_when_only_the_newest_are_described() {
+    let mut engine = Engine::new(Config::default());
+    for record in completion_order("llmp/llama.cpp/parallel-nocache") {
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    }
+    let mut snapshot = engine.snapshot();
+    snapshot.view.breaks_total = 12_345;
+    let mut app = App::new(
+        Source::Replay {
+            files: "many".into(),
+        },
+        Arc::new(snapshot),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let (sender, receiver) = crossbeam_channel::unbounded::<Event>();
+    drop(sender);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &FixedClock(NOW_MS),
+        &NoControl,
+        &Theme::plain(),
+    )
+    .unwrap();
+    let screen = text(terminal.backend());
+    assert!(
+        screen.contains("Prefix breaks (newest 1,000 of 12,345)"),
+        "{screen}"
+    );
+}

@@ -133,6 +133,12 @@ fn title(app: &App, pane: Pane) -> String {
         Pane::Prefixes if app.prefixes_by_tokens => "Top prefixes by reusable tokens".into(),
         Pane::Prefixes => "Top prefixes by count".into(),
         Pane::Conversations if !app.filter.is_empty() => format!("Conversations [/{}]", app.filter),
+        // Only the newest breaks are described; the title says how many there are.
+        Pane::Breaks if app.view().breaks_total > crate::live::view::MAX_BREAKS_SHOWN => format!(
+            "Prefix breaks (newest {} of {})",
+            crate::units::thousands(crate::live::view::MAX_BREAKS_SHOWN as u64),
+            crate::units::thousands(app.view().breaks_total as u64)
+        ),
         other => other.title().into(),
     }
 }
