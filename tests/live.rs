@@ -99,15 +99,7 @@ fn the_engine_on_its_thread_ends_where_the_synchronous_one_does_and_answers_comm
     let name = "llmp/llama.cpp/parallel-nocache.jsonl";
     let records = file_order(name);
     let expected = engine_of(&records).snapshot();
-    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
-    let handle = live::spawn(
-        Engine::new(Config::default()),
-        None,
-        Arc::new(|| 0),
-        move |s| {
-            let _ = sender.send(s);
-        },
-    );
+    let (handle, snapshots) = spawn_collecting();
     let inputs = handle.sender();
     for record in &records {
         inputs
@@ -139,6 +131,20 @@ fn the_engine_on_its_thread_ends_where_the_synchronous_one_does_and_answers_comm
     );
     drop(inputs);
     handle.join();
+}
+
+/// The engine on its thread, every snapshot it publishes collected on a channel.
+fn spawn_collecting() -> (live::Handle, crossbeam_channel::Receiver<Arc<Snapshot>>) {
+    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
+    let handle = live::spawn(
+        Engine::new(Config::default()),
+        None,
+        Arc::new(|| 0),
+        move |s| {
+            let _ = sender.send(s);
+        },
+    );
+    (handle, snapshots)
 }
 
 // The app's state machine.
@@ -350,15 +356,7 @@ fn a_replay_session_feeds_the_engine_and_prints_the_same_summary_headless() {
     };
     let replay = Replay::open(&config).unwrap();
     assert_eq!(replay.trace_format(), None);
-    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
-    let handle = live::spawn(
-        Engine::new(Config::default()),
-        None,
-        Arc::new(|| 0),
-        move |s| {
-            let _ = sender.send(s);
-        },
-    );
+    let (handle, snapshots) = spawn_collecting();
     let feeder = replay.feeder(|warning| panic!("unexpected warning: {warning}"));
     feeder(handle.sender());
     let done = loop {
@@ -387,15 +385,7 @@ fn a_replay_session_feeds_the_engine_and_prints_the_same_summary_headless() {
 #[test]
 fn snapshots_are_capped_while_records_stream_in() {
     let records = file_order("llmp/llama.cpp/parallel-nocache.jsonl");
-    let (sender, snapshots) = crossbeam_channel::unbounded::<Arc<Snapshot>>();
-    let handle = live::spawn(
-        Engine::new(Config::default()),
-        None,
-        Arc::new(|| 0),
-        move |s| {
-            let _ = sender.send(s);
-        },
-    );
+    let (handle, snapshots) = spawn_collecting();
     let inputs = handle.sender();
     let start = std::time::Instant::now();
     // A record every 5 ms for about 600 ms, over and over.

@@ -264,10 +264,6 @@ impl Engine {
         }
     }
 
-    pub fn requests(&self) -> u64 {
-        self.requests
-    }
-
     /// Applies one input. Returns whether the user is waiting for its answer (a command, the
     /// end of the source): the runner then publishes a snapshot at once.
     pub fn push(&mut self, input: Input) -> bool {

@@ -114,6 +114,23 @@ pub struct LiveControl {
 }
 
 impl LiveControl {
+    /// The controls of a capture's proxy and recorder, and the receiver its proxy waits on to
+    /// stop (`stop` sends it).
+    pub fn new(
+        proxy: &Proxy,
+        recorder: &Recorder<bytes::Bytes>,
+        path: &Path,
+    ) -> (LiveControl, tokio::sync::oneshot::Receiver<()>) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let control = LiveControl {
+            proxy: proxy.stats(),
+            recorder: recorder.stats(),
+            stop: std::sync::Mutex::new(Some(stop)),
+            files: vec![path.to_path_buf()],
+        };
+        (control, stopped)
+    }
+
     /// Stops accepting; the proxy finishes what is in flight.
     pub fn stop(&self) {
         if let Some(stop) = self.stop.lock().ok().and_then(|mut s| s.take()) {
@@ -222,13 +239,7 @@ pub fn watch_screen(
         upstream,
     } = capture;
     let (events, receiver) = crossbeam_channel::unbounded();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let control = LiveControl {
-        proxy: proxy.stats(),
-        recorder: recorder.stats(),
-        stop: std::sync::Mutex::new(Some(stop_tx)),
-        files: vec![path.clone()],
-    };
+    let (control, stop_rx) = LiveControl::new(&proxy, &recorder, &path);
     let proxy_thread = {
         let events = events.clone();
         std::thread::spawn(move || {
@@ -285,10 +296,7 @@ pub fn watch_headless(
         let mut engine = Engine::new(crate::analysis::Config::default());
         for record in records {
             let _ = writeln!(out, "{}", super::headless::record_line(&record));
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            engine.push(Input::Record(record, now));
+            engine.push(Input::Record(record, super::wall_clock_ms()));
         }
         let _ = write!(
             out,

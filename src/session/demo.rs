@@ -222,14 +222,9 @@ pub fn run_screen(
         ..
     } = demo.capture;
     let (events, receiver) = crossbeam_channel::unbounded();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (live, stop_rx) = LiveControl::new(&proxy, &recorder, &path);
     let control = DemoControl {
-        live: LiveControl {
-            proxy: proxy.stats(),
-            recorder: recorder.stats(),
-            stop: std::sync::Mutex::new(Some(stop_tx)),
-            files: vec![path.clone()],
-        },
+        live,
         speed: Arc::clone(&demo.speed),
     };
     let speed = demo.speed.get();

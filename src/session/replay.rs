@@ -306,12 +306,6 @@ fn headless_records(
     )
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// Feeds the engine at the recorded pace (or at once), and is the app's control of it.
 pub struct Pacer {
     speed: AtomicU64,
@@ -346,7 +340,7 @@ impl Pacer {
                     Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
                 }
             }
-            if inputs.send(wrap(item, now_ms())).is_err() {
+            if inputs.send(wrap(item, super::wall_clock_ms())).is_err() {
                 return;
             }
         }
