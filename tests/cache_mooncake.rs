@@ -33,7 +33,7 @@ fn trace() -> Vec<Request> {
     let format = input::detect(&mut reader).expect("the trace reads");
     assert_eq!(format, Some(Format::Mooncake));
     let options = InputOptions {
-        block_size: 512,
+        block_size: Some(512),
         ..InputOptions::default()
     };
     let input = input::read(reader, "conversation_trace", Format::Mooncake, &options);
@@ -137,7 +137,7 @@ fn the_command_prints_the_figures() {
     assert_eq!(report["block_size"], 512);
     assert_eq!(report["ceiling"]["hit_tokens"], CEILING);
     assert_eq!(report["measured_tokens"], MEASURED_TOKENS);
-    assert_eq!(report["version"], 1);
+    assert_eq!(report["version"], 2);
     assert_eq!(report["inputs"][0]["format"], "mooncake");
     // The default capacities, 16K … 16M tokens, are the reference's block counts at 512.
     for (blocks, fifo, lru, optimal) in REFERENCE {

@@ -359,10 +359,12 @@ fn anonymized_exports_hold_no_text_model_or_tool_names() {
     }
 }
 
+/// The figures an exported trace can reproduce: prompts only (a trace holds no replies).
 fn profile_of(requests: &[Request], block_size: u32) -> (u64, u64, Option<f64>, Vec<u64>) {
     let config = ProfileConfig {
         block_size,
         warmup: 0.0,
+        prompts_only: true,
         policies: vec![Policy::Fifo, Policy::Lru, Policy::Optimal],
         capacities: [2u64, 4, 8, 32, 128]
             .iter()
@@ -384,7 +386,7 @@ fn profile_of(requests: &[Request], block_size: u32) -> (u64, u64, Option<f64>, 
 
 fn requests_of(bytes: &[u8], format: Format, block_size: u32) -> Vec<Request> {
     let options = InputOptions {
-        block_size,
+        block_size: Some(block_size),
         ..InputOptions::default()
     };
     let reader = input::decompressed(bytes).unwrap();

@@ -132,7 +132,7 @@ fn lost_one_completion(stdout: &str) -> bool {
 fn own_rate(path: &Path) -> Option<f64> {
     let reader = input::decompressed(BufReader::new(std::fs::File::open(path).ok()?)).ok()?;
     let options = InputOptions {
-        block_size: 512,
+        block_size: Some(512),
         ..InputOptions::default()
     };
     aiperf_cache_hit_rate(&input::read(reader, "export", Format::Mooncake, &options).requests)

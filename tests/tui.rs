@@ -42,8 +42,9 @@ fn special(code: KeyCode) -> Event {
 
 /// The live engine fed every record of a recording (in completion order) and its end.
 fn engine_of(name: &str) -> EngineControl {
-    let mut engine = Engine::new(Config::default());
-    for record in completion_order(name) {
+    let records = completion_order(name);
+    let mut engine = Engine::for_records(Config::default(), &records);
+    for record in records {
         engine.push(Input::Record(Arc::new(record), NOW_MS));
     }
     engine.push(Input::SourceDone);
@@ -231,7 +232,7 @@ fn a_mooncake_trace_feeds_the_cache_panes_only() {
         .unwrap();
     let reader = input::decompressed(std::io::BufReader::new(file)).unwrap();
     let options = InputOptions {
-        block_size: 512,
+        block_size: Some(512),
         ..InputOptions::default()
     };
     let trace = input::read(reader, "conversation_trace", Format::Mooncake, &options);
@@ -346,7 +347,7 @@ fn the_chart_shows_optimal_over_lru_over_fifo_cell_by_cell() {
         .unwrap();
     let reader = input::decompressed(std::io::BufReader::new(file)).unwrap();
     let options = InputOptions {
-        block_size: 512,
+        block_size: Some(512),
         ..InputOptions::default()
     };
     let trace = input::read(reader, "conversation_trace", Format::Mooncake, &options);

@@ -481,7 +481,8 @@ fn replay_stops_gracefully_on_sigterm_sigint_and_sighup() {
             recording("llmp/llama.cpp/parallel-nocache.jsonl")
         );
         let tmux = Tmux::start(&format!("replay-sig{signal}"), &command);
-        tmux.wait_for(&["Conversations"]);
+        // The first records on screen (they follow the block model's first pass).
+        tmux.wait_for(&["Conversations", "llmp-drive"]);
         assert_eq!(tmux.modes(), "1 0 1", "SIG{signal}: the TUI's modes");
         let pid = tmux.program_pid();
         let status = Command::new("kill")

@@ -6,8 +6,8 @@
 //! definitions (`<tools>` + canonical JSON), then per message `<{role}>`, `<name>{name}`,
 //! `<tcid>{tool_call_id}`, the content (text parts joined), `<calls>` + the tool calls as
 //! canonical JSON. Reasoning is never rendered: engines strip it before prefill. Tools lead
-//! (GLM, Kimi, DeepSeek and unknown families: the conservative reading) or follow the system
-//! message (Qwen, Llama, Hunyuan), by model family or an explicit choice.
+//! (GLM, Kimi, DeepSeek) or follow the system message (every other family, as llama-server's
+//! templates render them), by model family or an explicit choice.
 //!
 //! Token positions: from tokenizer counts when the recording has them for every part; else
 //! characters × the input's tokens-per-character (learned over the whole input from the
@@ -52,18 +52,19 @@ impl ToolsPosition {
         }
     }
 
-    /// Qwen-, Llama- and Hunyuan-style templates put tool definitions after the system message;
-    /// GLM, Kimi and DeepSeek put them first, and so do we for unknown families, because that
-    /// is the lower reading (a changed tool set breaks the prefix right away).
+    /// GLM, Kimi and DeepSeek templates put tool definitions first; ChatML-style templates
+    /// (Qwen, SmolLM, Hermes), Llama's, Hunyuan's and llama-server's generic one put them after
+    /// the system message, and so do we for unknown families: that is where llama-server renders
+    /// them, and a tools-first guess makes prompts with different system messages look shared.
     pub fn for_model(model: Option<&str>) -> ToolsPosition {
         let name = model.unwrap_or_default().to_ascii_lowercase();
-        if ["qwen", "llama", "hunyuan", "hy3"]
+        if ["glm", "kimi", "deepseek"]
             .iter()
             .any(|family| name.contains(family))
         {
-            ToolsPosition::AfterSystem
-        } else {
             ToolsPosition::Leading
+        } else {
+            ToolsPosition::AfterSystem
         }
     }
 }
@@ -227,40 +228,134 @@ pub fn prompt_from_body(api: Api, body: &Value, counts: Option<&TokenCounts>) ->
     let segments = messages
         .iter()
         .filter(|m| m.is_object())
-        .map(|message| {
-            let role = str_field(message, "role").unwrap_or_default();
-            let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
-            let tool_call_id = str_field(message, "tool_call_id");
-            let content = content_text(message.get("content"));
-            let mut text = header(role, name, tool_call_id);
-            text.push_str(&content);
-            if let Some(calls) = message
-                .get("tool_calls")
-                .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
-            {
-                text.push_str("<calls>");
-                text.push_str(&hash::canonical_json(calls));
-            }
-            let identity = message_digest(message).hash;
-            let tokens = counts
-                .and_then(|c| c.messages.get(&identity))
-                .map(|&n| u64::from(n));
-            Segment {
-                kind: role.to_string(),
-                label: label_of(name, tool_call_id),
-                identity: hex_to_u64(&identity),
-                chars: char_count(&text),
-                text: Some(text),
-                tokens,
-                preview: preview(&content),
-            }
-        })
+        .map(|message| message_segment(message, counts))
         .collect();
     Some(Prompt {
         model,
         tools: tools_segment,
         messages: segments,
     })
+}
+
+/// One message as the template renders it: the role header, the text, a marker per image,
+/// audio or file part (by a hash of its URL or data: two prompts with different images never
+/// share that block), then the tool calls.
+fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
+    let role = str_field(message, "role").unwrap_or_default();
+    let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
+    let tool_call_id = str_field(message, "tool_call_id");
+    let content = content_text(message.get("content"));
+    let mut text = header(role, name, tool_call_id);
+    text.push_str(&content);
+    push_media_markers(message, &mut text);
+    if let Some(calls) = message
+        .get("tool_calls")
+        .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        text.push_str("<calls>");
+        text.push_str(&hash::canonical_json(calls));
+    }
+    let identity = message_digest(message).hash;
+    let tokens = counts
+        .and_then(|c| c.messages.get(&identity))
+        .map(|&n| u64::from(n));
+    Segment {
+        kind: role.to_string(),
+        label: label_of(name, tool_call_id),
+        identity: hex_to_u64(&identity),
+        chars: char_count(&text),
+        text: Some(text),
+        tokens,
+        preview: preview(&content),
+    }
+}
+
+/// Content parts that are not text: OpenAI's `image_url`, `input_audio`, `file`, Anthropic's
+/// `image` and `document` (as chat form keeps them), Ollama's `images` array.
+fn push_media_markers(message: &Value, text: &mut String) {
+    let parts = message
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|part| {
+            part.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|kind| kind != "text")
+        });
+    let images = message
+        .get("images")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    for part in parts.chain(images) {
+        text.push_str("<media:");
+        text.push_str(&hash::hex_value(part));
+        text.push('>');
+    }
+}
+
+/// The reply as the next turn sends it back, rendered as that turn's assistant message (its
+/// text and tool calls; `completion_tokens` its weight). `None` when the response holds no
+/// reply, or when the reply holds reasoning: the engine generated the reasoning into the slot
+/// first and the next turn does not render it, so nothing past the prompt can be reused.
+pub fn reply_segment(
+    api: Api,
+    response: &Value,
+    completion_tokens: Option<u64>,
+) -> Option<Segment> {
+    let message = if api == Api::AnthropicMessages {
+        anthropic::chat_reply(response)
+    } else {
+        response
+            .pointer("/choices/0/message")
+            .or_else(|| response.get("message"))?
+            .clone()
+    };
+    let reasoned = ["reasoning_content", "reasoning", "thinking"]
+        .iter()
+        .any(|key| {
+            message
+                .get(*key)
+                .and_then(Value::as_str)
+                .is_some_and(|r| !r.is_empty())
+        });
+    if reasoned || !message.is_object() {
+        return None;
+    }
+    // The shape harnesses send back: a call's id, type and function (name, arguments), without
+    // the stream's `index`.
+    let calls: Vec<Value> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|call| {
+            let mut kept = serde_json::Map::new();
+            for key in ["id", "type", "function"] {
+                if let Some(value) = call.get(key) {
+                    kept.insert(key.to_string(), value.clone());
+                }
+            }
+            Value::Object(kept)
+        })
+        .collect();
+    let mut sent = serde_json::Map::new();
+    sent.insert("role".into(), Value::from("assistant"));
+    sent.insert(
+        "content".into(),
+        message.get("content").cloned().unwrap_or(Value::Null),
+    );
+    if !calls.is_empty() {
+        sent.insert("tool_calls".into(), Value::Array(calls));
+    }
+    let sent = Value::Object(sent);
+    if content_text(sent.get("content")).is_empty() && sent.get("tool_calls").is_none() {
+        return None;
+    }
+    let mut segment = message_segment(&sent, None);
+    segment.tokens = completion_tokens;
+    Some(segment)
 }
 
 fn tool_name(tool: &Value) -> Option<&str> {
@@ -348,13 +443,250 @@ pub fn tokens_per_char(prompts: impl IntoIterator<Item = (u64, Option<u64>)>) ->
     }
 }
 
+/// What a part weighs in tokens when no tokenizer counted it: its characters × a ratio (one for
+/// message text, one for tool definitions: some templates render tools densely, some not at
+/// all), plus the template's tokens around each message.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Weights {
+    pub per_text_char: f64,
+    pub per_tools_char: f64,
+    pub per_message: f64,
+    /// What a template adds to a prompt without a system message (many render a default one:
+    /// SmolLM2's, Qwen2.5's), before its first message.
+    #[serde(default)]
+    pub per_missing_system: f64,
+}
+
+impl Weights {
+    /// One ratio for every character, nothing per message.
+    pub fn ratio(tokens_per_char: f64) -> Weights {
+        Weights {
+            per_text_char: tokens_per_char,
+            per_tools_char: tokens_per_char,
+            per_message: 0.0,
+            per_missing_system: 0.0,
+        }
+    }
+
+    fn of(&self, segment: &Segment) -> f64 {
+        if segment.kind == "tools" {
+            segment.chars as f64 * self.per_tools_char
+        } else {
+            segment.chars as f64 * self.per_text_char + self.per_message
+        }
+    }
+}
+
+/// (message characters, tool characters, messages, 1 without a system message).
+const FEATURES: usize = 4;
+
+/// Requests the fit keeps (the first ones with a server count): 40 bytes each.
+pub const MAX_FIT_SAMPLES: usize = 4_096;
+
+/// The server's prompt counts against (message characters, tool characters, messages, no system
+/// message), request by request, for a fit of what parts weigh. Bounded: the first
+/// `MAX_FIT_SAMPLES` counted requests, plus the sums the single ratio needs over all of them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WeightFit {
+    samples: Vec<([f64; FEATURES], f64)>,
+    requests: u64,
+    chars: f64,
+    tokens: f64,
+}
+
+/// Most a per-message template overhead may weigh (tokens).
+const MAX_PER_MESSAGE: f64 = 1_000.0;
+/// Fewest tokens per character a fit may give text (below, it explains the counts by
+/// overheads instead of by the text: not a tokenizer).
+const MIN_TOKENS_PER_CHAR: f64 = 0.05;
+
+impl WeightFit {
+    /// Adds one prompt whose server count is `tokens`.
+    pub fn add(&mut self, prompt: &Prompt, tokens: u64) {
+        let text: f64 = prompt.messages.iter().map(|m| m.chars as f64).sum();
+        let tools = prompt.tools.as_ref().map_or(0.0, |t| t.chars as f64);
+        let no_system = f64::from(u8::from(
+            prompt.messages.first().is_none_or(|m| m.kind != "system"),
+        ));
+        if self.samples.len() < MAX_FIT_SAMPLES {
+            self.samples.push((
+                [text, tools, prompt.messages.len() as f64, no_system],
+                tokens as f64,
+            ));
+        }
+        self.chars += text + tools;
+        self.tokens += tokens as f64;
+        self.requests += 1;
+    }
+
+    /// Requests the fit saw.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// The single ratio over every character (the fallback).
+    pub fn ratio(&self) -> f64 {
+        tokens_per_char([(self.chars as u64, Some(self.tokens as u64))])
+    }
+
+    /// The weights that fit the counts best among those the requests determine: least absolute
+    /// deviations (one template quirk, such as a default system message on one request, must
+    /// not bend every weight), for every subset of (tools, per message, no system message)
+    /// beside the text that has at least twice as many requests as unknowns, kept when every
+    /// weight is non-negative and bounded; the single ratio when none fits better.
+    pub fn weights(&self) -> Weights {
+        let fallback = Weights::ratio(self.ratio());
+        if self.samples.is_empty() || self.tokens <= 0.0 {
+            return fallback;
+        }
+        let single = self.ratio();
+        let single_error: f64 = self
+            .samples
+            .iter()
+            .map(|(x, y)| (y - single * (x[0] + x[1])).abs())
+            .sum();
+        let mut best: Option<(f64, Weights)> = None;
+        for mask in 0..(1usize << (FEATURES - 1)) {
+            let mut features = vec![0usize];
+            features.extend((1..FEATURES).filter(|f| mask & (1 << (f - 1)) != 0));
+            if self.samples.len() < 2 * features.len() {
+                continue;
+            }
+            let Some(beta) = least_absolute_deviations(&self.samples, &features) else {
+                continue;
+            };
+            let weight = |i: usize| {
+                features
+                    .iter()
+                    .position(|&f| f == i)
+                    .map_or(0.0, |a| beta[a])
+            };
+            let weights = Weights {
+                per_text_char: weight(0),
+                // Tools not fitted: they weigh what text does.
+                per_tools_char: if features.contains(&1) {
+                    weight(1)
+                } else {
+                    weight(0)
+                },
+                per_message: weight(2),
+                per_missing_system: weight(3),
+            };
+            let valid = [
+                weights.per_text_char,
+                weights.per_tools_char,
+                weights.per_message,
+                weights.per_missing_system,
+            ]
+            .iter()
+            .all(|w| w.is_finite() && *w >= 0.0)
+                && (MIN_TOKENS_PER_CHAR..=crate::limits::MAX_TOKENS_PER_CHAR)
+                    .contains(&weights.per_text_char)
+                && weights.per_tools_char <= crate::limits::MAX_TOKENS_PER_CHAR
+                && weights.per_message <= MAX_PER_MESSAGE
+                && weights.per_missing_system <= MAX_PER_MESSAGE * 10.0;
+            if !valid {
+                continue;
+            }
+            let error: f64 = self
+                .samples
+                .iter()
+                .map(|(x, y)| {
+                    let fitted: f64 = features.iter().zip(&beta).map(|(&f, b)| x[f] * b).sum();
+                    (y - fitted).abs()
+                })
+                .sum();
+            if best.as_ref().is_none_or(|(b, _)| error < *b) {
+                best = Some((error, weights));
+            }
+        }
+        match best {
+            Some((error, weights)) if error < single_error * 0.999 => weights,
+            _ => fallback,
+        }
+    }
+}
+
+/// Least absolute deviations of `samples` on `features`, by iteratively reweighted least
+/// squares (weights 1 / |residual|); `None` when the requests do not determine the weights.
+fn least_absolute_deviations(
+    samples: &[([f64; FEATURES], f64)],
+    features: &[usize],
+) -> Option<Vec<f64>> {
+    let mut weights = vec![1.0f64; samples.len()];
+    let mut beta = Vec::new();
+    for _ in 0..50 {
+        let n = features.len();
+        let mut xx = vec![vec![0.0f64; n]; n];
+        let mut xy = vec![0.0f64; n];
+        for ((x, y), w) in samples.iter().zip(&weights) {
+            for a in 0..n {
+                for b in 0..n {
+                    xx[a][b] += w * x[features[a]] * x[features[b]];
+                }
+                xy[a] += w * x[features[a]] * y;
+            }
+        }
+        let next = solve(&xx, &xy)?;
+        let converged = !beta.is_empty()
+            && next
+                .iter()
+                .zip(&beta)
+                .all(|(a, b): (&f64, &f64)| (a - b).abs() <= 1e-9 * b.abs().max(1e-9));
+        beta = next;
+        if converged {
+            break;
+        }
+        for ((x, y), w) in samples.iter().zip(&mut weights) {
+            let fitted: f64 = features.iter().zip(&beta).map(|(&f, b)| x[f] * b).sum();
+            *w = 1.0 / (y - fitted).abs().max(1e-3);
+        }
+    }
+    Some(beta)
+}
+
+/// Solves `xx · beta = xy` (Gaussian elimination with partial pivoting); `None` when singular.
+fn solve(xx: &[Vec<f64>], xy: &[f64]) -> Option<Vec<f64>> {
+    let n = xy.len();
+    let mut m: Vec<Vec<f64>> = xx
+        .iter()
+        .zip(xy)
+        .map(|(row, &y)| {
+            let mut row = row.clone();
+            row.push(y);
+            row
+        })
+        .collect();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        let scale = m.iter().map(|r| r[col].abs()).fold(0.0, f64::max);
+        if scale == 0.0 || m[pivot][col].abs() <= scale * 1e-9 {
+            return None;
+        }
+        m.swap(col, pivot);
+        let pivot_row = m[col].clone();
+        for (index, row) in m.iter_mut().enumerate() {
+            if index != col {
+                let factor = row[col] / pivot_row[col];
+                for (value, pivot_value) in row.iter_mut().zip(&pivot_row).skip(col) {
+                    *value -= factor * pivot_value;
+                }
+            }
+        }
+    }
+    Some((0..n).map(|i| m[i][n] / m[i][i]).collect())
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockModel {
     pub block_size: u32,
     pub salt: u64,
     /// `None`: by model family.
     pub tools_position: Option<ToolsPosition>,
+    /// The text's ratio (replies are weighed by it too).
     pub tokens_per_char: f64,
+    /// What parts weigh; `None`: `tokens_per_char` for every character.
+    pub weights: Option<Weights>,
     /// Key blocks by message digest even when the text is there (to compare with digests).
     pub keys_from_messages: bool,
 }
@@ -366,8 +698,122 @@ impl Default for BlockModel {
             salt: 0,
             tools_position: None,
             tokens_per_char: DEFAULT_TOKENS_PER_CHAR,
+            weights: None,
             keys_from_messages: false,
         }
+    }
+}
+
+/// Seed of a model's root id (any fixed value: it only has to differ from a block's chain).
+const ROOT_SEED: u64 = 0x6d6f_64656c;
+
+/// Most prefix ends an input's [`Anchors`] remember (16 bytes each); past it, new prefixes are
+/// cut by the ratio alone, as before anything was learned.
+pub const MAX_ANCHORS: usize = 1 << 22;
+
+/// Where earlier prompts' prefixes of parts ended, in tokens: fixed the first time each prefix
+/// was cut, so every later prompt that starts with the same parts puts its blocks at the same
+/// characters. A request's own server count fixes where its last part ends, and its reply's
+/// count where the reply ends, so the next turn (which starts with both) is cut exactly as the
+/// cache holds them, and its reuse is measured in the server's own tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Anchors {
+    ends: super::IdMap<u64, f64>,
+}
+
+impl Anchors {
+    fn get(&self, chain: u64) -> Option<f64> {
+        self.ends.get(&chain).copied()
+    }
+
+    fn insert(&mut self, chain: u64, end: f64) {
+        if self.ends.len() < MAX_ANCHORS {
+            self.ends.entry(chain).or_insert(end);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+}
+
+/// The key of a prefix of parts: the previous prefix's key and this part's content (its text
+/// where there is one, so a reply re-sent with another JSON shape but the same rendering still
+/// matches; its digest hash otherwise).
+fn anchor_chain(parent: u64, segment: &Segment) -> u64 {
+    let own = match &segment.text {
+        Some(text) => xxh3_64_with_seed(text.as_bytes(), 1),
+        None => segment.identity,
+    };
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&parent.to_le_bytes());
+    bytes[8..].copy_from_slice(&own.to_le_bytes());
+    xxh3_64_with_seed(&bytes, 2)
+}
+
+/// The block model and what it learned from the prompts it cut so far: one per input, fed in
+/// the order the simulation replays (the profile, the live engine and the exports all cut
+/// through one).
+#[derive(Debug, Clone)]
+pub struct Cutter {
+    pub model: BlockModel,
+    anchors: Anchors,
+}
+
+impl Cutter {
+    pub fn new(model: BlockModel) -> Cutter {
+        Cutter {
+            model,
+            anchors: Anchors::default(),
+        }
+    }
+
+    pub fn anchors(&self) -> &Anchors {
+        &self.anchors
+    }
+
+    /// Cuts `prompt` into blocks. `prompt_tokens` is the server's count, when it gave one.
+    pub fn cut(&mut self, prompt: &Prompt, prompt_tokens: Option<u64>) -> CutPrompt {
+        let position = self.position(prompt);
+        let segments = prompt.ordered(position);
+        self.model.cut_segments(
+            prompt.model.as_deref(),
+            &segments,
+            prompt_tokens,
+            &mut self.anchors,
+        )
+    }
+
+    /// The blocks a server holds once it has answered: the prompt followed by the reply as the
+    /// next turn renders it, `total_tokens` (prompt + completion, when the server counted both)
+    /// in all. Cut after the prompt itself, so the two share every block the prompt fills.
+    pub fn cut_with_reply(
+        &mut self,
+        prompt: &Prompt,
+        reply: &Segment,
+        total_tokens: Option<u64>,
+    ) -> Vec<Block> {
+        let position = self.position(prompt);
+        let mut segments = prompt.ordered(position);
+        segments.push(reply);
+        self.model
+            .cut_segments(
+                prompt.model.as_deref(),
+                &segments,
+                total_tokens,
+                &mut self.anchors,
+            )
+            .blocks
+    }
+
+    fn position(&self, prompt: &Prompt) -> ToolsPosition {
+        self.model
+            .tools_position
+            .unwrap_or_else(|| ToolsPosition::for_model(prompt.model.as_deref()))
     }
 }
 
@@ -389,23 +835,68 @@ impl BlockModel {
         xxh3_64_with_seed(&bytes, self.salt) & ID_MASK
     }
 
-    /// Cuts `prompt` into blocks. `prompt_tokens` is the server's count, when it gave one.
+    /// Cuts `prompt` on its own (no earlier prompt fixes where its parts end). Inputs cut
+    /// through a [`Cutter`], which remembers.
     pub fn cut(&self, prompt: &Prompt, prompt_tokens: Option<u64>) -> CutPrompt {
-        let position = self
-            .tools_position
-            .unwrap_or_else(|| ToolsPosition::for_model(prompt.model.as_deref()));
-        let segments = prompt.ordered(position);
+        Cutter::new(self.clone()).cut(prompt, prompt_tokens)
+    }
+
+    /// The id every chain of this prompt's blocks starts from: its model's, so two models never
+    /// share a cached block (they run on separate caches).
+    fn root(&self, model: Option<&str>) -> u64 {
+        model.map_or(0, |m| self.chain(ROOT_SEED, m.as_bytes()))
+    }
+
+    fn cut_segments(
+        &self,
+        model: Option<&str>,
+        segments: &[&Segment],
+        prompt_tokens: Option<u64>,
+        anchors: &mut Anchors,
+    ) -> CutPrompt {
         let total_chars: u64 = segments.iter().map(|s| s.chars).sum();
         let counted = !segments.is_empty() && segments.iter().all(|s| s.tokens.is_some());
+        let root = self.root(model);
 
-        // Token position where each segment ends (piecewise linear in characters).
+        // Token position where each segment ends (piecewise linear in characters). Without the
+        // tokenizer's counts: where an earlier prompt fixed the end of the same prefix of parts,
+        // there; the last part ends at the server's count; any other part weighs its
+        // characters × the input's ratio.
         let mut token_ends = Vec::with_capacity(segments.len());
         let mut running = 0f64;
-        for segment in &segments {
-            running += match (counted, segment.tokens) {
-                (true, Some(tokens)) => tokens as f64,
-                _ => segment.chars as f64 * self.tokens_per_char,
+        let mut chain = root;
+        let weights = self
+            .weights
+            .unwrap_or_else(|| Weights::ratio(self.tokens_per_char));
+        // The template's default system message, before the first message of a prompt that has
+        // none of its own.
+        let default_system = segments
+            .iter()
+            .position(|s| s.kind != "tools")
+            .filter(|&first| segments[first].kind != "system");
+        for (i, segment) in segments.iter().enumerate() {
+            if counted {
+                running += segment.tokens.unwrap_or_default() as f64;
+                token_ends.push(running);
+                continue;
+            }
+            chain = anchor_chain(chain, segment);
+            let end = match anchors.get(chain) {
+                Some(known) => known.max(running),
+                None => match prompt_tokens {
+                    Some(tokens) if i + 1 == segments.len() => (tokens as f64).max(running),
+                    _ => {
+                        let template = if default_system == Some(i) {
+                            weights.per_missing_system
+                        } else {
+                            0.0
+                        };
+                        running + weights.of(segment) + template
+                    }
+                },
             };
+            anchors.insert(chain, end);
+            running = end;
             token_ends.push(running);
         }
         let (cut, total_tokens) = match (counted, prompt_tokens) {
@@ -422,32 +913,36 @@ impl BlockModel {
         let block_size = u64::from(self.block_size.max(1));
         let block_count = total_tokens.div_ceil(block_size);
 
-        // Character offset of a token position.
-        let char_at = |token: f64| -> u64 {
-            let mut start_token = 0f64;
-            let mut start_char = 0u64;
-            for (segment, &end_token) in segments.iter().zip(&token_ends) {
-                if token < end_token {
-                    let span = end_token - start_token;
+        // Character offset where each block ends; token positions only grow, so one walk over
+        // the segments serves every block.
+        let mut ends = Vec::with_capacity(block_count as usize);
+        let mut segment = 0usize;
+        let mut start_token = 0f64;
+        let mut start_char = 0u64;
+        for k in 0..block_count {
+            if k + 1 == block_count {
+                ends.push(total_chars);
+                break;
+            }
+            let token = ((k + 1) * block_size) as f64;
+            while segment < segments.len() && token >= token_ends[segment] {
+                start_token = token_ends[segment];
+                start_char += segments[segment].chars;
+                segment += 1;
+            }
+            let at = match segments.get(segment) {
+                Some(s) => {
+                    let span = token_ends[segment] - start_token;
                     let within = if span > 0.0 {
-                        ((token - start_token) / span * segment.chars as f64).floor() as u64
+                        ((token - start_token) / span * s.chars as f64).floor() as u64
                     } else {
                         0
                     };
-                    return start_char + within.min(segment.chars);
+                    start_char + within.min(s.chars)
                 }
-                start_token = end_token;
-                start_char += segment.chars;
-            }
-            total_chars
-        };
-        let mut ends = Vec::with_capacity(block_count as usize);
-        for k in 0..block_count {
-            ends.push(if k + 1 == block_count {
-                total_chars
-            } else {
-                char_at(((k + 1) * block_size) as f64).min(total_chars)
-            });
+                None => total_chars,
+            };
+            ends.push(at.min(total_chars));
         }
 
         let use_text = !self.keys_from_messages && segments.iter().all(|s| s.text.is_some());
@@ -457,9 +952,9 @@ impl BlockModel {
             BlockKeys::MessageDigest
         };
         let ids = if use_text {
-            self.content_ids(&segments, &ends)
+            self.content_ids(root, segments, &ends)
         } else {
-            self.digest_ids(&segments, &ends)
+            self.digest_ids(root, segments, &ends)
         };
         let blocks = ids
             .into_iter()
@@ -494,7 +989,7 @@ impl BlockModel {
         }
     }
 
-    fn content_ids(&self, segments: &[&Segment], ends: &[u64]) -> Vec<u64> {
+    fn content_ids(&self, root: u64, segments: &[&Segment], ends: &[u64]) -> Vec<u64> {
         let text: String = segments.iter().filter_map(|s| s.text.as_deref()).collect();
         // Byte offset of each block end, found in one pass over the characters.
         let mut byte_ends = Vec::with_capacity(ends.len());
@@ -511,7 +1006,7 @@ impl BlockModel {
             }
             byte_ends.push(byte);
         }
-        let mut parent = 0u64;
+        let mut parent = root;
         let mut start = 0usize;
         let mut ids = Vec::with_capacity(ends.len());
         for end in byte_ends {
@@ -522,14 +1017,14 @@ impl BlockModel {
         ids
     }
 
-    fn digest_ids(&self, segments: &[&Segment], ends: &[u64]) -> Vec<u64> {
+    fn digest_ids(&self, root: u64, segments: &[&Segment], ends: &[u64]) -> Vec<u64> {
         let mut segment_ends = Vec::with_capacity(segments.len());
         let mut running = 0u64;
         for s in segments {
             running += s.chars;
             segment_ends.push(running);
         }
-        let mut parent = 0u64;
+        let mut parent = root;
         let mut start = 0u64;
         let mut last_segment = usize::MAX;
         let mut index_within = 0u32;
@@ -675,6 +1170,142 @@ mod tests {
         assert!(shared.sum::<usize>() >= a.blocks.len() - 2);
     }
 
+    fn chat(messages: Value) -> Prompt {
+        prompt_from_body(
+            Api::OpenaiChat,
+            &json!({"model": "m", "messages": messages}),
+            None,
+        )
+        .unwrap_or_default()
+    }
+
+    fn shared(a: &[Block], b: &[Block]) -> u64 {
+        a.iter()
+            .zip(b)
+            .take_while(|(x, y)| x.id == y.id)
+            .map(|(x, _)| u64::from(x.tokens))
+            .sum()
+    }
+
+    #[test]
+    fn the_next_turn_shares_the_prompt_and_the_reply_to_the_token() {
+        let model = BlockModel {
+            block_size: 1,
+            ..BlockModel::default()
+        };
+        let mut cutter = Cutter::new(model);
+        let first = chat(json!([
+            {"role": "system", "content": "You are terse. ".repeat(10)},
+            {"role": "user", "content": "List the files."}]));
+        let response =
+            json!({"choices": [{"message": {"role": "assistant", "content": "a.rs b.rs"}}]});
+        let reply = reply_segment(Api::OpenaiChat, &response, Some(5)).unwrap();
+        let cut = cutter.cut(&first, Some(61));
+        assert_eq!(cut.input_tokens, 61);
+        let cached = cutter.cut_with_reply(&first, &reply, Some(66));
+        assert_eq!(cached.len(), 66);
+        // The cached sequence starts with the prompt's blocks.
+        assert_eq!(shared(&cut.blocks, &cached), 61);
+        // The next turn renders the reply and adds a question: it reuses all 66 tokens, which
+        // sit where the server counted them whatever the characters weigh.
+        let second = chat(json!([
+            {"role": "system", "content": "You are terse. ".repeat(10)},
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": "a.rs b.rs"},
+            {"role": "user", "content": "Read a.rs."}]));
+        let next = cutter.cut(&second, Some(80));
+        assert_eq!(shared(&cached, &next.blocks), 66);
+    }
+
+    #[test]
+    fn replies_with_reasoning_or_nothing_are_not_cached_and_calls_lose_their_stream_index() {
+        let reasoned = json!({"choices": [{"message": {"role": "assistant", "content": "x",
+            "reasoning_content": "think"}}]});
+        assert!(reply_segment(Api::OpenaiChat, &reasoned, None).is_none());
+        let empty = json!({"choices": [{"message": {"role": "assistant", "content": ""}}]});
+        assert!(reply_segment(Api::OpenaiChat, &empty, None).is_none());
+        let streamed = json!({"choices": [{"message": {"role": "assistant", "content": null,
+            "tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                "function": {"name": "ls", "arguments": "{}"}}]}}]});
+        let sent = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+            "type": "function", "function": {"name": "ls", "arguments": "{}"}}]});
+        let reply = reply_segment(Api::OpenaiChat, &streamed, Some(3)).unwrap();
+        assert_eq!(reply.text, message_segment(&sent, None).text);
+        assert_eq!(reply.tokens, Some(3));
+    }
+
+    #[test]
+    fn models_and_images_keep_their_blocks_apart() {
+        let model = BlockModel::default();
+        let body = |name: &str, image: &str| {
+            json!({"model": name, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What is in this picture? ".repeat(8)},
+                {"type": "image_url", "image_url": {"url": image}}]}]})
+        };
+        let cut = |b: Value| {
+            model
+                .cut(
+                    &prompt_from_body(Api::OpenaiChat, &b, None).unwrap_or_default(),
+                    None,
+                )
+                .blocks
+        };
+        let a = cut(body("m", "data:a"));
+        assert_eq!(
+            shared(&a, &cut(body("m", "data:a"))),
+            a.iter().map(|b| u64::from(b.tokens)).sum::<u64>()
+        );
+        assert_eq!(shared(&a, &cut(body("other", "data:a"))), 0);
+        let with_other_image = cut(body("m", "data:b"));
+        let total: u64 = a.iter().map(|b| u64::from(b.tokens)).sum();
+        assert!(shared(&a, &with_other_image) < total);
+        assert!(shared(&a, &with_other_image) > 0);
+    }
+
+    #[test]
+    fn the_fit_finds_what_text_tools_and_the_template_weigh_despite_one_quirk() {
+        // A template that ignores tools, adds 3 tokens per message and a 20-token default
+        // system prompt where there is none; one request off by 40 tokens.
+        let mut fit = WeightFit::default();
+        for i in 0..12u64 {
+            let mut messages =
+                vec![json!({"role": "system", "content": "s".repeat(100 + 10 * i as usize)})];
+            for k in 0..(i % 4) {
+                messages.push(json!({"role": "user", "content": "u".repeat(50 + 7 * k as usize)}));
+            }
+            let mut prompt = chat(Value::Array(messages));
+            if i % 3 == 0 {
+                prompt.messages.remove(0);
+            }
+            prompt.tools = Some(Segment {
+                kind: "tools".into(),
+                label: None,
+                identity: 1,
+                chars: 300 + 20 * i,
+                text: None,
+                tokens: None,
+                preview: None,
+            });
+            let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();
+            let missing = prompt.messages.first().is_none_or(|m| m.kind != "system");
+            let mut tokens =
+                text / 4 + 3 * prompt.messages.len() as u64 + if missing { 20 } else { 0 };
+            if i == 5 {
+                tokens += 40;
+            }
+            fit.add(&prompt, tokens);
+        }
+        let w = fit.weights();
+        assert!((w.per_text_char - 0.25).abs() < 0.02, "{w:?}");
+        assert!(w.per_tools_char < 0.02, "{w:?}");
+        assert!((w.per_message - 3.0).abs() < 1.5, "{w:?}");
+        assert!((w.per_missing_system - 20.0).abs() < 3.0, "{w:?}");
+        // Too few requests for any fit: the single ratio.
+        let mut few = WeightFit::default();
+        few.add(&chat(json!([{"role": "user", "content": "abcd"}])), 4);
+        assert_eq!(few.weights(), Weights::ratio(few.ratio()));
+    }
+
     #[test]
     fn tools_follow_the_system_message_for_qwen() {
         let mut b = body();
@@ -683,10 +1314,18 @@ mod tests {
         let cut = BlockModel::default().cut(&prompt, None);
         let kinds: Vec<&str> = cut.parts.iter().map(|p| p.kind.as_str()).collect();
         assert_eq!(kinds, vec!["system", "tools", "user", "assistant", "tool"]);
+        let mut b = body();
+        b["model"] = json!("GLM-4.6");
         let glm = BlockModel::default().cut(
-            &prompt_from_body(Api::OpenaiChat, &body(), None).unwrap_or_default(),
+            &prompt_from_body(Api::OpenaiChat, &b, None).unwrap_or_default(),
             None,
         );
         assert_eq!(glm.parts[0].kind, "tools");
+        // Unknown families: after the system message, where llama-server renders them.
+        let unknown = BlockModel::default().cut(
+            &prompt_from_body(Api::OpenaiChat, &body(), None).unwrap_or_default(),
+            None,
+        );
+        assert_eq!(unknown.parts[1].kind, "tools");
     }
 }

@@ -42,13 +42,22 @@ pub struct LiveSimulator {
     fifo: Vec<Fifo>,
     lru: Vec<TrieCache>,
     ceiling_total: Running,
+    /// The ceiling of the trace semantics: prompts only, replies never cached.
+    prompts_ceiling: Ceiling,
+    prompts_ceiling_total: Running,
     fifo_totals: Vec<Running>,
     lru_totals: Vec<Running>,
     measured_tokens: u64,
-    /// Every event so far, kept for the optimal snapshot (12 bytes per block).
+    /// Every event so far, kept for the optimal snapshot (12 bytes per block), in passes as
+    /// `profile::Replay` has them: a request's prompt, then what it leaves cached.
     events: Vec<Event>,
     starts: Vec<usize>,
+    /// Each request's prompt events.
+    request_ranges: Vec<std::ops::Range<usize>>,
+    /// Per pass, whether it is a request's prompt (counted) or its reply.
+    counted: Vec<bool>,
     scratch: Vec<Event>,
+    reply_scratch: Vec<Event>,
 }
 
 impl LiveSimulator {
@@ -67,17 +76,28 @@ impl LiveSimulator {
             builder: EventBuilder::new(),
             ceiling: Ceiling::default(),
             ceiling_total: Running::default(),
+            prompts_ceiling: Ceiling::default(),
+            prompts_ceiling_total: Running::default(),
             measured_tokens: 0,
             events: Vec::new(),
             starts: vec![0],
+            request_ranges: Vec::new(),
+            counted: Vec::new(),
             scratch: Vec::new(),
+            reply_scratch: Vec::new(),
         }
     }
 
-    pub fn requests(&self) -> usize {
-        self.starts.len() - 1
+    pub fn block_size(&self) -> u32 {
+        self.block_size
     }
 
+    pub fn requests(&self) -> usize {
+        self.request_ranges.len()
+    }
+
+    /// Serves `request`'s prompt under every policy, then inserts what it leaves cached (its
+    /// `cached_after`, uncounted), as `profile` replays it.
     pub fn push(&mut self, request: &Request) -> LiveUpdate {
         self.scratch.clear();
         self.builder.push(request, &mut self.scratch);
@@ -87,6 +107,8 @@ impl LiveSimulator {
         let nodes = self.builder.node_count();
         let ceiling = self.ceiling.serve(nodes, events);
         self.ceiling_total.add(ceiling);
+        self.prompts_ceiling_total
+            .add(self.prompts_ceiling.serve(nodes, events));
         let mut update = LiveUpdate {
             request_tokens,
             ceiling,
@@ -103,8 +125,32 @@ impl LiveSimulator {
             total.add(served);
             update.lru.push(served);
         }
+        let start = self.events.len();
         self.events.extend_from_slice(&self.scratch);
         self.starts.push(self.events.len());
+        self.request_ranges.push(start..self.events.len());
+        self.counted.push(true);
+
+        if !request.cached_after.is_empty() {
+            self.reply_scratch.clear();
+            self.builder.push_blocks(
+                &request.cached_after,
+                request.conversation.as_deref(),
+                &mut self.reply_scratch,
+            );
+            let events = &self.reply_scratch;
+            let nodes = self.builder.node_count();
+            self.ceiling.serve(nodes, events);
+            for cache in &mut self.fifo {
+                cache.serve(nodes, events);
+            }
+            for cache in &mut self.lru {
+                cache.serve(self.builder.parents(), events, &[]);
+            }
+            self.events.extend_from_slice(&self.reply_scratch);
+            self.starts.push(self.events.len());
+            self.counted.push(false);
+        }
         update
     }
 
@@ -131,6 +177,11 @@ impl LiveSimulator {
         self.point(Policy::Ceiling, None, self.ceiling_total)
     }
 
+    /// The ceiling with prompts only (replies never cached): what an export can reproduce.
+    pub fn ceiling_prompts_only(&self) -> Point {
+        self.point(Policy::Ceiling, None, self.prompts_ceiling_total)
+    }
+
     /// FIFO then LRU, each at every capacity.
     pub fn points(&self) -> Vec<Point> {
         let mut points = Vec::new();
@@ -146,7 +197,13 @@ impl LiveSimulator {
     /// The top prefixes of the requests so far (without descriptions: the live view keeps no
     /// prompts). O(all blocks so far).
     pub fn leaderboards(&self, top: usize) -> super::prefixes::Leaderboards {
-        super::prefixes::leaderboards(&[], &self.events, &self.starts, self.builder.parents(), top)
+        super::prefixes::leaderboards(
+            &[],
+            &self.events,
+            &self.request_ranges,
+            self.builder.parents(),
+            top,
+        )
     }
 
     /// Belady's optimal over the requests so far, replayed cold: O(all blocks so far).
@@ -155,9 +212,12 @@ impl LiveSimulator {
         let next = next_uses(&self.events, &self.starts, parents.len());
         let mut cache = TrieCache::optimal(usize::try_from(capacity.blocks).unwrap_or(usize::MAX));
         let mut running = Running::default();
-        for window in self.starts.windows(2) {
+        for (window, &counted) in self.starts.windows(2).zip(&self.counted) {
             let range = window[0]..window[1];
-            running.add(cache.serve(parents, &self.events[range.clone()], &next[range]));
+            let served = cache.serve(parents, &self.events[range.clone()], &next[range]);
+            if counted {
+                running.add(served);
+            }
         }
         self.point(Policy::Optimal, Some(capacity), running)
     }

@@ -26,7 +26,9 @@ pub use policy::Policy;
 pub use profile::{Capacity, ProfileConfig, ProfileReport, profile};
 
 /// Version of the profile report format.
-pub const PROFILE_REPORT_VERSION: u32 = 1;
+/// 2: `ceiling` caches each request's reply after its prompt (where the reply is known);
+/// `ceiling_prompts_only` and `prompts_only` added.
+pub const PROFILE_REPORT_VERSION: u32 = 2;
 
 /// One block of a request's prompt: its id (a chained hash below 2^53, or a trace's raw hash id)
 /// and how many prompt tokens it stands for.
@@ -111,6 +113,13 @@ pub struct Request {
     pub record_id: Option<u64>,
     /// What the prompt is made of, for recordings and gateway logs.
     pub parts: Vec<PromptPart>,
+    /// The blocks the server holds once it has answered: the prompt, then the reply as the next
+    /// turn renders it (llama.cpp keeps the generated tokens in the slot; vLLM and SGLang cache
+    /// full blocks of them). Empty where the reply is unknown (traces, digest recordings) or
+    /// cannot be reused (it began with reasoning). The simulation inserts them after the request
+    /// is served, without counting them: see [`profile::Replay`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cached_after: Vec<Block>,
 }
 
 /// A session identifier and where it was found.

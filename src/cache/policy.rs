@@ -116,12 +116,29 @@ impl EventBuilder {
 
     /// Appends the request's events to `out`.
     pub fn push(&mut self, request: &Request, out: &mut Vec<Event>) {
-        let conversation = request.conversation.as_ref().map(|name| {
+        self.push_blocks(&request.blocks, request.conversation.as_deref(), out);
+    }
+
+    /// Appends the events of `blocks` (a request's prompt, or what it leaves cached) asked for
+    /// by `conversation`.
+    pub fn push_blocks(
+        &mut self,
+        blocks: &[super::Block],
+        conversation: Option<&str>,
+        out: &mut Vec<Event>,
+    ) {
+        let conversation = conversation.map(|name| {
             let next = u32::try_from(self.conversation_names.len()).unwrap_or(u32::MAX);
-            *self.conversation_names.entry(name.clone()).or_insert(next)
+            match self.conversation_names.get(name) {
+                Some(&known) => known,
+                None => {
+                    self.conversation_names.insert(name.to_string(), next);
+                    next
+                }
+            }
         });
         let mut parent = 0u32;
-        for block in &request.blocks {
+        for block in blocks {
             let next = u32::try_from(self.parent.len()).unwrap_or(u32::MAX);
             let node = *self.edges.entry((parent, block.id)).or_insert(next);
             if node == next {

@@ -50,18 +50,18 @@ struct NodeStats {
     carried_by_a_child: bool,
 }
 
-/// `events` of all requests, delimited by `starts`; `parents` from the same `EventBuilder`.
+/// `events` of all requests, each request's prompt at its range; `parents` from the same `EventBuilder`.
 pub fn leaderboards(
     requests: &[Request],
     events: &[Event],
-    starts: &[usize],
+    request_ranges: &[std::ops::Range<usize>],
     parents: &[u32],
     top: usize,
 ) -> Leaderboards {
     let mut nodes = vec![NodeStats::default(); parents.len()];
-    for (request, window) in starts.windows(2).enumerate() {
+    for (request, range) in request_ranges.iter().enumerate() {
         let mut position = 0u64;
-        for (depth, event) in events[window[0]..window[1]].iter().enumerate() {
+        for (depth, event) in events[range.clone()].iter().enumerate() {
             position += u64::from(event.tokens);
             let stats = &mut nodes[event.node as usize];
             if stats.count == 0 {
@@ -202,7 +202,8 @@ mod tests {
             builder.push(r, &mut events);
             starts.push(events.len());
         }
-        let boards = leaderboards(&requests, &events, &starts, builder.parents(), 20);
+        let ranges: Vec<_> = starts.windows(2).map(|w| w[0]..w[1]).collect();
+        let boards = leaderboards(&requests, &events, &ranges, builder.parents(), 20);
         assert_eq!(boards.groups, 2);
         // [1] is reused 3 times (30 tokens); [2, 3] once more each (20 tokens), not 3 × 10 + 20.
         assert_eq!(boards.reusable_tokens, 50);

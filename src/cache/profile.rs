@@ -30,6 +30,8 @@ pub struct ProfileConfig {
     /// Where the requests' conversation keys came from, for the report.
     pub conversation_source: String,
     pub top_prefixes: usize,
+    /// Replies never enter the cache (the trace semantics).
+    pub prompts_only: bool,
 }
 
 impl Default for ProfileConfig {
@@ -41,6 +43,7 @@ impl Default for ProfileConfig {
             capacities: Vec::new(),
             conversation_source: "none".to_string(),
             top_prefixes: TOP_PREFIXES,
+            prompts_only: false,
         }
     }
 }
@@ -114,7 +117,16 @@ pub struct ProfileReport {
     pub cuts: BTreeMap<String, u64>,
     pub block_keys: BTreeMap<String, u64>,
     pub conversations: Conversations,
+    /// Every figure in the trace semantics (`--prompts-only`): prompts enter the cache, replies
+    /// never do.
+    pub prompts_only: bool,
+    /// Requests whose reply entered the cache after their prompt.
+    pub replies_cached: u64,
+    /// The upper bound: every block ever held stays cached, replies included where known (a
+    /// server keeps the generated tokens; the next turn starts with them).
     pub ceiling: Point,
+    /// The same with prompts only: what an exported trace can reproduce.
+    pub ceiling_prompts_only: Point,
     pub points: Vec<Point>,
     /// AIPerf `analyze-trace`'s cache_hit_rate: the plain mean of per-request ratios (index of
     /// the first id never seen before / number of ids), over raw ids without a trie.
@@ -128,38 +140,96 @@ pub struct ProfileReport {
     pub request_rate: Option<RequestRate>,
 }
 
-/// The requests as events, delimited per request.
+/// The requests as events, in passes: each request's prompt is one pass (looked up, then
+/// inserted, counted), and with replies, what it leaves cached (`Request::cached_after`: the
+/// prompt and the reply as the next turn renders it) one more right after, inserted like a
+/// request but never counted. Every policy then holds what a server holds after answering; on
+/// inputs without replies (traces) the passes are the requests, as kvcache-simulator replays.
 pub struct Replay {
     pub events: Vec<Event>,
+    /// Where each pass's events start, and the last one ends.
     pub starts: Vec<usize>,
+    /// Per pass, the request whose prompt it is (`None`: a request's reply, not counted).
+    pub counted: Vec<Option<u32>>,
+    /// Per request, its prompt's pass.
+    pub request_pass: Vec<usize>,
     pub parents: Vec<u32>,
 }
 
 impl Replay {
-    pub fn new(requests: &[Request]) -> Replay {
+    pub fn new(requests: &[Request], with_replies: bool) -> Replay {
         let mut builder = EventBuilder::new();
-        let blocks: usize = requests.iter().map(|r| r.blocks.len()).sum();
+        let blocks: usize = requests
+            .iter()
+            .map(|r| {
+                r.blocks.len()
+                    + if with_replies {
+                        r.cached_after.len()
+                    } else {
+                        0
+                    }
+            })
+            .sum();
         builder.reserve(blocks);
         let mut events = Vec::with_capacity(blocks);
         let mut starts = Vec::with_capacity(requests.len() + 1);
+        let mut counted = Vec::with_capacity(requests.len());
+        let mut request_pass = Vec::with_capacity(requests.len());
         starts.push(0);
-        for request in requests {
+        for (index, request) in requests.iter().enumerate() {
+            request_pass.push(counted.len());
+            counted.push(Some(u32::try_from(index).unwrap_or(u32::MAX)));
             builder.push(request, &mut events);
             starts.push(events.len());
+            if with_replies && !request.cached_after.is_empty() {
+                counted.push(None);
+                builder.push_blocks(
+                    &request.cached_after,
+                    request.conversation.as_deref(),
+                    &mut events,
+                );
+                starts.push(events.len());
+            }
         }
         Replay {
             events,
             starts,
+            counted,
+            request_pass,
             parents: builder.parents().to_vec(),
         }
     }
 
     pub fn requests(&self) -> usize {
-        self.starts.len() - 1
+        self.request_pass.len()
+    }
+
+    pub fn passes(&self) -> usize {
+        self.counted.len()
+    }
+
+    fn pass_range(&self, pass: usize) -> std::ops::Range<usize> {
+        self.starts[pass]..self.starts[pass + 1]
     }
 
     pub fn request_events(&self, request: usize) -> &[Event] {
-        &self.events[self.starts[request]..self.starts[request + 1]]
+        &self.events[self.pass_range(self.request_pass[request])]
+    }
+
+    /// Each request's prompt events, in request order.
+    pub fn request_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.request_pass
+            .iter()
+            .map(|&pass| self.pass_range(pass))
+            .collect()
+    }
+
+    /// The first pass of request `request` (or the end): where a measured window begins.
+    fn first_pass_of(&self, request: usize) -> usize {
+        self.request_pass
+            .get(request)
+            .copied()
+            .unwrap_or(self.passes())
     }
 }
 
@@ -178,15 +248,20 @@ struct Totals {
     hit_tokens: u64,
     same_conversation_tokens: u64,
     per_request: Vec<u64>,
+    /// The pass during which the cache first filled up.
     full_since: Option<u64>,
 }
 
+/// One policy over every pass of `replay`; only requests' prompts from `warmup` on count.
+/// `prompts_only`: the replies' passes are skipped (the ceiling of the trace semantics, on the
+/// same events).
 fn run_policy(
     replay: &Replay,
     policy: Policy,
     capacity: usize,
     next: &[u32],
     warmup: usize,
+    prompts_only: bool,
 ) -> Totals {
     let mut totals = Totals {
         hit_tokens: 0,
@@ -195,27 +270,33 @@ fn run_policy(
         full_since: None,
     };
     let node_count = replay.parents.len();
-    let add = |request: usize, served: Served, totals: &mut Totals| {
-        if request >= warmup {
+    let add = |pass: usize, served: Served, totals: &mut Totals| {
+        let Some(request) = replay.counted[pass] else {
+            return;
+        };
+        if policy == Policy::Ceiling {
+            totals.per_request.push(served.hit_tokens);
+        }
+        if request as usize >= warmup {
             totals.hit_tokens += served.hit_tokens;
             totals.same_conversation_tokens += served.same_conversation_tokens;
         }
     };
+    let passes = (0..replay.passes()).filter(|&p| !prompts_only || replay.counted[p].is_some());
     match policy {
         Policy::Ceiling => {
             let mut ceiling = Ceiling::default();
             totals.per_request.reserve(replay.requests());
-            for r in 0..replay.requests() {
-                let served = ceiling.serve(node_count, replay.request_events(r));
-                totals.per_request.push(served.hit_tokens);
-                add(r, served, &mut totals);
+            for pass in passes {
+                let served = ceiling.serve(node_count, &replay.events[replay.pass_range(pass)]);
+                add(pass, served, &mut totals);
             }
         }
         Policy::Fifo => {
             let mut fifo = Fifo::new(capacity);
-            for r in 0..replay.requests() {
-                let served = fifo.serve(node_count, replay.request_events(r));
-                add(r, served, &mut totals);
+            for pass in passes {
+                let served = fifo.serve(node_count, &replay.events[replay.pass_range(pass)]);
+                add(pass, served, &mut totals);
             }
             totals.full_since = fifo.full_since();
         }
@@ -225,15 +306,15 @@ fn run_policy(
             } else {
                 TrieCache::optimal(capacity)
             };
-            for r in 0..replay.requests() {
-                let range = replay.starts[r]..replay.starts[r + 1];
+            for pass in passes {
+                let range = replay.pass_range(pass);
                 let next_use = if policy == Policy::Optimal {
                     &next[range.clone()]
                 } else {
                     &[]
                 };
                 let served = cache.serve(&replay.parents, &replay.events[range], next_use);
-                add(r, served, &mut totals);
+                add(pass, served, &mut totals);
             }
             totals.full_since = cache.full_since();
         }
@@ -247,7 +328,7 @@ fn point(
     block_size: u32,
     totals: &Totals,
     measured_tokens: u64,
-    warmup: usize,
+    warmup_pass: usize,
 ) -> Point {
     Point {
         policy,
@@ -259,8 +340,11 @@ fn point(
         hit_rate: ratio(totals.hit_tokens, measured_tokens),
         same_conversation_tokens: totals.same_conversation_tokens,
         other_tokens: totals.hit_tokens - totals.same_conversation_tokens,
-        full_before_measurement: capacity
-            .map(|_| totals.full_since.is_some_and(|r| (r as usize) < warmup)),
+        full_before_measurement: capacity.map(|_| {
+            totals
+                .full_since
+                .is_some_and(|p| (p as usize) < warmup_pass)
+        }),
     }
 }
 
@@ -274,10 +358,12 @@ fn ratio(part: u64, whole: u64) -> f64 {
 
 /// The whole profile of `requests`, in the order given.
 pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
-    let replay = Replay::new(requests);
+    let replay = Replay::new(requests, !config.prompts_only);
     let warmup = warmup_requests(requests.len(), config.warmup);
-    let measured_tokens: u64 = replay.events[replay.starts[warmup]..]
+    let warmup_pass = replay.first_pass_of(warmup);
+    let measured_tokens: u64 = replay.request_ranges()[warmup..]
         .iter()
+        .flat_map(|range| &replay.events[range.clone()])
         .map(|e| u64::from(e.tokens))
         .sum();
     let next = if config.policies.contains(&Policy::Optimal) {
@@ -285,12 +371,19 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
     } else {
         Vec::new()
     };
+    let with_replies = replay.passes() > replay.requests();
 
-    let mut tasks: Vec<(Policy, Option<&Capacity>)> = vec![(Policy::Ceiling, None)];
+    // (policy, capacity, prompts only): the ceiling, the trace semantics' ceiling where replies
+    // were cached, then every bounded policy at every capacity.
+    let mut tasks: Vec<(Policy, Option<&Capacity>, bool)> = vec![(Policy::Ceiling, None, false)];
+    if with_replies {
+        tasks.push((Policy::Ceiling, None, true));
+    }
+    let first_point = tasks.len();
     for capacity in &config.capacities {
         for &policy in &config.policies {
             if policy != Policy::Ceiling {
-                tasks.push((policy, Some(capacity)));
+                tasks.push((policy, Some(capacity), false));
             }
         }
     }
@@ -300,15 +393,15 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
             leaderboards(
                 requests,
                 &replay.events,
-                &replay.starts,
+                &replay.request_ranges(),
                 &replay.parents,
                 config.top_prefixes,
             )
         });
         let aiperf = scope.spawn(|| aiperf_cache_hit_rate(requests));
-        let results = run_tasks(&tasks, |&(policy, capacity)| {
+        let results = run_tasks(&tasks, |&(policy, capacity, prompts_only)| {
             let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
-            run_policy(&replay, policy, blocks, &next, warmup)
+            run_policy(&replay, policy, blocks, &next, warmup, prompts_only)
         });
         (results, boards.join(), aiperf.join())
     });
@@ -322,20 +415,32 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
         config.block_size,
         ceiling_totals,
         measured_tokens,
-        warmup,
+        warmup_pass,
     );
+    let ceiling_prompts_only = if with_replies {
+        point(
+            Policy::Ceiling,
+            None,
+            config.block_size,
+            &results[1],
+            measured_tokens,
+            warmup_pass,
+        )
+    } else {
+        ceiling.clone()
+    };
     let points = tasks
         .iter()
         .zip(&results)
-        .skip(1)
-        .map(|(&(policy, capacity), totals)| {
+        .skip(first_point)
+        .map(|(&(policy, capacity, _), totals)| {
             point(
                 policy,
                 capacity,
                 config.block_size,
                 totals,
                 measured_tokens,
-                warmup,
+                warmup_pass,
             )
         })
         .collect();
@@ -358,7 +463,13 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
             })
         }),
         conversations: conversations(requests, &config.conversation_source),
+        prompts_only: config.prompts_only,
+        replies_cached: requests
+            .iter()
+            .filter(|r| !config.prompts_only && !r.cached_after.is_empty())
+            .count() as u64,
         ceiling,
+        ceiling_prompts_only,
         points,
         aiperf_cache_hit_rate: aiperf,
         server_observed: server_observed(requests, &ceiling_totals.per_request),
@@ -440,6 +551,13 @@ fn conversations(requests: &[Request], source: &str) -> Conversations {
             as u64,
         conversations: keys.len() as u64,
     }
+}
+
+/// The ceiling's hits of every request, replayed cold (replies cached after their prompts
+/// when `with_replies`): what `server_observed` sums beside the server's reuse.
+pub fn ceiling_per_request(requests: &[Request], with_replies: bool) -> Vec<u64> {
+    let replay = Replay::new(requests, with_replies);
+    run_policy(&replay, Policy::Ceiling, 0, &[], 0, false).per_request
 }
 
 /// AIPerf's definition: the mean of the per-request ratios, rounded once as Python's

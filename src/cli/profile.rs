@@ -24,9 +24,14 @@ pub struct ProfileArgs {
     /// auto, recording, csv, mooncake or bailian.
     #[arg(long, default_value = "auto")]
     format: String,
-    /// Tokens per block (default: 512 for Mooncake traces, 16 otherwise).
+    /// Tokens per block (default: a trace's own, 512 for Mooncake; for recordings and logs the
+    /// server's: 1 for llama.cpp and Ollama, which reuse to the token; else 16).
     #[arg(long)]
     block_size: Option<u32>,
+    /// Replies never enter the cache: every figure in the semantics of an exported trace
+    /// (by default a request's reply is cached after its prompt, as servers keep it).
+    #[arg(long)]
+    prompts_only: bool,
     /// Leading fraction of requests that fills the cache uncounted; 0 replays cold.
     #[arg(long, default_value_t = 0.5)]
     warmup: f64,
@@ -132,6 +137,13 @@ pub fn run(args: ProfileArgs) -> u8 {
         Err(message) => return usage(message),
     };
 
+    // Capacities are sized once the block size is known (after reading); their syntax is
+    // checked before anything is read.
+    for text in &args.capacities {
+        if let Err(message) = parse_capacity(text, 1, settings.bytes_per_token) {
+            return usage(message);
+        }
+    }
     // Open and recognise every file first: the block size follows the first file's format.
     let mut opened = Vec::new();
     for path in &args.files {
@@ -146,7 +158,36 @@ pub fn run(args: ProfileArgs) -> u8 {
     let Some(&(_, first_format, _)) = opened.first() else {
         return EXIT_UNREADABLE;
     };
-    let block_size = args.block_size.unwrap_or(first_format.default_block_size());
+    let mut options = InputOptions {
+        block_size: args.block_size,
+        tools_position: settings.tools_position,
+        ts_column: args.ts_column.clone(),
+        ..InputOptions::default()
+    };
+    let mut requests: Vec<Request> = Vec::new();
+    let mut reports = Vec::new();
+    // The first file's block size (the user's, a trace's own, or its server's) holds for all.
+    let mut block_size = args.block_size;
+    for (path, format, reader) in opened {
+        let name = path.display().to_string();
+        let file = input::read(reader, &name, format, &options);
+        for bad in &file.report.bad_rows {
+            eprintln!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+        }
+        super::print_bad_values(&name, &file.report);
+        if block_size.is_none() {
+            block_size = Some(
+                file.report
+                    .block_model
+                    .as_ref()
+                    .map_or(format.default_block_size(), |m| m.block_size),
+            );
+            options.block_size = block_size;
+        }
+        requests.extend(file.requests);
+        reports.push(file.report);
+    }
+    let block_size = block_size.unwrap_or(first_format.default_block_size());
 
     let capacity_texts: Vec<String> = if args.capacities.is_empty() {
         DEFAULT_CAPACITIES.iter().map(|c| c.to_string()).collect()
@@ -160,25 +201,6 @@ pub fn run(args: ProfileArgs) -> u8 {
             Ok(_) => {}
             Err(message) => return usage(message),
         }
-    }
-
-    let options = InputOptions {
-        block_size,
-        tools_position: settings.tools_position,
-        ts_column: args.ts_column.clone(),
-        ..InputOptions::default()
-    };
-    let mut requests: Vec<Request> = Vec::new();
-    let mut reports = Vec::new();
-    for (path, format, reader) in opened {
-        let name = path.display().to_string();
-        let file = input::read(reader, &name, format, &options);
-        for bad in &file.report.bad_rows {
-            eprintln!("prefixscope: {name}:{}: {}", bad.line, bad.error);
-        }
-        super::print_bad_values(&name, &file.report);
-        requests.extend(file.requests);
-        reports.push(file.report);
     }
 
     let mut sources: Vec<&str> = reports
@@ -197,6 +219,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         } else {
             sources.join(", ")
         },
+        prompts_only: args.prompts_only,
         ..ProfileConfig::default()
     };
     let profile = profile(&requests, &config);
@@ -264,6 +287,11 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
         thousands(p.warmup_requests),
         thousands(p.measured_tokens),
     ));
+    for input in inputs {
+        if let Some(model) = &input.block_model {
+            out.push(format!("block model: {}", model.describe()));
+        }
+    }
     let dist = |d: &prefixscope::cache::stats::Distribution| match (d.p50, d.p90, d.p99) {
         (Some(a), Some(b), Some(c)) => format!(
             "p50 {} · p90 {} · p99 {}",
@@ -364,6 +392,17 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
         percent(c.other_tokens, c.measured_tokens, 1),
         p.conversations.source,
     ));
+    let q = &p.ceiling_prompts_only;
+    if p.prompts_only {
+        out.push("  prompts only: replies never enter the cache (the trace semantics)".to_string());
+    } else if p.replies_cached > 0 {
+        out.push(format!(
+            "  replies cached after their prompts on {} requests (servers keep the generated tokens); prompts only: ceiling {} ({} tokens)",
+            thousands(p.replies_cached),
+            percent(q.hit_tokens, q.measured_tokens, 2),
+            thousands(q.hit_tokens),
+        ));
+    }
     if let Some(rate) = p.aiperf_cache_hit_rate {
         out.push(format!("  AIPerf cache_hit_rate {rate}"));
     }

@@ -231,8 +231,10 @@ pub fn hash_ids(
             None => salt.id(Tag::Missing, &[unique, g]),
         };
         parent = base;
+        // A partial block is matched by its content alone, as the profile matches it (the same
+        // text with another token count is the same cached block).
         ids.push(if tokens < block {
-            salt.id(Tag::Partial, &[base, tokens])
+            salt.id(Tag::Partial, &[base])
         } else {
             base
         });

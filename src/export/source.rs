@@ -32,7 +32,9 @@ use super::{
     hash_ids, output_length,
 };
 use crate::analysis::{Analyzer, Config};
-use crate::cache::blocks::{BlockModel, Prompt, ToolsPosition, tokens_per_char};
+use std::cell::RefCell;
+
+use crate::cache::blocks::{BlockModel, Cutter, Prompt, ToolsPosition};
 use crate::input::recording::{Pending, pending_request};
 use crate::input::{BadRow, FileReport, Format, gateway_csv, trace};
 use crate::normalize::digest::{self, apply_digest};
@@ -450,7 +452,9 @@ fn parse_record(line: &[u8]) -> Result<Record, String> {
 /// What pass 2 needs to turn a record into a request.
 struct RecordingContext<'a> {
     options: &'a Options,
-    model: BlockModel,
+    /// Requests are cut in the order they are written: the cutter learns where earlier
+    /// prefixes ended, as the profile's does.
+    cutter: RefCell<Cutter>,
     conversation_of: Vec<Option<u64>>,
     client_of: Vec<Option<u32>>,
     last: Vec<bool>,
@@ -463,6 +467,8 @@ impl RecordingContext<'_> {
             prompt,
             prompt_tokens,
             request,
+            reply: reply_segment,
+            ..
         } = pending_request(record, &mut ignored)?;
         let options = self.options;
         let salt = &options.salt;
@@ -474,7 +480,15 @@ impl RecordingContext<'_> {
             (None, None) => None,
         });
         let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
-        let cut = self.model.cut(&prompt, prompt_tokens);
+        let cut = self.cutter.borrow_mut().cut(&prompt, prompt_tokens);
+        // The reply fixes where it ends for the turns after, as in the profile (its blocks are
+        // not exported: a trace replays prompts).
+        if let Some(reply) = &reply_segment {
+            let total = prompt_tokens.zip(request.output_tokens).map(|(p, c)| p + c);
+            self.cutter
+                .borrow_mut()
+                .cut_with_reply(&prompt, reply, total);
+        }
         let input_tokens = cut.input_tokens.max(1);
         let added = new_input(&prompt);
         let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
@@ -516,7 +530,7 @@ impl RecordingContext<'_> {
             output: output_length(
                 request.output_tokens,
                 reply_chars,
-                self.model.tokens_per_char,
+                self.cutter.borrow().model.tokens_per_char,
             ),
             hash_ids,
             conversation: Conversation {
@@ -579,7 +593,7 @@ fn recordings(
     // The analysis runs as the records are read (its engine takes them in any order), so no
     // record is kept: only the engine's own state, which has no text.
     let mut analyzer = Analyzer::new(Config::default());
-    let (mut counted_chars, mut counted_tokens) = (0u64, 0u64);
+    let mut evidence = crate::input::ModelEvidence::default();
     for file in 0..inputs.count() {
         let name = inputs.name(file);
         let mut report = FileReport::new(&name, Format::Recording);
@@ -602,10 +616,7 @@ fn recordings(
                      or trace_synthetic instead"
                 )));
             }
-            if let Some(tokens) = pending.prompt_tokens {
-                counted_chars += pending.prompt.chars();
-                counted_tokens += tokens;
-            }
+            pending.observe(&mut evidence);
             entries.push(Entry {
                 file: file as u32,
                 position: line as u32,
@@ -655,13 +666,14 @@ fn recordings(
         .unwrap_or(0);
     let context = RecordingContext {
         options,
-        model: BlockModel {
+        cutter: RefCell::new(Cutter::new(BlockModel {
             block_size: id_block_size(options).unwrap_or(16),
             salt: options.salt.seed(),
             tools_position: options.tools_position,
-            tokens_per_char: tokens_per_char([(counted_chars, Some(counted_tokens))]),
+            tokens_per_char: evidence.fit.weights().per_text_char,
+            weights: Some(evidence.fit.weights()),
             keys_from_messages: false,
-        },
+        })),
         conversation_of,
         client_of,
         last,
@@ -691,7 +703,7 @@ fn recordings(
 
 struct GatewayContext<'a> {
     options: &'a Options,
-    model: BlockModel,
+    cutter: RefCell<Cutter>,
     conversation_of: Vec<Option<u64>>,
     last: Vec<bool>,
 }
@@ -700,7 +712,18 @@ impl GatewayContext<'_> {
     fn request(&self, row: gateway_csv::CsvRow, seq: u32) -> ExportRequest {
         let options = self.options;
         let salt = &options.salt;
-        let cut = self.model.cut(&row.prompt, row.prompt_tokens);
+        let cut = self.cutter.borrow_mut().cut(&row.prompt, row.prompt_tokens);
+        if let Some(reply) = row.response.as_ref().and_then(|r| {
+            crate::cache::blocks::reply_segment(Api::OpenaiChat, r, row.request.output_tokens)
+        }) {
+            let total = row
+                .prompt_tokens
+                .zip(row.request.output_tokens)
+                .map(|(p, c)| p + c);
+            self.cutter
+                .borrow_mut()
+                .cut_with_reply(&row.prompt, &reply, total);
+        }
         let input_tokens = cut.input_tokens.max(1);
         let added = new_input(&row.prompt);
         let api = if row.body.get("messages").is_some() {
@@ -735,7 +758,7 @@ impl GatewayContext<'_> {
             output: output_length(
                 row.request.output_tokens,
                 reply_chars,
-                self.model.tokens_per_char,
+                self.cutter.borrow().model.tokens_per_char,
             ),
             hash_ids,
             conversation: Conversation {
@@ -788,15 +811,14 @@ fn gateway(
     let salt = &options.salt;
     let mut entries: Vec<Entry> = Vec::new();
     let mut conversation_of: Vec<Option<u64>> = Vec::new();
-    let (mut counted_chars, mut counted_tokens) = (0u64, 0u64);
+    let mut evidence = crate::input::ModelEvidence::default();
     for file in 0..inputs.count() {
         let name = inputs.name(file);
         let mut rows =
             gateway_csv::Rows::new(open(inputs, file)?, &name, options.ts_column.as_deref());
         for row in rows.by_ref() {
             if let Some(tokens) = row.prompt_tokens {
-                counted_chars += row.prompt.chars();
-                counted_tokens += tokens;
+                evidence.fit.add(&row.prompt, tokens);
             }
             entries.push(Entry {
                 file: file as u32,
@@ -822,13 +844,14 @@ fn gateway(
     let origin_ms = entries.iter().filter_map(|e| e.t_ms).min().unwrap_or(0);
     let context = GatewayContext {
         options,
-        model: BlockModel {
+        cutter: RefCell::new(Cutter::new(BlockModel {
             block_size: id_block_size(options).unwrap_or(16),
             salt: salt.seed(),
             tools_position: options.tools_position,
-            tokens_per_char: tokens_per_char([(counted_chars, Some(counted_tokens))]),
+            tokens_per_char: evidence.fit.weights().per_text_char,
+            weights: Some(evidence.fit.weights()),
             keys_from_messages: false,
-        },
+        })),
         conversation_of,
         last,
     };

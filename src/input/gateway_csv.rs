@@ -9,9 +9,13 @@ use std::io::BufRead;
 
 use serde_json::Value;
 
-use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
+use super::recording::Pending;
+use super::{
+    FileInput, FileReport, Format, InputOptions, choose_block_model, server_counts,
+    session_id_in_body,
+};
 use crate::cache::Request;
-use crate::cache::blocks::{BlockModel, Prompt, prompt_from_body, tokens_per_char};
+use crate::cache::blocks::{Cutter, Prompt, prompt_from_body, reply_segment};
 use crate::calendar::days_from_civil;
 use crate::normalize::Api;
 
@@ -93,36 +97,25 @@ fn parse_iso8601_ms(text: &str) -> Option<i64> {
 
 pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
     let mut rows = Rows::new(reader, name, options.ts_column.as_deref());
-    let mut pending: Vec<(Prompt, Option<u64>, Request)> = rows
+    let mut pending: Vec<Pending> = rows
         .by_ref()
-        .map(|row| (row.prompt, row.prompt_tokens, row.request))
+        .map(CsvRow::into_pending)
+        .map(|mut p| {
+            if !options.replies {
+                p.reply = None;
+            }
+            p
+        })
         .collect();
     let mut report = rows.report;
 
-    if pending.iter().all(|(_, _, r)| r.t_ms.is_some()) {
-        pending.sort_by_key(|(_, _, r)| r.t_ms);
+    if pending.iter().all(|p| p.request.t_ms.is_some()) {
+        pending.sort_by_key(|p| p.request.t_ms);
     }
-    let model = BlockModel {
-        block_size: options.block_size,
-        salt: options.salt,
-        tools_position: options.tools_position,
-        tokens_per_char: tokens_per_char(pending.iter().map(|(p, t, _)| (p.chars(), *t))),
-        keys_from_messages: options.keys_from_messages,
-    };
-    let requests: Vec<Request> = pending
-        .into_iter()
-        .map(|(prompt, prompt_tokens, request)| {
-            let cut = model.cut(&prompt, prompt_tokens);
-            Request {
-                blocks: cut.blocks,
-                input_tokens: cut.input_tokens,
-                cut: Some(cut.cut),
-                keys: Some(cut.keys),
-                parts: cut.parts,
-                ..request
-            }
-        })
-        .collect();
+    let (model, choice) = choose_block_model(options, &Pending::evidence(&pending));
+    report.block_model = Some(choice);
+    let mut cutter = Cutter::new(model);
+    let requests: Vec<Request> = pending.into_iter().map(|p| p.cut(&mut cutter)).collect();
     report.requests = requests.len() as u64;
     report.conversation_source = if requests.iter().any(|r| r.session_id.is_some()) {
         "session id".to_string()
@@ -150,6 +143,29 @@ pub struct CsvRow {
     pub body: Value,
     /// The response body, when the row has one that parses.
     pub response: Option<Value>,
+}
+
+impl CsvRow {
+    /// The row on its way to a request: its prompt, counts and reply (the response is
+    /// OpenAI-format, as the request is).
+    pub fn into_pending(self) -> Pending {
+        let counts = self
+            .response
+            .as_ref()
+            .map(server_counts)
+            .unwrap_or_default();
+        let reply = self
+            .response
+            .as_ref()
+            .and_then(|r| reply_segment(Api::OpenaiChat, r, self.request.output_tokens));
+        Pending {
+            prompt: self.prompt,
+            prompt_tokens: self.prompt_tokens,
+            reply,
+            server: counts.server,
+            request: self.request,
+        }
+    }
 }
 
 /// A gateway log one row at a time, in file order; bad rows and non-2xx responses are counted in

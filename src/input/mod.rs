@@ -60,7 +60,9 @@ impl Format {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct InputOptions {
-    pub block_size: u32,
+    /// `None`: the input's default (a trace's own; for recordings and logs the engine's, see
+    /// [`choose_block_model`]).
+    pub block_size: Option<u32>,
     /// `None`: by model family.
     pub tools_position: Option<ToolsPosition>,
     /// CSV: the column holding timestamps (else the first of the usual names).
@@ -69,16 +71,20 @@ pub struct InputOptions {
     pub salt: u64,
     /// Key blocks by message digest even when the text is recorded.
     pub keys_from_messages: bool,
+    /// Read the replies (cache each after its prompt, and let its count fix where it ends);
+    /// off, a full recording reads as its digest does (digests keep no reply to read).
+    pub replies: bool,
 }
 
 impl Default for InputOptions {
     fn default() -> Self {
         InputOptions {
-            block_size: 16,
+            block_size: None,
             tools_position: None,
             ts_column: None,
             salt: 0,
             keys_from_messages: false,
+            replies: true,
         }
     }
 }
@@ -108,6 +114,134 @@ pub struct FileReport {
     pub bad_value_count: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_values: Vec<String>,
+    /// How this input's prompts were cut into blocks, and why (recordings and gateway logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_model: Option<BlockModelChoice>,
+}
+
+/// The engine behind the traffic, as its responses show it; it picks the default block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerKind {
+    /// `timings` in the responses.
+    LlamaCpp,
+    /// `prompt_eval_count` in the responses.
+    Ollama,
+}
+
+impl ServerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerKind::LlamaCpp => "llama.cpp",
+            ServerKind::Ollama => "Ollama",
+        }
+    }
+}
+
+/// Block size when neither the user nor the server says: vLLM's and SGLang's default.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+/// How an input is cut into blocks, each choice with where it came from (printed by `profile`
+/// and on the TUI's status line, so two figures can be compared knowing their model).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockModelChoice {
+    pub block_size: u32,
+    pub block_size_source: String,
+    pub tokens_per_char: f64,
+    pub tokens_per_char_source: String,
+    pub tools_position: String,
+}
+
+impl BlockModelChoice {
+    /// One line: `1-token blocks (llama.cpp reuses to the token) · 0.262 tokens/char (…) · tools …`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}-token blocks ({}) · {:.3} tokens/char ({}) · tools {}",
+            self.block_size,
+            self.block_size_source,
+            self.tokens_per_char,
+            self.tokens_per_char_source,
+            self.tools_position
+        )
+    }
+}
+
+/// What an input's block model is chosen from, gathered request by request in constant
+/// memory (the fit keeps at most `MAX_FIT_SAMPLES` requests): the fit of the server's prompt
+/// counts, and the engine.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelEvidence {
+    pub fit: crate::cache::blocks::WeightFit,
+    pub server: Option<ServerKind>,
+}
+
+impl ModelEvidence {
+    pub fn add(
+        &mut self,
+        prompt: &crate::cache::blocks::Prompt,
+        tokens: Option<u64>,
+        server: Option<ServerKind>,
+    ) {
+        if let Some(tokens) = tokens {
+            self.fit.add(prompt, tokens);
+        }
+        self.server = self.server.or(server);
+    }
+}
+
+/// The block model for an input: the user's block size, else the engine's (llama.cpp and
+/// Ollama reuse to the token), else 16; what parts weigh fitted to the server's counts.
+pub fn choose_block_model(
+    options: &InputOptions,
+    evidence: &ModelEvidence,
+) -> (crate::cache::blocks::BlockModel, BlockModelChoice) {
+    let fit = &evidence.fit;
+    let weights = fit.weights();
+    let ratio = weights.per_text_char;
+    let (block_size, block_size_source) = match (options.block_size, evidence.server) {
+        (Some(size), _) => (size.max(1), "--block-size".to_string()),
+        (None, Some(kind)) => (1, format!("{} reuses to the token", kind.as_str())),
+        (None, None) => (
+            DEFAULT_BLOCK_SIZE,
+            "vLLM's and SGLang's; the server is not known".to_string(),
+        ),
+    };
+    let counted = fit.requests();
+    let tokens_per_char_source = if counted == 0 {
+        "no server counts: the default".to_string()
+    } else {
+        format!(
+            "fitted to the server's prompt_tokens over {counted} request{}: tools {:.3}/char, {:.1} per message",
+            if counted == 1 { "" } else { "s" },
+            weights.per_tools_char,
+            weights.per_message,
+        )
+    };
+    let tools_position = match options.tools_position {
+        Some(crate::cache::blocks::ToolsPosition::Leading) => "first (--tools-position)",
+        Some(crate::cache::blocks::ToolsPosition::AfterSystem) => {
+            "after the system message (--tools-position)"
+        }
+        None => {
+            "by model family (first for GLM, Kimi, DeepSeek; after the system message for the others, assumed where the family is not known)"
+        }
+    };
+    let model = crate::cache::blocks::BlockModel {
+        block_size,
+        salt: options.salt,
+        tools_position: options.tools_position,
+        tokens_per_char: ratio,
+        weights: Some(weights),
+        keys_from_messages: options.keys_from_messages,
+    };
+    let choice = BlockModelChoice {
+        block_size,
+        block_size_source,
+        tokens_per_char: ratio,
+        tokens_per_char_source,
+        tools_position: tools_position.to_string(),
+    };
+    (model, choice)
 }
 
 /// Bad values described one by one in a report; the rest are counted.
@@ -129,6 +263,7 @@ impl FileReport {
             conversation_source: "none".to_string(),
             bad_value_count: 0,
             bad_values: Vec::new(),
+            block_model: None,
         }
     }
 
@@ -305,6 +440,8 @@ pub struct ServerCounts {
     pub output_tokens: Option<u64>,
     /// Counters present but past `limits::MAX_PROMPT_TOKENS` (ignored: read as not reported).
     pub implausible: Option<(&'static str, u64)>,
+    /// The engine, when its counters name it.
+    pub server: Option<ServerKind>,
 }
 
 /// The server's prompt count of one request, if it is plausible: a counter past
@@ -380,11 +517,19 @@ pub fn server_counts(body: &Value) -> ServerCounts {
         .or_else(|| number("/usage/output_tokens"))
         .or_else(|| number("/timings/predicted_n"))
         .or_else(|| number("/eval_count"));
+    let server = if body.get("timings").is_some_and(Value::is_object) {
+        Some(ServerKind::LlamaCpp)
+    } else if body.get("prompt_eval_count").is_some() {
+        Some(ServerKind::Ollama)
+    } else {
+        None
+    };
     ServerCounts {
         prompt_tokens,
         reused_tokens,
         output_tokens,
         implausible,
+        server,
     }
 }
 
@@ -440,6 +585,7 @@ mod tests {
                 reused_tokens: Some(438),
                 output_tokens: Some(9),
                 implausible: None,
+                server: Some(ServerKind::LlamaCpp),
             }
         );
         let hostile = json!({"usage": {"prompt_tokens": 1u64 << 63}, "timings": {"cache_n": 5}});

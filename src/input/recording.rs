@@ -4,8 +4,9 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
+use super::{ModelEvidence, ServerKind, choose_block_model};
 use crate::cache::blocks::{
-    BlockModel, Prompt, prompt_from_body, prompt_from_digest, renders, tokens_per_char,
+    Cutter, Prompt, Segment, prompt_from_body, prompt_from_digest, renders, reply_segment,
 };
 use crate::cache::{Request, SessionId};
 use crate::normalize::Api;
@@ -52,12 +53,58 @@ fn session_header(record: &Record) -> Option<SessionId> {
 }
 
 /// One record on its way to a request: everything but the blocks, which wait for the input's
-/// tokens-per-character.
+/// block model.
+#[derive(Debug, Clone)]
 pub struct Pending {
     pub prompt: Prompt,
     /// The server's prompt token count, when it gave one.
     pub prompt_tokens: Option<u64>,
+    /// The reply as the next turn renders it, when the record holds it and it can be reused.
+    pub reply: Option<Segment>,
+    /// The engine, when the response's counters name it.
+    pub server: Option<ServerKind>,
     pub request: Request,
+}
+
+impl Pending {
+    /// Adds what the block model is chosen from (its prompt, count and engine) to `evidence`.
+    pub fn observe(&self, evidence: &mut ModelEvidence) {
+        evidence.add(&self.prompt, self.prompt_tokens, self.server);
+    }
+
+    /// The evidence of several.
+    pub fn evidence<'a>(pending: impl IntoIterator<Item = &'a Pending>) -> ModelEvidence {
+        let mut evidence = ModelEvidence::default();
+        for p in pending {
+            p.observe(&mut evidence);
+        }
+        evidence
+    }
+
+    /// The request, cut by `cutter` (prompt, then prompt + reply): requests must be cut in the
+    /// order they are simulated, as the cutter learns where earlier prefixes ended.
+    pub fn cut(self, cutter: &mut Cutter) -> Request {
+        let cut = cutter.cut(&self.prompt, self.prompt_tokens);
+        let cached_after = match &self.reply {
+            Some(reply) => {
+                let total = self
+                    .prompt_tokens
+                    .zip(self.request.output_tokens)
+                    .map(|(p, c)| p + c);
+                cutter.cut_with_reply(&self.prompt, reply, total)
+            }
+            None => Vec::new(),
+        };
+        Request {
+            blocks: cut.blocks,
+            input_tokens: cut.input_tokens,
+            cut: Some(cut.cut),
+            keys: Some(cut.keys),
+            parts: cut.parts,
+            cached_after,
+            ..self.request
+        }
+    }
 }
 
 /// Reads a recording; runs no analysis (conversations are the session headers').
@@ -67,36 +114,21 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     for bad in &result.bad_lines {
         report.bad(bad.line, bad.error.clone());
     }
-    let mut pending = Vec::new();
-    for record in &result.records {
-        match pending_request(record, &mut report) {
-            Some(p) => pending.push(p),
-            None => continue,
-        }
-    }
-    let model = BlockModel {
-        block_size: options.block_size,
-        salt: options.salt,
-        tools_position: options.tools_position,
-        tokens_per_char: tokens_per_char(
-            pending.iter().map(|p| (p.prompt.chars(), p.prompt_tokens)),
-        ),
-        keys_from_messages: options.keys_from_messages,
-    };
-    let requests: Vec<Request> = pending
-        .into_iter()
-        .map(|p| {
-            let cut = model.cut(&p.prompt, p.prompt_tokens);
-            Request {
-                blocks: cut.blocks,
-                input_tokens: cut.input_tokens,
-                cut: Some(cut.cut),
-                keys: Some(cut.keys),
-                parts: cut.parts,
-                ..p.request
+    let pending: Vec<Pending> = result
+        .records
+        .iter()
+        .filter_map(|record| pending_request(record, &mut report))
+        .map(|mut p| {
+            if !options.replies {
+                p.reply = None;
             }
+            p
         })
         .collect();
+    let (model, choice) = choose_block_model(options, &Pending::evidence(&pending));
+    report.block_model = Some(choice);
+    let mut cutter = Cutter::new(model);
+    let requests: Vec<Request> = pending.into_iter().map(|p| p.cut(&mut cutter)).collect();
     report.requests = requests.len() as u64;
     Recording {
         input: FileInput { requests, report },
@@ -104,24 +136,23 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     }
 }
 
-/// One record as a cache request, for the live simulation (records arrive one by one, so the
-/// model's tokens-per-character ratio is fixed in advance instead of measured over a file).
+/// Adds what one record tells of the block model (its prompt, server count and engine) to
+/// `evidence`: a replay's first pass feeds every record through this, keeping nothing else.
+pub fn observe_record(record: &Record, evidence: &mut ModelEvidence) {
+    let mut ignored = FileReport::new("", Format::Recording);
+    if let Some(pending) = pending_request(record, &mut ignored) {
+        pending.observe(evidence);
+    }
+}
+
+/// One record as a cache request, for the live simulation, cut by the engine's `cutter`.
 /// `None` for what `read` would skip; the reason is counted in `report`.
 pub fn live_request(
     record: &Record,
-    model: &BlockModel,
+    cutter: &mut Cutter,
     report: &mut FileReport,
 ) -> Option<Request> {
-    let pending = pending_request(record, report)?;
-    let cut = model.cut(&pending.prompt, pending.prompt_tokens);
-    Some(Request {
-        blocks: cut.blocks,
-        input_tokens: cut.input_tokens,
-        cut: Some(cut.cut),
-        keys: Some(cut.keys),
-        parts: cut.parts,
-        ..pending.request
-    })
+    Some(pending_request(record, report)?.cut(cutter))
 }
 
 /// The prompt and the figures of one record, or `None` (counted in `report`) when it holds no
@@ -180,8 +211,14 @@ pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pendi
         report,
     );
     let output_tokens = counts.output_tokens;
+    let reply = response
+        .body
+        .as_ref()
+        .and_then(|body| reply_segment(api, body, output_tokens));
     Some(Pending {
         prompt_tokens,
+        reply,
+        server: counts.server,
         request: Request {
             t_ms: Some(record.t_start_ms),
             output_tokens,

@@ -82,7 +82,10 @@ pub fn block_tokens(input_length: u64, block_size: u32, index: usize) -> u32 {
 }
 
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
-    let mut rows = Rows::new(reader, name, format, options.block_size);
+    let block_size = options
+        .block_size
+        .unwrap_or_else(|| format.default_block_size());
+    let mut rows = Rows::new(reader, name, format, block_size);
     let requests: Vec<Request> = rows.by_ref().collect();
     let mut report = rows.report;
     report.requests = requests.len() as u64;
@@ -293,7 +296,7 @@ mod tests {
                     {\"timestamp\": 2, \"input_length\": 10, \"hash_ids\": []}\n\
                     {\"timestamp\": 3, \"input_length\": 10, \"hash_ids\": [1]}";
         let options = InputOptions {
-            block_size: 512,
+            block_size: Some(512),
             ..InputOptions::default()
         };
         let input = read(text.as_bytes(), "t", Format::Mooncake, &options);

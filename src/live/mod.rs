@@ -18,20 +18,26 @@ use serde::Serialize;
 use crate::analysis::{Analyzer, Config, Finding, Report, Row, SharedRow};
 use crate::cache::Policy;
 use crate::cache::Request;
-use crate::cache::blocks::BlockModel;
+use crate::cache::blocks::{BlockModel, Cutter};
 use crate::cache::live::LiveSimulator;
 use crate::cache::prefixes::TOP_PREFIXES;
 use crate::cache::profile::Capacity;
-use crate::input::recording::live_request;
-use crate::input::{FileReport, Format};
+use crate::input::recording::{Pending, pending_request};
+use crate::input::{BlockModelChoice, FileReport, Format, InputOptions, choose_block_model};
 use crate::record::Record;
 use view::{Curve, PrefixItem, View, thousands};
 
 /// Version of the snapshot JSON (the `s` key): `analyze --json`'s report at the same paths, plus
 /// what the panes show.
 pub const SNAPSHOT_VERSION: u32 = 1;
-/// Block size and capacities of the live hit-rate curve (tokens).
-pub const LIVE_BLOCK_SIZE: u32 = 16;
+/// Block size of the live hit-rate curve until the traffic says otherwise (vLLM's and SGLang's).
+pub const LIVE_BLOCK_SIZE: u32 = crate::input::DEFAULT_BLOCK_SIZE;
+/// `watch` learns its block model (block size from the engine, tokens per character from the
+/// server's counts) over the first requests, re-cutting them each time, then holds it: this
+/// many requests with a server count, or this many requests in all.
+pub const LEARN_COUNTED_REQUESTS: usize = 8;
+pub const LEARN_MAX_REQUESTS: usize = 32;
+/// Capacities of the live hit-rate curve (tokens).
 pub const LIVE_CAPACITIES: [(&str, u64); 6] = [
     ("4K", 4_096),
     ("16K", 16_384),
@@ -60,6 +66,9 @@ pub enum Input {
     SourceDone,
     /// Something the user asked for: the answer is the next snapshot.
     Command(Command),
+    /// The block model to cut prompts with, measured over the whole input before its first
+    /// record (a replay's first pass); what was cut before is cut again.
+    BlockModel(Box<(BlockModel, BlockModelChoice)>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -214,7 +223,12 @@ pub struct Engine {
     analyzer: Analyzer,
     config: Config,
     cache: LiveSimulator,
-    block_model: BlockModel,
+    cutter: Cutter,
+    /// What the cut follows and why; `None` for traces (their own hash ids).
+    choice: Option<BlockModelChoice>,
+    /// Requests kept while the block model is being learned (`watch`): each new one re-cuts
+    /// them all. `None` once the model holds.
+    learning: Option<Vec<Pending>>,
     cache_skips: FileReport,
     /// Prompt tokens of simulated requests, and of those the server said it reused (only
     /// requests whose server reported reuse count in both).
@@ -227,32 +241,66 @@ pub struct Engine {
     generation: u64,
 }
 
+fn live_simulator(block_size: u32) -> LiveSimulator {
+    let block_size = block_size.max(1);
+    LiveSimulator::new(
+        block_size,
+        LIVE_CAPACITIES
+            .iter()
+            .map(|(label, tokens)| Capacity {
+                blocks: tokens / u64::from(block_size),
+                label: (*label).to_string(),
+            })
+            .collect(),
+    )
+}
+
 impl Engine {
+    /// An engine that learns its block model from the first requests (`watch`, the demo).
     pub fn new(config: Config) -> Engine {
-        Engine::with_block_size(config, LIVE_BLOCK_SIZE)
+        let (model, choice) = choose_block_model(&InputOptions::default(), &Default::default());
+        let mut engine = Engine::with_model(config, model, Some(choice));
+        engine.learning = Some(Vec::new());
+        engine
     }
 
-    /// `block_size`: tokens per block of the hit-rate simulation (a trace's own, e.g. 512 for
-    /// Mooncake; capacities stay in tokens).
+    /// An engine for a trace's requests, which come with their blocks: `block_size` is the
+    /// trace's (e.g. 512 for Mooncake; capacities stay in tokens).
     pub fn with_block_size(config: Config, block_size: u32) -> Engine {
-        let block_size = block_size.max(1);
+        let model = BlockModel {
+            block_size: block_size.max(1),
+            ..BlockModel::default()
+        };
+        Engine::with_model(config, model, None)
+    }
+
+    /// An engine for `records` (pushed after), cut with the block model measured over all of
+    /// them first, as a replay of their file is.
+    pub fn for_records<'a>(
+        config: Config,
+        records: impl IntoIterator<Item = &'a Record>,
+    ) -> Engine {
+        let mut evidence = crate::input::ModelEvidence::default();
+        for record in records {
+            crate::input::recording::observe_record(record, &mut evidence);
+        }
+        let (model, choice) = choose_block_model(&InputOptions::default(), &evidence);
+        Engine::with_block_model(config, model, choice)
+    }
+
+    /// An engine whose records are cut with a block model measured beforehand (a replay's).
+    pub fn with_block_model(config: Config, model: BlockModel, choice: BlockModelChoice) -> Engine {
+        Engine::with_model(config, model, Some(choice))
+    }
+
+    fn with_model(config: Config, model: BlockModel, choice: Option<BlockModelChoice>) -> Engine {
         Engine {
             analyzer: Analyzer::new(config.clone()),
             config,
-            cache: LiveSimulator::new(
-                block_size,
-                LIVE_CAPACITIES
-                    .iter()
-                    .map(|(label, tokens)| Capacity {
-                        blocks: tokens / u64::from(block_size),
-                        label: (*label).to_string(),
-                    })
-                    .collect(),
-            ),
-            block_model: BlockModel {
-                block_size,
-                ..BlockModel::default()
-            },
+            cache: live_simulator(model.block_size),
+            cutter: Cutter::new(model),
+            choice,
+            learning: None,
             cache_skips: FileReport::new("live", Format::Recording),
             server_reuse: (0, 0),
             requests: 0,
@@ -270,10 +318,17 @@ impl Engine {
         match input {
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
-                if let Some(request) =
-                    live_request(&record, &self.block_model, &mut self.cache_skips)
-                {
-                    self.simulate(&request);
+                if let Some(pending) = pending_request(&record, &mut self.cache_skips) {
+                    match &mut self.learning {
+                        Some(kept) => {
+                            kept.push(pending);
+                            self.learn();
+                        }
+                        None => {
+                            let request = pending.cut(&mut self.cutter);
+                            self.simulate(&request);
+                        }
+                    }
                 }
                 self.count_arrival(arrived_ms);
                 false
@@ -295,7 +350,56 @@ impl Engine {
                 self.chart = open;
                 true
             }
+            Input::BlockModel(given) => {
+                let (model, choice) = *given;
+                let kept = self.learning.take().unwrap_or_default();
+                self.recut(model, choice, kept);
+                false
+            }
         }
+    }
+
+    /// Chooses the block model over the requests kept so far and cuts them again with it; holds
+    /// it once enough were seen.
+    fn learn(&mut self) {
+        let kept = self.learning.take().unwrap_or_default();
+        let (model, mut choice) =
+            choose_block_model(&InputOptions::default(), &Pending::evidence(&kept));
+        let counted = kept.iter().filter(|p| p.prompt_tokens.is_some()).count();
+        let done = counted >= LEARN_COUNTED_REQUESTS || kept.len() >= LEARN_MAX_REQUESTS;
+        choice.tokens_per_char_source = format!(
+            "{}, learned over the first {} request{}{}",
+            choice.tokens_per_char_source,
+            kept.len(),
+            if kept.len() == 1 { "" } else { "s" },
+            if done {
+                ", then held"
+            } else {
+                " (still learning)"
+            }
+        );
+        let kept = self.recut(model, choice, kept);
+        if !done {
+            self.learning = Some(kept);
+        }
+    }
+
+    /// Restarts the simulation with `model` and feeds it `kept` again; returns them.
+    fn recut(
+        &mut self,
+        model: BlockModel,
+        choice: BlockModelChoice,
+        kept: Vec<Pending>,
+    ) -> Vec<Pending> {
+        self.cache = live_simulator(model.block_size);
+        self.cutter = Cutter::new(model);
+        self.choice = Some(choice);
+        self.server_reuse = (0, 0);
+        for pending in &kept {
+            let request = pending.clone().cut(&mut self.cutter);
+            self.simulate(&request);
+        }
+        kept
     }
 
     fn simulate(&mut self, request: &Request) {
@@ -338,10 +442,13 @@ impl Engine {
             chart: self.chart,
             report,
             view,
-            block_model: format!(
-                "{}-token blocks, {} tokens per character",
-                self.block_model.block_size, self.block_model.tokens_per_char
-            ),
+            block_model: match &self.choice {
+                Some(choice) => choice.describe(),
+                None => format!(
+                    "{}-token blocks (the trace's hash ids)",
+                    self.cutter.model.block_size
+                ),
+            },
             build_us: 0,
             waited_us: 0,
             config: self.config.clone(),
@@ -363,7 +470,7 @@ impl Engine {
                 .map_or(0.0, |p| p.hit_rate)
         };
         // Belady's optimal replays every block so far, so only while the chart shows it.
-        let block_size = u64::from(self.block_model.block_size);
+        let block_size = u64::from(self.cutter.model.block_size);
         let optimal = |label: &str| {
             let tokens = LIVE_CAPACITIES.iter().find(|(l, _)| *l == label)?.1;
             self.chart.then(|| {
@@ -379,7 +486,7 @@ impl Engine {
             label: format!(
                 "cold replay of {} requests, {}-token blocks",
                 self.cache.requests(),
-                self.block_model.block_size
+                self.cutter.model.block_size
             ),
             points: LIVE_CAPACITIES
                 .iter()
@@ -393,6 +500,7 @@ impl Engine {
                 })
                 .collect(),
             ceiling: self.cache.ceiling().hit_rate,
+            ceiling_prompts_only: self.cache.ceiling_prompts_only().hit_rate,
             observed: (self.server_reuse.0 > 0)
                 .then(|| self.server_reuse.1 as f64 / self.server_reuse.0 as f64),
         })

@@ -94,7 +94,10 @@ pub struct Curve {
     pub label: String,
     /// (capacity label, lru, fifo, optimal) as hit shares 0..1; optimal only in snapshots.
     pub points: Vec<(String, f64, f64, Option<f64>)>,
+    /// Replies cached after their prompts where known (`profile`'s `ceiling`).
     pub ceiling: f64,
+    /// Prompts only (`profile`'s `ceiling_prompts_only`).
+    pub ceiling_prompts_only: f64,
     pub observed: Option<f64>,
 }
 

@@ -145,6 +145,13 @@ impl Replay {
                 })
             }
             Source::Recordings(opened) => Box::new(move |inputs: Sender<Input>| {
+                // The block model first, as `profile` measures it: a pass that keeps only the
+                // sums (the screen is up meanwhile; records follow).
+                let paths: Vec<PathBuf> = opened.iter().map(|(p, _)| p.clone()).collect();
+                let model = measure_block_model(&paths);
+                if inputs.send(Input::BlockModel(Box::new(model))).is_err() {
+                    return;
+                }
                 let warn = Arc::new(warn);
                 // Records are read as they are fed: the first screen never waits for the file.
                 let items = opened.into_iter().flat_map(move |(path, file)| {
@@ -179,6 +186,27 @@ impl Replay {
     }
 }
 
+/// The block model `profile` would cut these recordings with: one pass over the files that
+/// keeps, per record, only its characters, server count and engine (never the file). Files that
+/// cannot be read here are reported by the feeding pass.
+pub fn measure_block_model(
+    paths: &[PathBuf],
+) -> (
+    crate::cache::blocks::BlockModel,
+    crate::input::BlockModelChoice,
+) {
+    let mut evidence = input::ModelEvidence::default();
+    for path in paths {
+        let Ok(file) = std::fs::File::open(path) else {
+            continue;
+        };
+        for record in Lines::new(std::io::BufReader::new(file)).flatten() {
+            input::recording::observe_record(&record, &mut evidence);
+        }
+    }
+    input::choose_block_model(&InputOptions::default(), &evidence)
+}
+
 /// A trace's or gateway log's requests, in start order, and the bad rows skipped (each also
 /// described in `messages`).
 fn read_trace(
@@ -186,10 +214,7 @@ fn read_trace(
     format: Format,
     messages: &mut Vec<String>,
 ) -> Result<(Vec<Request>, usize), Error> {
-    let options = InputOptions {
-        block_size: format.default_block_size(),
-        ..InputOptions::default()
-    };
+    let options = InputOptions::default();
     let mut requests = Vec::new();
     let mut bad = 0;
     let mut opened = 0;
@@ -270,7 +295,9 @@ fn headless_records(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let mut engine = Engine::new(Config::default());
+    let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
+    let (model, choice) = measure_block_model(&paths);
+    let mut engine = Engine::with_block_model(Config::default(), model, choice);
     let mut bad_lines = 0;
     for (path, file) in files {
         for item in Lines::new(std::io::BufReader::new(file)) {
