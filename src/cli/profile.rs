@@ -131,6 +131,9 @@ pub fn run(args: ProfileArgs) -> u8 {
         Ok(s) => s,
         Err(message) => return usage(message),
     };
+    if let Err(code) = super::check_output(args.output.as_deref(), &args.files) {
+        return code;
+    }
 
     // Open and recognise every file first: the block size follows the first file's format.
     let mut opened = Vec::new();
@@ -207,10 +210,9 @@ pub fn run(args: ProfileArgs) -> u8 {
     };
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
     if let Some(path) = &args.output
-        && let Err(e) = std::fs::write(path, format!("{json}\n"))
+        && let Err(code) = super::write_output(path, &args.files, format!("{json}\n").as_bytes())
     {
-        eprintln!("prefixscope: cannot write {}: {e}", path.display());
-        return EXIT_UNREADABLE;
+        return code;
     }
     if args.json {
         super::print_json(&json);

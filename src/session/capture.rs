@@ -61,7 +61,7 @@ impl Capture {
             )));
         }
         let path = args.out.clone().unwrap_or_else(default_recording_name);
-        check_new_recording(&path).map_err(Error::Usage)?;
+        check_new_recording(&path, args.max_size).map_err(Error::Usage)?;
         let extra_ca_pem = match &args.ca_file {
             Some(ca) => Some(
                 std::fs::read(ca)
@@ -185,15 +185,47 @@ pub fn stop_on_signal(
     }
 }
 
-/// Ids restart with every run, so appending to an old recording would mix two runs' ids.
-pub fn check_new_recording(path: &Path) -> Result<(), String> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() && meta.len() > 0 => Err(format!(
-            "{} already holds a recording; choose a new file (ids restart with every run)",
-            path.display()
-        )),
-        _ => Ok(()),
+/// A recording is always a new file: ids restart with every run, so appending to an old one
+/// would mix two runs' ids, and an existing file keeps its own mode and owner. An existing
+/// file (even empty) or a symlink at the path is refused; so is, when the recording rotates
+/// (`max_size`), an earlier run's `NAME.N.EXT` beside it. A device or FIFO (`/dev/null`) is
+/// written as it is. The recorder creates every file `O_EXCL | O_NOFOLLOW` anyway, so a file
+/// made after this check is refused too, never appended to.
+pub fn check_new_recording(path: &Path, max_size: Option<u64>) -> Result<(), String> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            return Err(format!(
+                "{} is a symlink; a recording is created new, never through a link: choose a new file",
+                path.display()
+            ));
+        }
+        if kind.is_dir() {
+            return Err(format!("{} is a directory", path.display()));
+        }
+        if kind.is_file() {
+            return Err(if meta.len() > 0 {
+                format!(
+                    "{} already holds a recording; choose a new file (ids restart with every run)",
+                    path.display()
+                )
+            } else {
+                format!(
+                    "{} already exists; a recording is created new (mode 0600): remove it or choose a new file",
+                    path.display()
+                )
+            });
+        }
     }
+    if max_size.is_some()
+        && let Some(old) = crate::recorder::rotation_leftover(path)
+    {
+        return Err(format!(
+            "{} exists (an earlier run's rotated file?); remove it or choose a new name, so this run's files are not mixed with it",
+            old.display()
+        ));
+    }
+    Ok(())
 }
 
 pub fn default_recording_name() -> PathBuf {

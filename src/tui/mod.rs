@@ -195,13 +195,10 @@ fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
     Ok(format!("{} and {}", json.display(), text.display()))
 }
 
+/// A whole file, 0600, through a temporary file renamed over the path (`output_file`): a
+/// symlink there is replaced, never written through.
 fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(text.as_bytes())
+    crate::output_file::write_whole(path, &[], text.as_bytes())
 }
 
 /// Terminal set-up for a real TTY, undone on every exit: the guard's `Drop` for returns and
