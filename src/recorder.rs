@@ -16,8 +16,9 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 use crate::capture::{BodyMode, Capture, build_record};
+use crate::limits::MAX_LINE_BYTES;
 use crate::output_file::create_new_private;
-use crate::record::{Record, record_line};
+use crate::record::{ExchangeError, Record, record_line};
 
 /// Captures waiting to be recorded before the proxy holds the next request back.
 pub const RECORDER_QUEUE: usize = 1024;
@@ -40,6 +41,9 @@ pub struct RecorderStats {
     pub written: AtomicU64,
     pub bytes_written: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Records written without their bodies: with them the line would pass
+    /// `limits::MAX_LINE_BYTES`, which no reader takes.
+    pub bodies_dropped: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     pub files: Mutex<Vec<PathBuf>>,
 }
@@ -163,7 +167,11 @@ fn run<B: AsRef<[u8]>>(
     for capture in receiver {
         let record = build_record(capture, mode);
         if let Some(writer) = writer.as_mut() {
-            writer.write_line(&record_line(&record));
+            let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
+            if dropped {
+                stats.bodies_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            writer.write_line(&line);
         }
         stats.records.fetch_add(1, Ordering::Relaxed);
         let record = Arc::new(record);
@@ -171,6 +179,27 @@ fn run<B: AsRef<[u8]>>(
             let _ = consumer.send(Arc::clone(&record));
         }
     }
+}
+
+/// The line of `record`, `\n` included, of at most `max` bytes before the `\n`: a record past it
+/// (both bodies near `--max-body`) is written without its bodies, as `body_too_large`, so every
+/// line we write reads back. Consumers still get the whole record.
+fn line_within(record: &Record, max: usize) -> (Vec<u8>, bool) {
+    let line = record_line(record);
+    if line.len() <= max.saturating_add(1) {
+        return (line, false);
+    }
+    drop(line);
+    let mut slim = record.clone();
+    slim.request.body = None;
+    slim.request.body_text = None;
+    if let Some(response) = slim.response.as_mut() {
+        response.body = None;
+        response.body_text = None;
+        response.truncated = true;
+    }
+    slim.error = slim.error.or(Some(ExchangeError::BodyTooLarge));
+    (record_line(&slim), true)
 }
 
 struct RotatingWriter {
@@ -501,6 +530,31 @@ mod tests {
             assert!(start(&link).is_err());
             assert!(!target.exists());
         }
+    }
+
+    #[test]
+    fn a_record_past_the_line_bound_is_written_without_its_bodies() {
+        let mut big = capture(7);
+        big.path = "/v1/chat/completions".into();
+        big.request_body = Some(
+            serde_json::to_vec(
+                &serde_json::json!({"messages": [{"role": "user", "content": "x".repeat(4000)}]}),
+            )
+            .unwrap(),
+        );
+        big.request_body_bytes = 4100;
+        let record = build_record(big, BodyMode::Full);
+        let (line, dropped) = line_within(&record, 1 << 20);
+        assert!(!dropped);
+        assert_eq!(line, record_line(&record));
+        let (line, dropped) = line_within(&record, 1000);
+        assert!(dropped);
+        assert!(line.len() < 1000, "{}", line.len());
+        let read = crate::record::read_jsonl(line.as_slice());
+        let slim = &read.records[0];
+        assert_eq!(slim.request.body, None);
+        assert_eq!(slim.request.body_bytes, 4100);
+        assert_eq!(slim.error, Some(ExchangeError::BodyTooLarge));
     }
 
     #[test]

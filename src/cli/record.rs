@@ -81,6 +81,7 @@ struct RecordSummary {
     written: u64,
     write_errors: u64,
     last_write_error: Option<String>,
+    bodies_dropped: u64,
     files: Vec<PathBuf>,
     upstream_failures: u64,
 }
@@ -133,6 +134,7 @@ pub fn run(args: RecordArgs) -> u8 {
         written: recorder_stats.written.load(Ordering::Relaxed),
         write_errors: recorder_stats.write_errors.load(Ordering::Relaxed),
         last_write_error: recorder_stats.last_error(),
+        bodies_dropped: recorder_stats.bodies_dropped.load(Ordering::Relaxed),
         files: recorder_stats.files(),
         upstream_failures: proxy_stats.upstream_failures.load(Ordering::Relaxed),
     };
@@ -169,9 +171,18 @@ fn print_status(
     quiet: bool,
 ) {
     let mut errors_seen = 0;
+    let mut dropped_seen = 0;
     for record in records {
         if !quiet {
             eprintln!("{}", record_line(&record));
+        }
+        let dropped = stats.bodies_dropped.load(Ordering::Relaxed);
+        if dropped > dropped_seen {
+            dropped_seen = dropped;
+            eprintln!(
+                "prefixscope: {dropped} record(s) written without their bodies: with them the line would pass the {} MiB that readers take",
+                prefixscope::limits::MAX_LINE_BYTES >> 20
+            );
         }
         let errors = stats.write_errors.load(Ordering::Relaxed);
         if errors > errors_seen {
