@@ -78,11 +78,21 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
         })?),
     };
     let mut kinds: Vec<(Format, &Path)> = Vec::new();
+    let mut empty = 0;
     for path in &args.files {
         let format = match input::open(path, forced) {
             Ok(opened) => opened.format,
             Err(OpenError::Unreadable(e)) => {
                 return Err(unreadable(format!("cannot read {}: {e}", path.display())));
+            }
+            // Holds nothing of any format: read as the others' (no rows), as `profile` does.
+            Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
+                eprintln!(
+                    "prefixscope export: {} is empty: nothing to read",
+                    path.display()
+                );
+                empty += 1;
+                continue;
             }
             Err(e @ OpenError::UnknownFormat) => {
                 return Err(usage(format!("{}: {e}", path.display())));
@@ -91,7 +101,11 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
         kinds.push((format, path));
     }
     let Some(&(first, first_path)) = kinds.first() else {
-        return Err(usage("no input file"));
+        return if empty > 0 {
+            Ok(Format::Recording)
+        } else {
+            Err(usage("no input file"))
+        };
     };
     if let Some((other, path)) = kinds.iter().find(|(f, _)| *f != first) {
         return Err(usage(format!(

@@ -120,6 +120,9 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
             Ok(opened) => {
                 let read = prefixscope::record::read_jsonl(opened.reader);
+                if read.records.is_empty() && read.bad_lines.is_empty() {
+                    eprintln!("prefixscope: {} is empty: no records", path.display());
+                }
                 for bad in &read.bad_lines {
                     eprintln!(
                         "prefixscope: {}:{}: {}",
@@ -139,6 +142,15 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         }
     }
     (!out.files.is_empty()).then_some(out)
+}
+
+/// Whether `path` (gunzipped) holds no bytes at all: an empty input, read as holding nothing,
+/// whatever its format (exit 0, with a warning), in every command.
+pub fn is_empty_input(path: &std::path::Path) -> bool {
+    use std::io::BufRead;
+    prefixscope::input::open_decompressed(path)
+        .and_then(|mut reader| reader.fill_buf().map(|b| b.is_empty()))
+        .unwrap_or(false)
 }
 
 /// Each bad value of a file on stderr (a number past its bound, ignored), then how many more.

@@ -137,18 +137,33 @@ pub fn run(args: ProfileArgs) -> u8 {
 
     // Open and recognise every file first: the block size follows the first file's format.
     let mut opened = Vec::new();
+    let (mut empty, mut unreadable) = (Vec::new(), false);
     for path in &args.files {
         match input::open(path, settings.format) {
             Ok(OpenedInput { reader, format }) => opened.push((path, format, reader)),
             Err(OpenError::Unreadable(e)) => {
+                unreadable = true;
                 eprintln!("prefixscope: cannot read {}: {e}", path.display());
+            }
+            Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
+                eprintln!("prefixscope: {} is empty: nothing to read", path.display());
+                empty.push(path);
             }
             Err(e @ OpenError::UnknownFormat) => eprintln!("prefixscope: {}: {e}", path.display()),
         }
     }
-    let Some(&(_, first_format, _)) = opened.first() else {
-        return EXIT_UNREADABLE;
+    let first_format = match opened.first() {
+        Some(&(_, format, _)) => format,
+        None if !empty.is_empty() => Format::Recording,
+        // Nothing to read: exit 1 if a file could not be read, 2 if only the format was unknown
+        // (give --format), as `export`.
+        None if unreadable => return EXIT_UNREADABLE,
+        None => return EXIT_USAGE,
     };
+    // Empty files hold no requests of any format: read as the others' format.
+    for path in empty {
+        opened.push((path, first_format, Box::new(std::io::empty())));
+    }
     let block_size = args.block_size.unwrap_or(first_format.default_block_size());
 
     let capacity_texts: Vec<String> = if args.capacities.is_empty() {

@@ -51,14 +51,19 @@ impl Connection {
             let reused = slot.as_ref().is_some_and(|sender| !sender.is_closed());
             if !reused {
                 let shared = &self.shared;
-                *slot = Some(
-                    upstream::connect(
-                        &shared.upstream,
-                        shared.tls.as_ref(),
-                        shared.connect_timeout,
-                    )
-                    .await?,
-                );
+                match upstream::connect(
+                    &shared.upstream,
+                    shared.tls.as_ref(),
+                    shared.connect_timeout,
+                )
+                .await
+                {
+                    Ok(sender) => *slot = Some(sender),
+                    Err(failure) => {
+                        shared.stats.set_upstream_error(&failure.reason);
+                        return Err(failure.kind);
+                    }
+                }
             }
             let Some(sender) = slot.as_mut() else {
                 return Err(ExchangeError::UpstreamUnreachable);
@@ -239,12 +244,17 @@ pub(crate) async fn forward(
                 .last_upstream_failure_ms
                 .store(now_ms().max(0) as u64, Ordering::Relaxed);
             flight.finish(Some(error));
+            let reason = shared.stats.last_upstream_error().unwrap_or_default();
             let message = match error {
-                ExchangeError::Timeout => "connecting to the upstream server timed out",
-                ExchangeError::UpstreamUnreachable => "the upstream server is unreachable",
-                _ => "the upstream server closed the connection before answering",
+                ExchangeError::Timeout => {
+                    format!("connecting to the upstream server timed out: {reason}")
+                }
+                ExchangeError::UpstreamUnreachable => {
+                    format!("the upstream server is unreachable: {reason}")
+                }
+                _ => "the upstream server closed the connection before answering".to_string(),
             };
-            return error_response(StatusCode::BAD_GATEWAY, message);
+            return error_response(StatusCode::BAD_GATEWAY, &message);
         }
     };
     shared

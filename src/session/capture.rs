@@ -44,6 +44,43 @@ pub struct Capture {
     pub path: PathBuf,
     pub listen: SocketAddr,
     pub upstream: Upstream,
+    /// The descriptor limit, raised to the hard limit at the start.
+    pub descriptors: Option<crate::proxy::DescriptorLimit>,
+}
+
+impl Capture {
+    /// What the start-up line says beside the addresses: the descriptor limit, and a warning
+    /// when the proxy listens beyond this machine.
+    pub fn notices(&self) -> Vec<String> {
+        let mut notices = Vec::new();
+        if let Some(limit) = self.descriptors {
+            notices.push(if limit.now > limit.before {
+                format!(
+                    "descriptors: {} (raised from {}); each client uses two",
+                    limit.now, limit.before
+                )
+            } else {
+                format!(
+                    "descriptors: {} (the hard limit); each client uses two",
+                    limit.now
+                )
+            });
+        }
+        if let Some(warning) = exposure_warning(self.listen) {
+            notices.push(warning);
+        }
+        notices
+    }
+}
+
+/// A warning when `listen` is reachable from other machines: anyone who reaches the port can
+/// use the upstream through it, and what they send is recorded.
+pub fn exposure_warning(listen: SocketAddr) -> Option<String> {
+    (!listen.ip().is_loopback()).then(|| {
+        format!(
+            "WARNING: listening on {listen}, beyond this machine: anyone who can reach it can use the upstream through the proxy, and what they send is recorded (use 127.0.0.1 to stay local)"
+        )
+    })
 }
 
 impl Capture {
@@ -63,10 +100,15 @@ impl Capture {
         let path = args.out.clone().unwrap_or_else(default_recording_name);
         check_new_recording(&path, args.max_size).map_err(Error::Usage)?;
         let extra_ca_pem = match &args.ca_file {
-            Some(ca) => Some(
-                std::fs::read(ca)
-                    .map_err(|e| Error::Unreadable(format!("cannot read {}: {e}", ca.display())))?,
-            ),
+            Some(ca) => {
+                let pem = std::fs::read(ca).map_err(|e| {
+                    Error::Unreadable(format!("cannot read --ca-file {}: {e}", ca.display()))
+                })?;
+                // Checked here, so a bad file is named as such (not "cannot listen").
+                crate::proxy::upstream::tls_connector(Some(&pem))
+                    .map_err(|e| Error::Unreadable(format!("--ca-file {}: {e}", ca.display())))?;
+                Some(pem)
+            }
             None => None,
         };
         let mode = if args.digest {
@@ -90,6 +132,7 @@ impl Capture {
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
         config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
+        let descriptors = crate::proxy::raise_descriptor_limit();
         let proxy = runtime
             .block_on(Proxy::bind(config, recorder.sender()))
             .map_err(|e| Error::Unreadable(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -101,6 +144,7 @@ impl Capture {
             path,
             listen,
             upstream,
+            descriptors,
         })
     }
 }
@@ -245,7 +289,26 @@ pub fn default_recording_name() -> PathBuf {
 /// How a capture's records are written and what became of them.
 pub struct Written {
     pub records: u64,
+    /// Records that could not be written (a full disk), with the last error.
+    pub failed: u64,
+    pub last_error: Option<String>,
     pub path: PathBuf,
+}
+
+impl Written {
+    fn of(stats: &RecorderStats, path: PathBuf) -> Written {
+        Written {
+            records: stats.written.load(Ordering::Relaxed),
+            failed: stats.write_errors.load(Ordering::Relaxed),
+            last_error: stats.last_error(),
+            path,
+        }
+    }
+
+    /// Every record failed to write (there was at least one): the command's exit is 1.
+    pub fn all_failed(&self) -> bool {
+        self.records == 0 && self.failed > 0
+    }
 }
 
 /// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
@@ -269,6 +332,7 @@ pub fn watch_screen(
         path,
         listen,
         upstream,
+        ..
     } = capture;
     let (events, receiver) = crossbeam_channel::unbounded();
     let (control, stop_rx) = LiveControl::new(&proxy, &recorder, &path);
@@ -301,11 +365,7 @@ pub fn watch_screen(
     control.stop();
     let _ = proxy_thread.join();
     let stats = recorder.finish();
-    let written = Written {
-        records: stats.written.load(Ordering::Relaxed),
-        path,
-    };
-    (result, written)
+    (result, Written::of(&stats, path))
 }
 
 /// `watch` with no terminal: records as `record` does, a line per record on `out` as it
@@ -341,8 +401,5 @@ pub fn watch_headless(
     drop(runtime);
     let stats = recorder.finish();
     let _ = printer.join();
-    Written {
-        records: stats.written.load(Ordering::Relaxed),
-        path,
-    }
+    Written::of(&stats, path)
 }
