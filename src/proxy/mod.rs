@@ -2,8 +2,9 @@
 //! capture per exchange to the recorder.
 //!
 //! One task per client connection, and one upstream connection per client connection, opened on
-//! its first request. The request body is read whole, then forwarded; the response streams back
-//! frame by frame as it arrives, with a copy kept up to `max_body`.
+//! its first request. The request body is read whole up to `max_body`, then forwarded (a larger
+//! one is streamed to the upstream as it arrives, not kept); the response streams back frame by
+//! frame as it arrives, with a copy kept up to `max_body`.
 
 mod body;
 mod forward;

@@ -129,7 +129,11 @@ fn pem_certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<
         .map_err(|e| format!("CA file: {e}"))
 }
 
-pub(crate) type UpstreamSender = http1::Sender;
+/// A request body to the upstream: whole (`Full`, kept for the record and a retry) or streamed
+/// (`StreamedBody`, past `--max-body`).
+pub(crate) type UpstreamBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
+
+pub(crate) type UpstreamSender = hyper::client::conn::http1::SendRequest<UpstreamBody>;
 
 /// Why the upstream could not be reached: the record's kind, and the reason for the status
 /// line and the proxy's 502 (the TLS error, the OS error, the handshake that timed out).
@@ -194,7 +198,7 @@ pub(crate) async fn connect(
                     ));
                 }
             };
-            http1::handshake(tls_stream).await.map_err(|e| {
+            http1::handshake_with_body(tls_stream).await.map_err(|e| {
                 fail(
                     ExchangeError::UpstreamUnreachable,
                     format!("HTTP/1.1 handshake with {authority} failed: {e}"),
@@ -205,7 +209,7 @@ pub(crate) async fn connect(
             ExchangeError::UpstreamUnreachable,
             "no TLS configuration for an https:// upstream".to_string(),
         )),
-        (false, _) => http1::handshake(stream).await.map_err(|e| {
+        (false, _) => http1::handshake_with_body(stream).await.map_err(|e| {
             fail(
                 ExchangeError::UpstreamUnreachable,
                 format!("HTTP/1.1 handshake with {authority} failed: {e}"),
