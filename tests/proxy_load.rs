@@ -155,12 +155,28 @@ async fn run_load(idle: usize, active: usize, requests: usize, header_timeout: D
     }
     assert_eq!(closed, held.len().min(50));
     drop(held);
+    // A kept-alive connection idle after its request: closed by the same timeout.
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    kept.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 4096];
+    let n = kept.read(&mut answer).await.unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+    let idle_since = Instant::now();
+    assert!(closed_within(&mut kept, header_timeout + Duration::from_secs(5)).await);
+    let idle_for = idle_since.elapsed();
+    eprintln!("a kept-alive connection closed after {idle_for:?} idle");
+    assert!(
+        idle_for + Duration::from_millis(100) >= header_timeout,
+        "{idle_for:?}"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     let timeouts = proxy.stats.header_timeouts.load(Ordering::Relaxed);
     eprintln!("{timeouts} connections closed by the header timeout");
     assert!(timeouts >= 20, "{timeouts}");
     let records = proxy.stop().await;
-    assert_eq!(records.len(), active * requests);
+    assert_eq!(records.len(), active * requests + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +193,7 @@ async fn ten_thousand_idle_connections_and_a_hundred_active_clients() {
         .unwrap_or(10_000)
         .min(10_000);
     eprintln!("descriptor limit {limit}: {idle} idle connections");
-    run_load(idle, 100, 10, Duration::from_secs(10)).await;
+    run_load(idle, 100, 10, Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

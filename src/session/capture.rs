@@ -13,7 +13,7 @@ use super::shutdown::Shutdown;
 use crate::calendar::civil_from_days;
 use crate::capture::BodyMode;
 use crate::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
-use crate::record::Record;
+use crate::record::{ExchangeError, Record};
 use crate::recorder::{Recorder, RecorderConfig, RecorderStats};
 
 /// Where to listen, where to forward, what to record.
@@ -187,6 +187,30 @@ impl LiveControl {
         let failed = self.proxy.last_upstream_failure_ms.load(Ordering::Relaxed);
         (ok > 0 || failed > 0).then_some(ok >= failed)
     }
+
+    /// The status bar's notes: why the upstream is down, requests the HTTP parser refused
+    /// (answered by hyper, never recorded), connections not accepted (out of descriptors).
+    pub fn proxy_notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.upstream_ok() == Some(false)
+            && let Some(reason) = self.proxy.last_upstream_error()
+        {
+            let mut reason: String = reason.chars().take(80).collect();
+            if reason.chars().count() == 80 {
+                reason.push('…');
+            }
+            notes.push(reason);
+        }
+        let rejected = self.proxy.rejected.load(Ordering::Relaxed);
+        if rejected > 0 {
+            notes.push(format!("{rejected} refused (not recorded)"));
+        }
+        let accept = self.proxy.accept_errors.load(Ordering::Relaxed);
+        if accept > 0 {
+            notes.push(format!("{accept} not accepted"));
+        }
+        notes
+    }
 }
 
 #[cfg(feature = "tui")]
@@ -205,6 +229,10 @@ impl crate::tui::Control for LiveControl {
 
     fn upstream_ok(&self) -> Option<bool> {
         LiveControl::upstream_ok(self)
+    }
+
+    fn proxy_notes(&self) -> Vec<String> {
+        LiveControl::proxy_notes(self)
     }
 
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
@@ -384,10 +412,21 @@ pub fn watch_headless(
         path,
         ..
     } = capture;
+    let proxy_stats = proxy.stats();
     let printer = std::thread::spawn(move || {
         let mut engine = Engine::new(crate::analysis::Config::default());
         for record in records {
             let _ = writeln!(out, "{}", super::headless::record_line(&record));
+            if matches!(
+                record.error,
+                Some(ExchangeError::UpstreamUnreachable | ExchangeError::Timeout)
+            ) {
+                // Why, on stderr beside the line (`record` does the same).
+                eprintln!(
+                    "prefixscope: upstream failed: {}",
+                    proxy_stats.last_upstream_error().unwrap_or_default()
+                );
+            }
             engine.push(Input::Record(record, super::wall_clock_ms()));
         }
         let _ = write!(

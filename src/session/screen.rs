@@ -67,6 +67,9 @@ impl Control for WithEngine<'_> {
     fn upstream_ok(&self) -> Option<bool> {
         self.edge.upstream_ok()
     }
+    fn proxy_notes(&self) -> Vec<String> {
+        self.edge.proxy_notes()
+    }
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
         self.edge.export(format, path)
     }

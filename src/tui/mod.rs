@@ -59,6 +59,11 @@ pub trait Control {
     fn upstream_ok(&self) -> Option<bool> {
         None
     }
+    /// What the proxy wants said on the status bar: why the upstream is down, requests the HTTP
+    /// parser refused, connections not accepted.
+    fn proxy_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Writes an export of what was recorded or replayed so far (read back from disk: the app
     /// keeps no bodies); returns what to show.
     fn export(&self, _format: &str, _path: &str) -> Result<String, String> {
@@ -112,6 +117,11 @@ pub fn run<B: Backend>(
         app.in_flight = in_flight;
         app.records_written = written;
         app.upstream_ok = control.upstream_ok().or(app.upstream_ok);
+        let notes = control.proxy_notes();
+        if notes != app.proxy_notes {
+            app.needs_draw = true;
+            app.proxy_notes = notes;
+        }
         let rate = app.requests_per_second();
         if rate != last_rate {
             app.needs_draw = true;
