@@ -187,7 +187,7 @@ fn fuzz(name: &str, format: Format, seeds: &[Vec<u8>], block_size: u32) -> u64 {
     let seed: u64 = std::env::var("FUZZ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_17);
+        .unwrap_or(0x005e_ed17);
     let mut rng = Rng(seed ^ (format as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let options = InputOptions {
         block_size,
