@@ -225,3 +225,34 @@ async fn requests_hyper_refuses_are_counted_and_answered() {
     assert!(records.is_empty());
     assert_eq!(stats.exchanges.load(Ordering::Relaxed), 0);
 }
+
+/// The header timeout is about request heads only: a response the upstream takes longer than it
+/// to start (a long prefill) still arrives, on the same kept-alive connection as the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_response_outlives_the_header_timeout() {
+    let upstream = fake_upstream(handler(
+        |_request: hyper::Request<hyper::body::Incoming>| async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(full("{\"slow\":true}"))
+                .unwrap()
+        },
+    ))
+    .await;
+    let options = Options {
+        header_timeout: Duration::from_millis(500),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "slow-response", options).await;
+    let mut sender = client(proxy.addr).await;
+    for _ in 0..2 {
+        let response = sender.send_request(post(CHAT, "{}")).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "{\"slow\":true}".as_bytes());
+    }
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 2);
+    assert!(records.iter().all(|r| r.error.is_none()));
+}
