@@ -37,6 +37,18 @@ pub async fn handshake<S>(stream: S) -> hyper::Result<Sender>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    handshake_with_body(stream).await
+}
+
+/// [`handshake`] for requests with bodies of type `B` (the proxy streams request bodies too
+/// large to keep).
+pub async fn handshake_with_body<S, B>(stream: S) -> hyper::Result<SendRequest<B>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
         let _ = connection.await;

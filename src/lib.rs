@@ -15,6 +15,7 @@ pub mod input;
 pub mod limits;
 pub mod live;
 pub mod normalize;
+pub mod output_file;
 pub mod privacy;
 pub mod record;
 pub mod recorder;

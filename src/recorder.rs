@@ -16,7 +16,9 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 use crate::capture::{BodyMode, Capture, build_record};
-use crate::record::{Record, record_line};
+use crate::limits::MAX_LINE_BYTES;
+use crate::output_file::create_new_private;
+use crate::record::{ExchangeError, Record, record_line};
 
 /// Captures waiting to be recorded before the proxy holds the next request back.
 pub const RECORDER_QUEUE: usize = 1024;
@@ -39,6 +41,9 @@ pub struct RecorderStats {
     pub written: AtomicU64,
     pub bytes_written: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Records written without their bodies: with them the line would pass
+    /// `limits::MAX_LINE_BYTES`, which no reader takes.
+    pub bodies_dropped: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     pub files: Mutex<Vec<PathBuf>>,
 }
@@ -162,7 +167,11 @@ fn run<B: AsRef<[u8]>>(
     for capture in receiver {
         let record = build_record(capture, mode);
         if let Some(writer) = writer.as_mut() {
-            writer.write_line(&record_line(&record));
+            let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
+            if dropped {
+                stats.bodies_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            writer.write_line(&line);
         }
         stats.records.fetch_add(1, Ordering::Relaxed);
         let record = Arc::new(record);
@@ -172,10 +181,33 @@ fn run<B: AsRef<[u8]>>(
     }
 }
 
+/// The line of `record`, `\n` included, of at most `max` bytes before the `\n`: a record past it
+/// (both bodies near `--max-body`) is written without its bodies, as `body_too_large`, so every
+/// line we write reads back. Consumers still get the whole record.
+fn line_within(record: &Record, max: usize) -> (Vec<u8>, bool) {
+    let line = record_line(record);
+    if line.len() <= max.saturating_add(1) {
+        return (line, false);
+    }
+    drop(line);
+    let mut slim = record.clone();
+    slim.request.body = None;
+    slim.request.body_text = None;
+    if let Some(response) = slim.response.as_mut() {
+        response.body = None;
+        response.body_text = None;
+        response.truncated = true;
+    }
+    slim.error = slim.error.or(Some(ExchangeError::BodyTooLarge));
+    (record_line(&slim), true)
+}
+
 struct RotatingWriter {
     base: PathBuf,
     max_size: Option<u64>,
     file: File,
+    /// The file being written (`base`, then `NAME.N.EXT`).
+    current: PathBuf,
     size: u64,
     index: u32,
     /// The last write failed part-way: start the next line on a fresh line.
@@ -183,22 +215,26 @@ struct RotatingWriter {
     stats: Arc<RecorderStats>,
 }
 
+/// Rotation skips at most this many taken names before it gives up (and keeps writing the
+/// current file).
+const MAX_TAKEN_NAMES: u32 = 1000;
+
 impl RotatingWriter {
     fn open(
         base: PathBuf,
         max_size: Option<u64>,
         stats: Arc<RecorderStats>,
     ) -> io::Result<RotatingWriter> {
-        let file = create_private(&base)?;
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let file = open_recording(&base)?;
         if let Ok(mut files) = stats.files.lock() {
             files.push(base.clone());
         }
         Ok(RotatingWriter {
+            current: base.clone(),
             base,
             max_size,
             file,
-            size,
+            size: 0,
             index: 0,
             partial: false,
             stats,
@@ -232,35 +268,41 @@ impl RotatingWriter {
                 self.partial = true;
                 self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut last) = self.stats.last_error.lock() {
-                    *last = Some(format!("{}: {e}", self.current_path().display()));
+                    *last = Some(format!("{}: {e}", self.current.display()));
                 }
             }
         }
     }
 
-    fn current_path(&self) -> PathBuf {
-        rotated_path(&self.base, self.index)
-    }
-
+    /// The next free `NAME.N.EXT`, created new (`O_EXCL | O_NOFOLLOW`, 0600): a name already
+    /// taken (another process made it since the start's check) is skipped, never appended to.
     fn rotate(&mut self) {
-        let next = rotated_path(&self.base, self.index + 1);
-        match create_private(&next) {
-            Ok(file) => {
-                self.index += 1;
-                self.file = file;
-                self.size = 0;
-                self.partial = false;
-                if let Ok(mut files) = self.stats.files.lock() {
-                    files.push(next);
+        let mut error = None;
+        for index in self.index + 1..=self.index.saturating_add(MAX_TAKEN_NAMES) {
+            let next = rotated_path(&self.base, index);
+            match create_new_private(&next) {
+                Ok(file) => {
+                    self.index = index;
+                    self.file = file;
+                    self.current = next.clone();
+                    self.size = 0;
+                    self.partial = false;
+                    if let Ok(mut files) = self.stats.files.lock() {
+                        files.push(next);
+                    }
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => error = Some((next, e)),
+                Err(e) => {
+                    error = Some((next, e));
+                    break;
                 }
             }
-            Err(e) => {
-                // Keep writing to the current file: an oversized file beats a lost record.
-                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut last) = self.stats.last_error.lock() {
-                    *last = Some(format!("cannot rotate to {}: {e}", next.display()));
-                }
-            }
+        }
+        // Keep writing to the current file: an oversized file beats a lost record.
+        self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+        if let (Ok(mut last), Some((next, e))) = (self.stats.last_error.lock(), error) {
+            *last = Some(format!("cannot rotate to {}: {e}", next.display()));
         }
     }
 }
@@ -270,26 +312,52 @@ pub fn rotated_path(base: &Path, index: u32) -> PathBuf {
     if index == 0 {
         return base.to_path_buf();
     }
-    let stem = base
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let name = match base.extension() {
-        Some(ext) => format!("{stem}.{index}.{}", ext.to_string_lossy()),
+    let (stem, ext) = stem_and_extension(base);
+    let name = match ext {
+        Some(ext) => format!("{stem}.{index}.{ext}"),
         None => format!("{stem}.{index}"),
     };
     base.with_file_name(name)
 }
 
-fn create_private(path: &Path) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.create(true).append(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
+fn stem_and_extension(base: &Path) -> (String, Option<String>) {
+    let stem = base
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = base.extension().map(|e| e.to_string_lossy().into_owned());
+    (stem, ext)
+}
+
+/// An earlier run's rotated file beside `base` (`NAME.N.EXT`, any N), if there is one: a new
+/// recording that rotates would otherwise sit among another run's files.
+pub fn rotation_leftover(base: &Path) -> Option<PathBuf> {
+    let (stem, ext) = stem_and_extension(base);
+    let dir = match base.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let suffix = ext.map(|e| format!(".{e}")).unwrap_or_default();
+    std::fs::read_dir(dir).ok()?.find_map(|entry| {
+        let name = entry.ok()?.file_name().to_string_lossy().into_owned();
+        let middle = name
+            .strip_prefix(&format!("{stem}."))?
+            .strip_suffix(&suffix)?;
+        (!middle.is_empty() && middle.bytes().all(|b| b.is_ascii_digit())).then(|| dir.join(&name))
+    })
+}
+
+/// The first file of a recording: created new (`O_EXCL | O_NOFOLLOW`, 0600), so an existing
+/// file (an earlier run's recording, even empty) or a symlink is refused. A device or FIFO
+/// (`/dev/null`, `/dev/full`) is written as it is: it holds no earlier run.
+fn open_recording(path: &Path) -> io::Result<File> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let kind = meta.file_type();
+        if !kind.is_file() && !kind.is_symlink() && !kind.is_dir() {
+            return OpenOptions::new().write(true).open(path);
+        }
     }
-    options.open(path)
+    create_new_private(path)
 }
 
 #[cfg(test)]
@@ -388,6 +456,105 @@ mod tests {
             .map(|p| std::fs::metadata(p).unwrap().len())
             .collect();
         assert_eq!(sizes, vec![line * 2, line * 2, line]);
+    }
+
+    #[test]
+    fn rotation_never_writes_into_a_file_it_did_not_create() {
+        let dir = temp_dir("rotate-old");
+        let path = dir.join("rec.jsonl");
+        let line = record_line(&build_record(capture(1), BodyMode::Full)).len() as u64;
+        let config = RecorderConfig {
+            path: Some(path.clone()),
+            max_size: Some(line),
+            ..Default::default()
+        };
+        let recorder: Recorder<Vec<u8>> = Recorder::start(config, vec![]).unwrap();
+        // Made after the start (another run, a race): an old file and a symlink to one.
+        std::fs::write(dir.join("rec.1.jsonl"), "an earlier run\n").unwrap();
+        let elsewhere = dir.join("unrelated.txt");
+        std::fs::write(&elsewhere, "not a recording\n").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&elsewhere, dir.join("rec.2.jsonl")).unwrap();
+        let sender = recorder.sender();
+        for id in 1..=2 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(stats.write_errors.load(Ordering::Relaxed), 0);
+        let expected_second = if cfg!(unix) {
+            "rec.3.jsonl"
+        } else {
+            "rec.2.jsonl"
+        };
+        assert_eq!(stats.files(), vec![path.clone(), dir.join(expected_second)]);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("rec.1.jsonl")).unwrap(),
+            "an earlier run\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&elsewhere).unwrap(),
+            "not a recording\n"
+        );
+        assert_eq!(
+            std::fs::metadata(dir.join(expected_second)).unwrap().len(),
+            line
+        );
+        // A leftover beside the base is found, whatever its number.
+        let leftover = rotation_leftover(&path).unwrap();
+        let name = leftover.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(["rec.1.jsonl", "rec.2.jsonl", "rec.3.jsonl"].contains(&name.as_str()));
+        assert!(rotation_leftover(&dir.join("other.jsonl")).is_none());
+    }
+
+    #[test]
+    fn a_recording_is_never_an_existing_file_or_a_symlink() {
+        let dir = temp_dir("existing");
+        let empty = dir.join("empty.jsonl");
+        std::fs::write(&empty, "").unwrap();
+        let start = |path: &Path| {
+            Recorder::<Vec<u8>>::start(
+                RecorderConfig {
+                    path: Some(path.to_path_buf()),
+                    ..Default::default()
+                },
+                vec![],
+            )
+        };
+        assert!(start(&empty).is_err_and(|e| e.kind() == io::ErrorKind::AlreadyExists));
+        #[cfg(unix)]
+        {
+            let target = dir.join("target.txt");
+            let link = dir.join("link.jsonl");
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            assert!(start(&link).is_err());
+            assert!(!target.exists());
+        }
+    }
+
+    #[test]
+    fn a_record_past_the_line_bound_is_written_without_its_bodies() {
+        let mut big = capture(7);
+        big.path = "/v1/chat/completions".into();
+        big.request_body = Some(
+            serde_json::to_vec(
+                &serde_json::json!({"messages": [{"role": "user", "content": "x".repeat(4000)}]}),
+            )
+            .unwrap(),
+        );
+        big.request_body_bytes = 4100;
+        let record = build_record(big, BodyMode::Full);
+        let (line, dropped) = line_within(&record, 1 << 20);
+        assert!(!dropped);
+        assert_eq!(line, record_line(&record));
+        let (line, dropped) = line_within(&record, 1000);
+        assert!(dropped);
+        assert!(line.len() < 1000, "{}", line.len());
+        let read = crate::record::read_jsonl(line.as_slice());
+        let slim = &read.records[0];
+        assert_eq!(slim.request.body, None);
+        assert_eq!(slim.request.body_bytes, 4100);
+        assert_eq!(slim.error, Some(ExchangeError::BodyTooLarge));
     }
 
     #[test]

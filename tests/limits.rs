@@ -233,3 +233,165 @@ fn a_trace_row_past_every_context_window_is_a_bad_row_and_the_rest_is_read() {
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert_eq!(std::fs::read_to_string(&export).unwrap().lines().count(), 2);
 }
+
+// Lines past `MAX_LINE_BYTES` (issue #17, item 9): a counted bad line with a clear error, read
+// without being held, gzipped or not; the rest of the file read.
+
+/// `n` MiB of `byte`, gzipped as `n` copies of one member (MultiGzDecoder reads them as one
+/// stream): a small file that unpacks to a line of any length.
+fn gzip_run(byte: u8, mib: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(&vec![byte; 1 << 20]).unwrap();
+    let member = encoder.finish().unwrap();
+    member.repeat(mib)
+}
+
+fn gzip(text: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(text).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// A recording, gzipped: a good record, a line of `mib` MiB, the good records of the source.
+fn recording_with_a_long_line(mib: usize) -> PathBuf {
+    let text = std::fs::read(source()).unwrap();
+    let first_end = text.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let mut bytes = gzip(&text[..first_end]);
+    bytes.extend(gzip(b"{\"v\":1,\"id\":999999,\"note\":\""));
+    bytes.extend(gzip_run(b'a', mib));
+    bytes.extend(gzip(b"\"}\n"));
+    bytes.extend(gzip(&text[first_end..]));
+    let path = temp(&format!("long-line-{mib}.jsonl.gz"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_line_past_the_bound_is_a_bad_line_in_every_reader_command_and_the_rest_is_read() {
+    // 1.2 GiB unpacked for `profile`: held whole, it needed a 2 GiB buffer (the address space
+    // is 2 GiB). 100 MiB for the others (each unpacks the file once or twice).
+    let huge = recording_with_a_long_line(1200);
+    let long = recording_with_a_long_line(100);
+    let records = source_records();
+    let export = temp("long-line.mooncake.jsonl");
+    let _ = std::fs::remove_file(&export);
+    let (huge, long) = (huge.to_str().unwrap(), long.to_str().unwrap());
+    for args in [
+        vec!["profile", huge],
+        vec!["analyze", long],
+        vec!["records", long],
+        vec![
+            "export",
+            long,
+            "--to",
+            "mooncake",
+            "-o",
+            export.to_str().unwrap(),
+        ],
+    ] {
+        let (code, stdout, stderr) = run_bounded(&args);
+        assert_eq!(code, 0, "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        assert!(stderr.contains(":2: line of "), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("bytes is past the 64 MiB line bound (skipped)"),
+            "{args:?}: {stderr}"
+        );
+        if args[0] == "records" {
+            assert!(
+                stdout.contains(&format!("{records} records in 1 file(s), 1 bad lines")),
+                "{stdout}"
+            );
+        }
+    }
+    assert!(std::fs::read_to_string(&export).unwrap().lines().count() > 0);
+}
+
+fn source_records() -> usize {
+    std::fs::read_to_string(source()).unwrap().lines().count()
+}
+
+#[test]
+fn replay_skips_a_line_past_the_bound() {
+    // replay reads recordings unzipped: a plain file with a 65 MiB line.
+    let text = std::fs::read_to_string(source()).unwrap();
+    let mut bytes = format!("{{\"v\":1,\"note\":\"{}\"}}\n", "a".repeat(65 << 20)).into_bytes();
+    bytes.extend(text.as_bytes());
+    let path = temp("long-line-plain.jsonl");
+    std::fs::write(&path, bytes).unwrap();
+    let (code, stdout, stderr) =
+        run_bounded(&["replay", "--headless", "--instant", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(":1: line of ") && stderr.contains("is past the 64 MiB line bound"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with('#')).count(),
+        source_records(),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_trace_row_of_millions_of_hash_ids_or_a_long_line_is_a_bad_row() {
+    let ids = vec!["7"; 3_000_000].join(",");
+    let mut text = String::new();
+    text.push_str(
+        "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n",
+    );
+    text.push_str(&format!(
+        "{{\"timestamp\": 1, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [{ids}]}}\n"
+    ));
+    let mut bytes = gzip(text.as_bytes());
+    bytes.extend(gzip(b"{\"timestamp\": 2, \"hash_ids\": [1"));
+    bytes.extend(gzip_run(b'0', 100));
+    bytes.extend(gzip(b"]}\n{\"timestamp\": 3, \"input_length\": 700, \"output_length\": 5, \"hash_ids\": [1, 2]}\n"));
+    let path = temp("ids.mooncake.jsonl.gz");
+    std::fs::write(&path, bytes).unwrap();
+    let file = path.to_str().unwrap();
+    for args in [
+        vec!["profile", file],
+        vec!["replay", "--headless", "--instant", file],
+    ] {
+        let (code, stdout, stderr) = run_bounded(&args);
+        assert_eq!(code, 0, "{args:?}\n{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(":2: more than 1048576 hash ids in one row"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(":3: line of "), "{args:?}: {stderr}");
+        if args[0] == "profile" {
+            assert!(stdout.contains("2 requests"), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn a_gateway_log_record_past_the_bound_is_a_bad_row_and_the_rest_is_read() {
+    let body = |text: &str| {
+        format!(
+            "\"{{\"\"model\"\":\"\"glm-5\"\",\"\"messages\"\":[{{\"\"role\"\":\"\"user\"\",\"\"content\"\":\"\"{text}\"\"}}]}}\""
+        )
+    };
+    let mut bytes = gzip(
+        format!(
+            "timestamp,request_json,status_code\n1,{},200\n2,\"{{\"\"messages\"\": \"\"",
+            body("first")
+        )
+        .as_bytes(),
+    );
+    // A quoted field of 100 MiB, newlines inside.
+    bytes.extend(gzip_run(b'\n', 100));
+    bytes.extend(gzip(
+        format!("\"\"}}\",200\n3,{},200\n", body("third")).as_bytes(),
+    ));
+    let path = temp("long.csv.gz");
+    std::fs::write(&path, bytes).unwrap();
+    let (code, stdout, stderr) = run_bounded(&["profile", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stderr.contains(":3: line of "), "{stderr}");
+    assert!(stderr.contains("is past the 64 MiB line bound"), "{stderr}");
+    assert!(stdout.contains("2 requests"), "{stdout}");
+}

@@ -271,7 +271,10 @@ async fn an_unreachable_upstream_is_a_record_and_a_502() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    assert!(String::from_utf8_lossy(&body).contains("prefixscope"));
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert!(body.contains("prefixscope"));
+    assert!(body.contains("cannot connect to 127.0.0.1:"), "{body}");
+    assert!(body.contains("refused"), "{body}");
     let records = proxy.stop().await;
     assert_eq!(records[0].error, Some(ExchangeError::UpstreamUnreachable));
     assert!(records[0].response.is_none());
@@ -642,6 +645,13 @@ async fn an_https_upstream_is_reached_with_its_ca() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    // The reason is said: in the proxy's 502 and in its stats (the status line).
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    assert!(body.contains("TLS handshake with localhost:"), "{body}");
+    assert!(body.contains("certificate"), "{body}");
+    let reason = proxy.stats.last_upstream_error().unwrap_or_default();
+    assert!(reason.contains("TLS handshake"), "{reason}");
     let records = proxy.stop().await;
     assert_eq!(records[0].error, Some(ExchangeError::UpstreamUnreachable));
 }

@@ -486,3 +486,49 @@ fn the_breaks_title_says_when_only_the_newest_are_described() {
         "{screen}"
     );
 }
+
+/// A live proxy's trouble reaches the status bar: why the upstream is down, requests the HTTP
+/// parser refused, connections not accepted (`Control::proxy_notes`).
+#[test]
+fn the_status_bar_says_why_the_upstream_is_down_and_what_was_refused() {
+    struct Troubled;
+    impl prefixscope::tui::Control for Troubled {
+        fn upstream_ok(&self) -> Option<bool> {
+            Some(false)
+        }
+        fn proxy_notes(&self) -> Vec<String> {
+            vec![
+                "TLS handshake with up:443 failed: invalid peer certificate".into(),
+                "2 refused (not recorded)".into(),
+            ]
+        }
+    }
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    let mut app = App::new(
+        Source::Live {
+            upstream: "https://up".into(),
+            listen: "127.0.0.1:8787".into(),
+            recording: "rec.jsonl".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    sender.send(Event::Resize(200, 30)).unwrap();
+    drop(sender);
+    let mut terminal = Terminal::new(TestBackend::new(200, 30)).unwrap();
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &FixedClock(NOW_MS),
+        &Troubled,
+        &Theme::plain(),
+    )
+    .unwrap();
+    let screen = text(terminal.backend());
+    assert!(screen.contains("UPSTREAM DOWN"), "{screen}");
+    assert!(
+        screen.contains("TLS handshake with up:443 failed"),
+        "{screen}"
+    );
+    assert!(screen.contains("2 refused (not recorded)"), "{screen}");
+}

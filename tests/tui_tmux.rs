@@ -209,6 +209,9 @@ fn replay_as_a_person_uses_it() {
     let screen = tmux.wait_for(&["snapshot written"]);
     let json = tmux.files("prefixscope-snapshot-");
     assert_eq!(json.len(), 2, "{json:?}\n{screen}");
+    for file in &json {
+        assert_eq!(private_mode(file), 0o600, "{file:?}");
+    }
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json[0]).unwrap()).unwrap();
     assert_eq!(report["time"]["lost_tokens"], 8759);
@@ -269,12 +272,18 @@ fn replay_as_a_person_uses_it() {
     );
 }
 
+fn private_mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
 fn check_export(tmux: &Tmux, screen: &str) {
     let exported = tmux.files("prefixscope-mooncake");
     if screen.contains("export failed") {
         panic!("export failed:\n{screen}");
     }
     assert_eq!(exported.len(), 1, "{screen}");
+    assert_eq!(private_mode(&exported[0]), 0o600);
     let text = std::fs::read_to_string(&exported[0]).unwrap();
     assert!(text.lines().count() > 0);
     for line in text.lines() {

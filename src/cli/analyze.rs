@@ -28,6 +28,9 @@ pub struct AnalyzeArgs {
 }
 
 pub fn run(args: AnalyzeArgs) -> u8 {
+    if let Err(code) = super::check_output(args.out.as_deref(), &args.files) {
+        return code;
+    }
     let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
     };
@@ -47,10 +50,9 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     report.coverage.bad_lines = bad_lines;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
     if let Some(out) = &args.out
-        && let Err(e) = std::fs::write(out, format!("{json}\n"))
+        && let Err(code) = super::write_output(out, &args.files, format!("{json}\n").as_bytes())
     {
-        eprintln!("prefixscope: cannot write {}: {e}", out.display());
-        return EXIT_UNREADABLE;
+        return code;
     }
     if args.json {
         super::print_json(&json);

@@ -5,7 +5,6 @@
 //! `$XDG_CONFIG_HOME/prefixscope/salt`, else `~/.config/prefixscope/salt`; created on first use
 //! (32 random bytes as hex, mode 0600) and reused after, so exports of the same traffic share ids.
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -15,9 +14,8 @@ use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
 use prefixscope::cache::blocks::ToolsPosition;
 use prefixscope::export::{self, ExportError, Options, Summary, Target};
 use prefixscope::input::{self, Format, OpenError};
-use prefixscope::session::export::{
-    Files, SaltFile, create_private, default_salt_path, load_or_create_salt,
-};
+use prefixscope::output_file::OutputFile;
+use prefixscope::session::export::{Files, SaltFile, default_salt_path, load_or_create_salt};
 
 #[derive(Args)]
 #[command(after_help = "\
@@ -80,11 +78,21 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
         })?),
     };
     let mut kinds: Vec<(Format, &Path)> = Vec::new();
+    let mut empty = 0;
     for path in &args.files {
         let format = match input::open(path, forced) {
             Ok(opened) => opened.format,
             Err(OpenError::Unreadable(e)) => {
                 return Err(unreadable(format!("cannot read {}: {e}", path.display())));
+            }
+            // Holds nothing of any format: read as the others' (no rows), as `profile` does.
+            Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
+                eprintln!(
+                    "prefixscope export: {} is empty: nothing to read",
+                    path.display()
+                );
+                empty += 1;
+                continue;
             }
             Err(e @ OpenError::UnknownFormat) => {
                 return Err(usage(format!("{}: {e}", path.display())));
@@ -93,7 +101,11 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
         kinds.push((format, path));
     }
     let Some(&(first, first_path)) = kinds.first() else {
-        return Err(usage("no input file"));
+        return if empty > 0 {
+            Ok(Format::Recording)
+        } else {
+            Err(usage("no input file"))
+        };
     };
     if let Some((other, path)) = kinds.iter().find(|(f, _)| *f != first) {
         return Err(usage(format!(
@@ -212,39 +224,22 @@ pub fn run(args: ExportArgs) -> u8 {
         tools_position,
         ts_column: args.ts_column.clone(),
     };
-    if let Some(out) = &args.output
-        && let Ok(out) = out.canonicalize()
-        && args
-            .files
-            .iter()
-            .any(|f| f.canonicalize().is_ok_and(|f| f == out))
-    {
-        return usage(format!(
-            "-o {} is one of the inputs: it would be overwritten before it is read",
-            out.display()
-        ));
+    if let Err(code) = super::check_output(args.output.as_deref(), &args.files) {
+        return code;
     }
     let inputs = Files { paths: &args.files };
     let result = match &args.output {
         Some(path) => {
-            let file = if target.anonymous() {
-                File::create(path)
-            } else {
-                // Prompts inside: as private as a recording.
-                std::fs::remove_file(path).ok();
-                create_private(path)
-            };
-            let file = match file {
-                Ok(f) => f,
+            // A 0600 temporary file renamed over the target once the export is whole: a failed
+            // export leaves an existing file as it was (`prefixscope::output_file`).
+            let input_paths: Vec<&Path> = args.files.iter().map(PathBuf::as_path).collect();
+            let mut out = match OutputFile::create(path, &input_paths) {
+                Ok(out) => out,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return usage(e),
                 Err(e) => return unreadable(format!("cannot write {}: {e}", path.display())),
             };
-            let mut out = BufWriter::with_capacity(1 << 16, file);
-            let result = export::export(&inputs, format, &options, &mut out)
-                .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
-            if result.is_err() {
-                std::fs::remove_file(path).ok();
-            }
-            result
+            export::export(&inputs, format, &options, &mut out)
+                .and_then(|s| out.commit().map(|()| s).map_err(ExportError::Write))
         }
         None => {
             let stdout = std::io::stdout();

@@ -44,6 +44,49 @@ pub fn fail(error: prefixscope::session::Error) -> u8 {
     }
 }
 
+/// `-o` refused (exit 2) when it is one of the inputs: said before anything is read.
+pub fn check_output(
+    out: Option<&std::path::Path>,
+    inputs: &[std::path::PathBuf],
+) -> Result<(), u8> {
+    let Some(out) = out else { return Ok(()) };
+    let inputs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
+    match prefixscope::output_file::input_at(out, &inputs) {
+        Some(input) => {
+            let same = if input == out {
+                String::new()
+            } else {
+                format!(" ({} is the same file)", input.display())
+            };
+            eprintln!(
+                "prefixscope: -o {} is one of the inputs{same}: writing it would destroy what is read; choose another file",
+                out.display()
+            );
+            Err(EXIT_USAGE)
+        }
+        None => Ok(()),
+    }
+}
+
+/// Writes a whole `-o` file (`prefixscope::output_file`: a 0600 temporary file renamed over the
+/// target, a symlink replaced, an input refused, a failed write leaving the old file); the
+/// error on stderr and its exit code.
+pub fn write_output(
+    out: &std::path::Path,
+    inputs: &[std::path::PathBuf],
+    bytes: &[u8],
+) -> Result<(), u8> {
+    let inputs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
+    prefixscope::output_file::write_whole(out, &inputs, bytes).map_err(|e| {
+        eprintln!("prefixscope: cannot write {}: {e}", out.display());
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            EXIT_USAGE
+        } else {
+            EXIT_UNREADABLE
+        }
+    })
+}
+
 /// The screen's switches: the mouse from the flag, the test and benchmark ones from the
 /// environment (the binary is what they test).
 pub fn screen_switches(mouse: bool) -> prefixscope::session::screen::Switches {
@@ -77,6 +120,9 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
             Ok(opened) => {
                 let read = prefixscope::record::read_jsonl(opened.reader);
+                if read.records.is_empty() && read.bad_lines.is_empty() {
+                    eprintln!("prefixscope: {} is empty: no records", path.display());
+                }
                 for bad in &read.bad_lines {
                     eprintln!(
                         "prefixscope: {}:{}: {}",
@@ -96,6 +142,15 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         }
     }
     (!out.files.is_empty()).then_some(out)
+}
+
+/// Whether `path` (gunzipped) holds no bytes at all: an empty input, read as holding nothing,
+/// whatever its format (exit 0, with a warning), in every command.
+pub fn is_empty_input(path: &std::path::Path) -> bool {
+    use std::io::BufRead;
+    prefixscope::input::open_decompressed(path)
+        .and_then(|mut reader| reader.fill_buf().map(|b| b.is_empty()))
+        .unwrap_or(false)
 }
 
 /// Each bad value of a file on stderr (a number past its bound, ignored), then how many more.

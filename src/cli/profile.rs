@@ -136,6 +136,9 @@ pub fn run(args: ProfileArgs) -> u8 {
         Ok(s) => s,
         Err(message) => return usage(message),
     };
+    if let Err(code) = super::check_output(args.output.as_deref(), &args.files) {
+        return code;
+    }
 
     // Capacities are sized once the block size is known (after reading); their syntax is
     // checked before anything is read.
@@ -146,18 +149,33 @@ pub fn run(args: ProfileArgs) -> u8 {
     }
     // Open and recognise every file first: the block size follows the first file's format.
     let mut opened = Vec::new();
+    let (mut empty, mut unreadable) = (Vec::new(), false);
     for path in &args.files {
         match input::open(path, settings.format) {
             Ok(OpenedInput { reader, format }) => opened.push((path, format, reader)),
             Err(OpenError::Unreadable(e)) => {
+                unreadable = true;
                 eprintln!("prefixscope: cannot read {}: {e}", path.display());
+            }
+            Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
+                eprintln!("prefixscope: {} is empty: nothing to read", path.display());
+                empty.push(path);
             }
             Err(e @ OpenError::UnknownFormat) => eprintln!("prefixscope: {}: {e}", path.display()),
         }
     }
-    let Some(&(_, first_format, _)) = opened.first() else {
-        return EXIT_UNREADABLE;
+    let first_format = match opened.first() {
+        Some(&(_, format, _)) => format,
+        None if !empty.is_empty() => Format::Recording,
+        // Nothing to read: exit 1 if a file could not be read, 2 if only the format was unknown
+        // (give --format), as `export`.
+        None if unreadable => return EXIT_UNREADABLE,
+        None => return EXIT_USAGE,
     };
+    // Empty files hold no requests of any format: read as the others' format.
+    for path in empty {
+        opened.push((path, first_format, Box::new(std::io::empty())));
+    }
     let mut options = InputOptions {
         block_size: args.block_size,
         tools_position: settings.tools_position,
@@ -230,10 +248,9 @@ pub fn run(args: ProfileArgs) -> u8 {
     };
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
     if let Some(path) = &args.output
-        && let Err(e) = std::fs::write(path, format!("{json}\n"))
+        && let Err(code) = super::write_output(path, &args.files, format!("{json}\n").as_bytes())
     {
-        eprintln!("prefixscope: cannot write {}: {e}", path.display());
-        return EXIT_UNREADABLE;
+        return code;
     }
     if args.json {
         super::print_json(&json);

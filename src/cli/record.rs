@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use clap::Args;
 use serde::Serialize;
 
-use super::{EXIT_OK, fail, parse_bytes};
+use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
 use prefixscope::proxy::DEFAULT_PORT;
 use prefixscope::record::Record;
 use prefixscope::recorder::RecorderStats;
@@ -81,14 +81,26 @@ struct RecordSummary {
     written: u64,
     write_errors: u64,
     last_write_error: Option<String>,
+    bodies_dropped: u64,
     files: Vec<PathBuf>,
     upstream_failures: u64,
+    last_upstream_error: Option<String>,
+    /// Requests hyper refused before they were exchanges (answered 400, 431, 414; no record).
+    rejected: u64,
+    /// Connections closed for sending no request head within the header timeout.
+    header_timeouts: u64,
+    accept_errors: u64,
 }
 
 pub fn run(args: RecordArgs) -> u8 {
     let shutdown = Shutdown::listen();
     let (status_tx, status_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let consumers = vec![status_tx];
+    let capture = match Capture::start(&args.capture.config(), consumers) {
+        Ok(capture) => capture,
+        Err(e) => return fail(e),
+    };
+    let notices = capture.notices();
     let Capture {
         runtime,
         proxy,
@@ -96,18 +108,17 @@ pub fn run(args: RecordArgs) -> u8 {
         path,
         listen,
         upstream,
-    } = match Capture::start(&args.capture.config(), consumers) {
-        Ok(capture) => capture,
-        Err(e) => return fail(e),
-    };
+        ..
+    } = capture;
     let recorder_stats = recorder.stats();
     // Even with -q this thread runs: it reports write failures.
+    let proxy_stats = proxy.stats();
     let status_thread = {
         let stats = Arc::clone(&recorder_stats);
+        let proxy = Arc::clone(&proxy_stats);
         let quiet = args.quiet;
-        std::thread::spawn(move || print_status(status_rx, stats, quiet))
+        std::thread::spawn(move || print_status(status_rx, stats, proxy, quiet))
     };
-    let proxy_stats = proxy.stats();
     eprintln!(
         "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C (or SIGTERM, SIGHUP) stops.",
         upstream.url(),
@@ -121,6 +132,9 @@ pub fn run(args: RecordArgs) -> u8 {
     eprintln!(
         "prefixscope: point your agent at http://{listen}/v1 (OpenAI), http://{listen} (Anthropic, Ollama)"
     );
+    for notice in &notices {
+        eprintln!("prefixscope: {notice}");
+    }
 
     runtime.block_on(proxy.run(stop_on_signal(&shutdown, Arc::clone(&proxy_stats))));
     drop(runtime);
@@ -133,8 +147,13 @@ pub fn run(args: RecordArgs) -> u8 {
         written: recorder_stats.written.load(Ordering::Relaxed),
         write_errors: recorder_stats.write_errors.load(Ordering::Relaxed),
         last_write_error: recorder_stats.last_error(),
+        bodies_dropped: recorder_stats.bodies_dropped.load(Ordering::Relaxed),
         files: recorder_stats.files(),
         upstream_failures: proxy_stats.upstream_failures.load(Ordering::Relaxed),
+        last_upstream_error: proxy_stats.last_upstream_error(),
+        rejected: proxy_stats.rejected.load(Ordering::Relaxed),
+        header_timeouts: proxy_stats.header_timeouts.load(Ordering::Relaxed),
+        accept_errors: proxy_stats.accept_errors.load(Ordering::Relaxed),
     };
     eprintln!(
         "prefixscope: {} exchanges, {} records written to {}{}",
@@ -154,11 +173,31 @@ pub fn run(args: RecordArgs) -> u8 {
             ),
         }
     );
+    let refused = [
+        (
+            summary.rejected,
+            "refused by the HTTP parser (not forwarded, not recorded)",
+        ),
+        (
+            summary.header_timeouts,
+            "connection(s) closed by the header timeout",
+        ),
+        (summary.accept_errors, "connection(s) not accepted"),
+    ];
+    for (count, what) in refused {
+        if count > 0 {
+            eprintln!("prefixscope: {count} {what}");
+        }
+    }
     if args.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&summary).unwrap_or_default()
         );
+    }
+    // Every record failed to write: what was asked (a recording) was not done.
+    if summary.written == 0 && summary.write_errors > 0 {
+        return EXIT_UNREADABLE;
     }
     EXIT_OK
 }
@@ -166,12 +205,60 @@ pub fn run(args: RecordArgs) -> u8 {
 fn print_status(
     records: crossbeam_channel::Receiver<Arc<Record>>,
     stats: Arc<RecorderStats>,
+    proxy: Arc<prefixscope::proxy::ProxyStats>,
     quiet: bool,
 ) {
     let mut errors_seen = 0;
-    for record in records {
-        if !quiet {
-            eprintln!("{}", record_line(&record));
+    let mut dropped_seen = 0;
+    let (mut rejected_seen, mut accept_seen, mut upstream_seen) = (0, 0, 0);
+    loop {
+        // Woken every second too: refused requests and accept errors make no record.
+        let record = match records.recv_timeout(std::time::Duration::from_secs(1)) {
+            Ok(record) => Some(record),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+        };
+        if let Some(record) = &record
+            && !quiet
+        {
+            eprintln!("{}", record_line(record));
+        }
+        let failures = proxy.upstream_failures.load(Ordering::Relaxed);
+        if failures > upstream_seen {
+            upstream_seen = failures;
+            eprintln!(
+                "prefixscope: upstream failed ({failures} so far): {}",
+                proxy.last_upstream_error().unwrap_or_default()
+            );
+        }
+        let rejected = proxy.rejected.load(Ordering::Relaxed);
+        if rejected > rejected_seen {
+            rejected_seen = rejected;
+            eprintln!(
+                "prefixscope: {rejected} request(s) refused by the HTTP parser, answered by it and not recorded (last: {})",
+                proxy.last_rejection().unwrap_or_default()
+            );
+        }
+        let accept = proxy.accept_errors.load(Ordering::Relaxed);
+        if accept > accept_seen {
+            accept_seen = accept;
+            eprintln!(
+                "prefixscope: {accept} connection(s) could not be accepted (last: {})",
+                proxy
+                    .last_accept_error
+                    .lock()
+                    .ok()
+                    .and_then(|e| e.clone())
+                    .unwrap_or_default()
+            );
+        }
+        let dropped = stats.bodies_dropped.load(Ordering::Relaxed);
+        if dropped > dropped_seen {
+            dropped_seen = dropped;
+            eprintln!(
+                "prefixscope: {dropped} record(s) written without their bodies: with them the line would pass the {} MiB that readers take",
+                prefixscope::limits::MAX_LINE_BYTES >> 20
+            );
         }
         let errors = stats.write_errors.load(Ordering::Relaxed);
         if errors > errors_seen {

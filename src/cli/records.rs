@@ -42,6 +42,9 @@ struct Summary {
 }
 
 pub fn run(args: RecordsArgs) -> u8 {
+    if let Err(code) = super::check_output(args.out.as_deref(), &args.files) {
+        return code;
+    }
     let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
     };
@@ -53,9 +56,8 @@ pub fn run(args: RecordsArgs) -> u8 {
         for record in &records {
             bytes.extend(prefixscope::record::record_line(record));
         }
-        if let Err(e) = std::fs::write(out, bytes) {
-            eprintln!("prefixscope: cannot write {}: {e}", out.display());
-            return EXIT_UNREADABLE;
+        if let Err(code) = super::write_output(out, &args.files, &bytes) {
+            return code;
         }
     }
     let mut stdout = std::io::stdout().lock();

@@ -30,6 +30,9 @@ pub fn run(args: WatchArgs) -> u8 {
         Ok(capture) => capture,
         Err(e) => return fail(e),
     };
+    for notice in capture.notices() {
+        eprintln!("prefixscope: {notice}");
+    }
     if !std::io::stdout().is_terminal() {
         eprintln!(
             "prefixscope: proxy http://{} -> {}, recording to {}; stdout is not a terminal, so one line per record. Ctrl-C stops.",
@@ -38,12 +41,7 @@ pub fn run(args: WatchArgs) -> u8 {
             capture.path.display()
         );
         let written = watch_headless(capture, records_rx, std::io::stdout(), &shutdown);
-        eprintln!(
-            "prefixscope: {} records written to {}",
-            written.records,
-            written.path.display()
-        );
-        return EXIT_OK;
+        return report_written(&written, EXIT_OK);
     }
     let (result, written) = watch_screen(
         capture,
@@ -58,10 +56,26 @@ pub fn run(args: WatchArgs) -> u8 {
         }
         Err(e) => fail(e),
     };
+    report_written(&written, code)
+}
+
+/// What was written, on stderr; exit 1 when every record failed to write.
+fn report_written(written: &prefixscope::session::capture::Written, code: u8) -> u8 {
     eprintln!(
-        "prefixscope: {} records written to {}",
+        "prefixscope: {} records written to {}{}",
         written.records,
-        written.path.display()
+        written.path.display(),
+        match written.failed {
+            0 => String::new(),
+            n => format!(
+                ", {n} NOT written ({})",
+                written.last_error.clone().unwrap_or_default()
+            ),
+        }
     );
-    code
+    if written.all_failed() && code == EXIT_OK {
+        super::EXIT_UNREADABLE
+    } else {
+        code
+    }
 }

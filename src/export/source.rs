@@ -37,6 +37,7 @@ use std::cell::RefCell;
 use crate::cache::blocks::{BlockModel, Cutter, Prompt, ToolsPosition};
 use crate::input::recording::{Pending, pending_request};
 use crate::input::{BadRow, FileReport, Format, gateway_csv, trace};
+use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded, too_long_message};
 use crate::normalize::digest::{self, apply_digest};
 use crate::normalize::{Api, anthropic};
 use crate::record::{Output, Record, read_jsonl};
@@ -426,10 +427,14 @@ fn each_record(
     let mut buffer = Vec::new();
     let mut line = 0usize;
     loop {
-        buffer.clear();
-        match reader.read_until(b'\n', &mut buffer) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
+        match read_line_bounded(reader, &mut buffer, MAX_LINE_BYTES) {
+            Ok(Line::Eof) => return Ok(()),
+            Ok(Line::Read { .. }) => {}
+            Ok(Line::TooLong { bytes }) => {
+                line += 1;
+                each(line, Err(too_long_message(bytes)))?;
+                continue;
+            }
             Err(e) => return each(line + 1, Err(format!("read error: {e}"))),
         }
         line += 1;
@@ -567,9 +572,8 @@ impl FileRequests for RecordingFile<'_> {
         };
         self.next += 1;
         while self.line < target_line {
-            self.buffer.clear();
-            match self.reader.read_until(b'\n', &mut self.buffer) {
-                Ok(0) | Err(_) => return Ok(None),
+            match read_line_bounded(&mut self.reader, &mut self.buffer, MAX_LINE_BYTES) {
+                Ok(Line::Eof) | Err(_) => return Ok(None),
                 Ok(_) => self.line += 1,
             }
         }

@@ -17,6 +17,7 @@ use super::{
 use crate::cache::Request;
 use crate::cache::blocks::{Cutter, Prompt, prompt_from_body, reply_segment};
 use crate::calendar::days_from_civil;
+use crate::limits::{CsvRecordCap, MAX_LINE_BYTES, too_long_message};
 use crate::normalize::Api;
 
 const TIMESTAMP_COLUMNS: [&str; 5] = ["timestamp", "ts", "created_at", "request_time", "time"];
@@ -171,7 +172,8 @@ impl CsvRow {
 /// A gateway log one row at a time, in file order; bad rows and non-2xx responses are counted in
 /// `report` as they are met.
 pub struct Rows<R: std::io::Read> {
-    csv: csv::Reader<R>,
+    /// Each CSV record held to `limits::MAX_LINE_BYTES`.
+    csv: csv::Reader<CsvRecordCap<R>>,
     record: csv::StringRecord,
     request_column: Option<usize>,
     response_column: Option<usize>,
@@ -186,7 +188,9 @@ impl<R: BufRead> Rows<R> {
     /// `ts_column`: the column holding timestamps, else the first of the usual names.
     pub fn new(reader: R, name: &str, ts_column: Option<&str>) -> Rows<R> {
         let mut report = FileReport::new(name, Format::Csv);
-        let mut csv = csv::ReaderBuilder::new().flexible(true).from_reader(reader);
+        let mut csv = csv::ReaderBuilder::new()
+            .flexible(true)
+            .from_reader(CsvRecordCap::new(reader, MAX_LINE_BYTES));
         let headers = match csv.headers() {
             Ok(h) => Some(h.clone()),
             Err(e) => {
@@ -234,7 +238,15 @@ impl<R: BufRead> Iterator for Rows<R> {
         let request_column = self.request_column?;
         loop {
             let line = self.csv.position().line() as usize;
-            match self.csv.read_record(&mut self.record) {
+            let cuts = self.csv.get_ref().cuts;
+            let read = self.csv.read_record(&mut self.record);
+            if self.csv.get_ref().cuts != cuts {
+                self.index += 1;
+                let bytes = self.csv.get_ref().last_cut_bytes;
+                self.report.bad(line.max(2), too_long_message(bytes));
+                continue;
+            }
+            match read {
                 Ok(false) => return None,
                 Ok(true) => {}
                 Err(e) => {

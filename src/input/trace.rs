@@ -19,11 +19,44 @@ struct Row {
     timestamp: Option<Value>,
     input_length: Option<Value>,
     output_length: Option<Value>,
-    hash_ids: Option<Vec<Value>>,
+    hash_ids: Option<BoundedIds>,
     block_size: Option<Value>,
     session_id: Option<Value>,
     chat_id: Option<Value>,
     parent_chat_id: Option<Value>,
+}
+
+/// A row's hash ids, refused while parsed past `limits::MAX_HASH_IDS_PER_ROW`: a row of
+/// millions of ids never becomes a vector of them.
+struct BoundedIds(Vec<Value>);
+
+impl<'de> Deserialize<'de> for BoundedIds {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = BoundedIds;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of hash ids")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<BoundedIds, A::Error> {
+                let bound = crate::limits::MAX_HASH_IDS_PER_ROW;
+                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 12));
+                while let Some(id) = seq.next_element::<Value>()? {
+                    if ids.len() == bound {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {bound} hash ids in one row (the bound per row)"
+                        )));
+                    }
+                    ids.push(id);
+                }
+                Ok(BoundedIds(ids))
+            }
+        }
+        deserializer.deserialize_seq(Visitor)
+    }
 }
 
 /// Maps a trace's hash ids to u64: non-negative integers (and their decimal text) as
@@ -138,10 +171,15 @@ impl<R: BufRead> Iterator for Rows<R> {
 
     fn next(&mut self) -> Option<Request> {
         while !self.finished {
-            self.buffer.clear();
-            match self.reader.read_until(b'\n', &mut self.buffer) {
-                Ok(0) => self.finished = true,
-                Ok(_) => {}
+            use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded, too_long_message};
+            match read_line_bounded(&mut self.reader, &mut self.buffer, MAX_LINE_BYTES) {
+                Ok(Line::Eof) => self.finished = true,
+                Ok(Line::Read { .. }) => {}
+                Ok(Line::TooLong { bytes }) => {
+                    self.line_number += 1;
+                    self.report.bad(self.line_number, too_long_message(bytes));
+                    continue;
+                }
                 Err(e) => {
                     self.report
                         .bad(self.line_number + 1, format!("read error: {e}"));
@@ -186,7 +224,7 @@ fn request_of(
     ids: &mut IdInterner,
     root_of: &mut HashMap<String, String>,
 ) -> Result<Option<Request>, String> {
-    let Some(hash_ids) = row.hash_ids.filter(|h| !h.is_empty()) else {
+    let Some(BoundedIds(hash_ids)) = row.hash_ids.filter(|h| !h.0.is_empty()) else {
         return Ok(None);
     };
     let input_length = as_u64(row.input_length.as_ref())

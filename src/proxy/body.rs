@@ -91,3 +91,80 @@ impl Drop for RecordingBody {
         self.flight.finish(error);
     }
 }
+
+/// How much of a streamed request body went by, and whether the client's side failed.
+#[derive(Debug, Default)]
+pub(crate) struct StreamedCount {
+    pub bytes: std::sync::atomic::AtomicU64,
+    pub client_failed: std::sync::atomic::AtomicBool,
+}
+
+/// A request body past `--max-body`, streamed to the upstream frame by frame as the client
+/// sends it: what was read before the limit was passed, then the rest. Nothing is kept.
+pub(crate) struct StreamedBody {
+    head: Option<Bytes>,
+    rest: Incoming,
+    count: std::sync::Arc<StreamedCount>,
+}
+
+impl StreamedBody {
+    pub(crate) fn new(
+        head: Bytes,
+        rest: Incoming,
+        count: std::sync::Arc<StreamedCount>,
+    ) -> StreamedBody {
+        count
+            .bytes
+            .fetch_add(head.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        StreamedBody {
+            head: (!head.is_empty()).then_some(head),
+            rest,
+            count,
+        }
+    }
+}
+
+impl Body for StreamedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        use std::sync::atomic::Ordering;
+        let this = self.get_mut();
+        if let Some(head) = this.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        let polled = Pin::new(&mut this.rest).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.count
+                        .bytes
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.count.client_failed.store(true, Ordering::Relaxed),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = self.rest.size_hint();
+        if let Some(head) = &self.head {
+            let extra = head.len() as u64;
+            hint.set_lower(hint.lower() + extra);
+            if let Some(upper) = hint.upper() {
+                hint.set_upper(upper + extra);
+            }
+        }
+        hint
+    }
+}

@@ -12,9 +12,9 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Request, Response, StatusCode, Uri, Version};
 use tokio::sync::oneshot;
 
-use super::body::RecordingBody;
+use super::body::{RecordingBody, StreamedBody, StreamedCount};
 use super::headers::{recorded_headers, strip_hop_by_hop};
-use super::upstream::{self, UpstreamSender};
+use super::upstream::{self, UpstreamBody, UpstreamSender};
 use super::{Shared, now_ms};
 use crate::capture::{Capture, ResponseCapture, stream_kind_of};
 use crate::record::ExchangeError;
@@ -44,21 +44,29 @@ impl Connection {
     /// Sends on this connection's upstream connection, opening it if needed. A reused connection
     /// found closed before the request went out is reopened and the request sent once more; a
     /// request that may have reached the server is never sent twice.
-    async fn send(&self, request: UpstreamRequest) -> Result<Response<Incoming>, ExchangeError> {
+    async fn send(
+        &self,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, ExchangeError> {
         let mut slot = self.upstream.lock().await;
         let mut request = Some(request);
         for _ in 0..2 {
             let reused = slot.as_ref().is_some_and(|sender| !sender.is_closed());
             if !reused {
                 let shared = &self.shared;
-                *slot = Some(
-                    upstream::connect(
-                        &shared.upstream,
-                        shared.tls.as_ref(),
-                        shared.connect_timeout,
-                    )
-                    .await?,
-                );
+                match upstream::connect(
+                    &shared.upstream,
+                    shared.tls.as_ref(),
+                    shared.connect_timeout,
+                )
+                .await
+                {
+                    Ok(sender) => *slot = Some(sender),
+                    Err(failure) => {
+                        shared.stats.set_upstream_error(&failure.reason);
+                        return Err(failure.kind);
+                    }
+                }
             }
             let Some(sender) = slot.as_mut() else {
                 return Err(ExchangeError::UpstreamUnreachable);
@@ -73,14 +81,14 @@ impl Connection {
             let Some(next) = request.take() else {
                 return Err(ExchangeError::UpstreamReset);
             };
-            match sender.try_send_request(next.build()).await {
+            match sender.try_send_request(next).await {
                 Ok(response) => return Ok(response),
                 Err(mut e) => {
                     *slot = None;
-                    // The request was not written: it can go out on a fresh connection.
+                    // The request was not written (its body not read, streamed or not): it
+                    // can go out on a fresh connection.
                     if reused && let Some(back) = e.take_message() {
-                        let (parts, _) = back.into_parts();
-                        request = Some(UpstreamRequest::from_parts(parts, next.body));
+                        request = Some(back);
                         continue;
                     }
                     return Err(ExchangeError::UpstreamReset);
@@ -91,24 +99,18 @@ impl Connection {
     }
 }
 
-struct UpstreamRequest {
-    parts: hyper::http::request::Parts,
-    body: Bytes,
-}
-
-impl UpstreamRequest {
-    fn from_parts(parts: hyper::http::request::Parts, body: Bytes) -> UpstreamRequest {
-        UpstreamRequest { parts, body }
-    }
-
-    fn build(&self) -> Request<Full<Bytes>> {
-        let mut request = Request::new(Full::new(self.body.clone()));
-        *request.method_mut() = self.parts.method.clone();
-        *request.uri_mut() = self.parts.uri.clone();
-        *request.headers_mut() = self.parts.headers.clone();
-        *request.version_mut() = Version::HTTP_11;
-        request
-    }
+/// The request as the upstream gets it: the client's, with hop-by-hop headers gone, our `Host`,
+/// the upstream's path, HTTP/1.1.
+fn upstream_request(
+    parts: &hyper::http::request::Parts,
+    body: UpstreamBody,
+) -> Request<UpstreamBody> {
+    let mut request = Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.headers_mut() = parts.headers.clone();
+    *request.version_mut() = Version::HTTP_11;
+    request
 }
 
 /// The exchange's capture until it is handed over. Dropping it unfinished (the client went away
@@ -116,6 +118,8 @@ impl UpstreamRequest {
 pub(crate) struct InFlight {
     capture: Option<Capture<Bytes>>,
     connection: Arc<Connection>,
+    /// A streamed request body's bytes so far (`StreamedBody`): the capture's size at the end.
+    streamed: Option<Arc<StreamedCount>>,
 }
 
 impl InFlight {
@@ -129,6 +133,15 @@ impl InFlight {
         };
         capture.t_end_ms = now_ms();
         capture.error = error;
+        if let Some(streamed) = &self.streamed {
+            capture.request_body_bytes = streamed.bytes.load(Ordering::Relaxed);
+            if streamed.client_failed.load(Ordering::Relaxed)
+                && matches!(capture.error, Some(ExchangeError::UpstreamReset))
+            {
+                // The upstream saw a cut body because the client's stopped.
+                capture.error = Some(ExchangeError::ClientDisconnected);
+            }
+        }
         let shared = &self.connection.shared;
         let Some(capture) = shared.captures.try_send(capture) else {
             shared.stats.exchange_done();
@@ -193,6 +206,7 @@ pub(crate) async fn forward(
             error: None,
         }),
         connection: Arc::clone(&connection),
+        streamed: None,
     };
 
     let previous = connection
@@ -204,9 +218,21 @@ pub(crate) async fn forward(
         let _ = previous.await;
     }
 
-    let body = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => {
+    // Read whole up to `--max-body` (kept for the record, and sent whole); a body announced
+    // or found larger is streamed to the upstream as it arrives, never held.
+    let announced = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let limit = if announced.is_some_and(|n| n > shared.max_body as u64) {
+        0
+    } else {
+        shared.max_body
+    };
+    let body = match read_up_to(body, limit).await {
+        Ok(body) => body,
+        Err(()) => {
             flight.finish(Some(ExchangeError::ClientDisconnected));
             return error_response(
                 StatusCode::BAD_REQUEST,
@@ -214,10 +240,20 @@ pub(crate) async fn forward(
             );
         }
     };
-    if let Some(capture) = flight.capture_mut() {
-        capture.request_body_bytes = body.len() as u64;
-        capture.request_body = (body.len() <= shared.max_body).then(|| body.clone());
-    }
+    let upstream_body = match body {
+        RequestBody::Whole(body) => {
+            if let Some(capture) = flight.capture_mut() {
+                capture.request_body_bytes = body.len() as u64;
+                capture.request_body = Some(body.clone());
+            }
+            Full::new(body).map_err(|never| match never {}).boxed()
+        }
+        RequestBody::Streamed { head, rest } => {
+            let count = Arc::new(StreamedCount::default());
+            flight.streamed = Some(Arc::clone(&count));
+            StreamedBody::new(head, rest, count).boxed()
+        }
+    };
 
     strip_hop_by_hop(&mut parts.headers);
     // The client addressed the proxy; the upstream (and its TLS name) expects its own name.
@@ -225,7 +261,7 @@ pub(crate) async fn forward(
         .headers
         .insert(header::HOST, shared.host_header.clone());
     parts.uri = upstream_uri(&shared.upstream.prefix, &path);
-    let upstream_request = UpstreamRequest { parts, body };
+    let upstream_request = upstream_request(&parts, upstream_body);
 
     let response = match connection.send(upstream_request).await {
         Ok(response) => response,
@@ -239,12 +275,17 @@ pub(crate) async fn forward(
                 .last_upstream_failure_ms
                 .store(now_ms().max(0) as u64, Ordering::Relaxed);
             flight.finish(Some(error));
+            let reason = shared.stats.last_upstream_error().unwrap_or_default();
             let message = match error {
-                ExchangeError::Timeout => "connecting to the upstream server timed out",
-                ExchangeError::UpstreamUnreachable => "the upstream server is unreachable",
-                _ => "the upstream server closed the connection before answering",
+                ExchangeError::Timeout => {
+                    format!("connecting to the upstream server timed out: {reason}")
+                }
+                ExchangeError::UpstreamUnreachable => {
+                    format!("the upstream server is unreachable: {reason}")
+                }
+                _ => "the upstream server closed the connection before answering".to_string(),
             };
-            return error_response(StatusCode::BAD_GATEWAY, message);
+            return error_response(StatusCode::BAD_GATEWAY, &message);
         }
     };
     shared
@@ -269,6 +310,42 @@ pub(crate) async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     let body = RecordingBody::new(incoming, flight, shared.max_body);
     Response::from_parts(parts, body.boxed())
+}
+
+enum RequestBody {
+    /// The whole body, at most the limit.
+    Whole(Bytes),
+    /// Past the limit: what was read so far, and the rest still to come.
+    Streamed { head: Bytes, rest: Incoming },
+}
+
+/// Reads `body` whole if it ends within `limit` bytes; else stops at the frame that passes it.
+async fn read_up_to(mut body: Incoming, limit: usize) -> Result<RequestBody, ()> {
+    if limit == 0 {
+        // Announced past the limit: nothing read here, all of it streamed.
+        return Ok(RequestBody::Streamed {
+            head: Bytes::new(),
+            rest: body,
+        });
+    }
+    let mut head = bytes::BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Ok(RequestBody::Whole(head.freeze())),
+            Some(Err(_)) => return Err(()),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    head.extend_from_slice(&data);
+                }
+                if head.len() > limit {
+                    return Ok(RequestBody::Streamed {
+                        head: head.freeze(),
+                        rest: body,
+                    });
+                }
+            }
+        }
+    }
 }
 
 fn upstream_uri(prefix: &str, path: &str) -> Uri {

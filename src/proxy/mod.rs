@@ -2,8 +2,9 @@
 //! capture per exchange to the recorder.
 //!
 //! One task per client connection, and one upstream connection per client connection, opened on
-//! its first request. The request body is read whole, then forwarded; the response streams back
-//! frame by frame as it arrives, with a copy kept up to `max_body`.
+//! its first request. The request body is read whole up to `max_body`, then forwarded (a larger
+//! one is streamed to the upstream as it arrives, not kept); the response streams back frame by
+//! frame as it arrives, with a copy kept up to `max_body`.
 
 mod body;
 mod forward;
@@ -20,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::server::conn::http1 as server_http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
@@ -32,6 +33,11 @@ pub use upstream::Upstream;
 pub const DEFAULT_PORT: u16 = 8787;
 pub const DEFAULT_MAX_BODY: usize = 64 * 1024 * 1024;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client's request head must arrive within this, and a kept-alive connection is closed after
+/// waiting this long for its next request: 30 s (hyper's default value; llama-server closes idle
+/// connections after 5 s, so clients already reconnect). Slow-header clients held connections
+/// and descriptors for ever before.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
@@ -42,6 +48,9 @@ pub struct ProxyConfig {
     pub connect_timeout: Duration,
     /// PEM CA certificates trusted for `https://` upstreams, beside the Mozilla roots.
     pub extra_ca_pem: Option<Vec<u8>>,
+    /// How long a client may take to send a request head, and how long a kept-alive
+    /// connection may wait for its next request (`DEFAULT_HEADER_TIMEOUT`).
+    pub header_timeout: Duration,
 }
 
 impl ProxyConfig {
@@ -52,6 +61,7 @@ impl ProxyConfig {
             max_body: DEFAULT_MAX_BODY,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             extra_ca_pem: None,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
         }
     }
 }
@@ -68,10 +78,38 @@ pub struct ProxyStats {
     pub last_upstream_ok_ms: AtomicU64,
     /// Unix ms of the last exchange that could not reach upstream, 0 if none.
     pub last_upstream_failure_ms: AtomicU64,
+    /// Why the last connection to the upstream failed (the TLS or OS error).
+    pub last_upstream_error: std::sync::Mutex<Option<String>>,
+    /// Requests the HTTP parser refused before they were exchanges (bad framing, headers too
+    /// large, a URI too long: hyper answers 400, 431 or 414 itself): not forwarded, not
+    /// recorded, counted here.
+    pub rejected: AtomicU64,
+    /// Why the last one was refused.
+    pub last_rejection: std::sync::Mutex<Option<String>>,
+    /// Connections closed because the request head did not arrive within the header timeout
+    /// (slow or idle clients).
+    pub header_timeouts: AtomicU64,
+    /// Connections that could not be accepted (out of descriptors, mostly), and why.
+    pub accept_errors: AtomicU64,
+    pub last_accept_error: std::sync::Mutex<Option<String>>,
     idle: Notify,
 }
 
 impl ProxyStats {
+    pub fn last_upstream_error(&self) -> Option<String> {
+        self.last_upstream_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    pub(crate) fn set_upstream_error(&self, reason: &str) {
+        if let Ok(mut last) = self.last_upstream_error.lock() {
+            *last = Some(reason.to_string());
+        }
+    }
+
+    pub fn last_rejection(&self) -> Option<String> {
+        self.last_rejection.lock().ok().and_then(|e| e.clone())
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -109,6 +147,7 @@ pub(crate) struct Shared {
 pub struct Proxy {
     listener: TcpListener,
     shared: Arc<Shared>,
+    header_timeout: Duration,
 }
 
 impl Proxy {
@@ -134,7 +173,11 @@ impl Proxy {
             next_id: AtomicU64::new(1),
             stats: Arc::new(ProxyStats::default()),
         });
-        Ok(Proxy { listener, shared })
+        Ok(Proxy {
+            listener,
+            shared,
+            header_timeout: config.header_timeout,
+        })
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -148,7 +191,11 @@ impl Proxy {
     /// Serves until `shutdown` resolves, then stops accepting, lets the exchanges under way
     /// finish, and returns once every one of them has reached the recorder.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let Proxy { listener, shared } = self;
+        let Proxy {
+            listener,
+            shared,
+            header_timeout,
+        } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
         let mut next_conn = 1u64;
@@ -163,10 +210,23 @@ impl Proxy {
                         shared.stats.connections.fetch_add(1, Ordering::Relaxed);
                         let connection = Arc::new(forward::Connection::new(next_conn, Arc::clone(&shared)));
                         next_conn += 1;
-                        connections.spawn(serve_connection(stream, connection, stop_rx.clone()));
+                        connections.spawn(serve_connection(
+                            stream,
+                            connection,
+                            Arc::clone(&shared.stats),
+                            header_timeout,
+                            stop_rx.clone(),
+                        ));
                     }
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    // Out of file descriptors and the like: counted, then back off instead of
+                    // spinning.
+                    Err(e) => {
+                        shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut last) = shared.stats.last_accept_error.lock() {
+                            *last = Some(e.to_string());
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                 },
             }
         }
@@ -180,27 +240,108 @@ impl Proxy {
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     connection: Arc<forward::Connection>,
+    stats: Arc<ProxyStats>,
+    header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     let service = service_fn(move |request| {
         let connection = Arc::clone(&connection);
         async move { Ok::<_, std::convert::Infallible>(forward::forward(connection, request).await) }
     });
+    // hyper runs the header timeout whenever it waits for a request head: on a new connection
+    // and between the requests of a kept-alive one, so it is the idle timeout too.
     let conn = server_http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
         .keep_alive(true)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        _ = stop.wait_for(|stopped| *stopped) => {}
+    let finished = tokio::select! {
+        result = conn.as_mut() => Some(result),
+        _ = stop.wait_for(|stopped| *stopped) => None,
+    };
+    let result = match finished {
+        Some(result) => result,
+        None => {
+            // Finish the exchange under way, then close; idle connections close at once.
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        count_connection_error(&stats, &e);
     }
-    // Finish the exchange under way, then close; idle connections close at once.
-    conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+}
+
+/// What a connection's end says about its client: a request hyper refused before it was an
+/// exchange (answered 400, 431 or 414 by hyper itself, never forwarded, so no record), or a
+/// client that sent no complete head within the header timeout.
+fn count_connection_error(stats: &ProxyStats, error: &hyper::Error) {
+    if error.is_timeout() {
+        stats.header_timeouts.fetch_add(1, Ordering::Relaxed);
+    } else if error.is_parse() || error.is_parse_too_large() {
+        stats.rejected.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = stats.last_rejection.lock() {
+            *last = Some(error.to_string());
+        }
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The descriptor limit (`RLIMIT_NOFILE`) before and after [`raise_descriptor_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorLimit {
+    pub before: u64,
+    pub now: u64,
+}
+
+/// Raises the soft descriptor limit to the hard one: each client holds two descriptors (its own
+/// connection and the upstream's), and at the common soft limit of 1,024 about 500 clients
+/// exhausted it (new clients were not accepted, and connects to the upstream failed as if the
+/// upstream were down). `None` if the limit cannot be read.
+pub fn raise_descriptor_limit() -> Option<DescriptorLimit> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return None;
+        }
+        let before: u64 = limit.rlim_cur;
+        if limit.rlim_cur >= limit.rlim_max {
+            return Some(DescriptorLimit {
+                before,
+                now: before,
+            });
+        }
+        // An unlimited hard limit cannot be the soft one (the kernel's nr_open caps it): try it,
+        // then 2^20, the usual nr_open.
+        for target in [limit.rlim_max, (1 << 20).min(limit.rlim_max)] {
+            let raised = libc::rlimit {
+                rlim_cur: target,
+                rlim_max: limit.rlim_max,
+            };
+            // SAFETY: as above.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                return Some(DescriptorLimit {
+                    before,
+                    now: target,
+                });
+            }
+        }
+        Some(DescriptorLimit {
+            before,
+            now: before,
+        })
+    }
+    #[cfg(not(unix))]
+    None
 }

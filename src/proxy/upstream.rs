@@ -129,38 +129,92 @@ fn pem_certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<
         .map_err(|e| format!("CA file: {e}"))
 }
 
-pub(crate) type UpstreamSender = http1::Sender;
+/// A request body to the upstream: whole (`Full`, kept for the record and a retry) or streamed
+/// (`StreamedBody`, past `--max-body`).
+pub(crate) type UpstreamBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
+
+pub(crate) type UpstreamSender = hyper::client::conn::http1::SendRequest<UpstreamBody>;
+
+/// Why the upstream could not be reached: the record's kind, and the reason for the status
+/// line and the proxy's 502 (the TLS error, the OS error, the handshake that timed out).
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectFailure {
+    pub kind: ExchangeError,
+    pub reason: String,
+}
 
 /// Connects (within `timeout`) and performs the HTTP/1.1 handshake.
 pub(crate) async fn connect(
     upstream: &Upstream,
     tls: Option<&tokio_rustls::TlsConnector>,
     timeout: Duration,
-) -> Result<UpstreamSender, ExchangeError> {
+) -> Result<UpstreamSender, ConnectFailure> {
+    let fail = |kind, reason: String| ConnectFailure { kind, reason };
+    let authority = upstream.authority();
     let address = (upstream.host.as_str(), upstream.port);
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
         Ok(Ok(stream)) => stream,
-        Ok(Err(_)) => return Err(ExchangeError::UpstreamUnreachable),
-        Err(_) => return Err(ExchangeError::Timeout),
+        Ok(Err(e)) => {
+            return Err(fail(
+                ExchangeError::UpstreamUnreachable,
+                format!("cannot connect to {authority}: {e}"),
+            ));
+        }
+        Err(_) => {
+            return Err(fail(
+                ExchangeError::Timeout,
+                format!(
+                    "connecting to {authority} took longer than {} s",
+                    timeout.as_secs()
+                ),
+            ));
+        }
     };
     let _ = stream.set_nodelay(true);
     match (upstream.https, tls) {
         (true, Some(tls)) => {
-            let name = rustls::pki_types::ServerName::try_from(upstream.host.clone())
-                .map_err(|_| ExchangeError::UpstreamUnreachable)?;
+            let name =
+                rustls::pki_types::ServerName::try_from(upstream.host.clone()).map_err(|e| {
+                    fail(
+                        ExchangeError::UpstreamUnreachable,
+                        format!("TLS: {:?} is not a server name: {e}", upstream.host),
+                    )
+                })?;
             let tls_stream = match tokio::time::timeout(timeout, tls.connect(name, stream)).await {
                 Ok(Ok(s)) => s,
-                Ok(Err(_)) => return Err(ExchangeError::UpstreamUnreachable),
-                Err(_) => return Err(ExchangeError::Timeout),
+                Ok(Err(e)) => {
+                    return Err(fail(
+                        ExchangeError::UpstreamUnreachable,
+                        format!("TLS handshake with {authority} failed: {e}"),
+                    ));
+                }
+                Err(_) => {
+                    return Err(fail(
+                        ExchangeError::Timeout,
+                        format!(
+                            "TLS handshake with {authority}: no answer in {} s (is it an https:// server? a plain HTTP port waits for a request that never comes)",
+                            timeout.as_secs()
+                        ),
+                    ));
+                }
             };
-            http1::handshake(tls_stream)
-                .await
-                .map_err(|_| ExchangeError::UpstreamUnreachable)
+            http1::handshake_with_body(tls_stream).await.map_err(|e| {
+                fail(
+                    ExchangeError::UpstreamUnreachable,
+                    format!("HTTP/1.1 handshake with {authority} failed: {e}"),
+                )
+            })
         }
-        (true, None) => Err(ExchangeError::UpstreamUnreachable),
-        (false, _) => http1::handshake(stream)
-            .await
-            .map_err(|_| ExchangeError::UpstreamUnreachable),
+        (true, None) => Err(fail(
+            ExchangeError::UpstreamUnreachable,
+            "no TLS configuration for an https:// upstream".to_string(),
+        )),
+        (false, _) => http1::handshake_with_body(stream).await.map_err(|e| {
+            fail(
+                ExchangeError::UpstreamUnreachable,
+                format!("HTTP/1.1 handshake with {authority} failed: {e}"),
+            )
+        }),
     }
 }
 

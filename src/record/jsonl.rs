@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::Record;
 use crate::RECORD_VERSION;
+use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded, too_long_message};
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ReadResult {
@@ -60,23 +61,29 @@ impl<R: BufRead> Iterator for Lines<R> {
 
     fn next(&mut self) -> Option<Self::Item> {
         while !self.done {
-            self.buffer.clear();
-            match self.reader.read_until(b'\n', &mut self.buffer) {
-                Ok(0) => {
-                    self.done = true;
-                    return None;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(BadLine {
-                        line: self.number + 1,
-                        error: format!("read error: {e}"),
-                    }));
-                }
-            }
+            let complete =
+                match read_line_bounded(&mut self.reader, &mut self.buffer, MAX_LINE_BYTES) {
+                    Ok(Line::Eof) => {
+                        self.done = true;
+                        return None;
+                    }
+                    Ok(Line::Read { complete }) => complete,
+                    Ok(Line::TooLong { bytes }) => {
+                        self.number += 1;
+                        return Some(Err(BadLine {
+                            line: self.number,
+                            error: too_long_message(bytes),
+                        }));
+                    }
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(BadLine {
+                            line: self.number + 1,
+                            error: format!("read error: {e}"),
+                        }));
+                    }
+                };
             self.number += 1;
-            let complete = self.buffer.last() == Some(&b'\n');
             let line = trim_ascii(&self.buffer);
             if line.is_empty() {
                 continue;

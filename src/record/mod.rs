@@ -3,7 +3,8 @@
 //! `null` means "not measured", never zero. Extensions are new fields or new keys only, so llmp
 //! reads what we write and we read what llmp writes.
 //!
-//! The lowest floor: this module depends on nothing else of the crate. Digesting
+//! The lowest floor: this module depends on nothing else of the crate but the `limits` leaf
+//! (the line bound). Digesting
 //! (`normalize::digest`) and building records from captures (`capture`) live above it.
 
 pub mod hash;

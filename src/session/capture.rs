@@ -13,7 +13,7 @@ use super::shutdown::Shutdown;
 use crate::calendar::civil_from_days;
 use crate::capture::BodyMode;
 use crate::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
-use crate::record::Record;
+use crate::record::{ExchangeError, Record};
 use crate::recorder::{Recorder, RecorderConfig, RecorderStats};
 
 /// Where to listen, where to forward, what to record.
@@ -44,6 +44,43 @@ pub struct Capture {
     pub path: PathBuf,
     pub listen: SocketAddr,
     pub upstream: Upstream,
+    /// The descriptor limit, raised to the hard limit at the start.
+    pub descriptors: Option<crate::proxy::DescriptorLimit>,
+}
+
+impl Capture {
+    /// What the start-up line says beside the addresses: the descriptor limit, and a warning
+    /// when the proxy listens beyond this machine.
+    pub fn notices(&self) -> Vec<String> {
+        let mut notices = Vec::new();
+        if let Some(limit) = self.descriptors {
+            notices.push(if limit.now > limit.before {
+                format!(
+                    "descriptors: {} (raised from {}); each client uses two",
+                    limit.now, limit.before
+                )
+            } else {
+                format!(
+                    "descriptors: {} (the hard limit); each client uses two",
+                    limit.now
+                )
+            });
+        }
+        if let Some(warning) = exposure_warning(self.listen) {
+            notices.push(warning);
+        }
+        notices
+    }
+}
+
+/// A warning when `listen` is reachable from other machines: anyone who reaches the port can
+/// use the upstream through it, and what they send is recorded.
+pub fn exposure_warning(listen: SocketAddr) -> Option<String> {
+    (!listen.ip().is_loopback()).then(|| {
+        format!(
+            "WARNING: listening on {listen}, beyond this machine: anyone who can reach it can use the upstream through the proxy, and what they send is recorded (use 127.0.0.1 to stay local)"
+        )
+    })
 }
 
 impl Capture {
@@ -61,12 +98,17 @@ impl Capture {
             )));
         }
         let path = args.out.clone().unwrap_or_else(default_recording_name);
-        check_new_recording(&path).map_err(Error::Usage)?;
+        check_new_recording(&path, args.max_size).map_err(Error::Usage)?;
         let extra_ca_pem = match &args.ca_file {
-            Some(ca) => Some(
-                std::fs::read(ca)
-                    .map_err(|e| Error::Unreadable(format!("cannot read {}: {e}", ca.display())))?,
-            ),
+            Some(ca) => {
+                let pem = std::fs::read(ca).map_err(|e| {
+                    Error::Unreadable(format!("cannot read --ca-file {}: {e}", ca.display()))
+                })?;
+                // Checked here, so a bad file is named as such (not "cannot listen").
+                crate::proxy::upstream::tls_connector(Some(&pem))
+                    .map_err(|e| Error::Unreadable(format!("--ca-file {}: {e}", ca.display())))?;
+                Some(pem)
+            }
             None => None,
         };
         let mode = if args.digest {
@@ -90,6 +132,7 @@ impl Capture {
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
         config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
+        let descriptors = crate::proxy::raise_descriptor_limit();
         let proxy = runtime
             .block_on(Proxy::bind(config, recorder.sender()))
             .map_err(|e| Error::Unreadable(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -101,6 +144,7 @@ impl Capture {
             path,
             listen,
             upstream,
+            descriptors,
         })
     }
 }
@@ -143,6 +187,30 @@ impl LiveControl {
         let failed = self.proxy.last_upstream_failure_ms.load(Ordering::Relaxed);
         (ok > 0 || failed > 0).then_some(ok >= failed)
     }
+
+    /// The status bar's notes: why the upstream is down, requests the HTTP parser refused
+    /// (answered by hyper, never recorded), connections not accepted (out of descriptors).
+    pub fn proxy_notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.upstream_ok() == Some(false)
+            && let Some(reason) = self.proxy.last_upstream_error()
+        {
+            let mut reason: String = reason.chars().take(80).collect();
+            if reason.chars().count() == 80 {
+                reason.push('…');
+            }
+            notes.push(reason);
+        }
+        let rejected = self.proxy.rejected.load(Ordering::Relaxed);
+        if rejected > 0 {
+            notes.push(format!("{rejected} refused (not recorded)"));
+        }
+        let accept = self.proxy.accept_errors.load(Ordering::Relaxed);
+        if accept > 0 {
+            notes.push(format!("{accept} not accepted"));
+        }
+        notes
+    }
 }
 
 #[cfg(feature = "tui")]
@@ -161,6 +229,10 @@ impl crate::tui::Control for LiveControl {
 
     fn upstream_ok(&self) -> Option<bool> {
         LiveControl::upstream_ok(self)
+    }
+
+    fn proxy_notes(&self) -> Vec<String> {
+        LiveControl::proxy_notes(self)
     }
 
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
@@ -185,15 +257,47 @@ pub fn stop_on_signal(
     }
 }
 
-/// Ids restart with every run, so appending to an old recording would mix two runs' ids.
-pub fn check_new_recording(path: &Path) -> Result<(), String> {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_file() && meta.len() > 0 => Err(format!(
-            "{} already holds a recording; choose a new file (ids restart with every run)",
-            path.display()
-        )),
-        _ => Ok(()),
+/// A recording is always a new file: ids restart with every run, so appending to an old one
+/// would mix two runs' ids, and an existing file keeps its own mode and owner. An existing
+/// file (even empty) or a symlink at the path is refused; so is, when the recording rotates
+/// (`max_size`), an earlier run's `NAME.N.EXT` beside it. A device or FIFO (`/dev/null`) is
+/// written as it is. The recorder creates every file `O_EXCL | O_NOFOLLOW` anyway, so a file
+/// made after this check is refused too, never appended to.
+pub fn check_new_recording(path: &Path, max_size: Option<u64>) -> Result<(), String> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            return Err(format!(
+                "{} is a symlink; a recording is created new, never through a link: choose a new file",
+                path.display()
+            ));
+        }
+        if kind.is_dir() {
+            return Err(format!("{} is a directory", path.display()));
+        }
+        if kind.is_file() {
+            return Err(if meta.len() > 0 {
+                format!(
+                    "{} already holds a recording; choose a new file (ids restart with every run)",
+                    path.display()
+                )
+            } else {
+                format!(
+                    "{} already exists; a recording is created new (mode 0600): remove it or choose a new file",
+                    path.display()
+                )
+            });
+        }
     }
+    if max_size.is_some()
+        && let Some(old) = crate::recorder::rotation_leftover(path)
+    {
+        return Err(format!(
+            "{} exists (an earlier run's rotated file?); remove it or choose a new name, so this run's files are not mixed with it",
+            old.display()
+        ));
+    }
+    Ok(())
 }
 
 pub fn default_recording_name() -> PathBuf {
@@ -213,7 +317,26 @@ pub fn default_recording_name() -> PathBuf {
 /// How a capture's records are written and what became of them.
 pub struct Written {
     pub records: u64,
+    /// Records that could not be written (a full disk), with the last error.
+    pub failed: u64,
+    pub last_error: Option<String>,
     pub path: PathBuf,
+}
+
+impl Written {
+    fn of(stats: &RecorderStats, path: PathBuf) -> Written {
+        Written {
+            records: stats.written.load(Ordering::Relaxed),
+            failed: stats.write_errors.load(Ordering::Relaxed),
+            last_error: stats.last_error(),
+            path,
+        }
+    }
+
+    /// Every record failed to write (there was at least one): the command's exit is 1.
+    pub fn all_failed(&self) -> bool {
+        self.records == 0 && self.failed > 0
+    }
 }
 
 /// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
@@ -237,6 +360,7 @@ pub fn watch_screen(
         path,
         listen,
         upstream,
+        ..
     } = capture;
     let (events, receiver) = crossbeam_channel::unbounded();
     let (control, stop_rx) = LiveControl::new(&proxy, &recorder, &path);
@@ -269,11 +393,7 @@ pub fn watch_screen(
     control.stop();
     let _ = proxy_thread.join();
     let stats = recorder.finish();
-    let written = Written {
-        records: stats.written.load(Ordering::Relaxed),
-        path,
-    };
-    (result, written)
+    (result, Written::of(&stats, path))
 }
 
 /// `watch` with no terminal: records as `record` does, a line per record on `out` as it
@@ -292,10 +412,21 @@ pub fn watch_headless(
         path,
         ..
     } = capture;
+    let proxy_stats = proxy.stats();
     let printer = std::thread::spawn(move || {
         let mut engine = Engine::new(crate::analysis::Config::default());
         for record in records {
             let _ = writeln!(out, "{}", super::headless::record_line(&record));
+            if matches!(
+                record.error,
+                Some(ExchangeError::UpstreamUnreachable | ExchangeError::Timeout)
+            ) {
+                // Why, on stderr beside the line (`record` does the same).
+                eprintln!(
+                    "prefixscope: upstream failed: {}",
+                    proxy_stats.last_upstream_error().unwrap_or_default()
+                );
+            }
             engine.push(Input::Record(record, super::wall_clock_ms()));
         }
         let _ = write!(
@@ -309,8 +440,5 @@ pub fn watch_headless(
     drop(runtime);
     let stats = recorder.finish();
     let _ = printer.join();
-    Written {
-        records: stats.written.load(Ordering::Relaxed),
-        path,
-    }
+    Written::of(&stats, path)
 }

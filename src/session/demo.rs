@@ -311,6 +311,9 @@ impl crate::tui::Control for DemoControl {
     fn upstream_ok(&self) -> Option<bool> {
         self.live.upstream_ok()
     }
+    fn proxy_notes(&self) -> Vec<String> {
+        self.live.proxy_notes()
+    }
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
         crate::tui::Control::export(&self.live, format, path)
     }

@@ -4,11 +4,12 @@
 //! (32 random bytes as hex, mode 0600) and reused after, so exports of the same traffic share ids.
 
 use std::fs::File;
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 use crate::export::{self, ExportError, Inputs, Options, Salt, Target};
 use crate::input::{self, Format};
+use crate::output_file::OutputFile;
 
 /// The input files, opened again for each pass.
 pub struct Files<'a> {
@@ -67,16 +68,10 @@ fn random_hex(bytes: usize) -> String {
     buffer.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A new file only this user can read (`O_EXCL`: never an existing one).
+/// A new file only this user can read (`O_EXCL | O_NOFOLLOW`: never an existing one, never
+/// through a symlink).
 pub fn create_private(path: &Path) -> std::io::Result<File> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    options.open(path)
+    crate::output_file::create_new_private(path)
 }
 
 /// A salt as read from its file.
@@ -161,14 +156,24 @@ pub fn load_or_create_salt(path: &Path) -> Result<SaltFile, String> {
 /// keeps no bodies) to `path` with the format's default block size and the default salt file,
 /// saying what it did in one line (nothing on stderr: the TUI owns the terminal).
 pub fn export_files(files: &[PathBuf], to: &str, path: &str) -> Result<String, String> {
+    let salt_path = default_salt_path()
+        .ok_or("no place for the salt file (neither XDG_CONFIG_HOME nor HOME is set)")?;
+    export_files_salted(files, to, path, &salt_path)
+}
+
+/// [`export_files`] with the salt file given.
+pub fn export_files_salted(
+    files: &[PathBuf],
+    to: &str,
+    path: &str,
+    salt_path: &Path,
+) -> Result<String, String> {
     let path = Path::new(path.trim());
     if path.as_os_str().is_empty() {
         return Err("no file name".into());
     }
     let target = Target::parse(to).ok_or_else(|| format!("unknown format {to:?}"))?;
-    let salt_path = default_salt_path()
-        .ok_or("no place for the salt file (neither XDG_CONFIG_HOME nor HOME is set)")?;
-    let salt = load_or_create_salt(&salt_path)?.salt;
+    let salt = load_or_create_salt(salt_path)?.salt;
     let block_size = target.default_block_size().unwrap_or(16);
     let options = Options {
         target,
@@ -177,20 +182,11 @@ pub fn export_files(files: &[PathBuf], to: &str, path: &str) -> Result<String, S
         tools_position: None,
         ts_column: None,
     };
-    if files
-        .iter()
-        .any(|f| f.canonicalize().ok() == path.canonicalize().ok() && path.exists())
-    {
-        return Err(format!("{} is one of the inputs", path.display()));
-    }
-    let file = if target.anonymous() {
-        File::create(path)
-    } else {
-        std::fs::remove_file(path).ok();
-        create_private(path)
-    }
-    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    let mut out = BufWriter::with_capacity(1 << 16, file);
+    // A 0600 temporary file renamed over `path` once the export is whole: a symlink there is
+    // replaced, a recording being read is refused, a failed export leaves the old file.
+    let input_paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let mut out = OutputFile::create(path, &input_paths)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let inputs = Files { paths: files };
     // The replayed files' own format (a recording, a trace, a gateway log).
     let format = files
@@ -198,7 +194,7 @@ pub fn export_files(files: &[PathBuf], to: &str, path: &str) -> Result<String, S
         .and_then(|path| input::open(path, None).ok())
         .map_or(Format::Recording, |opened| opened.format);
     let result = export::export(&inputs, format, &options, &mut out)
-        .and_then(|s| out.flush().map(|()| s).map_err(ExportError::Write));
+        .and_then(|s| out.commit().map(|()| s).map_err(ExportError::Write));
     match result {
         Ok(summary) => Ok(format!(
             "exported {} requests to {} ({}{}{})",
@@ -216,10 +212,7 @@ pub fn export_files(files: &[PathBuf], to: &str, path: &str) -> Result<String, S
                 ", NOT anonymous: it carries the messages"
             }
         )),
-        Err(e) => {
-            std::fs::remove_file(path).ok();
-            Err(e.to_string())
-        }
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -94,7 +94,7 @@ impl Replay {
         } else {
             let mut opened = Vec::new();
             for path in &config.files {
-                match std::fs::File::open(path) {
+                match open_file(path) {
                     Ok(file) => opened.push((path.clone(), file)),
                     Err(e) => messages.push(format!("cannot read {}: {e}", path.display())),
                 }
@@ -205,6 +205,15 @@ pub fn measure_block_model(
         }
     }
     input::choose_block_model(&InputOptions::default(), &evidence)
+}
+
+/// A file to read, not a directory (which `open` gives on Linux, and only reading refuses).
+fn open_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_dir() {
+        return Err(std::io::Error::from(std::io::ErrorKind::IsADirectory));
+    }
+    Ok(file)
 }
 
 /// A trace's or gateway log's requests, in start order, and the bad rows skipped (each also

@@ -67,6 +67,9 @@ impl Control for WithEngine<'_> {
     fn upstream_ok(&self) -> Option<bool> {
         self.edge.upstream_ok()
     }
+    fn proxy_notes(&self) -> Vec<String> {
+        self.edge.proxy_notes()
+    }
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
         self.edge.export(format, path)
     }
@@ -146,7 +149,7 @@ pub fn run_screen(
     drop(guard);
     if let (Some(path), Some(latencies)) = (latency_file, &app.key_latency_us) {
         let lines: String = latencies.iter().map(|us| format!("{us}\n")).collect();
-        std::fs::write(&path, lines)
+        crate::output_file::write_whole(&path, &[], lines.as_bytes())
             .map_err(|e| Error::Unreadable(format!("cannot write {}: {e}", path.display())))?;
     }
     match result {

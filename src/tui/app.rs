@@ -113,6 +113,8 @@ pub struct App {
     pub records_written: Option<u64>,
     pub in_flight: u64,
     pub upstream_ok: Option<bool>,
+    /// `Control::proxy_notes`, shown on the status bar.
+    pub proxy_notes: Vec<String>,
     pub speed: Option<f64>,
     pub source_done: bool,
     pub quitting: bool,
@@ -148,6 +150,7 @@ impl App {
             records_written: None,
             in_flight: 0,
             upstream_ok: None,
+            proxy_notes: Vec::new(),
             speed: None,
             source_done: false,
             quitting: false,

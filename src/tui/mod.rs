@@ -59,6 +59,11 @@ pub trait Control {
     fn upstream_ok(&self) -> Option<bool> {
         None
     }
+    /// What the proxy wants said on the status bar: why the upstream is down, requests the HTTP
+    /// parser refused, connections not accepted.
+    fn proxy_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Writes an export of what was recorded or replayed so far (read back from disk: the app
     /// keeps no bodies); returns what to show.
     fn export(&self, _format: &str, _path: &str) -> Result<String, String> {
@@ -112,6 +117,11 @@ pub fn run<B: Backend>(
         app.in_flight = in_flight;
         app.records_written = written;
         app.upstream_ok = control.upstream_ok().or(app.upstream_ok);
+        let notes = control.proxy_notes();
+        if notes != app.proxy_notes {
+            app.needs_draw = true;
+            app.proxy_notes = notes;
+        }
         let rate = app.requests_per_second();
         if rate != last_rate {
             app.needs_draw = true;
@@ -195,13 +205,10 @@ fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
     Ok(format!("{} and {}", json.display(), text.display()))
 }
 
+/// A whole file, 0600, through a temporary file renamed over the path (`output_file`): a
+/// symlink there is replaced, never written through.
 fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(text.as_bytes())
+    crate::output_file::write_whole(path, &[], text.as_bytes())
 }
 
 /// Terminal set-up for a real TTY, undone on every exit: the guard's `Drop` for returns and

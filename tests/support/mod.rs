@@ -113,6 +113,7 @@ pub struct Options {
     pub prefix: String,
     pub https_ca: Option<Vec<u8>>,
     pub host: String,
+    pub header_timeout: Duration,
 }
 
 impl Default for Options {
@@ -125,6 +126,7 @@ impl Default for Options {
             prefix: String::new(),
             https_ca: None,
             host: "127.0.0.1".into(),
+            header_timeout: prefixscope::proxy::DEFAULT_HEADER_TIMEOUT,
         }
     }
 }
@@ -175,6 +177,7 @@ pub async fn start_proxy(upstream: SocketAddr, name: &str, options: Options) -> 
     config.max_body = options.max_body;
     config.connect_timeout = options.connect_timeout;
     config.extra_ca_pem = options.https_ca;
+    config.header_timeout = options.header_timeout;
     let proxy = Proxy::bind(config, recorder.sender()).await.unwrap();
     let addr = proxy.local_addr().unwrap();
     let stats = proxy.stats();

@@ -85,6 +85,7 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     if app.in_flight > 0 {
         parts.push(format!("{} in flight", app.in_flight));
     }
+    parts.extend(app.proxy_notes.iter().cloned());
     spans.push(Span::raw(format!(" {} ", parts.join(" · "))));
     if let Some(status) = &app.status {
         spans.push(Span::styled(format!("│ {status} "), theme.warn()));
