@@ -129,9 +129,10 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
     }
 }
 
-/// Lines of `text` with a `\n` each (what the readers count lines by), at least one.
+/// Records `text` can hold, at least one: a line per `\n`, and for CSV (which also ends a
+/// record at a lone `\r`) one per `\r` too.
 fn line_count(bytes: &[u8]) -> usize {
-    bytes.iter().filter(|&&b| b == b'\n').count() + 1
+    bytes.iter().filter(|&&b| b == b'\n' || b == b'\r').count() + 1
 }
 
 fn check(read: &FileInput, bytes: &[u8], block_size: u32) -> Result<(), String> {
@@ -190,7 +191,7 @@ fn fuzz(name: &str, format: Format, seeds: &[Vec<u8>], block_size: u32) -> u64 {
         .unwrap_or(0x005e_ed17);
     let mut rng = Rng(seed ^ (format as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let options = InputOptions {
-        block_size,
+        block_size: Some(block_size),
         ..InputOptions::default()
     };
     let started = Instant::now();
