@@ -29,19 +29,6 @@ fn recording(name: &str) -> PathBuf {
 }
 
 /// The records in file order (what `replay` feeds).
-fn block_model_of(
-    records: &[Record],
-) -> (
-    prefixscope::cache::blocks::BlockModel,
-    prefixscope::input::BlockModelChoice,
-) {
-    let mut evidence = prefixscope::input::ModelEvidence::default();
-    for record in records {
-        prefixscope::input::recording::observe_record(record, &mut evidence);
-    }
-    prefixscope::input::choose_block_model(&Default::default(), &evidence)
-}
-
 fn file_order(name: &str) -> Vec<Record> {
     let file = std::fs::File::open(recording(name)).unwrap();
     Lines::new(std::io::BufReader::new(file))
@@ -52,7 +39,7 @@ fn file_order(name: &str) -> Vec<Record> {
 /// The engine a replay of `records` runs: the block model measured over them first.
 fn engine_of(records: &[Record]) -> Engine {
     let mut engine = Engine::new(Config::default());
-    engine.push(Input::BlockModel(Box::new(block_model_of(records))));
+    engine.push(Input::BlockModel(Box::new(live::Measured::of(records))));
     for record in records {
         engine.push(Input::Record(Arc::new(record.clone()), 0));
     }
@@ -117,7 +104,7 @@ fn the_engine_on_its_thread_ends_where_the_synchronous_one_does_and_answers_comm
     let (handle, snapshots) = spawn_collecting();
     let inputs = handle.sender();
     inputs
-        .send(Input::BlockModel(Box::new(block_model_of(&records))))
+        .send(Input::BlockModel(Box::new(live::Measured::of(&records))))
         .unwrap();
     for record in &records {
         inputs

@@ -484,14 +484,17 @@ const FEATURES: usize = 4;
 pub const MAX_FIT_SAMPLES: usize = 4_096;
 
 /// The server's prompt counts against (message characters, tool characters, messages, no system
-/// message), request by request, for a fit of what parts weigh. Bounded: the first
-/// `MAX_FIT_SAMPLES` counted requests, plus the sums the single ratio needs over all of them.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// message), request by request, for a fit of what parts weigh. Bounded and independent of the
+/// order requests are added in (a replay's first pass reads them as they completed, the profile
+/// in id order; both must fit the same weights): the `MAX_FIT_SAMPLES` requests of smallest key
+/// (the record id), plus exact integer sums over all of them for the single ratio.
+#[derive(Debug, Clone, Default)]
 pub struct WeightFit {
-    samples: Vec<([f64; FEATURES], f64)>,
+    /// (key, features, tokens), a max-heap by key so the largest goes first past the bound.
+    samples: std::collections::BinaryHeap<(u64, [u64; FEATURES], u64)>,
     requests: u64,
-    chars: f64,
-    tokens: f64,
+    chars: u64,
+    tokens: u64,
 }
 
 /// Most a per-message template overhead may weigh (tokens).
@@ -501,21 +504,22 @@ const MAX_PER_MESSAGE: f64 = 1_000.0;
 const MIN_TOKENS_PER_CHAR: f64 = 0.05;
 
 impl WeightFit {
-    /// Adds one prompt whose server count is `tokens`.
-    pub fn add(&mut self, prompt: &Prompt, tokens: u64) {
-        let text: f64 = prompt.messages.iter().map(|m| m.chars as f64).sum();
-        let tools = prompt.tools.as_ref().map_or(0.0, |t| t.chars as f64);
-        let no_system = f64::from(u8::from(
-            prompt.messages.first().is_none_or(|m| m.kind != "system"),
+    /// Adds one prompt whose server count is `tokens`; `key` orders the requests (the record
+    /// id, a log's row).
+    pub fn add(&mut self, key: u64, prompt: &Prompt, tokens: u64) {
+        let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();
+        let tools = prompt.tools.as_ref().map_or(0, |t| t.chars);
+        let no_system = u64::from(prompt.messages.first().is_none_or(|m| m.kind != "system"));
+        self.samples.push((
+            key,
+            [text, tools, prompt.messages.len() as u64, no_system],
+            tokens,
         ));
-        if self.samples.len() < MAX_FIT_SAMPLES {
-            self.samples.push((
-                [text, tools, prompt.messages.len() as f64, no_system],
-                tokens as f64,
-            ));
+        if self.samples.len() > MAX_FIT_SAMPLES {
+            self.samples.pop();
         }
-        self.chars += text + tools;
-        self.tokens += tokens as f64;
+        self.chars = self.chars.saturating_add(text + tools);
+        self.tokens = self.tokens.saturating_add(tokens);
         self.requests += 1;
     }
 
@@ -526,7 +530,16 @@ impl WeightFit {
 
     /// The single ratio over every character (the fallback).
     pub fn ratio(&self) -> f64 {
-        tokens_per_char([(self.chars as u64, Some(self.tokens as u64))])
+        tokens_per_char([(self.chars, Some(self.tokens))])
+    }
+
+    /// The kept samples in key order, as numbers.
+    fn sorted_samples(&self) -> Vec<([f64; FEATURES], f64)> {
+        let mut kept: Vec<_> = self.samples.iter().copied().collect();
+        kept.sort_unstable();
+        kept.into_iter()
+            .map(|(_, x, y)| (x.map(|v| v as f64), y as f64))
+            .collect()
     }
 
     /// The weights that fit the counts best among those the requests determine: least absolute
@@ -536,12 +549,12 @@ impl WeightFit {
     /// weight is non-negative and bounded; the single ratio when none fits better.
     pub fn weights(&self) -> Weights {
         let fallback = Weights::ratio(self.ratio());
-        if self.samples.is_empty() || self.tokens <= 0.0 {
+        if self.samples.is_empty() || self.tokens == 0 {
             return fallback;
         }
+        let samples = self.sorted_samples();
         let single = self.ratio();
-        let single_error: f64 = self
-            .samples
+        let single_error: f64 = samples
             .iter()
             .map(|(x, y)| (y - single * (x[0] + x[1])).abs())
             .sum();
@@ -549,10 +562,10 @@ impl WeightFit {
         for mask in 0..(1usize << (FEATURES - 1)) {
             let mut features = vec![0usize];
             features.extend((1..FEATURES).filter(|f| mask & (1 << (f - 1)) != 0));
-            if self.samples.len() < 2 * features.len() {
+            if samples.len() < 2 * features.len() {
                 continue;
             }
-            let Some(beta) = least_absolute_deviations(&self.samples, &features) else {
+            let Some(beta) = least_absolute_deviations(&samples, &features) else {
                 continue;
             };
             let weight = |i: usize| {
@@ -588,8 +601,7 @@ impl WeightFit {
             if !valid {
                 continue;
             }
-            let error: f64 = self
-                .samples
+            let error: f64 = samples
                 .iter()
                 .map(|(x, y)| {
                     let fitted: f64 = features.iter().zip(&beta).map(|(&f, b)| x[f] * b).sum();
@@ -1293,7 +1305,7 @@ mod tests {
             if i == 5 {
                 tokens += 40;
             }
-            fit.add(&prompt, tokens);
+            fit.add(i, &prompt, tokens);
         }
         let w = fit.weights();
         assert!((w.per_text_char - 0.25).abs() < 0.02, "{w:?}");
@@ -1302,7 +1314,7 @@ mod tests {
         assert!((w.per_missing_system - 20.0).abs() < 3.0, "{w:?}");
         // Too few requests for any fit: the single ratio.
         let mut few = WeightFit::default();
-        few.add(&chat(json!([{"role": "user", "content": "abcd"}])), 4);
+        few.add(0, &chat(json!([{"role": "user", "content": "abcd"}])), 4);
         assert_eq!(few.weights(), Weights::ratio(few.ratio()));
     }
 

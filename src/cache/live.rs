@@ -254,8 +254,20 @@ mod tests {
                 },
                 tokens: 16,
             }));
+            // Some leave their reply cached: the prompt's blocks, then a few more.
+            let cached_after = if random(2) == 0 {
+                let mut after = blocks.clone();
+                after.extend((0..1 + random(4)).map(|k| Block {
+                    id: 9000 + i * 10 + k,
+                    tokens: 16,
+                }));
+                after
+            } else {
+                Vec::new()
+            };
             requests.push(Request {
                 blocks,
+                cached_after,
                 conversation: Some(format!("c{}", random(5))),
                 ..Request::default()
             });

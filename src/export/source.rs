@@ -822,7 +822,7 @@ fn gateway(
             gateway_csv::Rows::new(open(inputs, file)?, &name, options.ts_column.as_deref());
         for row in rows.by_ref() {
             if let Some(tokens) = row.prompt_tokens {
-                evidence.fit.add(&row.prompt, tokens);
+                evidence.fit.add(row.index as u64, &row.prompt, tokens);
             }
             entries.push(Entry {
                 file: file as u32,

@@ -164,6 +164,7 @@ impl CsvRow {
             prompt_tokens: self.prompt_tokens,
             reply,
             server: counts.server,
+            order: self.index as u64,
             request: self.request,
         }
     }

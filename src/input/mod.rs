@@ -169,21 +169,24 @@ impl BlockModelChoice {
 /// What an input's block model is chosen from, gathered request by request in constant
 /// memory (the fit keeps at most `MAX_FIT_SAMPLES` requests): the fit of the server's prompt
 /// counts, and the engine.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct ModelEvidence {
     pub fit: crate::cache::blocks::WeightFit,
     pub server: Option<ServerKind>,
 }
 
 impl ModelEvidence {
+    /// `key` orders the requests (record id, log row): the fit must not depend on the order
+    /// they are added in.
     pub fn add(
         &mut self,
+        key: u64,
         prompt: &crate::cache::blocks::Prompt,
         tokens: Option<u64>,
         server: Option<ServerKind>,
     ) {
         if let Some(tokens) = tokens {
-            self.fit.add(prompt, tokens);
+            self.fit.add(key, prompt, tokens);
         }
         self.server = self.server.or(server);
     }

@@ -63,13 +63,15 @@ pub struct Pending {
     pub reply: Option<Segment>,
     /// The engine, when the response's counters name it.
     pub server: Option<ServerKind>,
+    /// Where it stands in the input: the record id, a log's row.
+    pub order: u64,
     pub request: Request,
 }
 
 impl Pending {
     /// Adds what the block model is chosen from (its prompt, count and engine) to `evidence`.
     pub fn observe(&self, evidence: &mut ModelEvidence) {
-        evidence.add(&self.prompt, self.prompt_tokens, self.server);
+        evidence.add(self.order, &self.prompt, self.prompt_tokens, self.server);
     }
 
     /// The evidence of several.
@@ -219,6 +221,7 @@ pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pendi
         prompt_tokens,
         reply,
         server: counts.server,
+        order: record.id,
         request: Request {
             t_ms: Some(record.t_start_ms),
             output_tokens,

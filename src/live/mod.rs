@@ -68,8 +68,40 @@ pub enum Input {
     Command(Command),
     /// The block model to cut prompts with, measured over the whole input before its first
     /// record (a replay's first pass); what was cut before is cut again.
-    BlockModel(Box<(BlockModel, BlockModelChoice)>),
+    BlockModel(Box<Measured>),
 }
+
+/// What a replay's first pass found: the block model, and the first record id (where the
+/// cache simulation starts: it takes requests in id order, the order they reached the server).
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub model: BlockModel,
+    pub choice: BlockModelChoice,
+    pub first_id: Option<u64>,
+}
+
+impl Measured {
+    /// Measures `records` as a replay's first pass does (one at a time, keeping nothing).
+    pub fn of<R: std::borrow::Borrow<Record>>(records: impl IntoIterator<Item = R>) -> Measured {
+        let mut evidence = crate::input::ModelEvidence::default();
+        let mut first_id: Option<u64> = None;
+        for record in records {
+            let record = record.borrow();
+            crate::input::recording::observe_record(record, &mut evidence);
+            first_id = Some(first_id.map_or(record.id, |f| f.min(record.id)));
+        }
+        let (model, choice) = choose_block_model(&InputOptions::default(), &evidence);
+        Measured {
+            model,
+            choice,
+            first_id,
+        }
+    }
+}
+
+/// Records whose earlier ones are still in flight wait at most this many at once before the
+/// oldest goes to the cache simulation anyway (an id that never comes must not stall it).
+pub const MAX_REORDER: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -199,6 +231,7 @@ impl Snapshot {
                     Some(curve) => serde_json::json!({
                         "label": curve.label,
                         "ceiling": curve.ceiling,
+                        "ceiling_prompts_only": curve.ceiling_prompts_only,
                         "server": curve.observed,
                         "block_model": self.block_model,
                         "points": curve.points.iter().map(|(capacity, lru, fifo, optimal)| Point {
@@ -229,6 +262,12 @@ pub struct Engine {
     /// Requests kept while the block model is being learned (`watch`): each new one re-cuts
     /// them all. `None` once the model holds.
     learning: Option<Vec<Pending>>,
+    /// Records arrive as they complete; the cache simulation takes them by id (the order they
+    /// reached the server, as `profile` does): a record waits here for the earlier ones still
+    /// in flight (`None`: nothing to simulate, it only moves the order on).
+    waiting: std::collections::BTreeMap<u64, Option<Pending>>,
+    /// The id the simulation takes next (`None`: the first that arrives).
+    next_id: Option<u64>,
     cache_skips: FileReport,
     /// Prompt tokens of simulated requests, and of those the server said it reused (only
     /// requests whose server reported reuse count in both).
@@ -280,12 +319,10 @@ impl Engine {
         config: Config,
         records: impl IntoIterator<Item = &'a Record>,
     ) -> Engine {
-        let mut evidence = crate::input::ModelEvidence::default();
-        for record in records {
-            crate::input::recording::observe_record(record, &mut evidence);
-        }
-        let (model, choice) = choose_block_model(&InputOptions::default(), &evidence);
-        Engine::with_block_model(config, model, choice)
+        let measured = Measured::of(records);
+        let mut engine = Engine::with_block_model(config, measured.model, measured.choice);
+        engine.next_id = measured.first_id;
+        engine
     }
 
     /// An engine whose records are cut with a block model measured beforehand (a replay's).
@@ -301,6 +338,8 @@ impl Engine {
             cutter: Cutter::new(model),
             choice,
             learning: None,
+            waiting: std::collections::BTreeMap::new(),
+            next_id: None,
             cache_skips: FileReport::new("live", Format::Recording),
             server_reuse: (0, 0),
             requests: 0,
@@ -318,17 +357,15 @@ impl Engine {
         match input {
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
-                if let Some(pending) = pending_request(&record, &mut self.cache_skips) {
-                    match &mut self.learning {
-                        Some(kept) => {
-                            kept.push(pending);
-                            self.learn();
-                        }
-                        None => {
-                            let request = pending.cut(&mut self.cutter);
-                            self.simulate(&request);
-                        }
+                let pending = pending_request(&record, &mut self.cache_skips);
+                if self.next_id.is_some_and(|next| record.id < next) {
+                    // Past its turn (an id seen before, a second file): at once.
+                    if let Some(pending) = pending {
+                        self.admit(pending);
                     }
+                } else {
+                    self.waiting.insert(record.id, pending);
+                    self.release(false);
                 }
                 self.count_arrival(arrived_ms);
                 false
@@ -339,6 +376,7 @@ impl Engine {
                 false
             }
             Input::SourceDone => {
+                self.release(true);
                 self.source_done = true;
                 true
             }
@@ -351,10 +389,51 @@ impl Engine {
                 true
             }
             Input::BlockModel(given) => {
-                let (model, choice) = *given;
+                let Measured {
+                    model,
+                    choice,
+                    first_id,
+                } = *given;
                 let kept = self.learning.take().unwrap_or_default();
                 self.recut(model, choice, kept);
+                if first_id.is_some() {
+                    self.next_id = first_id;
+                }
                 false
+            }
+        }
+    }
+
+    /// Hands the records whose turn has come to the simulation, in id order: the next id, or
+    /// (`all`, or too many waiting) the oldest there is.
+    fn release(&mut self, all: bool) {
+        while let Some((&id, _)) = self.waiting.first_key_value() {
+            let due = all
+                || self.next_id.is_none_or(|next| id <= next)
+                || self.waiting.len() > MAX_REORDER;
+            if !due {
+                break;
+            }
+            let Some(pending) = self.waiting.remove(&id) else {
+                break;
+            };
+            self.next_id = Some(id.saturating_add(1));
+            if let Some(pending) = pending {
+                self.admit(pending);
+            }
+        }
+    }
+
+    /// One request into the simulation: kept for learning, or cut and simulated.
+    fn admit(&mut self, pending: Pending) {
+        match &mut self.learning {
+            Some(kept) => {
+                kept.push(pending);
+                self.learn();
+            }
+            None => {
+                let request = pending.cut(&mut self.cutter);
+                self.simulate(&request);
             }
         }
     }
@@ -523,6 +602,7 @@ impl Engine {
             }) {
                 items.push(PrefixItem {
                     label,
+                    prefix_tokens: group.prefix_tokens,
                     count: group.count,
                     reusable_tokens: group.reusable_tokens,
                 });

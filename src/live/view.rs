@@ -104,6 +104,8 @@ pub struct Curve {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PrefixItem {
     pub label: String,
+    /// Tokens of the shared prefix.
+    pub prefix_tokens: u64,
     pub count: u64,
     pub reusable_tokens: u64,
 }

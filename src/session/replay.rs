@@ -14,7 +14,7 @@ use super::headless::record_line;
 use crate::analysis::Config;
 use crate::cache::Request;
 use crate::input::{self, Format, InputOptions};
-use crate::live::{Engine, Input, LIVE_BLOCK_SIZE};
+use crate::live::{Engine, Input, LIVE_BLOCK_SIZE, Measured};
 use crate::record::Lines;
 
 /// What to replay and how fast.
@@ -148,8 +148,8 @@ impl Replay {
                 // The block model first, as `profile` measures it: a pass that keeps only the
                 // sums (the screen is up meanwhile; records follow).
                 let paths: Vec<PathBuf> = opened.iter().map(|(p, _)| p.clone()).collect();
-                let model = measure_block_model(&paths);
-                if inputs.send(Input::BlockModel(Box::new(model))).is_err() {
+                let measured = measure_block_model(&paths);
+                if inputs.send(Input::BlockModel(Box::new(measured))).is_err() {
                     return;
                 }
                 let warn = Arc::new(warn);
@@ -186,25 +186,15 @@ impl Replay {
     }
 }
 
-/// The block model `profile` would cut these recordings with: one pass over the files that
-/// keeps, per record, only its characters, server count and engine (never the file). Files that
-/// cannot be read here are reported by the feeding pass.
-pub fn measure_block_model(
-    paths: &[PathBuf],
-) -> (
-    crate::cache::blocks::BlockModel,
-    crate::input::BlockModelChoice,
-) {
-    let mut evidence = input::ModelEvidence::default();
-    for path in paths {
-        let Ok(file) = std::fs::File::open(path) else {
-            continue;
-        };
-        for record in Lines::new(std::io::BufReader::new(file)).flatten() {
-            input::recording::observe_record(&record, &mut evidence);
-        }
-    }
-    input::choose_block_model(&InputOptions::default(), &evidence)
+/// The block model `profile` would cut these recordings with, and their first record id: one
+/// pass over the files that keeps, per record, only its characters, server count and engine
+/// (never the file). Files that cannot be read here are reported by the feeding pass.
+pub fn measure_block_model(paths: &[PathBuf]) -> Measured {
+    let files = paths
+        .iter()
+        .filter_map(|path| std::fs::File::open(path).ok());
+    let records = files.flat_map(|file| Lines::new(std::io::BufReader::new(file)).flatten());
+    Measured::of(records)
 }
 
 /// A file to read, not a directory (which `open` gives on Linux, and only reading refuses).
@@ -305,8 +295,8 @@ fn headless_records(
     err: &mut dyn Write,
 ) -> std::io::Result<()> {
     let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
-    let (model, choice) = measure_block_model(&paths);
-    let mut engine = Engine::with_block_model(Config::default(), model, choice);
+    let mut engine = Engine::new(Config::default());
+    engine.push(Input::BlockModel(Box::new(measure_block_model(&paths))));
     let mut bad_lines = 0;
     for (path, file) in files {
         for item in Lines::new(std::io::BufReader::new(file)) {
