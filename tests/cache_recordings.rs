@@ -14,6 +14,8 @@ use prefixscope::input::{self, FileInput, Format, InputOptions};
 use prefixscope::record::read_jsonl;
 use serde_json::Value;
 
+mod support;
+
 const RECORDINGS: [&str; 6] = [
     "recordings/llmp/llama.cpp/session.jsonl",
     "recordings/llmp/llama.cpp/session.digest.jsonl",
@@ -299,11 +301,6 @@ fn the_split_finds_the_conversations_the_analysis_found() {
     assert!(profile(&parallel.requests, &config).ceiling.other_tokens > 0);
 }
 
-/// Tokens a template renders before the first message of a prompt without a system message
-/// (SmolLM2's and Qwen2.5's default system prompt): the server may reuse a few of them from an
-/// earlier prompt's system message, and no recording holds that text to match.
-const DEFAULT_SYSTEM_ALLOWANCE: u64 = 8;
-
 #[test]
 fn the_ceiling_bounds_what_the_server_reused() {
     // Every real llama.cpp recording with its text, at profile's defaults (1-token blocks:
@@ -312,55 +309,24 @@ fn the_ceiling_bounds_what_the_server_reused() {
     // system prompt's weekday) shares nothing there while the server reused its start: they
     // bound the server only where messages repeat whole.
     for relative in RECORDINGS.iter().filter(|r| !r.contains(".digest.")) {
-        let input = read(relative, &InputOptions::default());
-        let block = u64::from(
-            input
-                .report
-                .block_model
-                .as_ref()
-                .map_or(16, |m| m.block_size),
-        );
-        let per_request = prefixscope::cache::profile::ceiling_per_request(&input.requests, true);
-        let (mut server_total, mut ceiling_total) = (0u64, 0u64);
-        let records = read_jsonl(std::fs::read(path(relative)).unwrap().as_slice()).records;
-        let mut over = Vec::new();
-        for (request, &ceiling) in input.requests.iter().zip(&per_request) {
-            let Some(reused) = request.server_reused_tokens else {
-                continue;
-            };
-            server_total += reused;
-            ceiling_total += ceiling;
-            let record = records.iter().find(|r| Some(r.id) == request.record_id);
-            let without_system = record
-                .and_then(|r| r.request.body.as_ref())
-                .and_then(|b| b.pointer("/messages/0/role"))
-                .is_some_and(|role| role != "system");
-            let allowance = block
-                + if without_system {
-                    DEFAULT_SYSTEM_ALLOWANCE
-                } else {
-                    0
-                };
-            if reused > ceiling + allowance {
-                over.push(format!(
-                    "record {:?}: server reused {reused}, ceiling {ceiling} (block {block})",
-                    request.record_id
-                ));
-            }
-        }
-        assert!(over.is_empty(), "{relative}: {over:#?}");
+        let bytes = std::fs::read(path(relative)).unwrap();
+        let bound = support::bound::ceiling_bound(&bytes, relative);
+        assert!(bound.over.is_empty(), "{relative}: {:#?}", bound.over);
         assert!(
-            ceiling_total >= server_total,
-            "{relative}: ceiling {ceiling_total} < server {server_total}"
+            bound.ceiling_total >= bound.server_total,
+            "{relative}: ceiling {} < server {}",
+            bound.ceiling_total,
+            bound.server_total
         );
         // The profile reports the same totals.
         let (_, json) = run_profile(&[relative, "--json"]);
         let report: Value = serde_json::from_str(&json).expect("JSON");
         let observed = &report["server_observed"];
-        assert_eq!(observed["ceiling_hit_tokens"], ceiling_total, "{relative}");
-        assert_eq!(observed["server_reused_tokens"], server_total, "{relative}");
+        assert_eq!(observed["ceiling_hit_tokens"], bound.ceiling_total, "{relative}");
+        assert_eq!(observed["server_reused_tokens"], bound.server_total, "{relative}");
         eprintln!(
-            "{relative}: ceiling {ceiling_total} ≥ server {server_total} ({block}-token blocks)"
+            "{relative}: ceiling {} ≥ server {} ({}-token blocks)",
+            bound.ceiling_total, bound.server_total, bound.block_size
         );
     }
 }

@@ -214,4 +214,26 @@ async fn a_real_conversation_through_a_real_llama_cpp_server() {
     .unwrap();
     assert_eq!(digest.messages[0].role, "system");
     assert_eq!(digest.messages.len(), 6);
+
+    // The ceiling bounds what this real server reused: in total, and on each request within
+    // one block (1 token: llama.cpp reuses to the token).
+    let mut jsonl = Vec::new();
+    for record in &records {
+        prefixscope::record::write_jsonl(&mut jsonl, record).unwrap();
+    }
+    let bound = support::bound::ceiling_bound(&jsonl, "llama e2e");
+    assert_eq!(bound.block_size, 1);
+    assert!(bound.over.is_empty(), "{:#?}", bound.over);
+    assert!(
+        bound.ceiling_total >= bound.server_total && bound.server_total > 0,
+        "ceiling {} < server {}",
+        bound.ceiling_total,
+        bound.server_total
+    );
+    eprintln!(
+        "real llama.cpp: ceiling {} ≥ server {} on {} requests",
+        bound.ceiling_total,
+        bound.server_total,
+        records.len()
+    );
 }

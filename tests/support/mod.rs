@@ -2,6 +2,7 @@
 //! recorder, all in-process on 127.0.0.1.
 #![allow(dead_code)]
 
+pub mod bound;
 pub mod llama;
 
 use std::convert::Infallible;
