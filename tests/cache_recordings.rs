@@ -322,8 +322,14 @@ fn the_ceiling_bounds_what_the_server_reused() {
         let (_, json) = run_profile(&[relative, "--json"]);
         let report: Value = serde_json::from_str(&json).expect("JSON");
         let observed = &report["server_observed"];
-        assert_eq!(observed["ceiling_hit_tokens"], bound.ceiling_total, "{relative}");
-        assert_eq!(observed["server_reused_tokens"], bound.server_total, "{relative}");
+        assert_eq!(
+            observed["ceiling_hit_tokens"], bound.ceiling_total,
+            "{relative}"
+        );
+        assert_eq!(
+            observed["server_reused_tokens"], bound.server_total,
+            "{relative}"
+        );
         eprintln!(
             "{relative}: ceiling {} ≥ server {} ({}-token blocks)",
             bound.ceiling_total, bound.server_total, bound.block_size

@@ -13,7 +13,7 @@ use prefixscope::cache::{Capacity, Policy, ProfileConfig, Request, profile};
 use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
 use prefixscope::input::{self, Format, InputOptions};
 use prefixscope::record::{read_jsonl, write_jsonl};
-use serde_json::Value;
+use serde_json::{Value, json};
 use workload::{WorkloadConfig, generate};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
@@ -399,6 +399,50 @@ fn requests_of(bytes: &[u8], format: Format, block_size: u32) -> Vec<Request> {
     read.requests
 }
 
+/// A CSV field holding `json` (quotes doubled).
+fn csv_field(json: &Value) -> String {
+    format!("\"{}\"", json.to_string().replace('"', "\"\""))
+}
+
+/// The same long prompt twice, the server counting it 300 then 310 tokens.
+fn two_row_log() -> String {
+    let request = json!({"model": "m", "messages": [
+        {"role": "system", "content": "You review code. ".repeat(40)},
+        {"role": "user", "content": "Is this fine?"}]});
+    let mut csv = String::from("timestamp,request_json,response_json,status_code\n");
+    for (t, tokens) in [(1, 300), (2, 310)] {
+        let response = json!({"usage": {"prompt_tokens": tokens, "completion_tokens": 5},
+            "choices": [{"message": {"role": "assistant", "content": "Yes."}}]});
+        csv.push_str(&format!(
+            "{t},{},{},200\n",
+            csv_field(&request),
+            csv_field(&response)
+        ));
+    }
+    csv
+}
+
+/// One prompt to three models, twice each.
+fn models_log() -> String {
+    let mut csv = String::from("timestamp,request_json,response_json,status_code\n");
+    let mut t = 0;
+    for _ in 0..2 {
+        for model in ["glm-5", "qwen3-coder", "kimi-k2"] {
+            t += 1;
+            let request = json!({"model": model, "messages": [
+                {"role": "system", "content": "You are a helpful assistant. ".repeat(30)},
+                {"role": "user", "content": "Summarise the repository."}]});
+            let response = json!({"usage": {"prompt_tokens": 200, "completion_tokens": 9}});
+            csv.push_str(&format!(
+                "{t},{},{},200\n",
+                csv_field(&request),
+                csv_field(&response)
+            ));
+        }
+    }
+    csv
+}
+
 #[test]
 fn profiling_an_export_gives_the_sources_hit_rates() {
     let mut cases: Vec<(String, Memory, Format)> = [
@@ -414,6 +458,24 @@ fn profiling_an_export_gives_the_sources_hit_rates() {
         Memory(vec![("trace".into(), mooncake_head(TRACE_ROWS))]),
         Format::Mooncake,
     ));
+    // Gateway logs: two rows with the same prompt and different server counts (a partial last
+    // block matched by its content), one prompt sent to several models (one cache each), and
+    // the real log of 498 exchanges (pydantic-ai's recorded API calls, MIT).
+    for (name, csv) in [
+        ("two-row gateway log", two_row_log()),
+        ("one prompt to three models", models_log()),
+    ] {
+        cases.push((
+            name.into(),
+            Memory(vec![("g.csv".into(), csv.into_bytes())]),
+            Format::Csv,
+        ));
+    }
+    cases.push((
+        "pydantic-ai gateway log".into(),
+        file(&root().join("tests/data/gateway-logs/pydantic-ai-cassettes.csv.gz")),
+        Format::Csv,
+    ));
     for (name, inputs, format) in cases {
         for (target, as_format) in [
             (Target::Mooncake, Format::Mooncake),
@@ -427,11 +489,14 @@ fn profiling_an_export_gives_the_sources_hit_rates() {
             let (text, summary) = exported(&inputs, format, target);
             assert_eq!(summary.requests as usize, source.len());
             let export = requests_of(text.as_bytes(), as_format, bs);
-            assert_eq!(
-                profile_of(&source, bs),
-                profile_of(&export, bs),
-                "{name} → {}",
-                target.as_str()
+            let (expected, actual) = (profile_of(&source, bs), profile_of(&export, bs));
+            assert_eq!(expected, actual, "{name} → {}", target.as_str());
+            eprintln!(
+                "{name} → {}: ceiling {} of {} tokens, LRU {:?}, equal",
+                target.as_str(),
+                expected.0,
+                expected.1,
+                expected.3
             );
         }
     }

@@ -968,12 +968,22 @@ impl BlockModel {
         } else {
             self.digest_ids(root, segments, &ends)
         };
+        // A partial last block is keyed by its token count too: the same text followed by more
+        // template tokens is not the block the cache holds (and an export's hash ids tell them
+        // apart the same way).
         let blocks = ids
             .into_iter()
             .enumerate()
-            .map(|(k, id)| Block {
-                id,
-                tokens: (total_tokens - k as u64 * block_size).min(block_size) as u32,
+            .map(|(k, id)| {
+                let tokens = (total_tokens - k as u64 * block_size).min(block_size);
+                Block {
+                    id: if tokens < block_size {
+                        self.chain(id, &tokens.to_le_bytes())
+                    } else {
+                        id
+                    },
+                    tokens: tokens as u32,
+                }
             })
             .collect();
 

@@ -231,10 +231,11 @@ pub fn hash_ids(
             None => salt.id(Tag::Missing, &[unique, g]),
         };
         parent = base;
-        // A partial block is matched by its content alone, as the profile matches it (the same
-        // text with another token count is the same cached block).
+        // A partial last block is its own block, keyed by its content and token count (as the
+        // profile keys it): a consumer that met it first would otherwise send a short block
+        // wherever the same id later stands for a full one.
         ids.push(if tokens < block {
-            salt.id(Tag::Partial, &[base])
+            salt.id(Tag::Partial, &[base, tokens])
         } else {
             base
         });

@@ -470,6 +470,14 @@ pub fn bounded_prompt_tokens(
             ));
             None
         }
+        // A prompt with text is never 0 tokens (a gateway that does not count a media prompt
+        // says 0): not measured, and estimated from the text instead.
+        Some(0) if prompt_chars > 0 => {
+            report.bad_value(format!(
+                "{at}: 0 prompt tokens for {prompt_chars} characters of prompt (ignored)"
+            ));
+            None
+        }
         tokens => tokens,
     }
 }

@@ -51,7 +51,12 @@ pub fn ceiling_bound(jsonl: &[u8], name: &str) -> Bound {
             b.get("system").is_none()
                 && b.pointer("/messages/0/role").is_some_and(|r| r != "system")
         });
-        let allowance = block_size + if without_system { DEFAULT_SYSTEM_ALLOWANCE } else { 0 };
+        let allowance = block_size
+            + if without_system {
+                DEFAULT_SYSTEM_ALLOWANCE
+            } else {
+                0
+            };
         if reused > ceiling + allowance {
             bound.over.push(format!(
                 "record {:?}: server reused {reused}, ceiling {ceiling} ({block_size}-token blocks)",
