@@ -56,7 +56,7 @@ fn the_snapshot_json_is_analyze_json_plus_what_the_panes_show() {
     // What the panes show, beside the report.
     assert_eq!(json["snapshot_version"], live::SNAPSHOT_VERSION);
     let points = json["hit_rate"]["points"].as_array().unwrap();
-    assert_eq!(points.len(), live::LIVE_CAPACITIES.len());
+    assert_eq!(points.len(), live::AXIS_POINTS);
     assert!(json["hit_rate"]["ceiling"].as_f64().unwrap() > 0.0);
     assert!(!json["top_prefixes"].as_array().unwrap().is_empty());
     assert!(!json["findings"].as_array().unwrap().is_empty());

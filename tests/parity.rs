@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use prefixscope::analysis::Config;
-use prefixscope::live::{Command as EngineCommand, Engine, Input, LIVE_CAPACITIES};
+use prefixscope::live::{Command as EngineCommand, Engine, Input};
 use prefixscope::record::{Lines, Record, write_jsonl};
 use serde_json::Value;
 use workload::{WorkloadConfig, generate};
@@ -88,7 +88,17 @@ fn share(hit: &Value, measured: &Value) -> f64 {
 /// Compares every figure; returns how many were compared.
 fn check(name: &str, path: &Path) -> usize {
     let file = path.to_str().unwrap();
-    let capacities: Vec<&str> = LIVE_CAPACITIES.iter().map(|(label, _)| *label).collect();
+    let live = live_snapshot(path);
+    // The capacities the live axis chose (from one block up to the working set).
+    let capacities: Vec<String> = live["hit_rate"]["points"]
+        .as_array()
+        .map(|points| {
+            points
+                .iter()
+                .filter_map(|p| p["capacity"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_else(|| vec!["4K".to_string()]);
     let profile = json_of(&[
         "profile",
         file,
@@ -99,7 +109,6 @@ fn check(name: &str, path: &Path) -> usize {
         "--json",
     ]);
     let analyze = json_of(&["analyze", file, "--json"]);
-    let live = live_snapshot(path);
     let mut compared = 0;
 
     // The analysis: header totals, loss per client and cause, coverage, every row.

@@ -247,6 +247,8 @@ async fn a_slow_response_outlives_the_header_timeout() {
     let proxy = start_proxy(upstream, "slow-response", options).await;
     let mut sender = client(proxy.addr).await;
     for _ in 0..2 {
+        // The client's connection takes the next request once it has finished the last.
+        sender.ready().await.unwrap();
         let response = sender.send_request(post(CHAT, "{}")).await.unwrap();
         assert_eq!(response.status(), 200);
         let body = response.into_body().collect().await.unwrap().to_bytes();

@@ -528,6 +528,11 @@ impl WeightFit {
         self.requests
     }
 
+    /// Their server prompt counts, summed.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
     /// The single ratio over every character (the fallback).
     pub fn ratio(&self) -> f64 {
         tokens_per_char([(self.chars, Some(self.tokens))])

@@ -58,6 +58,9 @@ pub struct LiveSimulator {
     counted: Vec<bool>,
     scratch: Vec<Event>,
     reply_scratch: Vec<Event>,
+    /// Tokens of the distinct blocks seen so far (the working set a cache would need for the
+    /// ceiling).
+    distinct_tokens: u64,
 }
 
 impl LiveSimulator {
@@ -85,6 +88,47 @@ impl LiveSimulator {
             counted: Vec::new(),
             scratch: Vec::new(),
             reply_scratch: Vec::new(),
+            distinct_tokens: 0,
+        }
+    }
+
+    pub fn capacities(&self) -> &[Capacity] {
+        &self.capacities
+    }
+
+    /// Tokens of every distinct block seen so far.
+    pub fn distinct_tokens(&self) -> u64 {
+        self.distinct_tokens
+    }
+
+    /// Simulates FIFO and LRU at `capacities` instead, over every request so far (replayed from
+    /// the events kept: O(all blocks so far)); the ceiling is unchanged.
+    pub fn set_capacities(&mut self, capacities: Vec<Capacity>) {
+        let blocks = |c: &Capacity| usize::try_from(c.blocks).unwrap_or(usize::MAX);
+        self.fifo = capacities.iter().map(|c| Fifo::new(blocks(c))).collect();
+        self.lru = capacities
+            .iter()
+            .map(|c| TrieCache::lru(blocks(c)))
+            .collect();
+        self.fifo_totals = vec![Running::default(); capacities.len()];
+        self.lru_totals = vec![Running::default(); capacities.len()];
+        self.capacities = capacities;
+        let nodes = self.builder.node_count();
+        let parents = self.builder.parents();
+        for (window, &counted) in self.starts.windows(2).zip(&self.counted) {
+            let events = &self.events[window[0]..window[1]];
+            for (cache, total) in self.fifo.iter_mut().zip(&mut self.fifo_totals) {
+                let served = cache.serve(nodes, events);
+                if counted {
+                    total.add(served);
+                }
+            }
+            for (cache, total) in self.lru.iter_mut().zip(&mut self.lru_totals) {
+                let served = cache.serve(parents, events, &[]);
+                if counted {
+                    total.add(served);
+                }
+            }
         }
     }
 
@@ -100,7 +144,9 @@ impl LiveSimulator {
     /// `cached_after`, uncounted), as `profile` replays it.
     pub fn push(&mut self, request: &Request) -> LiveUpdate {
         self.scratch.clear();
+        let known = self.builder.node_count();
         self.builder.push(request, &mut self.scratch);
+        self.distinct_tokens += new_tokens(&self.scratch, known);
         let events = &self.scratch;
         let request_tokens: u64 = events.iter().map(|e| u64::from(e.tokens)).sum();
         self.measured_tokens += request_tokens;
@@ -133,11 +179,13 @@ impl LiveSimulator {
 
         if !request.cached_after.is_empty() {
             self.reply_scratch.clear();
+            let known = self.builder.node_count();
             self.builder.push_blocks(
                 &request.cached_after,
                 request.conversation.as_deref(),
                 &mut self.reply_scratch,
             );
+            self.distinct_tokens += new_tokens(&self.reply_scratch, known);
             let events = &self.reply_scratch;
             let nodes = self.builder.node_count();
             self.ceiling.serve(nodes, events);
@@ -221,6 +269,15 @@ impl LiveSimulator {
         }
         self.point(Policy::Optimal, Some(capacity), running)
     }
+}
+
+/// Tokens of the events whose node is new (numbered from `known` on).
+fn new_tokens(events: &[Event], known: usize) -> u64 {
+    events
+        .iter()
+        .filter(|e| e.node as usize >= known)
+        .map(|e| u64::from(e.tokens))
+        .sum()
 }
 
 #[cfg(test)]

@@ -201,7 +201,7 @@ pub fn choose_block_model(
     let fit = &evidence.fit;
     let weights = fit.weights();
     let ratio = weights.per_text_char;
-    let (block_size, block_size_source) = match (options.block_size, evidence.server) {
+    let (mut block_size, mut block_size_source) = match (options.block_size, evidence.server) {
         (Some(size), _) => (size.max(1), "--block-size".to_string()),
         (None, Some(kind)) => (1, format!("{} reuses to the token", kind.as_str())),
         (None, None) => (
@@ -209,6 +209,18 @@ pub fn choose_block_model(
             "vLLM's and SGLang's; the server is not known".to_string(),
         ),
     };
+    // Prompts and what they leave cached (about twice the prompts) must fit the bound.
+    let blocks_at = |size: u32| fit.tokens().saturating_mul(2) / u64::from(size);
+    if options.block_size.is_none() && blocks_at(block_size) > crate::limits::MAX_SIMULATED_BLOCKS {
+        let chosen = block_size;
+        while blocks_at(block_size) > crate::limits::MAX_SIMULATED_BLOCKS {
+            block_size = block_size.saturating_mul(2);
+        }
+        block_size_source = format!(
+            "{block_size_source}, but {chosen}-token blocks of this input would be past {} blocks",
+            crate::limits::MAX_SIMULATED_BLOCKS
+        );
+    }
     let counted = fit.requests();
     let tokens_per_char_source = if counted == 0 {
         "no server counts: the default".to_string()

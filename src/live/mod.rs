@@ -37,15 +37,49 @@ pub const LIVE_BLOCK_SIZE: u32 = crate::input::DEFAULT_BLOCK_SIZE;
 /// many requests with a server count, or this many requests in all.
 pub const LEARN_COUNTED_REQUESTS: usize = 8;
 pub const LEARN_MAX_REQUESTS: usize = 32;
-/// Capacities of the live hit-rate curve (tokens).
-pub const LIVE_CAPACITIES: [(&str, u64); 6] = [
-    ("4K", 4_096),
-    ("16K", 16_384),
-    ("64K", 65_536),
-    ("256K", 262_144),
-    ("1M", 1_048_576),
-    ("4M", 4_194_304),
-];
+/// Capacities on the live hit-rate curve: from one block up to the traffic's distinct working
+/// set, in powers of two of tokens (so `profile --capacities` takes the same labels).
+pub const AXIS_POINTS: usize = 6;
+/// The axis spans at least this many blocks, before the traffic says more.
+const AXIS_MIN_BLOCKS: u64 = 32;
+
+/// The capacities of the axis for `working_set` distinct tokens at `block_size`, and the top
+/// (tokens): it holds until the working set passes it.
+pub fn capacity_axis(block_size: u32, working_set: u64) -> (u64, Vec<Capacity>) {
+    let block = u64::from(block_size.max(1));
+    let low = block.next_power_of_two();
+    let top = working_set
+        .max(low.saturating_mul(AXIS_MIN_BLOCKS))
+        .checked_next_power_of_two()
+        .unwrap_or(1 << 62);
+    let (lo, hi) = (low.trailing_zeros() as usize, top.trailing_zeros() as usize);
+    let mut capacities: Vec<Capacity> = Vec::new();
+    for i in 0..AXIS_POINTS {
+        let exponent = lo + ((hi - lo) * i + (AXIS_POINTS - 1) / 2) / (AXIS_POINTS - 1);
+        let tokens = 1u64 << exponent;
+        if capacities
+            .last()
+            .is_some_and(|c| c.label == token_label(tokens))
+        {
+            continue;
+        }
+        capacities.push(Capacity {
+            blocks: (tokens / block).max(1),
+            label: token_label(tokens),
+        });
+    }
+    (top, capacities)
+}
+
+/// A power of two of tokens as `profile --capacities` reads it: 512, 4K, 16M.
+fn token_label(tokens: u64) -> String {
+    match tokens {
+        t if t >= 1 << 20 && t % (1 << 20) == 0 => format!("{}M", t >> 20),
+        t if t >= 1 << 10 && t % (1 << 10) == 0 => format!("{}K", t >> 10),
+        t => t.to_string(),
+    }
+}
+
 /// Snapshots are published at most this often.
 pub const MIN_SNAPSHOT_INTERVAL_MS: u64 = 200;
 /// ... and, after a snapshot that took `t` to build, not before `t` times this has passed: the
@@ -282,16 +316,7 @@ pub struct Engine {
 
 fn live_simulator(block_size: u32) -> LiveSimulator {
     let block_size = block_size.max(1);
-    LiveSimulator::new(
-        block_size,
-        LIVE_CAPACITIES
-            .iter()
-            .map(|(label, tokens)| Capacity {
-                blocks: tokens / u64::from(block_size),
-                label: (*label).to_string(),
-            })
-            .collect(),
-    )
+    LiveSimulator::new(block_size, capacity_axis(block_size, 0).1)
 }
 
 impl Engine {
@@ -483,6 +508,19 @@ impl Engine {
 
     fn simulate(&mut self, request: &Request) {
         let update = self.cache.push(request);
+        // The axis follows the working set: past its top, every capacity moves (the policies
+        // are replayed at the new ones; a few times in all, as the top doubles at least).
+        let block_size = self.cutter.model.block_size;
+        let (top, _) = capacity_axis(block_size, 0);
+        let axis_top = self
+            .cache
+            .capacities()
+            .last()
+            .map_or(top, |c| c.blocks * u64::from(block_size.max(1)));
+        if self.cache.distinct_tokens() > axis_top {
+            let (_, capacities) = capacity_axis(block_size, self.cache.distinct_tokens());
+            self.cache.set_capacities(capacities);
+        }
         if let Some(reused) = request.server_reused_tokens {
             self.server_reuse.0 += update.request_tokens;
             self.server_reuse.1 += reused.min(update.request_tokens);
@@ -549,17 +587,9 @@ impl Engine {
                 .map_or(0.0, |p| p.hit_rate)
         };
         // Belady's optimal replays every block so far, so only while the chart shows it.
-        let block_size = u64::from(self.cutter.model.block_size);
-        let optimal = |label: &str| {
-            let tokens = LIVE_CAPACITIES.iter().find(|(l, _)| *l == label)?.1;
-            self.chart.then(|| {
-                self.cache
-                    .optimal_snapshot(&Capacity {
-                        blocks: tokens / block_size,
-                        label: label.to_string(),
-                    })
-                    .hit_rate
-            })
+        let optimal = |capacity: &Capacity| {
+            self.chart
+                .then(|| self.cache.optimal_snapshot(capacity).hit_rate)
         };
         Some(Curve {
             label: format!(
@@ -567,14 +597,16 @@ impl Engine {
                 self.cache.requests(),
                 self.cutter.model.block_size
             ),
-            points: LIVE_CAPACITIES
+            points: self
+                .cache
+                .capacities()
                 .iter()
-                .map(|(label, _)| {
+                .map(|capacity| {
                     (
-                        (*label).to_string(),
-                        share(Policy::Lru, label),
-                        share(Policy::Fifo, label),
-                        optimal(label),
+                        capacity.label.clone(),
+                        share(Policy::Lru, &capacity.label),
+                        share(Policy::Fifo, &capacity.label),
+                        optimal(capacity),
                     )
                 })
                 .collect(),

@@ -12,7 +12,7 @@ use super::event::Event;
 use super::view::View;
 use crate::live::{Command, Snapshot};
 
-pub use crate::live::{LIVE_BLOCK_SIZE, LIVE_CAPACITIES};
+pub use crate::live::LIVE_BLOCK_SIZE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pane {

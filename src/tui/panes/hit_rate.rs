@@ -5,7 +5,7 @@
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::symbols;
-use ratatui::text::Line;
+use ratatui::text::{Line, Span};
 use ratatui::widgets::{Axis, Chart, Dataset, GraphType, Paragraph, Sparkline};
 
 use super::fit;
@@ -39,7 +39,8 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     );
     let [top, rest] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
     frame.render_widget(Paragraph::new(head), top);
-    if app.chart && rest.height >= 4 {
+    if app.chart && rest.height >= 5 {
+        let [rest, key] = Layout::vertical([Constraint::Min(3), Constraint::Length(1)]).areas(rest);
         let series = |pick: &dyn Fn(&CurvePoint) -> Option<f64>| -> Vec<(f64, f64)> {
             curve
                 .points
@@ -115,9 +116,26 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     .bounds([0.0, 100.0])
                     .labels(["0%", "50%", "100%"]),
             )
-            // The legend says which line is which even in a small pane.
-            .hidden_legend_constraints((Constraint::Ratio(1, 1), Constraint::Ratio(1, 1)));
+            // The key goes below the plot (a legend inside would hide the data behind it).
+            .legend_position(None);
         frame.render_widget(chart, rest);
+        let mut spans = Vec::new();
+        for (name, marker, series) in [
+            ("optimal", "█", Series::Optimal),
+            ("LRU", "⠒", Series::Lru),
+            ("FIFO", "•", Series::Fifo),
+            ("ceiling", "•", Series::Ceiling),
+            ("server", "•", Series::Server),
+        ] {
+            if name == "server" && server.is_empty() || name == "optimal" && optimal.is_empty() {
+                continue;
+            }
+            spans.push(Span::styled(
+                format!("{marker}{name} "),
+                theme.series(series),
+            ));
+        }
+        frame.render_widget(Paragraph::new(Line::from(spans)), key);
         return;
     }
     let [spark, labels] = Layout::vertical([Constraint::Min(1), Constraint::Length(1)]).areas(rest);
