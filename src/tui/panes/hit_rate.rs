@@ -39,8 +39,21 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     );
     let [top, rest] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
     frame.render_widget(Paragraph::new(head), top);
-    if app.chart && rest.height >= 5 {
-        let [rest, key] = Layout::vertical([Constraint::Min(3), Constraint::Length(1)]).areas(rest);
+    if app.chart && rest.height >= 6 {
+        let [rest, key, model] = Layout::vertical([
+            Constraint::Min(3),
+            Constraint::Length(1),
+            Constraint::Length(1),
+        ])
+        .areas(rest);
+        // Which block model the figures follow, and where it came from (as `profile` prints it).
+        frame.render_widget(
+            Paragraph::new(Line::styled(
+                fit(&app.snapshot.block_model, width),
+                theme.dim(),
+            )),
+            model,
+        );
         let series = |pick: &dyn Fn(&CurvePoint) -> Option<f64>| -> Vec<(f64, f64)> {
             curve
                 .points
