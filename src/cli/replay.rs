@@ -68,7 +68,7 @@ pub fn run(args: ReplayArgs) -> u8 {
         Some(format) => Input::RequestsOnly(format.as_str().to_string()),
         None => Input::Exchanges,
     };
-    let block_size = replay.block_size();
+    let trace_block_size = replay.trace_format().map(|_| replay.block_size());
     let pacer = Arc::clone(&replay.pacer);
     let (events, receiver) = crossbeam_channel::unbounded();
     let warnings = events.clone();
@@ -78,7 +78,7 @@ pub fn run(args: ReplayArgs) -> u8 {
     let screen = ScreenConfig {
         source: Source::Replay { files },
         input,
-        block_size,
+        trace_block_size,
         speed: (!args.instant).then_some(args.speed),
         switches: screen_switches(!args.no_mouse),
     };

@@ -380,7 +380,7 @@ pub fn watch_screen(
             recording: path.display().to_string(),
         },
         input: Input::Exchanges,
-        block_size: crate::live::LIVE_BLOCK_SIZE,
+        trace_block_size: None,
         speed: None,
         switches,
     };

@@ -269,7 +269,7 @@ pub fn run_screen(
             recording: path.display().to_string(),
         },
         input: Input::Exchanges,
-        block_size: crate::live::LIVE_BLOCK_SIZE,
+        trace_block_size: None,
         speed: Some(speed),
         switches,
     };

@@ -20,8 +20,10 @@ use crate::tui::{Clock, Control, SystemClock, run, spawn_input, terminal};
 pub struct ScreenConfig {
     pub source: Source,
     pub input: Input,
-    /// Tokens per block of the hit-rate simulation.
-    pub block_size: u32,
+    /// A trace's tokens per block (its requests come with their blocks); `None` for records,
+    /// whose block model the engine learns (`watch`, the demo) or is given by the replay's
+    /// first pass.
+    pub trace_block_size: Option<u32>,
     /// Replay speed (`None` live).
     pub speed: Option<f64>,
     pub switches: Switches,
@@ -97,7 +99,10 @@ pub fn run_screen(
             let _ = events.send(Event::Signal(signal.name()));
         });
     }
-    let mut engine = Engine::with_block_size(Config::default(), view.block_size);
+    let mut engine = match view.trace_block_size {
+        Some(block_size) => Engine::with_block_size(Config::default(), block_size),
+        None => Engine::new(Config::default()),
+    };
     let first = Arc::new(engine.snapshot());
     let publish = {
         let events = events.clone();
