@@ -195,7 +195,7 @@ async fn ctrl_c_finishes_the_exchanges_in_flight_and_their_records() {
         .unwrap();
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
-        stderr.contains("finishing 1 exchange(s) in flight"),
+        stderr.contains("finishing 1 exchange in flight"),
         "{stderr}"
     );
     let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
@@ -249,7 +249,7 @@ async fn sighup_and_sigterm_stop_record_gracefully() {
         assert_eq!(code, Some(0), "SIG{signal}: {stderr}");
         assert!(
             stderr.contains(&format!(
-                "SIG{signal}: stopping: finishing 1 exchange(s) in flight"
+                "SIG{signal}: stopping: finishing 1 exchange in flight"
             )),
             "{stderr}"
         );

@@ -65,6 +65,8 @@ fn the_snapshot_json_is_analyze_json_plus_what_the_panes_show() {
     for added in [
         "snapshot_version",
         "requests_received",
+        "requests_simulated",
+        "not_simulated",
         "hit_rate",
         "top_prefixes",
         "filter",

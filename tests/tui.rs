@@ -266,7 +266,7 @@ fn a_mooncake_trace_feeds_the_cache_panes_only() {
     let screen = text(terminal.backend());
     check_golden("mooncake-2000.120x40.txt", &screen);
     assert!(
-        screen.contains("2000 requests of a mooncake input"),
+        screen.contains("2,000 requests of a mooncake input"),
         "{screen}"
     );
     assert!(screen.contains("has no messages"), "{screen}");
@@ -562,4 +562,309 @@ fn the_status_bar_says_why_the_upstream_is_down_and_what_was_refused() {
         "{screen}"
     );
     assert!(screen.contains("2 refused (not recorded)"), "{screen}");
+}
+
+/// Issue #12, "counts that agree": a filter filters the header and the Loss pane's "all" line
+/// (the same loss entries the client lines sum), lists only the clients it matches, and the
+/// cache panes, which simulate every request, say they are unfiltered.
+#[test]
+fn a_filter_filters_the_header_and_the_all_line_or_says_unfiltered() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let mut typed = vec![key('/')];
+    typed.extend("other-agent".chars().map(key));
+    typed.push(special(KeyCode::Enter));
+    let screen = screen(name, 240, 40, &typed);
+    let header = screen.lines().next().unwrap();
+    assert!(
+        header.contains(
+            "filter other-agent: lost 2,179 tokens, 592 ms (80% of prefill) · 5 of 24 requests, 5 turns in 1 conversation"
+        ),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("all matching /other-agent: 2,179 tokens, 592 ms of 736 ms prefill (80%)"),
+        "{screen}"
+    );
+    // Only the client the filter matches, never one at "0 tok" below a total that is not its.
+    assert!(!screen.contains("llmp-drive/1 #1:"), "{screen}");
+    assert!(!screen.contains(": 0 tok"), "{screen}");
+    assert!(
+        screen.contains("Hit rate by capacity (unfiltered)"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("Top prefixes by count (unfiltered)"),
+        "{screen}"
+    );
+
+    // The filtered totals are the unfiltered client's own, from the same loss entries.
+    let control = engine_of(name);
+    let all = control.0.borrow_mut().snapshot();
+    control
+        .0
+        .borrow_mut()
+        .push(Input::Command(prefixscope::live::Command::Filter(
+            "other-agent".into(),
+        )));
+    let filtered = control.0.borrow_mut().snapshot();
+    let client = all
+        .view
+        .losses
+        .iter()
+        .find(|l| l.client == "other-agent/2")
+        .unwrap();
+    let h = &filtered.view.header;
+    assert_eq!(h.lost_tokens, client.tokens);
+    assert_eq!(h.lost_ms, client.ms);
+    assert_eq!(u64::from(client.requests), h.records);
+    assert_eq!(h.all_records, all.view.header.records);
+    assert_eq!(
+        filtered.view.losses.iter().map(|l| l.tokens).sum::<u64>(),
+        h.lost_tokens
+    );
+    // With no filter the header is the report's, as `analyze` prints it.
+    assert_eq!(all.view.header.lost_tokens, all.report.time.lost_tokens);
+    assert!(all.view.header.filter.is_empty());
+
+    // A filter that matches nothing says so.
+    let mut typed = vec![key('/')];
+    typed.extend("nobody-here".chars().map(key));
+    typed.push(special(KeyCode::Enter));
+    let none = self::screen(name, 120, 40, &typed);
+    assert!(none.contains("no request matches /nobody-here"), "{none}");
+    assert!(none.contains("0 of 24 requests"), "{none}");
+}
+
+/// The header counts the records received and the hit rate's cold replay the requests it
+/// simulates (a model list, a failed exchange or a non-2xx answer has no prompt to cache): the
+/// header gives both, the summary says what was left out and why.
+#[test]
+fn the_header_and_the_hit_rate_count_the_same_requests_or_say_why_not() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let screen = screen(name, 240, 40, &[]);
+    assert!(
+        screen
+            .lines()
+            .next()
+            .unwrap()
+            .contains("24 requests (23 simulated), 22 turns in 5 conversations"),
+        "{screen}"
+    );
+    assert!(screen.contains("cold replay of 23 requests"), "{screen}");
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    assert_eq!((snapshot.requests, snapshot.simulated), (24, 23));
+    assert_eq!(
+        snapshot.not_simulated,
+        vec![("not a prompt API".to_string(), 1)]
+    );
+    let summary = snapshot.summary();
+    assert!(
+        summary.contains("prefixscope: 24 requests over"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("hit rate (cold replay of 23 requests, "),
+        "{summary}"
+    );
+    assert!(
+        summary.contains(
+            "the hit rate simulates 23 of 24 requests (not simulated: 1 not a prompt API)"
+        ),
+        "{summary}"
+    );
+    let json = snapshot.to_json();
+    assert_eq!(json["requests_received"], 24);
+    assert_eq!(json["requests_simulated"], 23);
+    assert_eq!(json["not_simulated"]["not a prompt API"], 1);
+
+    // On every recording, what was received is what was simulated and what was not, by reason.
+    for name in [
+        "llmp/llama.cpp/session",
+        "llmp/llama.cpp/parallel",
+        "llmp/llama.cpp/parallel-nocache",
+        "llmp/ollama/session",
+        "llmp/llama.cpp/session.digest",
+        "llmp/ollama-openai/session",
+        "xllamacpp/session",
+    ] {
+        let snapshot = engine_of(name).0.borrow_mut().snapshot();
+        let left_out: u64 = snapshot.not_simulated.iter().map(|(_, n)| n).sum();
+        assert_eq!(snapshot.simulated + left_out, snapshot.requests, "{name}");
+        assert_eq!(
+            snapshot
+                .view
+                .curve
+                .as_ref()
+                .unwrap()
+                .label
+                .split(',')
+                .next(),
+            Some(format!("cold replay of {} requests", snapshot.simulated).as_str()),
+            "{name}"
+        );
+        assert_eq!(
+            snapshot.simulated == snapshot.requests,
+            snapshot.simulated_line().is_none(),
+            "{name}"
+        );
+    }
+}
+
+/// One of a thing is singular wherever a count is printed: the header, the curve, the summary,
+/// the status messages.
+#[test]
+fn one_request_turn_conversation_and_exchange_are_singular() {
+    let records = completion_order("llmp/llama.cpp/session");
+    let first = records
+        .into_iter()
+        .find(|r| r.request.path.contains("chat"))
+        .unwrap();
+    let mut engine = Engine::for_records(Config::default(), [&first]);
+    engine.push(Input::Record(Arc::new(first), NOW_MS));
+    engine.push(Input::SourceDone);
+    let snapshot = engine.snapshot();
+    let summary = snapshot.summary();
+    for text in [
+        "prefixscope: 1 request",
+        "1 analysed, 1 turn in 1 conversation",
+        "coverage: 1 of 1 record analysed",
+        "reuse reported on 1 of 1 turn",
+        "cold replay of 1 request, ",
+    ] {
+        assert!(summary.contains(text), "{text}:\n{summary}");
+    }
+    assert!(!summary.contains("1 requests"), "{summary}");
+
+    let control = EngineControl(RefCell::new(engine));
+    let mut app = App::new(
+        Source::Live {
+            upstream: "http://up".into(),
+            listen: "127.0.0.1:8787".into(),
+            recording: "rec.jsonl".into(),
+        },
+        Arc::new(snapshot),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(160, 30)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    let theme = Theme::plain();
+    let draw = |app: &mut App, terminal: &mut Terminal<TestBackend>, event: Event| {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(terminal, app, &receiver, &clock, &control, &theme).unwrap();
+        text(terminal.backend())
+    };
+    let screen = draw(&mut app, &mut terminal, Event::Resize(160, 30));
+    assert!(
+        screen.contains("1 request, 1 turn in 1 conversation"),
+        "{screen}"
+    );
+
+    // The end of the demo is a status, not a warning; an agent's error is a warning.
+    let finished = prefixscope::session::demo::end_of_demo(&Ok(prefixscope::sim::script::RunLog {
+        requests: Vec::new(),
+        events: Vec::new(),
+        errors: Vec::new(),
+    }));
+    assert!(
+        matches!(&finished, Event::Notice(text) if text == "demo finished: 0 requests; q quits")
+    );
+    let screen = draw(&mut app, &mut terminal, finished);
+    assert_eq!(app.warnings, 0);
+    assert!(
+        screen.contains("demo finished: 0 requests; q quits"),
+        "{screen}"
+    );
+    assert!(!screen.contains("warning"), "{screen}");
+    let stopped = prefixscope::session::demo::end_of_demo(&Err("connection refused".into()));
+    assert!(matches!(&stopped, Event::Warning(text) if text == "demo stopped: connection refused"));
+    let screen = draw(&mut app, &mut terminal, stopped);
+    assert_eq!(app.warnings, 1);
+    assert!(screen.contains("0 bad lines, 1 warning "), "{screen}");
+
+    // `q` with one exchange in flight.
+    app.in_flight = 1;
+    struct OneInFlight;
+    impl prefixscope::tui::Control for OneInFlight {
+        fn in_flight(&self) -> u64 {
+            1
+        }
+    }
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    sender.send(key('q')).unwrap();
+    drop(sender);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &clock,
+        &OneInFlight,
+        &theme,
+    )
+    .unwrap();
+    let screen = text(terminal.backend());
+    assert!(
+        screen.contains("waiting for 1 exchange in flight; q again to quit now"),
+        "{screen}"
+    );
+}
+
+/// Quitting `watch` or `demo` with an exchange in flight: the proxy answers it, the recorder
+/// writes it and closes the engine's channel, and the summary is the engine's last snapshot,
+/// taken after it analysed that record too (`session::screen::last_snapshot`, what
+/// `run_screen_live` returns), so it counts what "records written" counts.
+#[test]
+fn the_summary_after_quit_counts_the_exchange_that_was_in_flight() {
+    use prefixscope::session::screen::last_snapshot;
+    use std::time::Duration;
+    let mut records = completion_order("llmp/llama.cpp/parallel-nocache");
+    let in_flight = records.pop().unwrap();
+    let (records_tx, records_rx) = crossbeam_channel::unbounded();
+    let (events_tx, events_rx) = crossbeam_channel::unbounded();
+    let handle = prefixscope::live::spawn(
+        Engine::new(Config::default()),
+        Some(records_rx),
+        Arc::new(|| NOW_MS),
+        move |snapshot| {
+            let _ = events_tx.send(Event::Snapshot(snapshot));
+        },
+    );
+    let shown = records.len() as u64;
+    for record in records {
+        records_tx.send(Arc::new(record)).unwrap();
+    }
+    // What was on screen when `q` was pressed.
+    let on_screen = loop {
+        match events_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Event::Snapshot(snapshot)) if snapshot.requests == shown => break snapshot,
+            Ok(_) => {}
+            Err(e) => panic!("no snapshot of {shown} requests: {e}"),
+        }
+    };
+    // The exchange in flight completes and is written; then the recorder finishes.
+    records_tx.send(Arc::new(in_flight)).unwrap();
+    drop(records_tx);
+    let last = last_snapshot(Arc::clone(&on_screen), handle, &events_rx);
+    assert_eq!((on_screen.requests, last.requests), (shown, shown + 1));
+    assert!(
+        last.summary().starts_with("prefixscope: 24 requests over"),
+        "{}",
+        last.summary()
+    );
+    assert_eq!(last.report.coverage.records, 24);
+
+    // Nothing new since the screen's snapshot: that one stands.
+    let (events_tx, events_rx) = crossbeam_channel::unbounded();
+    let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
+    let handle = prefixscope::live::spawn(
+        Engine::new(Config::default()),
+        Some(records_rx),
+        Arc::new(|| NOW_MS),
+        move |snapshot| {
+            let _ = events_tx.send(Event::Snapshot(snapshot));
+        },
+    );
+    drop(records_tx);
+    let last = last_snapshot(Arc::clone(&on_screen), handle, &events_rx);
+    assert!(Arc::ptr_eq(&last, &on_screen));
 }

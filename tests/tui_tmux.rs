@@ -535,8 +535,13 @@ fn watch_answers_and_records_the_exchange_in_flight_on_sigterm_sigint_and_sighup
         assert!(status.success());
         assert_eq!(client.join().unwrap(), "HTTP/1.1 200 OK", "SIG{signal}");
         let screen = tmux.wait_for(&["EXITED 0", "AFTER"]);
+        // The summary counts the exchange that was in flight, as "records written" does.
         assert!(
-            screen.contains("1 records written"),
+            screen.contains("1 record written"),
+            "SIG{signal}:\n{screen}"
+        );
+        assert!(
+            screen.contains("prefixscope: 1 request"),
             "SIG{signal}:\n{screen}"
         );
         assert_restored(&tmux, &screen);

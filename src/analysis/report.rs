@@ -243,7 +243,8 @@ const COUNT_FIELDS: [CountField; 7] = [
     CountField::LoadMs,
 ];
 
-fn time<R: Priced>(rows: &[R]) -> Time {
+/// The time totals of `rows`: the report's, and the live view's over the rows a filter keeps.
+pub(crate) fn time<R: Priced>(rows: &[R]) -> Time {
     let mut prefill_ms = None;
     let mut lost_ms: Option<Measured<f64>> = None;
     let mut lost_tokens = 0u64;
@@ -328,8 +329,8 @@ impl<R> Report<R> {
             })
             .unwrap_or_default();
         lines.push(format!(
-            "prefixscope: {} requests{span}, {} analysed, {} in {}",
-            self.coverage.records,
+            "prefixscope: {}{span}, {} analysed, {} in {}",
+            plural(self.coverage.records, "request"),
             self.coverage.analysed,
             plural(turns, "turn"),
             plural(self.coverage.conversations, "conversation")
@@ -466,7 +467,11 @@ impl<R> Report<R> {
                 skipped.push(format!("{count} {name}"));
             }
         }
-        let mut line = format!("coverage: {} of {} records analysed", c.analysed, c.records);
+        let mut line = format!(
+            "coverage: {} of {} analysed",
+            thousands(c.analysed),
+            plural(c.records, "record")
+        );
         if !skipped.is_empty() {
             line.push_str(&format!(" ({})", skipped.join(", ")));
         }
@@ -475,8 +480,10 @@ impl<R> Report<R> {
         }
         if c.turns > 0 {
             line.push_str(&format!(
-                "; reuse reported on {} of {} turns, timing on {}",
-                c.turns_with_reuse, c.turns, c.turns_with_timing
+                "; reuse reported on {} of {}, timing on {}",
+                thousands(c.turns_with_reuse),
+                plural(c.turns, "turn"),
+                thousands(c.turns_with_timing)
             ));
         }
         line

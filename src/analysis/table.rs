@@ -218,6 +218,14 @@ impl<'a> Rated<'a> {
     }
 }
 
+/// Already priced: a filtered selection of rows goes through the report's own totals (the
+/// live view's filtered header).
+impl Priced for Rated<'_> {
+    fn rated(&self) -> Rated<'_> {
+        *self
+    }
+}
+
 impl std::ops::Deref for Rated<'_> {
     type Target = Row;
     fn deref(&self) -> &Row {

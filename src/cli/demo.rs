@@ -14,6 +14,7 @@ use prefixscope::record::Record;
 use prefixscope::session::demo::{self, Demo, DemoConfig};
 use prefixscope::session::shutdown::Shutdown;
 use prefixscope::sim::agents::SCENARIOS;
+use prefixscope::units::plural;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -96,13 +97,16 @@ pub fn run(args: DemoArgs) -> u8 {
                 }
                 print_stdout(&outcome.report.summary());
                 println!(
-                    "script: {} requests, {} events, {} named by the analysis ({})",
-                    outcome.log.requests.len(),
-                    outcome.checked.events.len(),
+                    "script: {}, {}, {} named by the analysis ({})",
+                    plural(outcome.log.requests.len() as u64, "request"),
+                    plural(outcome.checked.events.len() as u64, "event"),
                     outcome.checked.named(),
                     outcome.checked.summary()
                 );
-                eprintln!("prefixscope: {} records written", outcome.records_written);
+                eprintln!(
+                    "prefixscope: {} written",
+                    plural(outcome.records_written, "record")
+                );
                 if outcome.log.errors.is_empty() {
                     EXIT_OK
                 } else {

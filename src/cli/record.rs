@@ -156,9 +156,9 @@ pub fn run(args: RecordArgs) -> u8 {
         accept_errors: proxy_stats.accept_errors.load(Ordering::Relaxed),
     };
     eprintln!(
-        "prefixscope: {} exchanges, {} records written to {}{}",
-        summary.exchanges,
-        summary.written,
+        "prefixscope: {}, {} written to {}{}",
+        prefixscope::units::plural(summary.exchanges, "exchange"),
+        prefixscope::units::plural(summary.written, "record"),
         summary
             .files
             .iter()

@@ -62,8 +62,8 @@ pub fn run(args: WatchArgs) -> u8 {
 /// What was written, on stderr; exit 1 when every record failed to write.
 fn report_written(written: &prefixscope::session::capture::Written, code: u8) -> u8 {
     eprintln!(
-        "prefixscope: {} records written to {}{}",
-        written.records,
+        "prefixscope: {} written to {}{}",
+        prefixscope::units::plural(written.records, "record"),
         written.path.display(),
         match written.failed {
             0 => String::new(),

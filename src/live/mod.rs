@@ -25,6 +25,7 @@ use crate::cache::profile::Capacity;
 use crate::input::recording::{Pending, pending_request};
 use crate::input::{BlockModelChoice, FileReport, Format, InputOptions, choose_block_model};
 use crate::record::Record;
+use crate::units::plural;
 use view::{Curve, PrefixItem, View, thousands};
 
 /// Version of the snapshot JSON (the `s` key): `analyze --json`'s report at the same paths, plus
@@ -153,6 +154,13 @@ pub struct Snapshot {
     pub generation: u64,
     /// Records and trace requests received.
     pub requests: u64,
+    /// Of them, the requests the cache simulation took (the hit-rate curve's "cold replay of N
+    /// requests").
+    pub simulated: u64,
+    /// Why the others were not simulated, `(reason, count)`: not a prompt API (a model list),
+    /// a failed exchange, a non-2xx response, no prompt, or waiting for an earlier request
+    /// still in flight. `simulated` plus these is `requests`.
+    pub not_simulated: Vec<(String, u64)>,
     /// Arrivals per second `(second, count)`, oldest first, for the last minute.
     pub arrivals: Vec<(i64, u32)>,
     pub source_done: bool,
@@ -227,6 +235,10 @@ impl Snapshot {
                 points.join(", ")
             ));
         }
+        if let Some(line) = self.simulated_line() {
+            out.push_str(&line);
+            out.push('\n');
+        }
         if !self.view.prefixes.is_empty() {
             out.push_str("top prefixes (requests × prefix, reusable tokens):\n");
             for item in self.view.prefixes.iter().take(5) {
@@ -239,6 +251,28 @@ impl Snapshot {
             }
         }
         out
+    }
+
+    /// What the cold replay leaves out, when it leaves something out: `the hit rate simulates
+    /// 23 of 24 requests (not simulated: 1 not a prompt API)`.
+    pub fn simulated_line(&self) -> Option<String> {
+        (self.simulated != self.requests).then(|| {
+            let reasons: Vec<String> = self
+                .not_simulated
+                .iter()
+                .map(|(reason, n)| format!("{n} {reason}"))
+                .collect();
+            format!(
+                "  the hit rate simulates {} of {} (not simulated: {})",
+                thousands(self.simulated),
+                plural(self.requests, "request"),
+                if reasons.is_empty() {
+                    "?".to_string()
+                } else {
+                    reasons.join(", ")
+                }
+            )
+        })
     }
 
     /// The `s` key's JSON: `analyze --json`'s report (same keys at the same paths), then what
@@ -259,6 +293,15 @@ impl Snapshot {
             );
             object.insert("snapshot_version".into(), SNAPSHOT_VERSION.into());
             object.insert("requests_received".into(), self.requests.into());
+            object.insert("requests_simulated".into(), self.simulated.into());
+            object.insert(
+                "not_simulated".into(),
+                self.not_simulated
+                    .iter()
+                    .map(|(reason, n)| (reason.clone(), serde_json::Value::from(*n)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into(),
+            );
             object.insert(
                 "hit_rate".into(),
                 match &self.view.curve {
@@ -553,6 +596,8 @@ impl Engine {
         Snapshot {
             generation: self.generation,
             requests: self.requests,
+            simulated: self.cache.requests() as u64,
+            not_simulated: self.not_simulated(),
             arrivals: self.arrivals.iter().copied().collect(),
             source_done: self.source_done,
             filter: self.filter.clone(),
@@ -571,6 +616,25 @@ impl Engine {
             config: self.config.clone(),
             findings: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Why received requests are not in the simulation, with how many.
+    fn not_simulated(&self) -> Vec<(String, u64)> {
+        let mut reasons: Vec<(String, u64)> = self
+            .cache_skips
+            .skipped
+            .iter()
+            .map(|(reason, n)| (reason.clone(), *n))
+            .collect();
+        if self.cache_skips.non_2xx > 0 {
+            reasons.push(("non-2xx".into(), self.cache_skips.non_2xx));
+        }
+        let waiting = self.waiting.values().filter(|p| p.is_some()).count() as u64;
+        if waiting > 0 {
+            reasons.push(("waiting for an earlier request".into(), waiting));
+        }
+        reasons.retain(|(_, n)| *n > 0);
+        reasons
     }
 
     /// The hit-rate curve of the requests so far (LRU and FIFO at each capacity, the
@@ -593,8 +657,8 @@ impl Engine {
         };
         Some(Curve {
             label: format!(
-                "cold replay of {} requests, {}-token blocks",
-                self.cache.requests(),
+                "cold replay of {}, {}-token blocks",
+                plural(self.cache.requests() as u64, "request"),
                 self.cutter.model.block_size
             ),
             points: self

@@ -31,6 +31,12 @@ pub struct Header {
     /// Whether any turn's loss could be measured (the server reported reuse): when none could,
     /// the panes say "not measured", as `analyze` does, never "0 tokens".
     pub loss_measured: bool,
+    /// The filter the view was built with (empty: none). When set, every figure above is of the
+    /// rows matching it (`records` and `analysed` count them), worked out from the same loss
+    /// entries the Loss pane sums, as the report's own totals are.
+    pub filter: String,
+    /// Records received in all, whatever the filter.
+    pub all_records: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -157,16 +163,40 @@ impl View {
             .map(Priced::rated)
             .filter(|r| !filtered || matches(r, filter))
             .collect();
-        let header = Header {
-            records: report.coverage.records,
-            analysed: report.coverage.analysed,
-            turns: report.coverage.turns,
-            conversations: report.coverage.conversations,
-            lost_tokens: report.time.lost_tokens,
-            lost_ms: report.time.lost_ms.map(|m| m.value),
-            prefill_ms: report.time.prefill_ms.map(|m| m.value),
-            bad_lines: report.coverage.bad_lines,
-            loss_measured: rows.iter().any(|r| r.loss_measured),
+        let header = if filtered {
+            // The report's totals, worked out again over the matching rows only, so the header
+            // and the Loss pane's "all" line never sit unfiltered above a filtered client.
+            let time = crate::analysis::report::time(&rows);
+            let mut conversations: Vec<u32> = rows.iter().filter_map(|r| r.conversation).collect();
+            conversations.sort_unstable();
+            conversations.dedup();
+            Header {
+                records: rows.len() as u64,
+                analysed: rows.len() as u64,
+                turns: rows.iter().filter(|r| r.kind == RowKind::Turn).count() as u64,
+                conversations: conversations.len() as u64,
+                lost_tokens: time.lost_tokens,
+                lost_ms: time.lost_ms.map(|m| m.value),
+                prefill_ms: time.prefill_ms.map(|m| m.value),
+                bad_lines: report.coverage.bad_lines,
+                loss_measured: rows.iter().any(|r| r.loss_measured),
+                filter: filter.trim().to_string(),
+                all_records: report.coverage.records,
+            }
+        } else {
+            Header {
+                records: report.coverage.records,
+                analysed: report.coverage.analysed,
+                turns: report.coverage.turns,
+                conversations: report.coverage.conversations,
+                lost_tokens: report.time.lost_tokens,
+                lost_ms: report.time.lost_ms.map(|m| m.value),
+                prefill_ms: report.time.prefill_ms.map(|m| m.value),
+                bad_lines: report.coverage.bad_lines,
+                loss_measured: rows.iter().any(|r| r.loss_measured),
+                filter: String::new(),
+                all_records: report.coverage.records,
+            }
         };
         let mut lanes: Vec<Lane> = Vec::new();
         // Conversations are numbered from 1 up: a lane's index by number, not by hash.
@@ -295,10 +325,30 @@ impl View {
                 }
             }
         }
+        // Filtered, a client is listed when some of its rows match, with their counts.
+        let mut matched: IntMap<&str, (u32, Vec<u32>)> = IntMap::default();
+        if filtered {
+            for row in rows.iter().copied() {
+                let (requests, conversations) =
+                    matched.entry(row.row().client.as_str()).or_default();
+                *requests += 1;
+                if let Some(c) = row.conversation
+                    && !conversations.contains(&c)
+                {
+                    conversations.push(c);
+                }
+            }
+        }
         let losses = report
             .clients
             .iter()
-            .map(|c| {
+            .filter_map(|c| {
+                let (requests, conversations) = if filtered {
+                    let (requests, conversations) = matched.get(c.client.as_str())?;
+                    (*requests, conversations.len() as u32)
+                } else {
+                    (c.requests, c.conversations)
+                };
                 let (tokens, ms, causes) = loss_of.remove(c.client.as_str()).unwrap_or_default();
                 let mut by_cause: Vec<(&str, u64)> = Vec::new();
                 for (cause, tokens) in causes {
@@ -309,17 +359,17 @@ impl View {
                     }
                 }
                 by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
-                ClientLoss {
+                Some(ClientLoss {
                     client: c.client.clone(),
-                    requests: c.requests,
-                    conversations: c.conversations,
+                    requests,
+                    conversations,
                     tokens,
                     ms,
                     by_cause: by_cause
                         .into_iter()
                         .map(|(label, tokens)| (label.to_string(), tokens))
                         .collect(),
-                }
+                })
             })
             .collect();
 

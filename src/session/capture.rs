@@ -250,9 +250,9 @@ pub fn stop_on_signal(
     async move {
         let signal = stopped.await;
         eprintln!(
-            "prefixscope: {}: stopping: finishing {} exchange(s) in flight (a second signal exits now)",
+            "prefixscope: {}: stopping: finishing {} in flight (a second signal exits now)",
             signal.name(),
-            stats.in_flight()
+            crate::units::plural(stats.in_flight(), "exchange")
         );
     }
 }
@@ -349,7 +349,7 @@ pub fn watch_screen(
     switches: super::screen::Switches,
     shutdown: &Shutdown,
 ) -> (Result<Arc<crate::live::Snapshot>, Error>, Written) {
-    use super::screen::{Feed, ScreenConfig, run_screen};
+    use super::screen::{Feed, ScreenConfig, run_screen_live};
     use crate::tui::app::{Input, Source};
     use crate::tui::event::Event;
 
@@ -389,10 +389,15 @@ pub fn watch_screen(
         records: Some(records),
         feeder: None,
     };
-    let result = run_screen(screen, events, receiver, feed, &control, shutdown);
-    control.stop();
-    let _ = proxy_thread.join();
-    let stats = recorder.finish();
+    // Once the app quits: the proxy stops (answering what is in flight), the recorder writes
+    // the last records and closes the engine's channel; the summary is the engine's snapshot
+    // after it took them all, so it counts what "records written" counts.
+    let (result, stats) =
+        run_screen_live(screen, events, receiver, feed, &control, shutdown, || {
+            control.stop();
+            let _ = proxy_thread.join();
+            recorder.finish()
+        });
     (result, Written::of(&stats, path))
 }
 

@@ -209,7 +209,7 @@ pub fn run_screen(
     shutdown: &super::shutdown::Shutdown,
 ) -> Result<Arc<crate::live::Snapshot>, Error> {
     use super::capture::LiveControl;
-    use super::screen::{Feed, ScreenConfig, run_screen};
+    use super::screen::{Feed, ScreenConfig, run_screen_live};
     use crate::tui::app::{Input, Source};
     use crate::tui::event::Event;
 
@@ -238,18 +238,8 @@ pub fn run_screen(
                 tokio::spawn(sim.run(std::future::pending()));
                 let agents_events = events.clone();
                 tokio::spawn(async move {
-                    let message = match run_scenario(&scenario, listen, seed, agents_speed).await {
-                        Ok(RunLog {
-                            requests, errors, ..
-                        }) if errors.is_empty() => {
-                            format!("demo finished: {} requests; q quits", requests.len())
-                        }
-                        Ok(RunLog { errors, .. }) => {
-                            format!("demo stopped: {}", errors.join("; "))
-                        }
-                        Err(e) => format!("demo stopped: {e}"),
-                    };
-                    let _ = agents_events.send(Event::Notice(message));
+                    let ran = run_scenario(&scenario, listen, seed, agents_speed).await;
+                    let _ = agents_events.send(end_of_demo(&ran));
                 });
                 proxy
                     .run(async {
@@ -277,14 +267,33 @@ pub fn run_screen(
         records: Some(records),
         feeder: None,
     };
-    let result = run_screen(screen, events, receiver, feed, &control, shutdown);
-    control.live.stop();
-    let _ = edge.join();
-    let _ = recorder.finish();
+    // As `watch`: the summary is the engine's snapshot after the last record was written.
+    let (result, _) = run_screen_live(screen, events, receiver, feed, &control, shutdown, || {
+        control.live.stop();
+        let _ = edge.join();
+        recorder.finish()
+    });
     if demo.config.out.is_none() {
         let _ = std::fs::remove_file(&path);
     }
     result
+}
+
+/// What the screen says when the agents are done: a status (`demo finished: 24 requests`), not
+/// a warning: nothing went wrong. Agents' errors are warnings.
+#[cfg(feature = "tui")]
+pub fn end_of_demo(ran: &Result<RunLog, String>) -> crate::tui::event::Event {
+    use crate::tui::event::Event;
+    match ran {
+        Ok(RunLog {
+            requests, errors, ..
+        }) if errors.is_empty() => Event::Notice(format!(
+            "demo finished: {}; q quits",
+            crate::units::plural(requests.len() as u64, "request")
+        )),
+        Ok(RunLog { errors, .. }) => Event::Warning(format!("demo stopped: {}", errors.join("; "))),
+        Err(e) => Event::Warning(format!("demo stopped: {e}")),
+    }
 }
 
 /// The live controls, plus speed: `+` / `-` speed the agents and the server up or down.

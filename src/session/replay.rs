@@ -134,7 +134,10 @@ impl Replay {
         match self.source {
             Source::Trace { requests, bad, .. } => {
                 if bad > 0 {
-                    warn(format!("{bad} bad line(s) skipped"));
+                    warn(format!(
+                        "{} skipped",
+                        crate::units::plural(bad as u64, "bad line")
+                    ));
                 }
                 Box::new(move |inputs: Sender<Input>| {
                     let items = requests.into_iter().map(|r| {
@@ -254,18 +257,22 @@ fn headless_trace(
     for (i, request) in requests.iter().enumerate() {
         writeln!(
             out,
-            "#{} t {} ms  input {} tokens  {} blocks",
+            "#{} t {} ms  input {}  {}",
             i + 1,
             request.t_ms.unwrap_or(0),
-            request.input_tokens,
-            request.blocks.len()
+            crate::units::plural(request.input_tokens, "token"),
+            crate::units::plural(request.blocks.len() as u64, "block")
         )?;
         engine.push(Input::Request(Arc::new(request.clone()), 0));
     }
     engine.push(Input::SourceDone);
     let snapshot = engine.snapshot();
     if bad > 0 {
-        writeln!(out, "{bad} bad row(s) skipped")?;
+        writeln!(
+            out,
+            "{} skipped",
+            crate::units::plural(bad as u64, "bad row")
+        )?;
     }
     if let Some(curve) = &snapshot.view.curve {
         let points: Vec<String> = curve
@@ -275,8 +282,8 @@ fn headless_trace(
             .collect();
         writeln!(
             out,
-            "{} requests of a {} input · {} · ceiling {:.1}% · LRU {}",
-            requests.len(),
+            "{} of a {} input · {} · ceiling {:.1}% · LRU {}",
+            crate::units::plural(requests.len() as u64, "request"),
             format.as_str(),
             curve.label,
             curve.ceiling * 100.0,
@@ -323,7 +330,11 @@ fn headless_records(
     }
     engine.push(Input::SourceDone);
     if bad_lines > 0 {
-        writeln!(out, "{bad_lines} bad line(s) skipped")?;
+        writeln!(
+            out,
+            "{} skipped",
+            crate::units::plural(bad_lines, "bad line")
+        )?;
     }
     write!(
         out,

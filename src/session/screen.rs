@@ -83,8 +83,9 @@ impl Control for WithEngine<'_> {
 
 /// Runs the live engine on its thread and the app on the real terminal until it quits; the
 /// terminal is restored on every way out (the guard's Drop, and the panic hook for panics).
-/// Returns the snapshot on screen at exit (its summary is what the caller prints). A signal
-/// quits as `q` does (`Event::Signal`); a second one forces, restoring the terminal first.
+/// Returns the snapshot on screen at exit (its summary is what the caller prints): a replay's
+/// summary is of what was on screen. A signal quits as `q` does (`Event::Signal`); a second one
+/// forces, restoring the terminal first.
 pub fn run_screen(
     view: ScreenConfig,
     events: Sender<Event>,
@@ -93,6 +94,56 @@ pub fn run_screen(
     control: &dyn Control,
     shutdown: &Shutdown,
 ) -> Result<Arc<Snapshot>, Error> {
+    run_app(view, events, &receiver, feed, control, shutdown).0
+}
+
+/// `run_screen` for a live capture (`watch`, `demo`): once the app quits, `finish` stops the
+/// proxy and finishes the recorder (every exchange still in flight answered and written), and
+/// the snapshot returned is the engine's last, taken after it has analysed every record the
+/// recorder handed it. So the summary counts the requests "records written" counts, the one in
+/// flight at quit included. Returns what `finish` returned beside it.
+pub fn run_screen_live<T>(
+    view: ScreenConfig,
+    events: Sender<Event>,
+    receiver: Receiver<Event>,
+    feed: Feed,
+    control: &dyn Control,
+    shutdown: &Shutdown,
+    finish: impl FnOnce() -> T,
+) -> (Result<Arc<Snapshot>, Error>, T) {
+    let (result, engine) = run_app(view, events, &receiver, feed, control, shutdown);
+    let finished = finish();
+    let result = result.map(|on_screen| last_snapshot(on_screen, engine, &receiver));
+    (result, finished)
+}
+
+/// The newest snapshot once the engine has taken every input. Its sources must be closed (the
+/// recorder finished, no feeder left): it then publishes a last snapshot if anything changed
+/// and ends; `on_screen` (the app's newest) stands when nothing did.
+pub fn last_snapshot(
+    on_screen: Arc<Snapshot>,
+    engine: live::Handle,
+    events: &Receiver<Event>,
+) -> Arc<Snapshot> {
+    engine.join();
+    events
+        .try_iter()
+        .fold(on_screen, |newest, event| match event {
+            Event::Snapshot(snapshot) if snapshot.generation > newest.generation => snapshot,
+            _ => newest,
+        })
+}
+
+/// The app on the terminal until it quits: the app's newest snapshot, and the engine (still
+/// running on its thread).
+fn run_app(
+    view: ScreenConfig,
+    events: Sender<Event>,
+    receiver: &Receiver<Event>,
+    feed: Feed,
+    control: &dyn Control,
+    shutdown: &Shutdown,
+) -> (Result<Arc<Snapshot>, Error>, live::Handle) {
     {
         let events = events.clone();
         shutdown.on_stop(move |signal| {
@@ -128,9 +179,12 @@ pub fn run_screen(
         Ok(guard) => guard,
         Err(e) => {
             terminal::restore();
-            return Err(Error::Unreadable(format!(
-                "cannot set up the terminal: {e}"
-            )));
+            return (
+                Err(Error::Unreadable(format!(
+                    "cannot set up the terminal: {e}"
+                ))),
+                handle,
+            );
         }
     };
     spawn_input(events.clone());
@@ -139,27 +193,38 @@ pub fn run_screen(
         panic!("PREFIXSCOPE_TEST_PANIC is set");
     }
     drop(events);
-    let control = WithEngine {
-        edge: control,
-        engine: &handle,
+    let result = {
+        let control = WithEngine {
+            edge: control,
+            engine: &handle,
+        };
+        run(
+            &mut guard.terminal,
+            &mut app,
+            receiver,
+            &SystemClock,
+            &control,
+            &Theme::from_env(),
+        )
     };
-    let result = run(
-        &mut guard.terminal,
-        &mut app,
-        &receiver,
-        &SystemClock,
-        &control,
-        &Theme::from_env(),
-    );
     drop(guard);
     if let (Some(path), Some(latencies)) = (latency_file, &app.key_latency_us) {
         let lines: String = latencies.iter().map(|us| format!("{us}\n")).collect();
-        crate::output_file::write_whole(&path, &[], lines.as_bytes())
-            .map_err(|e| Error::Unreadable(format!("cannot write {}: {e}", path.display())))?;
+        if let Err(e) = crate::output_file::write_whole(&path, &[], lines.as_bytes()) {
+            return (
+                Err(Error::Unreadable(format!(
+                    "cannot write {}: {e}",
+                    path.display()
+                ))),
+                handle,
+            );
+        }
     }
-    match result {
-        // The summary of what was on screen, not a second pass over the input.
-        Ok(()) => Ok(Arc::clone(&app.snapshot)),
+    let result = match result {
+        // The summary of what was on screen (or held while paused), not a second pass over the
+        // input.
+        Ok(()) => Ok(app.newest_snapshot()),
         Err(e) => Err(Error::Unreadable(format!("terminal error: {e}"))),
-    }
+    };
+    (result, handle)
 }

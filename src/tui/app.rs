@@ -165,6 +165,14 @@ impl App {
         }
     }
 
+    /// The newest snapshot the app was given: the one on screen, or the one held while paused.
+    pub fn newest_snapshot(&self) -> Arc<Snapshot> {
+        match &self.held {
+            Some(held) if held.generation > self.snapshot.generation => Arc::clone(held),
+            _ => Arc::clone(&self.snapshot),
+        }
+    }
+
     pub fn view(&self) -> &View {
         &self.snapshot.view
     }
@@ -201,8 +209,8 @@ impl App {
                 let action = self.quit();
                 if action == Action::Quit {
                     self.status = Some(format!(
-                        "{name}: waiting for {} exchange(s) in flight; a second signal quits now",
-                        self.in_flight
+                        "{name}: waiting for {} in flight; a second signal quits now",
+                        crate::units::plural(self.in_flight, "exchange")
                     ));
                 }
                 action
@@ -425,8 +433,8 @@ impl App {
         }
         self.quitting = true;
         self.status = Some(format!(
-            "waiting for {} exchange(s) in flight; q again to quit now",
-            self.in_flight
+            "waiting for {} in flight; q again to quit now",
+            crate::units::plural(self.in_flight, "exchange")
         ));
         Action::Quit
     }

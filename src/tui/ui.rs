@@ -128,6 +128,17 @@ pub fn draw(frame: &mut Frame, app: &App, theme: &Theme) {
 }
 
 fn title(app: &App, pane: Pane) -> String {
+    let title = pane_title(app, pane);
+    // The cache panes simulate every request: under a filter they say so.
+    match pane {
+        Pane::HitRate | Pane::Prefixes if !app.view().header.filter.is_empty() => {
+            format!("{title} (unfiltered)")
+        }
+        _ => title,
+    }
+}
+
+fn pane_title(app: &App, pane: Pane) -> String {
     match pane {
         Pane::HitRate if app.chart => "Hit rate by capacity (chart)".into(),
         Pane::Prefixes if app.prefixes_by_tokens => "Top prefixes by reusable tokens".into(),

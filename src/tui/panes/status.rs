@@ -16,8 +16,8 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
             Source::Live { upstream, .. } => upstream.clone(),
         };
         let text = format!(
-            " prefixscope · {} requests of a {format} input (no messages: cache panes only) · replay {source}",
-            app.requests()
+            " prefixscope · {} of a {format} input (no messages: cache panes only) · replay {source}",
+            plural(app.requests(), "request")
         );
         return Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title());
     }
@@ -30,20 +30,41 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     let lost = match (h.lost_ms, h.prefill_ms) {
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
             format!(
-                "lost {} tokens, {} ({:.0}% of prefill)",
-                thousands(h.lost_tokens),
+                "lost {}, {} ({:.0}% of prefill)",
+                plural(h.lost_tokens, "token"),
                 duration(lost),
                 100.0 * lost / prefill
             )
         }
         _ if !h.loss_measured => "loss not measured (no reuse reported)".to_string(),
-        _ => format!("lost {} tokens", thousands(h.lost_tokens)),
+        _ => format!("lost {}", plural(h.lost_tokens, "token")),
     };
     // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
-    // end of the line.
+    // end of the line. Filtered, every figure is of the matching rows and the line says so.
+    let filter = if h.filter.is_empty() {
+        String::new()
+    } else {
+        format!("filter {}: ", h.filter)
+    };
+    let requests = if !h.filter.is_empty() {
+        format!(
+            "{} of {}",
+            thousands(h.records),
+            plural(h.all_records, "request")
+        )
+    } else if app.snapshot.simulated != h.records {
+        // The hit rate's cold replay counts only what it simulates (no model lists, failed
+        // exchanges or non-2xx): both counts, so they never seem to disagree.
+        format!(
+            "{} ({} simulated)",
+            plural(h.records, "request"),
+            thousands(app.snapshot.simulated)
+        )
+    } else {
+        plural(h.records, "request")
+    };
     let text = format!(
-        " prefixscope · {lost} · {}, {} in {} · {source}",
-        plural(h.records, "request"),
+        " prefixscope · {filter}{lost} · {requests}, {} in {} · {source}",
         plural(h.turns, "turn"),
         plural(h.conversations, "conversation")
     );
@@ -64,9 +85,9 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     }
     if app.view().header.bad_lines > 0 || app.warnings > 0 {
         parts.push(format!(
-            "{} bad lines, {} warnings",
-            app.view().header.bad_lines,
-            app.warnings
+            "{}, {}",
+            plural(app.view().header.bad_lines, "bad line"),
+            plural(app.warnings, "warning")
         ));
     }
     match (&app.source, app.upstream_ok) {
