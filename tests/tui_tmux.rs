@@ -203,6 +203,28 @@ fn replay_as_a_person_uses_it() {
     for conversation in ["c1", "c2", "c3", "c4", "c5"] {
         assert!(screen.contains(conversation), "{conversation}:\n{screen}");
     }
+    // The hit-rate pane's ceiling is the one `profile --warmup 0` prints first, to its digit.
+    let profile = Command::new(BIN)
+        .args(["profile", "--warmup", "0"])
+        .arg(recording("llmp/llama.cpp/parallel-nocache.jsonl"))
+        .output()
+        .unwrap();
+    let profile = String::from_utf8(profile.stdout).unwrap();
+    let percent_after = |text: &str, word: &str| -> Option<f64> {
+        let at = text.find(word)? + word.len();
+        let number: String = text[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        number.parse().ok()
+    };
+    let headless = percent_after(&profile, "ceiling ").unwrap();
+    let on_screen = percent_after(&screen, "ceiling ").unwrap();
+    assert_eq!(
+        format!("{on_screen:.1}"),
+        format!("{headless:.1}"),
+        "screen:\n{screen}\nprofile:\n{profile}"
+    );
 
     // `s`: a snapshot, and the status bar says where.
     tmux.keys(&["s"]);
