@@ -96,6 +96,20 @@ fn main() {
         let path = path.clone();
         let done = Arc::clone(&done_reading);
         std::thread::spawn(move || {
+            // The first pass, as `replay` makes it: the block model before the records.
+            let t = Instant::now();
+            let measured = live::Measured::of(Lines::new(open(&path)).flatten());
+            eprintln!(
+                "first pass (block model): {:.2} s, {}",
+                t.elapsed().as_secs_f64(),
+                measured.choice.describe()
+            );
+            if inputs
+                .send(Input::BlockModel(Box::new(measured)))
+                .is_err()
+            {
+                return;
+            }
             for record in Lines::new(open(&path)).flatten() {
                 if inputs
                     .send(Input::Record(Arc::new(record), SystemClock.now_ms()))
@@ -202,6 +216,9 @@ fn main() {
 
     // Push cost per record and one snapshot at the full size, on this thread alone.
     let mut engine = Engine::new(Config::default());
+    engine.push(Input::BlockModel(Box::new(live::Measured::of(
+        Lines::new(open(&path)).flatten(),
+    ))));
     let mut count = 0u64;
     let mut push_s = 0.0;
     for record in Lines::new(open(&path)).flatten() {

@@ -10,9 +10,9 @@
 pub const MAX_PROMPT_TOKENS: u64 = 1 << 24;
 
 /// Most blocks the default block model lets an input's simulation hold (prompts and what they
-/// leave cached; 12 bytes each while replayed, so about 400 MB): past it, the default block size
+/// leave cached; 12 bytes each while replayed, so about 100 MB): past it, the default block size
 /// doubles until the input fits. A block size the user gives is kept as given.
-pub const MAX_SIMULATED_BLOCKS: u64 = 1 << 25;
+pub const MAX_SIMULATED_BLOCKS: u64 = 1 << 23;
 
 /// Tokens a tokenizer can make of one character, at most: byte-fallback vocabularies give one
 /// token per UTF-8 byte, and a character is at most four bytes.
