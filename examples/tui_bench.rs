@@ -104,10 +104,7 @@ fn main() {
                 t.elapsed().as_secs_f64(),
                 measured.choice.describe()
             );
-            if inputs
-                .send(Input::BlockModel(Box::new(measured)))
-                .is_err()
-            {
+            if inputs.send(Input::BlockModel(Box::new(measured))).is_err() {
                 return;
             }
             for record in Lines::new(open(&path)).flatten() {

@@ -255,7 +255,10 @@ fn every_demo_scenario() {
             let profile = json_of(&["profile", path.to_str().unwrap(), "--json"]);
             let ceiling = profile["ceiling"]["hit_rate"].as_f64().unwrap();
             let observed = &profile["server_observed"];
-            let server = share(&observed["server_reused_tokens"], &observed["prompt_tokens"]);
+            let server = share(
+                &observed["server_reused_tokens"],
+                &observed["prompt_tokens"],
+            );
             assert!(
                 (ceiling - server).abs() <= 0.03,
                 "volatile-system: ceiling {ceiling}, server {server}"
