@@ -101,12 +101,7 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
     let mut pending: Vec<Pending> = rows
         .by_ref()
         .map(CsvRow::into_pending)
-        .map(|mut p| {
-            if !options.replies {
-                p.reply = None;
-            }
-            p
-        })
+        .map(|p| p.with_replies(options.replies))
         .collect();
     let mut report = rows.report;
 

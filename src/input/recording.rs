@@ -69,6 +69,14 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// Without its reply when `replies` is off (`InputOptions::replies`).
+    pub fn with_replies(mut self, replies: bool) -> Pending {
+        if !replies {
+            self.reply = None;
+        }
+        self
+    }
+
     /// Adds what the block model is chosen from (its prompt, count and engine) to `evidence`.
     pub fn observe(&self, evidence: &mut ModelEvidence) {
         evidence.add(self.order, &self.prompt, self.prompt_tokens, self.server);
@@ -120,12 +128,7 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
         .records
         .iter()
         .filter_map(|record| pending_request(record, &mut report))
-        .map(|mut p| {
-            if !options.replies {
-                p.reply = None;
-            }
-            p
-        })
+        .map(|p| p.with_replies(options.replies))
         .collect();
     let (model, choice) = choose_block_model(options, &Pending::evidence(&pending));
     report.block_model = Some(choice);
