@@ -478,3 +478,47 @@ fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
         }
     }
 }
+
+/// A request id that never arrives (an exchange still in flight, a record never written) holds
+/// the cache simulation back while newer records keep coming, but 30 s at most behind the newest
+/// arrival; the end of the source releases everything.
+#[test]
+fn a_missing_record_holds_the_cache_panes_back_at_most_thirty_seconds() {
+    let records: Vec<Record> = file_order("xllamacpp/session.jsonl")
+        .into_iter()
+        .filter(|r| r.id != 3)
+        .collect();
+    let chat = |upto: u64| {
+        records
+            .iter()
+            .filter(|r| {
+                r.id <= upto
+                    && (r.request.path.contains("/chat/completions")
+                        || r.request.path.contains("/messages"))
+            })
+            .count() as u64
+    };
+    // Every record at once: those after the gap wait.
+    let mut engine = Engine::for_records(Config::default(), &records);
+    for record in &records {
+        engine.push(Input::Record(Arc::new(record.clone()), 0));
+    }
+    assert_eq!(engine.snapshot().simulated, chat(2));
+    engine.push(Input::SourceDone);
+    assert_eq!(engine.snapshot().simulated, chat(u64::MAX));
+    // Ten seconds apart: held while record 4 has waited 30 s or less behind the newest; then
+    // the gap is passed and the rest flows.
+    let mut engine = Engine::for_records(Config::default(), &records);
+    for record in &records {
+        engine.push(Input::Record(
+            Arc::new(record.clone()),
+            record.id as i64 * 10_000,
+        ));
+        let simulated = engine.snapshot().simulated;
+        match record.id {
+            4..=7 => assert_eq!(simulated, chat(2), "after record {}", record.id),
+            8.. => assert_eq!(simulated, chat(record.id), "after record {}", record.id),
+            _ => {}
+        }
+    }
+}

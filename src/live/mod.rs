@@ -137,6 +137,9 @@ impl Measured {
 /// Records whose earlier ones are still in flight wait at most this many at once before the
 /// oldest goes to the cache simulation anyway (an id that never comes must not stall it).
 pub const MAX_REORDER: usize = 256;
+/// ... nor longer than this behind the newest arrival (ms): an exchange that never completes,
+/// or a request id the recorder never wrote, holds the cache panes back 30 s at most.
+pub const MAX_REORDER_WAIT_MS: i64 = 30_000;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -342,7 +345,10 @@ pub struct Engine {
     /// Records arrive as they complete; the cache simulation takes them by id (the order they
     /// reached the server, as `profile` does): a record waits here for the earlier ones still
     /// in flight (`None`: nothing to simulate, it only moves the order on).
-    waiting: std::collections::BTreeMap<u64, Option<Pending>>,
+    waiting: std::collections::BTreeMap<u64, (Option<Pending>, i64)>,
+    /// When the newest record arrived (ms): a record that waited `MAX_REORDER_WAIT_MS` behind
+    /// it goes to the simulation without the earlier ones.
+    newest_arrival_ms: i64,
     /// The id the simulation takes next (`None`: the first that arrives).
     next_id: Option<u64>,
     cache_skips: FileReport,
@@ -407,6 +413,7 @@ impl Engine {
             choice,
             learning: None,
             waiting: std::collections::BTreeMap::new(),
+            newest_arrival_ms: i64::MIN,
             next_id: None,
             cache_skips: FileReport::new("live", Format::Recording),
             server_reuse: (0, 0),
@@ -432,7 +439,8 @@ impl Engine {
                         self.admit(pending);
                     }
                 } else {
-                    self.waiting.insert(record.id, pending);
+                    self.newest_arrival_ms = self.newest_arrival_ms.max(arrived_ms);
+                    self.waiting.insert(record.id, (pending, arrived_ms));
                     self.release(false);
                 }
                 self.count_arrival(arrived_ms);
@@ -473,16 +481,17 @@ impl Engine {
     }
 
     /// Hands the records whose turn has come to the simulation, in id order: the next id, or
-    /// (`all`, or too many waiting) the oldest there is.
+    /// (`all`, too many waiting, or the oldest waited too long) the oldest there is.
     fn release(&mut self, all: bool) {
-        while let Some((&id, _)) = self.waiting.first_key_value() {
+        while let Some((&id, &(_, arrived_ms))) = self.waiting.first_key_value() {
             let due = all
                 || self.next_id.is_none_or(|next| id <= next)
-                || self.waiting.len() > MAX_REORDER;
+                || self.waiting.len() > MAX_REORDER
+                || self.newest_arrival_ms.saturating_sub(arrived_ms) > MAX_REORDER_WAIT_MS;
             if !due {
                 break;
             }
-            let Some(pending) = self.waiting.remove(&id) else {
+            let Some((pending, _)) = self.waiting.remove(&id) else {
                 break;
             };
             self.next_id = Some(id.saturating_add(1));
@@ -629,7 +638,7 @@ impl Engine {
         if self.cache_skips.non_2xx > 0 {
             reasons.push(("non-2xx".into(), self.cache_skips.non_2xx));
         }
-        let waiting = self.waiting.values().filter(|p| p.is_some()).count() as u64;
+        let waiting = self.waiting.values().filter(|(p, _)| p.is_some()).count() as u64;
         if waiting > 0 {
             reasons.push(("waiting for an earlier request".into(), waiting));
         }
