@@ -827,6 +827,27 @@ impl Cutter {
             .blocks
     }
 
+    /// One request: its prompt, then (where its reply is known) what it leaves cached, the
+    /// prompt and the reply, `prompt_tokens + completion_tokens` in all. In that order, as the
+    /// profile, the live engine and the exports all cut, so their anchors agree.
+    pub fn cut_turn(
+        &mut self,
+        prompt: &Prompt,
+        prompt_tokens: Option<u64>,
+        reply: Option<&Segment>,
+        completion_tokens: Option<u64>,
+    ) -> (CutPrompt, Vec<Block>) {
+        let cut = self.cut(prompt, prompt_tokens);
+        let cached_after = match reply {
+            Some(reply) => {
+                let total = prompt_tokens.zip(completion_tokens).map(|(p, c)| p + c);
+                self.cut_with_reply(prompt, reply, total)
+            }
+            None => Vec::new(),
+        };
+        (cut, cached_after)
+    }
+
     fn position(&self, prompt: &Prompt) -> ToolsPosition {
         self.model
             .tools_position

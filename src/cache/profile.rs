@@ -361,7 +361,8 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
     let replay = Replay::new(requests, !config.prompts_only);
     let warmup = warmup_requests(requests.len(), config.warmup);
     let warmup_pass = replay.first_pass_of(warmup);
-    let measured_tokens: u64 = replay.request_ranges()[warmup..]
+    let request_ranges = replay.request_ranges();
+    let measured_tokens: u64 = request_ranges[warmup..]
         .iter()
         .flat_map(|range| &replay.events[range.clone()])
         .map(|e| u64::from(e.tokens))
@@ -393,7 +394,7 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
             leaderboards(
                 requests,
                 &replay.events,
-                &replay.request_ranges(),
+                &request_ranges,
                 &replay.parents,
                 config.top_prefixes,
             )

@@ -485,15 +485,14 @@ impl RecordingContext<'_> {
             (None, None) => None,
         });
         let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
-        let cut = self.cutter.borrow_mut().cut(&prompt, prompt_tokens);
-        // The reply fixes where it ends for the turns after, as in the profile (its blocks are
-        // not exported: a trace replays prompts).
-        if let Some(reply) = &reply_segment {
-            let total = prompt_tokens.zip(request.output_tokens).map(|(p, c)| p + c);
-            self.cutter
-                .borrow_mut()
-                .cut_with_reply(&prompt, reply, total);
-        }
+        // The reply fixes where it ends for the turns after, as in the profile (what it leaves
+        // cached is not exported: a trace replays prompts).
+        let (cut, _) = self.cutter.borrow_mut().cut_turn(
+            &prompt,
+            prompt_tokens,
+            reply_segment.as_ref(),
+            request.output_tokens,
+        );
         let input_tokens = cut.input_tokens.max(1);
         let added = new_input(&prompt);
         let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
@@ -716,18 +715,12 @@ impl GatewayContext<'_> {
     fn request(&self, row: gateway_csv::CsvRow, seq: u32) -> ExportRequest {
         let options = self.options;
         let salt = &options.salt;
-        let cut = self.cutter.borrow_mut().cut(&row.prompt, row.prompt_tokens);
-        if let Some(reply) = row.response.as_ref().and_then(|r| {
-            crate::cache::blocks::reply_segment(Api::OpenaiChat, r, row.request.output_tokens)
-        }) {
-            let total = row
-                .prompt_tokens
-                .zip(row.request.output_tokens)
-                .map(|(p, c)| p + c);
-            self.cutter
-                .borrow_mut()
-                .cut_with_reply(&row.prompt, &reply, total);
-        }
+        let (cut, _) = self.cutter.borrow_mut().cut_turn(
+            &row.prompt,
+            row.prompt_tokens,
+            row.reply().as_ref(),
+            row.request.output_tokens,
+        );
         let input_tokens = cut.input_tokens.max(1);
         let added = new_input(&row.prompt);
         let api = if row.body.get("messages").is_some() {

@@ -142,6 +142,13 @@ pub struct CsvRow {
 }
 
 impl CsvRow {
+    /// The reply as the next turn renders it (the response is OpenAI-format, as the request).
+    pub fn reply(&self) -> Option<crate::cache::blocks::Segment> {
+        self.response
+            .as_ref()
+            .and_then(|r| reply_segment(Api::OpenaiChat, r, self.request.output_tokens))
+    }
+
     /// The row on its way to a request: its prompt, counts and reply (the response is
     /// OpenAI-format, as the request is).
     pub fn into_pending(self) -> Pending {
@@ -150,10 +157,7 @@ impl CsvRow {
             .as_ref()
             .map(server_counts)
             .unwrap_or_default();
-        let reply = self
-            .response
-            .as_ref()
-            .and_then(|r| reply_segment(Api::OpenaiChat, r, self.request.output_tokens));
+        let reply = self.reply();
         Pending {
             prompt: self.prompt,
             prompt_tokens: self.prompt_tokens,

@@ -94,17 +94,12 @@ impl Pending {
     /// The request, cut by `cutter` (prompt, then prompt + reply): requests must be cut in the
     /// order they are simulated, as the cutter learns where earlier prefixes ended.
     pub fn cut(self, cutter: &mut Cutter) -> Request {
-        let cut = cutter.cut(&self.prompt, self.prompt_tokens);
-        let cached_after = match &self.reply {
-            Some(reply) => {
-                let total = self
-                    .prompt_tokens
-                    .zip(self.request.output_tokens)
-                    .map(|(p, c)| p + c);
-                cutter.cut_with_reply(&self.prompt, reply, total)
-            }
-            None => Vec::new(),
-        };
+        let (cut, cached_after) = cutter.cut_turn(
+            &self.prompt,
+            self.prompt_tokens,
+            self.reply.as_ref(),
+            self.request.output_tokens,
+        );
         Request {
             blocks: cut.blocks,
             input_tokens: cut.input_tokens,

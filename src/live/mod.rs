@@ -563,12 +563,11 @@ impl Engine {
         // The axis follows the working set: past its top, every capacity moves (the policies
         // are replayed at the new ones; a few times in all, as the top doubles at least).
         let block_size = self.cutter.model.block_size;
-        let (top, _) = capacity_axis(block_size, 0);
         let axis_top = self
             .cache
             .capacities()
             .last()
-            .map_or(top, |c| c.blocks * u64::from(block_size.max(1)));
+            .map_or(0, |c| c.blocks * u64::from(block_size.max(1)));
         if self.cache.distinct_tokens() > axis_top {
             let (_, capacities) = capacity_axis(block_size, self.cache.distinct_tokens());
             self.cache.set_capacities(capacities);
