@@ -203,6 +203,16 @@ fn invariants_hold_on_every_recording() {
                 "{name} row {}: lost {lost} > evaluated {evaluated}",
                 row.id
             );
+            // A break whose two sides read the same is a defect: the server renders them alike.
+            if let Some(location) = &row.break_location
+                && location.before.is_some()
+            {
+                assert_ne!(
+                    location.before, location.after,
+                    "{name} row {}: a break with nothing changed",
+                    row.id
+                );
+            }
             let c = &row.counts;
             if row.loss_measured {
                 assert!(
@@ -403,5 +413,92 @@ fn a_nonce_in_the_system_prompt_is_named_with_an_example() {
             .contains("system prompt changes at character 33 on 4 of 4 turns"),
         "{}",
         r.summary()
+    );
+}
+
+/// Claude Code's turns: the `cache_control` marker sits on the newest user message, which on
+/// the next turn comes back as a plain string with the same text.
+fn claude_code_turn(id: u64, turns: usize, cached: u64, fresh: u64) -> Record {
+    let mut messages = Vec::new();
+    for t in 0..turns {
+        let text = format!("question {t}: split this into smaller pieces.");
+        if t + 1 == turns {
+            messages.push(serde_json::json!({"role": "user", "content": [
+                {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]}));
+        } else {
+            messages.push(serde_json::json!({"role": "user", "content": text}));
+            messages.push(serde_json::json!({"role": "assistant", "content": [
+                {"type": "text", "text": format!("answer {t}")}]}));
+        }
+    }
+    let line = serde_json::json!({
+        "v": 1, "id": id, "conn": 1, "t_start_ms": 1_000 * id, "t_first_byte_ms": 1_000 * id + 50, "t_end_ms": 1_000 * id + 90,
+        "request": {"method": "POST", "path": "/v1/messages", "headers": {"user-agent": "claude-cli/2.1.197 (external, sdk-cli)"}, "body_bytes": 1,
+            "body": {"model": "m", "max_tokens": 64, "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}], "messages": messages},
+            "body_text": null, "digest": null},
+        "response": {"status": 200, "headers": {}, "stream": null, "chunks": null, "bad_chunks": null, "body_bytes": 1, "truncated": false,
+            "body": {"type": "message", "role": "assistant", "content": [{"type": "text", "text": format!("answer {}", turns - 1)}],
+                "usage": {"input_tokens": fresh, "cache_read_input_tokens": cached, "output_tokens": 3}},
+            "body_text": null, "digest": null},
+        "error": null, "tokens": null});
+    serde_json::from_value(line).unwrap()
+}
+
+#[test]
+fn a_moved_cache_control_marker_is_not_a_break() {
+    let records: Vec<Record> = (1..=4)
+        .map(|i| claude_code_turn(i, i as usize, 20 * (i - 1), 20))
+        .collect();
+    let mut digested = records.clone();
+    for record in &mut digested {
+        prefixscope::normalize::digest::apply_digest(record);
+    }
+    for (mode, records) in [("full", &records), ("digest", &digested)] {
+        let r = analyze(records, &Config::default());
+        let turns: Vec<&Row> = r.rows.iter().filter(|row| row.turn.is_some()).collect();
+        assert_eq!(turns.len(), 4, "{mode}");
+        assert!(
+            r.rows.iter().all(|row| row.break_cause.is_none()),
+            "{mode}: {:?}",
+            r.rows
+                .iter()
+                .map(|row| (row.id, row.break_cause, row.break_location.clone()))
+                .collect::<Vec<_>>()
+        );
+        let conversations: std::collections::BTreeSet<u32> =
+            r.rows.iter().filter_map(|row| row.conversation).collect();
+        assert_eq!(conversations.len(), 1, "{mode}: one conversation");
+    }
+}
+
+#[test]
+fn a_single_text_part_and_a_string_are_one_message() {
+    // OpenAI's chat API takes either shape for the same text.
+    let mut first = chat_record(1, "You are terse.", 1, 0);
+    let mut second = chat_record(2, "You are terse.", 2, 40);
+    first.request.body.as_mut().unwrap()["messages"][1]["content"] =
+        serde_json::json!([{"type": "text", "text": "question 0"}]);
+    // The second turn re-sends the first question as a plain string.
+    assert_eq!(
+        second.request.body.as_ref().unwrap()["messages"][1]["content"],
+        "question 0"
+    );
+    second.request.body.as_mut().unwrap()["messages"][3]["content"] =
+        serde_json::json!([{"type": "text", "text": "question 1", "cache_control": {"type": "ephemeral"}}]);
+    let r = analyze(&[first, second], &Config::default());
+    assert!(
+        r.rows.iter().all(|row| row.break_cause.is_none()),
+        "{:?}",
+        r.rows
+            .iter()
+            .map(|row| (row.id, row.break_cause))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(r.rows[1].linked_to, Some(1));
+    assert_eq!(
+        (r.rows[1].conversation, r.rows[1].turn, r.rows[1].new_conversation),
+        (r.rows[0].conversation, Some(2), false),
+        "{:?}",
+        r.rows[1]
     );
 }

@@ -1282,8 +1282,8 @@ fn message_keys(x: &Exchange) -> (u64, Vec<u64>) {
     let mut prefixes = Vec::with_capacity(x.messages.len());
     for (i, m) in x.messages.iter().enumerate() {
         let _ = i;
-        prefixes.push(mix(state, token(&m.role, &m.hash, true)));
-        state = mix(state, token(&m.role, &m.hash, false));
+        prefixes.push(mix(state, token(&m.role, &m.identity, true)));
+        state = mix(state, token(&m.role, &m.identity, false));
     }
     let own = prefixes.last().copied().unwrap_or(0);
     (own, prefixes)

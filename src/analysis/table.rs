@@ -530,7 +530,7 @@ pub(super) fn choose_by_match<'a>(
         prev.messages
             .iter()
             .zip(&x.messages)
-            .take_while(|(a, b)| a.hash == b.hash)
+            .take_while(|(a, b)| a.identity == b.identity)
             .count()
     };
     let recent = |t: &usize| tips[*t].row;
@@ -632,7 +632,7 @@ pub(super) fn continues(a: &Exchange, b: &Exchange) -> bool {
     let last = am.len() - 1;
     am.iter().zip(bm).enumerate().all(|(i, (x, y))| {
         x.role == y.role
-            && (x.hash == y.hash || x.role == "system" || (i == last && x.role == "assistant"))
+            && (x.identity == y.identity || x.role == "system" || (i == last && x.role == "assistant"))
     })
 }
 
@@ -640,7 +640,7 @@ pub(super) fn system_hash(x: &Exchange) -> Option<&str> {
     x.messages
         .iter()
         .find(|m| m.role == "system")
-        .map(|m| m.hash.as_str())
+        .map(|m| m.identity.as_str())
 }
 
 fn classify(order: &[&Exchange]) -> Vec<(RowKind, Option<Shape>)> {
@@ -787,7 +787,7 @@ pub(super) fn link(
             .messages
             .iter()
             .zip(&cur.messages)
-            .take_while(|(a, b)| a.hash == b.hash)
+            .take_while(|(a, b)| a.identity == b.identity)
             .count();
         let prefix_tokens = match (k, prev.tools_hash == cur.tools_hash) {
             (0, _) => 0.0,
@@ -835,7 +835,7 @@ pub(super) fn link(
     }
     let overlap = prev.messages.len().min(cur.messages.len());
     let k = (0..overlap)
-        .take_while(|&i| prev.messages[i].hash == cur.messages[i].hash)
+        .take_while(|&i| prev.messages[i].identity == cur.messages[i].identity)
         .count();
     let prefix_tokens = if k == 0 {
         0.0
@@ -931,8 +931,8 @@ fn snippets(before: &str, after: &str) -> (usize, String, String) {
 }
 
 fn already_sent(prev: &Exchange, cur: &Exchange, cw: &Weights, same_tools: bool) -> f64 {
-    let prev_hashes: BTreeSet<&str> = prev.messages.iter().map(|m| m.hash.as_str()).collect();
-    let cur_hashes: BTreeSet<&str> = cur.messages.iter().map(|m| m.hash.as_str()).collect();
+    let prev_hashes: BTreeSet<&str> = prev.messages.iter().map(|m| m.identity.as_str()).collect();
+    let cur_hashes: BTreeSet<&str> = cur.messages.iter().map(|m| m.identity.as_str()).collect();
     let tools = if same_tools { cw.tool_block } else { 0.0 };
     let messages: f64 = prev
         .messages
@@ -940,11 +940,11 @@ fn already_sent(prev: &Exchange, cur: &Exchange, cw: &Weights, same_tools: bool)
         .zip(&cur.messages)
         .zip(&cw.messages)
         .map(|((p, c), &weight)| {
-            if p.hash == c.hash {
+            if p.identity == c.identity {
                 weight
             } else if p.role == c.role
-                && !prev_hashes.contains(c.hash.as_str())
-                && !cur_hashes.contains(p.hash.as_str())
+                && !prev_hashes.contains(c.identity.as_str())
+                && !cur_hashes.contains(p.identity.as_str())
             {
                 weight * unchanged_share(p, c)
             } else {
@@ -1341,6 +1341,7 @@ mod tests {
         Msg {
             role: role.into(),
             hash: hash::hex(format!("{role}\0{text}").as_bytes()),
+            identity: hash::hex(format!("{role}\0{text}").as_bytes()),
             chars: chars.len() as u32,
             tokens: None,
             head: hash::hex(head.as_bytes()),

@@ -255,10 +255,11 @@ fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
         text.push_str("<calls>");
         text.push_str(&hash::canonical_json(calls));
     }
-    let identity = message_digest(message).hash;
+    let digest = message_digest(message);
     let tokens = counts
-        .and_then(|c| c.messages.get(&identity))
+        .and_then(|c| c.messages.get(&digest.hash))
         .map(|&n| u64::from(n));
+    let identity = digest.identity.unwrap_or(digest.hash);
     Segment {
         kind: role.to_string(),
         label: label_of(name, tool_call_id),
@@ -409,7 +410,7 @@ pub fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCounts>) 
             Segment {
                 kind: m.role.clone(),
                 label: label_of(m.name.as_deref(), m.tool_call_id.as_deref()),
-                identity: hex_to_u64(&m.hash),
+                identity: hex_to_u64(m.identity.as_deref().unwrap_or(&m.hash)),
                 chars: char_count(&header) + u64::from(m.chars) + calls_marker,
                 text: None,
                 tokens: counts

@@ -195,24 +195,21 @@ pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
         if let Some(known) = memo.messages.get(key) {
             return known;
         }
-        let identity = &mut memo.scratch;
-        identity.clear();
-        identity.push(b'[');
-        hash::write_string(&role, identity);
-        identity.push(b',');
-        hash::write_canonical(message.get("content").unwrap_or(&Value::Null), identity);
-        identity.push(b',');
-        hash::write_canonical(raw_tool_calls(message).unwrap_or(&Value::Null), identity);
-        identity.push(b',');
-        write_optional(name.as_deref(), identity);
-        identity.push(b',');
-        write_optional(tool_call_id.as_deref(), identity);
-        identity.push(b']');
+        let content = message.get("content").unwrap_or(&Value::Null);
+        let calls = raw_tool_calls(message).unwrap_or(&Value::Null);
+        let canonical = &mut memo.scratch;
+        write_identity(&role, content, calls, &name, &tool_call_id, canonical);
+        let hash = hash::hex(canonical);
+        let identity = rendered_content(content).map(|content| {
+            write_identity(&role, &content, calls, &name, &tool_call_id, canonical);
+            hash::hex(canonical)
+        });
         let text: Arc<str> = message_text(message).into();
         let (head, tail) = edges(&text);
         let digest = MessageDigest {
             role,
-            hash: hash::hex(&memo.scratch),
+            hash,
+            identity,
             chars: char_count(&text),
             head: hash::hex(head.as_bytes()),
             tail: hash::hex(tail.as_bytes()),
@@ -224,6 +221,62 @@ pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
             .insert(key, (digest.clone(), Arc::clone(&text)));
         (digest, text)
     })
+}
+
+/// The canonical form the message hash is taken over: `[role, content, tool calls, name,
+/// tool call id]`.
+fn write_identity(
+    role: &str,
+    content: &Value,
+    calls: &Value,
+    name: &Option<String>,
+    tool_call_id: &Option<String>,
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.push(b'[');
+    hash::write_string(role, out);
+    out.push(b',');
+    hash::write_canonical(content, out);
+    out.push(b',');
+    hash::write_canonical(calls, out);
+    out.push(b',');
+    write_optional(name.as_deref(), out);
+    out.push(b',');
+    write_optional(tool_call_id.as_deref(), out);
+    out.push(b']');
+}
+
+/// The content as a server renders it, when that differs from what was sent: without
+/// `cache_control` markers, and a list of one text block as that text (both APIs accept either
+/// shape, and templates render them alike). `None` when the content is already in that form.
+fn rendered_content(content: &Value) -> Option<Value> {
+    let Value::Array(blocks) = content else {
+        return None;
+    };
+    let marked = blocks
+        .iter()
+        .any(|block| block.get("cache_control").is_some());
+    let strip = |block: &Value| match block {
+        Value::Object(map) if map.contains_key("cache_control") => Value::Object(
+            map.iter()
+                .filter(|(key, _)| key.as_str() != "cache_control")
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    };
+    if let [only] = blocks.as_slice() {
+        let only = strip(only);
+        if let Value::Object(map) = &only
+            && map.len() == 2
+            && map.get("type").and_then(Value::as_str) == Some("text")
+            && let Some(Value::String(text)) = map.get("text")
+        {
+            return Some(Value::String(text.clone()));
+        }
+    }
+    marked.then(|| Value::Array(blocks.iter().map(strip).collect()))
 }
 
 fn write_optional(text: Option<&str>, out: &mut Vec<u8>) {

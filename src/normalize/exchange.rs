@@ -42,7 +42,11 @@ pub struct Exchange {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Msg {
     pub role: String,
+    /// llmp's message hash (the recording format's key, tokenizer counts are keyed by it).
     pub hash: String,
+    /// What the analysis compares: equal when a server renders two messages alike
+    /// (`MessageDigest::identity`), else the hash.
+    pub identity: String,
     pub chars: u32,
     pub tokens: Option<Measured<u32>>,
     pub head: String,
@@ -121,6 +125,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
                 .map(tokenizer),
             text: texts.as_ref().and_then(|t| t.get(index).cloned()),
             role: message.role,
+            identity: message.identity.unwrap_or_else(|| message.hash.clone()),
             hash: message.hash,
             chars: message.chars,
             head: message.head,

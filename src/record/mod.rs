@@ -112,6 +112,12 @@ pub struct MessageDigest {
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// prefixscope: the hash of what a server renders, when it differs from `hash`: a list of
+    /// one text block and the plain string of that text are one message, and `cache_control`
+    /// markers are not content (clients move them every turn). Absent (older recordings, and
+    /// every message these rules leave unchanged): `hash` is the identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -236,7 +236,7 @@ fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
         tokens.extend(keyed_tokens(&key, weigh(chars) + TOKENS_PER_MESSAGE));
     };
     for m in &x.messages[..leading_system] {
-        push_message(&mut tokens, format!("{}:{}", m.role, m.hash), m.chars);
+        push_message(&mut tokens, format!("{}:{}", m.role, m.identity), m.chars);
     }
     if !x.tools.is_empty() {
         let chars = x.tools.iter().map(|t| t.chars).sum();
@@ -250,7 +250,7 @@ fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
         push_message(&mut tokens, format!("tools:{key}"), chars);
     }
     for m in &x.messages[leading_system..] {
-        push_message(&mut tokens, format!("{}:{}", m.role, m.hash), m.chars);
+        push_message(&mut tokens, format!("{}:{}", m.role, m.identity), m.chars);
     }
     tokens.extend(keyed_tokens("generation prompt", GENERATION_PROMPT_TOKENS));
     tokens
