@@ -281,6 +281,8 @@ pub(super) const BULK_MIN_EVALUATED: u32 = 50;
 pub(super) const UNKNOWN_CLIENT: &str = "unknown";
 const SNIPPET_CHARS: usize = 60;
 const SNIPPET_CONTEXT: usize = 20;
+/// A client may trim the reply it re-sends as history (a newline, a space).
+const REPLY_CHARS_SLACK: u32 = 2;
 
 impl BreakCause {
     fn name(self) -> &'static str {
@@ -318,7 +320,13 @@ pub(super) struct Link {
     prefix_tokens: f64,
     break_cause: Option<BreakCause>,
     compaction: bool,
-    already_sent: f64,
+    /// What the server had processed of this prompt before, by the previous request: llmp's
+    /// `already_sent`, plus messages it sent at another position (moved) and the previous reply
+    /// re-sent as history. Every such token the server re-evaluates is the break's cost; only the
+    /// rest is new content (llmp's rule counted moved messages and the reply as new).
+    seen_before: f64,
+    /// The first differing message is one the previous request sent elsewhere: a reorder.
+    reordered: bool,
 }
 
 pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
@@ -632,7 +640,9 @@ pub(super) fn continues(a: &Exchange, b: &Exchange) -> bool {
     let last = am.len() - 1;
     am.iter().zip(bm).enumerate().all(|(i, (x, y))| {
         x.role == y.role
-            && (x.identity == y.identity || x.role == "system" || (i == last && x.role == "assistant"))
+            && (x.identity == y.identity
+                || x.role == "system"
+                || (i == last && x.role == "assistant"))
     })
 }
 
@@ -803,7 +813,8 @@ pub(super) fn link(
             prefix_tokens,
             break_cause: None,
             compaction: false,
-            already_sent: prefix_tokens,
+            seen_before: prefix_tokens,
+            reordered: false,
         };
     }
     if prev.tools_hash != cur.tools_hash {
@@ -830,7 +841,8 @@ pub(super) fn link(
             prefix_tokens: 0.0,
             break_cause: Some(BreakCause::ToolsChanged),
             compaction: false,
-            already_sent: already_sent(prev, cur, cw, false),
+            seen_before: already_sent(prev, cur, cw, false) + moved_or_replied(prev, cur, cw),
+            reordered: false,
         };
     }
     let overlap = prev.messages.len().min(cur.messages.len());
@@ -862,6 +874,20 @@ pub(super) fn link(
     } else {
         prefix_tokens
     };
+    let (seen_before, reordered) = if break_cause.is_some() && !compaction {
+        let sent_elsewhere = cur.messages.get(k).is_some_and(|m| {
+            prev.messages
+                .iter()
+                .skip(k)
+                .any(|p| p.identity == m.identity)
+        });
+        (
+            already_sent + moved_or_replied(prev, cur, cw),
+            break_cause == Some(BreakCause::HistoryRewritten) && sent_elsewhere,
+        )
+    } else {
+        (prefix_tokens, false)
+    };
     let location = break_cause.map(|_| locate(prev, cur, k));
     Link {
         location,
@@ -869,8 +895,56 @@ pub(super) fn link(
         prefix_tokens,
         break_cause,
         compaction,
-        already_sent,
+        seen_before,
+        reordered,
     }
+}
+
+/// The weight of `cur`'s messages the server processed for `prev` that `already_sent` leaves
+/// out: a message of `prev` at another position (each of `prev`'s messages counted once), and
+/// `prev`'s reply re-sent as an assistant message (same tool call ids, or no calls and the same
+/// length of text).
+fn moved_or_replied(prev: &Exchange, cur: &Exchange, cw: &Weights) -> f64 {
+    let in_place = |i: usize| matches!((prev.messages.get(i), cur.messages.get(i)), (Some(p), Some(c)) if p.identity == c.identity);
+    let mut elsewhere: HashMap<&str, u32> = HashMap::new();
+    for (i, p) in prev.messages.iter().enumerate() {
+        if !in_place(i) {
+            *elsewhere.entry(p.identity.as_str()).or_default() += 1;
+        }
+    }
+    let output = &prev.output;
+    let reply_ids: Vec<Option<&str>> = output.tool_calls.iter().map(|c| c.id.as_deref()).collect();
+    let is_reply = |m: &Msg| {
+        m.role == "assistant"
+            && if output.tool_calls.is_empty() {
+                m.tool_calls.is_empty()
+                    && output.content_chars > 0
+                    && m.chars.abs_diff(output.content_chars) <= REPLY_CHARS_SLACK
+            } else {
+                m.tool_calls
+                    .iter()
+                    .map(|c| c.id.as_deref())
+                    .eq(reply_ids.iter().copied())
+                    && reply_ids.iter().all(Option::is_some)
+            }
+    };
+    let mut reply_found = false;
+    let mut weight = 0.0;
+    for (i, (m, &w)) in cur.messages.iter().zip(&cw.messages).enumerate() {
+        if in_place(i) {
+            continue;
+        }
+        if let Some(left) = elsewhere.get_mut(m.identity.as_str())
+            && *left > 0
+        {
+            *left -= 1;
+            weight += w;
+        } else if !reply_found && is_reply(m) {
+            reply_found = true;
+            weight += w;
+        }
+    }
+    weight
 }
 
 /// The first differing message `k` of `cur` against `prev`, and inside it the first differing
@@ -1026,13 +1100,17 @@ pub(super) fn apply_link(
     let reused = f64::from(reused.value);
     let evaluated_tokens = f64::from(evaluated.value);
     let reusable = match charged_break {
-        Some(_) => link.prefix_tokens.max(link.already_sent),
+        Some(_) => link.prefix_tokens.max(link.seen_before),
         None => link.prefix_tokens,
     };
     let lost = (reusable - reused).clamp(0.0, evaluated_tokens);
-    let client = match charged_break {
-        Some(_) => lost.min((reusable - link.prefix_tokens.max(reused)).max(0.0)),
-        None => 0.0,
+    let client = match (charged_break, row.cause) {
+        // The cache was warm (the server reused about what the prefix predicted, or more): every
+        // token it had and re-evaluated is the break's, including what the estimated prefix got
+        // wrong (a template that drops the tool schemas makes the estimate too long).
+        (Some(_), None | Some(Cause::Structural)) => lost,
+        (Some(_), _) => lost.min((reusable - link.prefix_tokens.max(reused)).max(0.0)),
+        (None, _) => 0.0,
     };
     let external = match row.cause {
         Some(
@@ -1057,7 +1135,12 @@ pub(super) fn apply_link(
         })
     };
     if let Some(cause) = charged_break {
-        row.lost_client = loss(cause.name(), client);
+        let name = if link.reordered {
+            "history_reordered"
+        } else {
+            cause.name()
+        };
+        row.lost_client = loss(name, client);
     }
     let external_cause = match row.cause {
         Some(Cause::SideCall) => Some("side_call"),
@@ -1865,6 +1948,85 @@ mod tests {
         moved.messages.insert(1, sized("user", "inserted", 100));
         let w = weights(&moved);
         assert_eq!(already_sent(&prev, &moved, &w, true), 100.0);
+    }
+
+    /// aider's `--restore-chat-history`: the earlier exchange comes back before the messages
+    /// that preceded it. Everything the server re-evaluated but the new question had been
+    /// processed before, moved or as the reply: that is the reorder's cost, not zero.
+    #[test]
+    fn a_moved_message_costs_what_the_server_re_evaluated_for_it() {
+        let lead = vec![
+            sized("system", "s", 60),
+            sized("user", "example", 20),
+            sized("assistant", "example reply", 20),
+        ];
+        let files = sized("user", "files", 100);
+        let ack = sized("assistant", "ok", 50);
+        let question = sized("user", "q1", 20);
+        let reply = sized("assistant", "the answer", 30);
+        let prev_messages = [
+            lead.clone(),
+            vec![files.clone(), ack.clone(), question.clone()],
+        ];
+        let mut prev = served(ex(1, 0, prev_messages.concat()), 270, 0, 270, 270.0);
+        prev.output.content_chars = reply.chars;
+        let cur_messages = [
+            lead,
+            vec![question, reply, files, ack, sized("user", "q2", 20)],
+        ];
+        let cur = served(ex(2, 200, cur_messages.concat()), 320, 100, 220, 220.0);
+        let t = table(&[prev, cur]);
+        let r = row(&t, 2);
+        assert_eq!(r.break_cause, Some(BreakCause::HistoryRewritten));
+        assert_eq!(r.prefix_tokens, Some(100));
+        let client = r.lost_client.clone().unwrap();
+        assert_eq!(
+            (client.cause.as_str(), client.tokens),
+            ("history_reordered", 200)
+        );
+        assert_eq!(r.lost_external, None);
+    }
+
+    /// A system prompt edit: the server re-evaluates the whole history, the previous reply
+    /// included; only the new question is new.
+    #[test]
+    fn a_break_charges_the_re_sent_reply_too() {
+        let question = sized("user", "q1", 20);
+        let reply = sized("assistant", "the answer", 30);
+        let mut prev = served(
+            ex(1, 0, vec![sized("system", "s", 100), question.clone()]),
+            120,
+            0,
+            120,
+            120.0,
+        );
+        prev.output.content_chars = reply.chars;
+        let cur = served(
+            ex(
+                2,
+                200,
+                vec![
+                    sized("system", "t", 100),
+                    question,
+                    reply,
+                    sized("user", "q2", 20),
+                ],
+            ),
+            170,
+            0,
+            170,
+            170.0,
+        );
+        let t = table(&[prev, cur]);
+        let r = row(&t, 2);
+        assert_eq!(r.break_cause, Some(BreakCause::SystemChanged));
+        let client = r.lost_client.clone().unwrap();
+        // 20 + 30 of history, plus the unchanged share of the edited system prompt (none: the
+        // one-letter prompts differ entirely).
+        assert_eq!(
+            (client.cause.as_str(), client.tokens),
+            ("system_changed", 50)
+        );
     }
 
     #[test]
