@@ -385,6 +385,7 @@ impl Analyzer {
                 self.skipped.push(Skipped {
                     path: record.request.path.clone(),
                     reason,
+                    connectivity_check: crate::normalize::exchange::is_connectivity_check(record),
                 });
                 return Update {
                     row: None,
@@ -1104,7 +1105,7 @@ impl Analyzer {
         if kind != RowKind::Turn {
             return row;
         }
-        let tip_key = (x.model.clone(), x.user_agent.clone(), session);
+        let tip_key = (x.model.clone(), agent_key(x), session);
         let tip_hash = tip_key_hash(&tip_key);
         let choice = match self.continued_tip(i, session, tip_hash) {
             Some(t) => Choice::Continue(t),
@@ -1197,7 +1198,7 @@ impl Analyzer {
             let found = set.iter().rev().find(|&&(row, _)| {
                 let prev = &self.xs[row];
                 prev.model == x.model
-                    && prev.user_agent == x.user_agent
+                    && table::same_agent(prev, x)
                     && self.rows[row].session == session
                     && continues(prev, x)
             });
@@ -1260,6 +1261,17 @@ fn map_rows<A, B>(report: Report<A>, f: impl FnOnce(Vec<A>) -> Vec<B>) -> Report
         tools: report.tools,
         findings: report.findings,
         rows: f(report.rows),
+    }
+}
+
+/// What keeps agents apart in the tips: the user-agent, and the session id when there is one.
+fn agent_key(x: &Exchange) -> Option<String> {
+    match (&x.user_agent, &x.session_id) {
+        (agent, None) => agent.clone(),
+        (agent, Some(session)) => Some(format!(
+            "{}\u{0}{session}",
+            agent.as_deref().unwrap_or_default()
+        )),
     }
 }
 

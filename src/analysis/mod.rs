@@ -69,6 +69,8 @@ pub struct Normalized {
 pub struct Skipped {
     pub path: String,
     pub reason: SkipReason,
+    /// `HEAD` or `GET /`: a harness checking the server is up.
+    pub connectivity_check: bool,
 }
 
 pub fn normalize_all(records: &[Record]) -> Normalized {
@@ -79,6 +81,7 @@ pub fn normalize_all(records: &[Record]) -> Normalized {
             Err(reason) => normalized.skipped.push(Skipped {
                 path: record.request.path.clone(),
                 reason,
+                connectivity_check: crate::normalize::exchange::is_connectivity_check(record),
             }),
         }
     }

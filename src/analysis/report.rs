@@ -47,6 +47,10 @@ pub struct Coverage {
     pub conversations: u64,
     pub turns_with_reuse: u64,
     pub turns_with_timing: u64,
+    /// prefixscope: of `skipped.not_chat`, the `HEAD` and `GET /` requests harnesses send to
+    /// check the server is up.
+    #[serde(default)]
+    pub connectivity_checks: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -160,6 +164,7 @@ fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
         match skipped.reason {
             SkipReason::NotChat => {
                 coverage.skipped.not_chat += 1;
+                coverage.connectivity_checks += u64::from(skipped.connectivity_check);
                 let path = skipped.path.split('?').next().unwrap_or_default();
                 *coverage.paths.entry(path.to_string()).or_default() += 1;
             }
@@ -463,7 +468,14 @@ impl<R> Report<R> {
             (c.skipped.non_2xx, "non-2xx"),
             (c.skipped.unparsed, "unreadable"),
         ] {
-            if count > 0 {
+            let checks = c.connectivity_checks;
+            if name == "not chat" && checks > 0 && checks == count {
+                skipped.push(plural(checks, "connectivity check"));
+            } else if name == "not chat" && checks > 0 {
+                skipped.push(format!(
+                    "{count} {name}, {checks} of them connectivity checks"
+                ));
+            } else if count > 0 {
                 skipped.push(format!("{count} {name}"));
             }
         }

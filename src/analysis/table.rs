@@ -281,8 +281,11 @@ pub(super) const BULK_MIN_EVALUATED: u32 = 50;
 pub(super) const UNKNOWN_CLIENT: &str = "unknown";
 const SNIPPET_CHARS: usize = 60;
 const SNIPPET_CONTEXT: usize = 20;
-/// A client may trim the reply it re-sends as history (a newline, a space).
-const REPLY_CHARS_SLACK: u32 = 2;
+/// A client may trim or pad the reply it re-sends as history (aider wraps it in newlines).
+const REPLY_CHARS_SLACK: u32 = 4;
+/// A moved message counts as an edit of one the server had when at least half of it is the
+/// other's unchanged head and tail.
+const EDITED_MIN_SHARE: f64 = 0.5;
 
 impl BreakCause {
     fn name(self) -> &'static str {
@@ -325,7 +328,8 @@ pub(super) struct Link {
     /// re-sent as history. Every such token the server re-evaluates is the break's cost; only the
     /// rest is new content (llmp's rule counted moved messages and the reply as new).
     seen_before: f64,
-    /// The first differing message is one the previous request sent elsewhere: a reorder.
+    /// Messages were moved or inserted at the break: the message there was sent elsewhere
+    /// before, or the one that was there is sent later.
     reordered: bool,
 }
 
@@ -351,7 +355,7 @@ pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
             .filter(|&t| {
                 let prev = order[tips[t].row];
                 prev.model == order[cur].model
-                    && prev.user_agent == order[cur].user_agent
+                    && same_agent(prev, order[cur])
                     && rows[tips[t].row].session == rows[cur].session
             })
             .collect();
@@ -632,6 +636,12 @@ pub(super) fn sessions(order: &[&Exchange], gap_ms: u64) -> Vec<u32> {
         .collect()
 }
 
+/// Requests from one agent: the same user-agent and, where the harness sends one, the same
+/// session id.
+pub(super) fn same_agent(a: &Exchange, b: &Exchange) -> bool {
+    a.user_agent == b.user_agent && a.session_id == b.session_id
+}
+
 pub(super) fn continues(a: &Exchange, b: &Exchange) -> bool {
     let (am, bm) = (&a.messages, &b.messages);
     if am.is_empty() || am.len() > bm.len() {
@@ -875,12 +885,13 @@ pub(super) fn link(
         prefix_tokens
     };
     let (seen_before, reordered) = if break_cause.is_some() && !compaction {
-        let sent_elsewhere = cur.messages.get(k).is_some_and(|m| {
-            prev.messages
-                .iter()
-                .skip(k)
-                .any(|p| p.identity == m.identity)
-        });
+        // The message at the break was sent elsewhere before, or the one that was there is
+        // still sent, later: messages were moved or inserted, not edited.
+        let later = |m: Option<&Msg>, xs: &[Msg]| {
+            m.is_some_and(|m| xs.iter().skip(k + 1).any(|x| x.identity == m.identity))
+        };
+        let sent_elsewhere = later(cur.messages.get(k), &prev.messages)
+            || later(prev.messages.get(k), &cur.messages);
         (
             already_sent + moved_or_replied(prev, cur, cw),
             break_cause == Some(BreakCause::HistoryRewritten) && sent_elsewhere,
@@ -901,15 +912,45 @@ pub(super) fn link(
 }
 
 /// The weight of `cur`'s messages the server processed for `prev` that `already_sent` leaves
-/// out: a message of `prev` at another position (each of `prev`'s messages counted once), and
-/// `prev`'s reply re-sent as an assistant message (same tool call ids, or no calls and the same
-/// length of text).
+/// out: a message of `prev` at another position (each of `prev`'s messages counted once), the
+/// unchanged share of one edited and moved (aider re-sends its last question without the
+/// reminder it appended), and `prev`'s reply re-sent as an assistant message (same tool call
+/// ids, or no calls and the length of its text, give or take padding).
 fn moved_or_replied(prev: &Exchange, cur: &Exchange, cw: &Weights) -> f64 {
-    let in_place = |i: usize| matches!((prev.messages.get(i), cur.messages.get(i)), (Some(p), Some(c)) if p.identity == c.identity);
-    let mut elsewhere: HashMap<&str, u32> = HashMap::new();
-    for (i, p) in prev.messages.iter().enumerate() {
-        if !in_place(i) {
-            *elsewhere.entry(p.identity.as_str()).or_default() += 1;
+    let prev_ids: BTreeSet<&str> = prev.messages.iter().map(|m| m.identity.as_str()).collect();
+    let cur_ids: BTreeSet<&str> = cur.messages.iter().map(|m| m.identity.as_str()).collect();
+    // Positions `already_sent` counted: equal, or edited in place (same role, neither side
+    // found elsewhere).
+    let counted = |i: usize| match (prev.messages.get(i), cur.messages.get(i)) {
+        (Some(p), Some(c)) => {
+            p.identity == c.identity
+                || (p.role == c.role
+                    && !prev_ids.contains(c.identity.as_str())
+                    && !cur_ids.contains(p.identity.as_str()))
+        }
+        _ => false,
+    };
+    let mut sources: Vec<Option<&Msg>> = prev
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (!counted(i)).then_some(p))
+        .collect();
+    let mut left: Vec<(&Msg, f64)> = Vec::new();
+    let mut weight = 0.0;
+    for (i, (m, &w)) in cur.messages.iter().zip(&cw.messages).enumerate() {
+        if counted(i) {
+            continue;
+        }
+        match sources
+            .iter_mut()
+            .find(|s| s.is_some_and(|p| p.identity == m.identity))
+        {
+            Some(source) => {
+                *source = None;
+                weight += w;
+            }
+            None => left.push((m, w)),
         }
     }
     let output = &prev.output;
@@ -921,27 +962,33 @@ fn moved_or_replied(prev: &Exchange, cur: &Exchange, cw: &Weights) -> f64 {
                     && output.content_chars > 0
                     && m.chars.abs_diff(output.content_chars) <= REPLY_CHARS_SLACK
             } else {
-                m.tool_calls
-                    .iter()
-                    .map(|c| c.id.as_deref())
-                    .eq(reply_ids.iter().copied())
-                    && reply_ids.iter().all(Option::is_some)
+                reply_ids.iter().all(Option::is_some)
+                    && m.tool_calls
+                        .iter()
+                        .map(|c| c.id.as_deref())
+                        .eq(reply_ids.iter().copied())
             }
     };
     let mut reply_found = false;
-    let mut weight = 0.0;
-    for (i, (m, &w)) in cur.messages.iter().zip(&cw.messages).enumerate() {
-        if in_place(i) {
-            continue;
-        }
-        if let Some(left) = elsewhere.get_mut(m.identity.as_str())
-            && *left > 0
-        {
-            *left -= 1;
-            weight += w;
-        } else if !reply_found && is_reply(m) {
+    for (m, w) in left {
+        if !reply_found && is_reply(m) {
             reply_found = true;
             weight += w;
+            continue;
+        }
+        let best = sources
+            .iter_mut()
+            .filter(|s| s.is_some_and(|p| p.role == m.role))
+            .map(|s| {
+                let share = s.map_or(0.0, |p| unchanged_share(p, m));
+                (share, s)
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((share, source)) = best
+            && share >= EDITED_MIN_SHARE
+        {
+            *source = None;
+            weight += w * share;
         }
     }
     weight
@@ -1453,6 +1500,7 @@ mod tests {
             api: Api::OpenaiChat,
             model: "m".into(),
             user_agent: Some("agent/1".into()),
+            session_id: None,
             messages,
             tools: Vec::new(),
             tools_hash: None,
@@ -2472,6 +2520,23 @@ mod tests {
         assert_eq!(row(&t, 3).linked_to, Some(1));
         assert_eq!(row(&t, 3).conversation, Some(1));
         assert_eq!(row(&t, 3).other_conversations_between, vec![2]);
+    }
+
+    #[test]
+    fn different_session_ids_are_never_linked() {
+        let turns = conversation(2);
+        let session = |mut x: Exchange, id: &str| {
+            x.session_id = Some(id.to_string());
+            x
+        };
+        let t = table(&[
+            session(ex(1, 0, turns[0].clone()), "a"),
+            session(ex(2, 100, turns[1].clone()), "b"),
+            session(ex(3, 200, turns[1].clone()), "a"),
+        ]);
+        assert_ne!(row(&t, 2).conversation, row(&t, 1).conversation);
+        assert_eq!(row(&t, 3).conversation, row(&t, 1).conversation);
+        assert_eq!(row(&t, 3).linked_to, Some(1));
     }
 
     #[test]

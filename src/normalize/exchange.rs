@@ -30,6 +30,9 @@ pub struct Exchange {
     pub api: Api,
     pub model: String,
     pub user_agent: Option<String>,
+    /// The harness's session or conversation id (`SESSION_ID_HEADERS`), when it sends one:
+    /// requests with different ids are never one conversation.
+    pub session_id: Option<String>,
     pub messages: Vec<Msg>,
     pub tools: Vec<ToolDef>,
     pub tools_hash: Option<String>,
@@ -73,6 +76,38 @@ pub enum SkipReason {
     Error,
     Non2xx,
     Unparsed,
+}
+
+/// Request headers harnesses send with a session or conversation id, first match wins:
+/// Claude Code's, opencode's (`x-session-affinity` beside `x-session-id`), then generic names.
+pub const SESSION_ID_HEADERS: [&str; 10] = [
+    "x-claude-code-session-id",
+    "x-session-affinity",
+    "x-session-id",
+    "x-opencode-session",
+    "x-conversation-id",
+    "x-client-session-id",
+    "session-id",
+    "session_id",
+    "conversation-id",
+    "conversation_id",
+];
+
+fn session_id(record: &Record) -> Option<String> {
+    let headers = &record.request.headers;
+    SESSION_ID_HEADERS
+        .iter()
+        .find_map(|name| headers.get(*name))
+        .filter(|value| !value.is_empty())
+        .cloned()
+}
+
+/// A request that only checks the server is there: a `HEAD` anywhere, or `GET /` (Claude Code
+/// sends `HEAD /` before its first stream).
+pub fn is_connectivity_check(record: &Record) -> bool {
+    let path = record.request.path.split('?').next().unwrap_or_default();
+    let method = record.request.method.as_str();
+    method.eq_ignore_ascii_case("HEAD") || (method.eq_ignore_ascii_case("GET") && path == "/")
 }
 
 /// First match wins: not a chat path, an error or no response, a non-2xx status, no messages.
@@ -152,6 +187,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         api,
         model: request.model.unwrap_or_default(),
         user_agent: record.request.headers.get("user-agent").cloned(),
+        session_id: session_id(record),
         messages,
         tools,
         tools_hash: request.tools_hash,
