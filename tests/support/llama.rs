@@ -29,6 +29,28 @@ fn model_path() -> Option<String> {
 }
 
 pub async fn start_server(who: &str) -> Option<(Server, SocketAddr)> {
+    start_server_with(who, &Config::default()).await
+}
+
+/// How to start the server: `xllamacpp_serve.py`'s slots, context per slot and environment
+/// (`PREFIXSCOPE_LLAMA_N_PREDICT`, `_TEMP`, `_GRAMMAR`, `_THREADS`).
+pub struct Config {
+    pub slots: u32,
+    pub ctx_per_slot: u32,
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            slots: 1,
+            ctx_per_slot: 2048,
+            env: Vec::new(),
+        }
+    }
+}
+
+pub async fn start_server_with(who: &str, config: &Config) -> Option<(Server, SocketAddr)> {
     let Some(model) = model_path() else {
         assert!(
             std::env::var_os("PREFIXSCOPE_REQUIRE_LLAMA").is_none(),
@@ -49,7 +71,14 @@ pub async fn start_server(who: &str) -> Option<(Server, SocketAddr)> {
         "/tests/llama/xllamacpp_serve.py"
     );
     let child = Command::new("python3")
-        .args([script, &model, &port.to_string(), "1"])
+        .args([
+            script,
+            &model,
+            &port.to_string(),
+            &config.slots.to_string(),
+            &config.ctx_per_slot.to_string(),
+        ])
+        .envs(config.env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
