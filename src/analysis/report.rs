@@ -490,7 +490,8 @@ impl<R> Report<R> {
     }
 }
 
-fn label(finding: &Finding) -> String {
+/// A finding in `analyze`'s words (the summary's line, the TUI's findings view).
+pub fn label(finding: &Finding) -> String {
     let model = finding.model.as_deref().unwrap_or("?");
     let evidence = &finding.evidence;
     let text = |key: &str| {

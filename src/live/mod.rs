@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 
-use crate::analysis::{Analyzer, Config, Finding, Report, Row, SharedRow};
+use crate::analysis::{Analyzer, Config, Finding, FindingKind, Report, Row, SharedRow};
 use crate::cache::Policy;
 use crate::cache::Request;
 use crate::cache::blocks::{BlockModel, Cutter};
@@ -147,6 +147,135 @@ pub enum Command {
     Filter(String),
     /// The hit-rate chart is open: work out Belady's optimal for it.
     Chart(bool),
+    /// The findings view is open: work out the findings and the simulated server's savings
+    /// for every snapshot (else only once the source is done).
+    Advice(bool),
+}
+
+/// Records kept for the simulated server's what-if (the fixes' savings): past this many, the
+/// findings view says to run `prefixscope whatif` on the recording instead.
+pub const MAX_WHATIF_RECORDS: usize = 5_000;
+
+/// One server setting replayed by the simulated llama-server (`sim::whatif`, what
+/// `prefixscope whatif` prints) over the records so far.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    pub lever: crate::analysis::findings::Lever,
+    pub recorded: crate::sim::whatif::Totals,
+    pub predicted: crate::sim::whatif::Totals,
+    pub replayed: usize,
+}
+
+impl Prediction {
+    /// Tokens the setting would have saved (negative: it would lose more).
+    pub fn saving_tokens(&self) -> i64 {
+        self.recorded.lost_tokens as i64 - self.predicted.lost_tokens as i64
+    }
+
+    pub fn saving_ms(&self) -> Option<f64> {
+        Some(self.recorded.lost_ms? - self.predicted.lost_ms.unwrap_or(0.0))
+    }
+
+    /// `--cache-ram on: −8,175 tokens, −2.1 s`, the saving as the fix states it.
+    pub fn saving_text(&self) -> String {
+        let tokens = self.saving_tokens();
+        let sign = |v: bool| if v { "−" } else { "+" };
+        let time = self.saving_ms().map_or(String::new(), |ms| {
+            format!(", {}{}", sign(ms >= 0.0), view::duration(ms.abs()))
+        });
+        format!(
+            "{}: {}{} tokens{time}",
+            self.lever.flag(),
+            sign(tokens >= 0),
+            thousands(tokens.unsigned_abs())
+        )
+    }
+}
+
+/// What the simulated server predicts for the records so far.
+#[derive(Debug, Clone, Default)]
+pub enum Predictions {
+    /// Not worked out for this snapshot (the findings view is closed, the source goes on).
+    #[default]
+    NotAsked,
+    /// More records than `MAX_WHATIF_RECORDS` (how many).
+    TooMany(u64),
+    /// No request the simulated llama-server can replay (not llama.cpp's chat with counts).
+    NotReplayable,
+    Ready(Vec<Prediction>),
+}
+
+impl Predictions {
+    pub fn of(&self, lever: crate::analysis::findings::Lever) -> Option<&Prediction> {
+        match self {
+            Predictions::Ready(all) => all.iter().find(|p| p.lever == lever),
+            _ => None,
+        }
+    }
+}
+
+/// A finding with its fix and the savings the simulated server predicts for it.
+#[derive(Debug, Clone)]
+pub struct Advice {
+    pub finding: Finding,
+    /// `analyze`'s words for it.
+    pub label: String,
+    pub fix: crate::analysis::findings::Fix,
+    pub savings: Vec<Prediction>,
+}
+
+/// Every finding by cost, each with its fix and, where a server setting applies, its savings.
+pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
+    // A volatile system prompt is also a prefix break by system-prompt changes of the same
+    // client: one entry, the one that says where.
+    let volatile = |f: &Finding| {
+        findings.iter().any(|v| {
+            v.kind == FindingKind::VolatileSystemPrompt
+                && v.client == f.client
+                && v.model == f.model
+        })
+    };
+    crate::analysis::findings::by_cost(findings)
+        .into_iter()
+        .filter(|f| {
+            !(f.kind == FindingKind::PrefixBreak
+                && f.evidence.get("break_cause").and_then(|v| v.as_str()) == Some("system_changed")
+                && volatile(f))
+        })
+        .map(|finding| {
+            let fix = crate::analysis::findings::fix(finding);
+            let savings = fix
+                .levers
+                .iter()
+                .filter_map(|l| predictions.of(*l).cloned())
+                .collect();
+            Advice {
+                finding: finding.clone(),
+                label: crate::analysis::report::label(finding),
+                fix,
+                savings,
+            }
+        })
+        .collect()
+}
+
+/// The simulated server over `records` at every lever (`prefixscope whatif` on them).
+pub fn predict(records: &[Record]) -> Predictions {
+    let mut all = Vec::new();
+    for lever in crate::analysis::findings::LEVERS {
+        let (slots, cache_ram) = lever.settings();
+        let result = crate::sim::whatif::what_if(records, slots, cache_ram);
+        if result.replayed == 0 {
+            return Predictions::NotReplayable;
+        }
+        all.push(Prediction {
+            lever,
+            recorded: result.recorded,
+            predicted: result.predicted,
+            replayed: result.replayed,
+        });
+    }
+    Predictions::Ready(all)
 }
 
 /// Everything the panes, the headless lines, the exit summary and the `s` key read; immutable
@@ -184,6 +313,9 @@ pub struct Snapshot {
     /// What the findings are worked out with, and them once they were.
     config: Config,
     findings: std::sync::OnceLock<Vec<Finding>>,
+    /// The simulated server's savings (when asked: the findings view, the source's end).
+    pub predictions: Arc<Predictions>,
+    advice: std::sync::OnceLock<Vec<Advice>>,
 }
 
 impl Snapshot {
@@ -191,6 +323,40 @@ impl Snapshot {
     pub fn findings(&self) -> &[Finding] {
         self.findings
             .get_or_init(|| crate::analysis::find(&self.report, &self.config))
+    }
+
+    /// The findings by cost with their fixes and savings, worked out on first use.
+    pub fn advice(&self) -> &[Advice] {
+        self.advice
+            .get_or_init(|| advise(self.findings(), &self.predictions))
+    }
+
+    /// The advice if it was worked out (drawing reads this: it never works anything out).
+    pub fn advice_ready(&self) -> Option<&[Advice]> {
+        self.advice.get().map(Vec::as_slice)
+    }
+
+    /// One line per fix with its predicted saving, for the summary and the `s` text.
+    pub fn fix_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for advice in self.advice() {
+            if advice.finding.lost_tokens.unwrap_or(0) == 0 && advice.savings.is_empty() {
+                continue;
+            }
+            if advice.savings.is_empty() {
+                lines.push(format!("  {}", advice.fix.change));
+            }
+            for saving in &advice.savings {
+                lines.push(format!(
+                    "  {} (whatif {}, for {})",
+                    saving.saving_text(),
+                    saving.lever.whatif_args(),
+                    crate::units::cause_label_plural(advice_cause(&advice.finding))
+                ));
+            }
+        }
+        lines.dedup();
+        lines
     }
 
     /// The row behind a detail view, its losses priced.
@@ -241,6 +407,14 @@ impl Snapshot {
         if let Some(line) = self.simulated_line() {
             out.push_str(&line);
             out.push('\n');
+        }
+        let fixes = self.fix_lines();
+        if !fixes.is_empty() {
+            out.push_str("fixes (savings predicted by the simulated llama-server):\n");
+            for line in fixes {
+                out.push_str(&line);
+                out.push('\n');
+            }
         }
         if !self.view.prefixes.is_empty() {
             out.push_str("top prefixes (requests × prefix, reusable tokens):\n");
@@ -326,6 +500,29 @@ impl Snapshot {
                 serde_json::to_value(&self.view.prefixes).unwrap_or_default(),
             );
             object.insert("filter".into(), self.filter.clone().into());
+            let fixes: Vec<serde_json::Value> = self
+                .advice()
+                .iter()
+                .map(|a| {
+                    serde_json::json!({
+                        "kind": a.finding.kind,
+                        "client": a.finding.client,
+                        "lost_tokens": a.finding.lost_tokens,
+                        "finding": a.label,
+                        "owner": a.fix.owner,
+                        "fix": a.fix.change,
+                        "savings": a.savings.iter().map(|s| serde_json::json!({
+                            "setting": s.lever.flag(),
+                            "whatif": s.lever.whatif_args(),
+                            "recorded_lost_tokens": s.recorded.lost_tokens,
+                            "predicted_lost_tokens": s.predicted.lost_tokens,
+                            "saved_tokens": s.saving_tokens(),
+                            "saved_ms": s.saving_ms(),
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            object.insert("fixes".into(), fixes.into());
         }
         json
     }
@@ -361,6 +558,13 @@ pub struct Engine {
     chart: bool,
     source_done: bool,
     generation: u64,
+    /// Records kept for the what-if (up to `MAX_WHATIF_RECORDS`), and how many came in all.
+    records: Vec<Arc<Record>>,
+    records_seen: u64,
+    /// The findings view is open.
+    advice: bool,
+    /// The last predictions, and how many records they were worked out over.
+    predicted: Option<(u64, Arc<Predictions>)>,
 }
 
 fn live_simulator(block_size: u32) -> LiveSimulator {
@@ -423,6 +627,10 @@ impl Engine {
             chart: false,
             source_done: false,
             generation: 0,
+            records: Vec::new(),
+            records_seen: 0,
+            advice: false,
+            predicted: None,
         }
     }
 
@@ -432,6 +640,13 @@ impl Engine {
         match input {
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
+                self.records_seen += 1;
+                if self.records_seen as usize <= MAX_WHATIF_RECORDS {
+                    self.records.push(Arc::clone(&record));
+                } else if !self.records.is_empty() {
+                    // Past the cap the predictions would be of part of the traffic: none.
+                    self.records = Vec::new();
+                }
                 let pending = pending_request(&record, &mut self.cache_skips);
                 if self.next_id.is_some_and(|next| record.id < next) {
                     // Past its turn (an id seen before, a second file): at once.
@@ -462,6 +677,10 @@ impl Engine {
             }
             Input::Command(Command::Chart(open)) => {
                 self.chart = open;
+                true
+            }
+            Input::Command(Command::Advice(open)) => {
+                self.advice = open;
                 true
             }
             Input::BlockModel(given) => {
@@ -601,7 +820,13 @@ impl Engine {
         let mut view = View::build(&report, &self.filter);
         view.curve = self.curve();
         view.prefixes = self.prefixes();
-        Snapshot {
+        let asked = self.advice || self.source_done;
+        let predictions = if asked {
+            self.predictions()
+        } else {
+            Arc::new(Predictions::NotAsked)
+        };
+        let snapshot = Snapshot {
             generation: self.generation,
             requests: self.requests,
             simulated: self.cache.requests() as u64,
@@ -623,7 +848,32 @@ impl Engine {
             waited_us: 0,
             config: self.config.clone(),
             findings: std::sync::OnceLock::new(),
+            predictions,
+            advice: std::sync::OnceLock::new(),
+        };
+        if asked {
+            // Worked out here, on the engine's thread, so the view only reads them.
+            snapshot.advice();
         }
+        snapshot
+    }
+
+    /// The simulated server's savings over the records so far, worked out again only when
+    /// records came since.
+    fn predictions(&mut self) -> Arc<Predictions> {
+        if let Some((seen, predictions)) = &self.predicted
+            && *seen == self.records_seen
+        {
+            return Arc::clone(predictions);
+        }
+        let predictions = Arc::new(if self.records_seen as usize > self.records.len() {
+            Predictions::TooMany(self.records_seen)
+        } else {
+            let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
+            predict(&records)
+        });
+        self.predicted = Some((self.records_seen, Arc::clone(&predictions)));
+        predictions
     }
 
     /// Why received requests are not in the simulation, with how many.
@@ -706,6 +956,8 @@ impl Engine {
             }) {
                 items.push(PrefixItem {
                     label,
+                    what: group.what.clone(),
+                    share_of_reusable: group.share_of_reusable,
                     prefix_tokens: group.prefix_tokens,
                     count: group.count,
                     reusable_tokens: group.reusable_tokens,
@@ -872,5 +1124,24 @@ fn run(
     }
     if dirty {
         build(engine, &mut waiting_since);
+    }
+}
+
+/// The cause a finding is about, as the report names causes (`other_conversation`…).
+pub fn advice_cause(finding: &Finding) -> &str {
+    match finding.kind {
+        FindingKind::SideCallOnConversationModel => "side_call",
+        FindingKind::OtherConversationEviction => "other_conversation",
+        FindingKind::OtherModelEviction => "other_model",
+        FindingKind::VolatileSystemPrompt => "system_changed",
+        FindingKind::PrefixBreak | FindingKind::ServerCacheLoss => finding
+            .evidence
+            .get("break_cause")
+            .or_else(|| finding.evidence.get("kind"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("prefix break"),
+        FindingKind::UnusedTool => "unused tool",
+        FindingKind::LargeToolSchema => "large tool schema",
+        FindingKind::LargeSystemPrompt => "large system prompt",
     }
 }

@@ -1,8 +1,12 @@
-//! One lane per conversation, grouped by client: each turn a cell coloured by the reuse the
-//! server reported, `×` where the prefix broke, `!` where another request evicted it.
+//! One lane per conversation, grouped by client: each turn a cell by the tokens it lost, colour
+//! and glyph (`■` nothing lost, `×` the client broke the prefix, `!` evicted, `~` the server
+//! dropped its cache, `?` not measured). In the selected lane ← → move along the turns; the
+//! lane scrolls back in time to keep the selected turn in sight, `‹` when earlier turns are off
+//! to the left.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
+use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
@@ -10,7 +14,50 @@ use super::fit;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
 use crate::tui::ui::{empty, line_style, window};
-use crate::tui::view::{Mark, cause_label};
+use crate::tui::view::{Cell, Lane, cause_label, tokens};
+
+/// The cells a lane shows for `room` columns with `cursor` in sight: `(first, count)`.
+pub fn cells_window(len: usize, cursor: Option<usize>, room: usize) -> (usize, usize) {
+    let count = len.min(room.max(1));
+    let newest = len.saturating_sub(count);
+    let first = match cursor {
+        Some(c) if c < newest => c.saturating_sub(count / 2).min(newest),
+        _ => newest,
+    };
+    (first, count)
+}
+
+/// What a turn was: its turn number and what it lost to what.
+pub fn cell_note(cell: &Cell, aliases: &crate::tui::view::Aliases) -> String {
+    let cause = match (&cell.evicted_by, cell.broke) {
+        _ if cell.lost_tokens == 0 => String::new(),
+        (Some(by), _) => format!(
+            " {} (#{} {})",
+            cause_label(&by.kind),
+            by.row,
+            aliases.of(&by.client)
+        ),
+        (None, Some(cause)) => format!(
+            " {}",
+            cause_label(
+                &serde_json::to_value(cause)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            )
+        ),
+        (None, None) => " server".into(),
+    };
+    let cost = match (cell.mark, cell.lost_tokens) {
+        (crate::tui::view::Mark::Unmeasured, _) => "loss not measured".to_string(),
+        (_, 0) => match cell.reuse {
+            Some(r) => format!("nothing lost ({:.0}% reused)", r * 100.0),
+            None => "nothing lost".into(),
+        },
+        (_, lost) => format!("lost {} tok", tokens(u64::from(lost))),
+    };
+    format!(" t{} {cost}{cause}", cell.turn)
+}
 
 pub fn draw(
     frame: &mut Frame,
@@ -28,61 +75,44 @@ pub fn draw(
     let width = area.width as usize;
     let client_width = lanes
         .iter()
-        .map(|l| l.client.chars().count())
+        .map(|l| l.alias.chars().count())
         .max()
         .unwrap_or(0)
-        .min(width / 3)
+        .min(width * 2 / 5)
         .max(6);
     let mut lines = Vec::new();
     for i in window(lanes.len(), selected, area.height as usize) {
-        let lane = &lanes[i];
-        let style = line_style(i == selected, focused, theme);
+        let lane: &Lane = &lanes[i];
+        let is_selected = i == selected;
+        let style = line_style(is_selected, focused, theme);
         let mut spans = vec![
             Span::styled(
-                format!("{:<client_width$} ", fit(&lane.client, client_width)),
+                format!("{:<client_width$} ", fit(&lane.alias, client_width)),
                 style,
             ),
             Span::styled(format!("c{:<3} ", lane.conversation), style),
         ];
-        let room = width.saturating_sub(client_width + 6 + 1);
+        let room = width.saturating_sub(client_width + 6 + 1 + 1);
         let cells_room = room
             .min(lane.cells.len())
             .min(room.saturating_sub(24).max(room / 2));
-        let skip = lane.cells.len().saturating_sub(cells_room);
-        for cell in &lane.cells[skip..] {
-            let mark = match cell.mark {
-                Mark::Break => "×",
-                Mark::Eviction => "!",
-                Mark::Clean => "■",
-            };
-            spans.push(Span::styled(mark, theme.reuse(cell.reuse)));
+        let cursor = if is_selected {
+            app.selected_cell()
+        } else {
+            None
+        };
+        let (first, count) = cells_window(lane.cells.len(), cursor, cells_room);
+        spans.push(Span::styled(if first > 0 { "‹" } else { " " }, theme.dim()));
+        for (k, cell) in lane.cells[first..first + count].iter().enumerate() {
+            let mut style = theme.loss(cell.severity());
+            if is_selected && focused && cursor == Some(first + k) {
+                style = style.add_modifier(Modifier::REVERSED);
+            }
+            spans.push(Span::styled(cell.mark.glyph(), style));
         }
-        if let Some(last) = lane.cells.last() {
-            let note = match (&last.evicted_by, last.broke) {
-                (Some(by), _) => format!(
-                    " evicted by #{} ({}, {})",
-                    by.row,
-                    by.client,
-                    cause_label(&by.kind)
-                ),
-                (None, Some(cause)) => format!(
-                    " {}",
-                    cause_label(
-                        &serde_json::to_value(cause)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default()
-                    )
-                ),
-                _ => format!(
-                    " t{} {}",
-                    last.turn,
-                    last.reuse.map_or("reuse not reported".into(), |r| format!(
-                        "{:.0}% reused",
-                        r * 100.0
-                    ))
-                ),
-            };
+        let shown = cursor.or(lane.cells.len().checked_sub(1));
+        if let Some(cell) = shown.and_then(|c| lane.cells.get(c)) {
+            let note = cell_note(cell, &app.view().aliases);
             let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
             spans.push(Span::styled(
                 fit(&note, width.saturating_sub(used)),

@@ -113,7 +113,11 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     }
     let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
     let width = app.last_size.0 as usize;
-    let keys = " ? help  Tab pane  ↵ detail  p pause  / filter  s snapshot  e export  q quit";
+    let keys = if app.dialog.is_some() {
+        " Esc back  ↑↓ scroll/select  ↵ open  ? help  q quit"
+    } else {
+        " ? help  Tab pane  ←→ turn  ↵ open  f fixes  z zoom  p pause  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
+    };
     if width > used + 10 {
         spans.push(Span::styled(fit(keys, width - used), theme.dim()));
     }
