@@ -565,7 +565,15 @@ fn location(r: &Row) -> String {
             l.after.as_deref().unwrap_or(""),
         ),
         Some(l) if !l.tools_added.is_empty() || !l.tools_removed.is_empty() => {
-            format!("tools +{:?} -{:?}", l.tools_added, l.tools_removed)
+            let list = |sign: char, tools: &[String]| {
+                tools
+                    .iter()
+                    .map(|t| format!("{sign}{}", shown(t)))
+                    .collect::<Vec<_>>()
+            };
+            let mut changed = list('+', &l.tools_added);
+            changed.extend(list('-', &l.tools_removed));
+            format!("tools {}", changed.join(" "))
         }
         Some(l) => match (l.message, l.head_matched, l.tail_matched) {
             (Some(m), Some(h), Some(t)) => {

@@ -80,8 +80,11 @@ pub fn draw(
         .unwrap_or(0)
         .min(width * 2 / 5)
         .max(6);
+    // The last line says what the selected turn was, whole (a narrow lane cuts its note).
+    let footer = area.height >= 3;
+    let height = area.height as usize - usize::from(footer);
     let mut lines = Vec::new();
-    for i in window(lanes.len(), selected, area.height as usize) {
+    for i in window(lanes.len(), selected, height) {
         let lane: &Lane = &lanes[i];
         let is_selected = i == selected;
         let style = line_style(is_selected, focused, theme);
@@ -120,6 +123,21 @@ pub fn draw(
             ));
         }
         lines.push(Line::from(spans));
+    }
+    if footer {
+        lines.resize(height, Line::raw(""));
+        let note = lanes.get(selected).and_then(|lane| {
+            let cell = lane.cells.get(app.selected_cell()?)?;
+            Some(format!(
+                "{} c{}{}",
+                lane.alias,
+                lane.conversation,
+                cell_note(cell, &app.view().aliases)
+            ))
+        });
+        if let Some(note) = note {
+            lines.push(Line::styled(fit(&note, width), theme.title()));
+        }
     }
     frame.render_widget(Paragraph::new(lines), area);
 }
