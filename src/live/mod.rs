@@ -336,26 +336,42 @@ impl Snapshot {
         self.advice.get().map(Vec::as_slice)
     }
 
-    /// One line per fix with its predicted saving, for the summary and the `s` text.
+    /// One line per fix with its predicted saving, for the summary and the `s` text: each server
+    /// setting once, with the causes it answers; then the clients' own changes.
     pub fn fix_lines(&self) -> Vec<String> {
-        let mut lines = Vec::new();
+        let mut settings: Vec<(&Prediction, Vec<&str>)> = Vec::new();
+        let mut changes: Vec<String> = Vec::new();
         for advice in self.advice() {
-            if advice.finding.lost_tokens.unwrap_or(0) == 0 && advice.savings.is_empty() {
-                continue;
-            }
-            if advice.savings.is_empty() {
-                lines.push(format!("  {}", advice.fix.change));
-            }
+            let cause = crate::units::cause_label_plural(advice_cause(&advice.finding));
             for saving in &advice.savings {
-                lines.push(format!(
-                    "  {} (whatif {}, for {})",
-                    saving.saving_text(),
-                    saving.lever.whatif_args(),
-                    crate::units::cause_label_plural(advice_cause(&advice.finding))
-                ));
+                match settings.iter_mut().find(|(p, _)| p.lever == saving.lever) {
+                    Some((_, causes)) => {
+                        if !causes.contains(&cause) {
+                            causes.push(cause);
+                        }
+                    }
+                    None => settings.push((saving, vec![cause])),
+                }
+            }
+            if advice.savings.is_empty() && advice.finding.lost_tokens.unwrap_or(0) > 0 {
+                let line = format!("  {} ({cause})", advice.fix.change);
+                if !changes.contains(&line) {
+                    changes.push(line);
+                }
             }
         }
-        lines.dedup();
+        let mut lines: Vec<String> = settings
+            .into_iter()
+            .map(|(saving, causes)| {
+                format!(
+                    "  {} (whatif {}; for {})",
+                    saving.saving_text(),
+                    saving.lever.whatif_args(),
+                    causes.join(", ")
+                )
+            })
+            .collect();
+        lines.extend(changes);
         lines
     }
 
