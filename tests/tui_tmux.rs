@@ -640,3 +640,51 @@ fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
         tmux.wait_for(&["EXITED 0"]);
     }
 }
+
+/// Issue #13, replay controls: `p` in a replay stops reading the file (the request counter
+/// stands still and the status bar says so), `.` reads one record, `p` again goes on.
+#[test]
+fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
+    if !have_tmux() {
+        return;
+    }
+    let command = format!(
+        "{BIN} replay --speed 1 {}; echo EXITED $?; sleep 60",
+        recording("llmp/llama.cpp/parallel-nocache.jsonl")
+    );
+    let tmux = Tmux::start("pause", &command);
+    tmux.wait_for(&["Conversations", " req "]);
+    tmux.keys(&["p"]);
+    let screen = tmux.wait_for(&["REPLAY PAUSED"]);
+    let count = |screen: &str| -> u64 {
+        let bar = screen
+            .lines()
+            .rev()
+            .find(|l| l.contains(" req "))
+            .unwrap_or("");
+        bar.split(" req ")
+            .next()
+            .and_then(|s| s.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let held = count(&screen);
+    assert!(held < 24, "{screen}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let screen = tmux.screen();
+    assert_eq!(
+        count(&screen),
+        held,
+        "reading went on while paused:\n{screen}"
+    );
+    tmux.keys(&["."]);
+    let screen = tmux.wait_until("one more record", |s| count(s) == held + 1);
+    assert!(screen.contains("REPLAY PAUSED"), "{screen}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(count(&tmux.screen()), held + 1);
+    tmux.keys(&["p"]);
+    tmux.wait_for(&["replay resumed"]);
+    tmux.wait_until("reading to go on", |s| count(s) > held + 1);
+    tmux.keys(&["q"]);
+    tmux.wait_for(&["EXITED 0"]);
+}

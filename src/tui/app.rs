@@ -117,6 +117,11 @@ pub enum Action {
     Quit,
     ForceQuit,
     Speed(f64),
+    /// A replay's reading held (`true`) or let go on; the loop falls back to pausing the view
+    /// when the source cannot be held.
+    PauseSource(bool),
+    /// While the replay is held: read one more record.
+    Step,
     /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
     /// as a new snapshot.
     Engine(Command),
@@ -132,6 +137,8 @@ pub struct App {
     pub focus: Pane,
     pub selected: [usize; 5],
     pub paused: bool,
+    /// The replay's reading is held (`p` in a replay): the view stays live, `.` steps.
+    pub source_paused: bool,
     pub filter: String,
     pub dialog: Option<Dialog>,
     /// Where Esc goes back to: the views opened before the one shown.
@@ -175,6 +182,7 @@ impl App {
             focus: Pane::Conversations,
             selected: [0; 5],
             paused: false,
+            source_paused: false,
             filter: String::new(),
             dialog: None,
             back: Vec::new(),
@@ -584,6 +592,15 @@ impl App {
                 return Action::Engine(Command::Advice(true));
             }
             KeyCode::Char('z') => self.zoom = !self.zoom,
+            KeyCode::Char('p') | KeyCode::Char(' ')
+                if matches!(self.source, Source::Replay { .. })
+                    && self.speed.is_some()
+                    && !self.source_done =>
+            {
+                // A replay: hold its reading itself (the loop asks the pacer).
+                return Action::PauseSource(!self.source_paused);
+            }
+            KeyCode::Char('.') if self.source_paused => return Action::Step,
             KeyCode::Char('p') | KeyCode::Char(' ') => {
                 self.paused = !self.paused;
                 if !self.paused

@@ -76,6 +76,9 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     if app.paused {
         spans.push(Span::styled(" PAUSED ", theme.bad()));
     }
+    if app.source_paused {
+        spans.push(Span::styled(" REPLAY PAUSED (. step) ", theme.bad()));
+    }
     let mut parts = vec![
         format!("{} req", app.requests()),
         format!("{:.1}/s", app.requests_per_second()),
