@@ -1295,3 +1295,69 @@ fn break_lines_lead_with_cause_and_cost_and_tables_have_headers() {
     assert!(zoomed.contains("Prefix breaks"), "{zoomed}");
     check_golden("parallel-nocache.zoom-breaks.80x24.txt", &zoomed);
 }
+
+/// Issue #13, the capacity view in llama.cpp's terms: Enter on the hit-rate pane gives the hit
+/// rate and the tokens lost under the simulated server at `-np` 1/2/4/8 × `--cache-ram` off/on,
+/// each what `prefixscope whatif FILE --slots N --cache-ram …` predicts on the same records,
+/// beside the real server's reuse; the setting nearest what the server did is marked.
+#[test]
+fn the_capacity_view_is_whatif_at_every_setting() {
+    use prefixscope::sim::whatif::what_if;
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let records = file_records(name);
+    let keys = [
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Enter),
+    ];
+    let view = screen(name, 120, 40, &keys);
+    assert!(
+        view.contains("the real server: 0.0% reused, lost 8,759 tokens"),
+        "{view}"
+    );
+    for (slots, cache_ram) in prefixscope::analysis::findings::CAPACITY_SETTINGS {
+        let w = what_if(&records, slots, cache_ram);
+        let prompt: u64 = w.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+        let reused: u64 = w
+            .requests
+            .iter()
+            .map(|r| u64::from(r.predicted_reused))
+            .sum();
+        let cell = format!(
+            "{:>5.1}% {:>7}",
+            100.0 * reused as f64 / prompt as f64,
+            prefixscope::tui::view::tokens(w.predicted.lost_tokens)
+        );
+        let row = view
+            .lines()
+            .find(|l| l.contains(&format!("│-np {slots} ")))
+            .unwrap_or_else(|| panic!("-np {slots}:\n{view}"));
+        let half = if cache_ram {
+            row.split_at(row.char_indices().nth(41).unwrap().0).1
+        } else {
+            row.split_at(row.char_indices().nth(41).unwrap().0).0
+        };
+        assert!(
+            half.contains(&cell),
+            "-np {slots} {cache_ram}: {cell}\n{view}"
+        );
+    }
+    // The one-slot server without the host cache is what the recording shows (0% reused).
+    let one = view.lines().find(|l| l.contains("│-np 1 ")).unwrap();
+    assert!(one.contains("8,759") && one.contains('◀'), "{view}");
+    for (width, height) in [(120, 40), (80, 24)] {
+        let styled_view = screen_with(name, width, height, &keys, Theme { color: true }, styled);
+        check_golden(
+            &format!("parallel-nocache.capacity.{width}x{height}.styled.txt"),
+            &styled_view,
+        );
+    }
+    // With the host cache on, the real server is nearest `--cache-ram on`.
+    let on = screen("llmp/llama.cpp/parallel", 120, 40, &keys);
+    let marked = on.lines().find(|l| l.contains('◀')).unwrap();
+    assert!(
+        marked.find('◀') > marked.find("-np").map(|i| i + 40),
+        "{on}"
+    );
+}

@@ -572,14 +572,30 @@ pub enum Lever {
     CacheRam,
     /// `-np N` without the host cache: `whatif FILE --slots N --cache-ram off`.
     Slots(usize),
+    /// Any other setting of the capacity view: `whatif FILE --slots N --cache-ram on|off`.
+    Server { slots: usize, cache_ram: bool },
 }
 
 impl Lever {
+    /// The one name of a setting: `--cache-ram on` is one slot with the host cache, `-np N`
+    /// is N slots without it.
+    pub fn of_settings(slots: usize, cache_ram: bool) -> Lever {
+        match (slots, cache_ram) {
+            (1, true) => Lever::CacheRam,
+            (n, false) => Lever::Slots(n),
+            (slots, cache_ram) => Lever::Server { slots, cache_ram },
+        }
+    }
+
     /// The server's flag, as a llama.cpp user sets it.
     pub fn flag(self) -> String {
         match self {
             Lever::CacheRam => "--cache-ram on".into(),
             Lever::Slots(n) => format!("-np {n}"),
+            Lever::Server { slots, cache_ram } => format!(
+                "-np {slots} --cache-ram {}",
+                if cache_ram { "on" } else { "off" }
+            ),
         }
     }
 
@@ -588,6 +604,10 @@ impl Lever {
         match self {
             Lever::CacheRam => "--cache-ram on".into(),
             Lever::Slots(n) => format!("--slots {n} --cache-ram off"),
+            Lever::Server { slots, cache_ram } => format!(
+                "--slots {slots} --cache-ram {}",
+                if cache_ram { "on" } else { "off" }
+            ),
         }
     }
 
@@ -596,9 +616,23 @@ impl Lever {
         match self {
             Lever::CacheRam => (1, true),
             Lever::Slots(n) => (n, false),
+            Lever::Server { slots, cache_ram } => (slots, cache_ram),
         }
     }
 }
+
+/// The capacity view's settings, in llama.cpp's terms: `-np` 1, 2, 4, 8 with `--cache-ram` off
+/// and on. Every lever a fix names is one of them.
+pub const CAPACITY_SETTINGS: [(usize, bool); 8] = [
+    (1, false),
+    (1, true),
+    (2, false),
+    (2, true),
+    (4, false),
+    (4, true),
+    (8, false),
+    (8, true),
+];
 
 /// The levers every fix draws on, in the order they are shown.
 pub const LEVERS: [Lever; 4] = [

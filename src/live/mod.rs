@@ -164,6 +164,10 @@ pub struct Prediction {
     pub recorded: crate::sim::whatif::Totals,
     pub predicted: crate::sim::whatif::Totals,
     pub replayed: usize,
+    /// Prompt tokens the simulated server reused, of the replayed requests' prompt tokens.
+    pub hit_rate: f64,
+    /// The same of what the real server reported, where it reported it for every request.
+    pub recorded_hit_rate: Option<f64>,
 }
 
 impl Prediction {
@@ -259,20 +263,44 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
         .collect()
 }
 
-/// The simulated server over `records` at every lever (`prefixscope whatif` on them).
+/// The simulated server over `records` at every setting of the capacity view (`prefixscope
+/// whatif` on them): every lever a fix names is one of them.
 pub fn predict(records: &[Record]) -> Predictions {
     let mut all = Vec::new();
-    for lever in crate::analysis::findings::LEVERS {
-        let (slots, cache_ram) = lever.settings();
+    for (slots, cache_ram) in crate::analysis::findings::CAPACITY_SETTINGS {
         let result = crate::sim::whatif::what_if(records, slots, cache_ram);
         if result.replayed == 0 {
             return Predictions::NotReplayable;
         }
+        let prompt: u64 = result
+            .requests
+            .iter()
+            .map(|r| u64::from(r.prompt_tokens))
+            .sum();
+        let share = |reused: u64| {
+            if prompt == 0 {
+                0.0
+            } else {
+                reused as f64 / prompt as f64
+            }
+        };
+        let predicted_reused: u64 = result
+            .requests
+            .iter()
+            .map(|r| u64::from(r.predicted_reused))
+            .sum();
+        let recorded_reused: Option<u64> = result
+            .requests
+            .iter()
+            .map(|r| r.recorded_reused.map(u64::from))
+            .sum();
         all.push(Prediction {
-            lever,
+            lever: crate::analysis::findings::Lever::of_settings(slots, cache_ram),
             recorded: result.recorded,
             predicted: result.predicted,
             replayed: result.replayed,
+            hit_rate: share(predicted_reused),
+            recorded_hit_rate: recorded_reused.map(share),
         });
     }
     Predictions::Ready(all)

@@ -89,6 +89,10 @@ pub enum Dialog {
     Findings {
         selected: usize,
     },
+    /// The capacity view in llama.cpp's terms: `-np` 1/2/4/8 × `--cache-ram` off/on, simulated.
+    Capacity {
+        scroll: u16,
+    },
     /// The rows of a finding (its index in the findings view).
     FindingRows {
         index: usize,
@@ -368,13 +372,10 @@ impl App {
 
     /// Esc: the view before, or the panes. Leaving the findings view tells the engine.
     fn go_back(&mut self) -> Action {
-        let left_findings = matches!(self.dialog, Some(Dialog::Findings { .. }));
+        let asks = |d: &Dialog| matches!(d, Dialog::Findings { .. } | Dialog::Capacity { .. });
+        let left_findings = self.dialog.as_ref().is_some_and(asks);
         self.dialog = self.back.pop();
-        let findings_open = self
-            .back
-            .iter()
-            .chain(self.dialog.as_ref())
-            .any(|d| matches!(d, Dialog::Findings { .. }));
+        let findings_open = self.back.iter().chain(self.dialog.as_ref()).any(asks);
         if left_findings && !findings_open {
             return Action::Engine(Command::Advice(false));
         }
@@ -412,7 +413,8 @@ impl App {
         match self.dialog.as_mut()? {
             Dialog::Detail { scroll, .. }
             | Dialog::Prefix { scroll, .. }
-            | Dialog::Client { scroll, .. } => {
+            | Dialog::Client { scroll, .. }
+            | Dialog::Capacity { scroll } => {
                 if back {
                     return Some(self.go_back());
                 }
@@ -584,6 +586,10 @@ impl App {
                         index: self.selected[index],
                         scroll: 0,
                     })
+                }
+                Pane::HitRate if self.input == Input::Exchanges => {
+                    self.open(Dialog::Capacity { scroll: 0 });
+                    return Action::Engine(Command::Advice(true));
                 }
                 _ => {}
             },

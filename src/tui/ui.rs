@@ -159,6 +159,9 @@ fn title(app: &App, pane: Pane) -> String {
 fn pane_title(app: &App, pane: Pane) -> String {
     match pane {
         Pane::HitRate if app.chart => "Hit rate by capacity (chart)".into(),
+        Pane::HitRate if app.focus == Pane::HitRate && app.input == Input::Exchanges => {
+            "Hit rate by capacity (↵ -np, --cache-ram)".into()
+        }
         Pane::Prefixes if app.prefixes_by_tokens => "Top prefixes by reusable tokens".into(),
         Pane::Prefixes => "Top prefixes by count".into(),
         Pane::Conversations if !app.filter.is_empty() => format!("Conversations [/{}]", app.filter),

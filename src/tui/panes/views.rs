@@ -61,6 +61,11 @@ pub fn draw(frame: &mut Frame, screen: Rect, app: &App, theme: &Theme) -> bool {
             let scroll = at.saturating_sub(height.saturating_sub(6)) as u16;
             ("findings by cost, with fixes".into(), lines, scroll)
         }
+        Some(Dialog::Capacity { scroll }) => (
+            "the server's settings, simulated".into(),
+            capacity_lines(app, theme),
+            *scroll,
+        ),
         Some(Dialog::FindingRows { index, selected }) => {
             let (lines, at) = finding_rows_lines(app, *index, *selected, theme);
             let height = area_of(screen).height.saturating_sub(2) as usize;
@@ -650,4 +655,113 @@ pub fn finding_rows_lines<'a>(
         ));
     }
     (lines, at)
+}
+
+/// The capacity view in llama.cpp's terms: hit rate and tokens and seconds lost under the
+/// simulated llama-server at `-np` 1/2/4/8 × `--cache-ram` off/on, each `prefixscope whatif FILE
+/// --slots N --cache-ram …` on the same records, beside what the real server reported.
+pub fn capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
+    let predictions = &app.snapshot.predictions;
+    let Predictions::Ready(all) = &**predictions else {
+        let why = match &**predictions {
+            Predictions::NotAsked => "working out the simulated server's settings…".to_string(),
+            Predictions::TooMany(n) => format!(
+                "{} records is past the live what-if's {}: run prefixscope whatif FILE --slots N --cache-ram on|off",
+                thousands(*n),
+                thousands(crate::live::MAX_WHATIF_RECORDS as u64)
+            ),
+            _ => "the simulated llama-server replays llama.cpp's chat requests with the server's counts only"
+                .to_string(),
+        };
+        return vec![Line::styled(why, theme.dim())];
+    };
+    let Some(first) = all.first() else {
+        return Vec::new();
+    };
+    let mut lines = vec![
+        Line::styled(
+            format!(
+                "{} replayed in the order they reached the server (prefixscope whatif FILE --slots N --cache-ram off|on)",
+                plural(first.replayed as u64, "request")
+            ),
+            theme.dim(),
+        ),
+        Line::styled(
+            format!(
+                "the real server: {} reused, lost {} tokens, {}",
+                first
+                    .recorded_hit_rate
+                    .map_or("reuse not reported".into(), |h| format!(
+                        "{:.1}%",
+                        h * 100.0
+                    )),
+                thousands(first.recorded.lost_tokens),
+                first
+                    .recorded
+                    .lost_ms
+                    .map_or("time not measured".into(), duration)
+            ),
+            theme.title(),
+        ),
+        Line::raw(String::new()),
+    ];
+    // The recording does not say how the server was set up: the setting whose prediction is
+    // nearest what the server reported is marked.
+    let nearest = all
+        .iter()
+        .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens))
+        .map(|p| p.lever);
+    lines.push(Line::styled(
+        format!("{:<8}{:<32}{}", "", "--cache-ram off", "--cache-ram on"),
+        theme.dim(),
+    ));
+    lines.push(Line::styled(
+        format!(
+            "{:<8}{:<32}{}",
+            "slots", "reused    lost     time", "reused    lost     time"
+        ),
+        theme.dim(),
+    ));
+    for slots in [1usize, 2, 4, 8] {
+        let cell = |cache_ram: bool| -> (String, bool) {
+            let lever = crate::analysis::findings::Lever::of_settings(slots, cache_ram);
+            match all.iter().find(|p| p.lever == lever) {
+                Some(p) => (
+                    format!(
+                        "{:>5.1}% {:>7} {:>8}{}",
+                        p.hit_rate * 100.0,
+                        tokens(p.predicted.lost_tokens),
+                        p.predicted.lost_ms.map_or("-".into(), duration),
+                        if nearest == Some(lever) { " ◀" } else { "" }
+                    ),
+                    nearest == Some(lever),
+                ),
+                None => ("-".into(), false),
+            }
+        };
+        let (off, off_near) = cell(false);
+        let (on, on_near) = cell(true);
+        let style = |near: bool| {
+            if near {
+                theme.title()
+            } else {
+                Style::default()
+            }
+        };
+        lines.push(Line::from(vec![
+            Span::raw(format!("{:<8}", format!("-np {slots}"))),
+            Span::styled(format!("{off:<32}"), style(off_near)),
+            Span::styled(on, style(on_near)),
+        ]));
+    }
+    lines.push(Line::raw(String::new()));
+    lines.push(Line::styled(
+        "◀ the setting whose prediction is nearest what the server reported (the recording does not say how it was set up)",
+        theme.dim(),
+    ));
+    lines.push(Line::styled(
+        "-np: llama-server's slots (one conversation's cache each); --cache-ram: its host-memory prompt cache, unbounded here",
+        theme.dim(),
+    ));
+    lines
 }
