@@ -150,11 +150,13 @@ pub enum Command {
     /// The findings view is open: work out the findings and the simulated server's savings
     /// for every snapshot (else only once the source is done).
     Advice(bool),
+    /// The capacity view is open: the simulated server at every setting of it.
+    Capacity(bool),
 }
 
 /// Records kept for the simulated server's what-if (the fixes' savings): past this many, the
 /// findings view says to run `prefixscope whatif` on the recording instead.
-pub const MAX_WHATIF_RECORDS: usize = 5_000;
+pub const MAX_WHATIF_RECORDS: usize = 1_000;
 
 /// One server setting replayed by the simulated llama-server (`sim::whatif`, what
 /// `prefixscope whatif` prints) over the records so far.
@@ -266,9 +268,16 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
 /// The simulated server over `records` at every setting of the capacity view (`prefixscope
 /// whatif` on them): every lever a fix names is one of them.
 pub fn predict(records: &[Record]) -> Predictions {
+    predict_at(records, &crate::analysis::findings::CAPACITY_SETTINGS)
+}
+
+/// The simulated server over `records` at `settings` (`(slots, cache_ram)`), the recording
+/// analysed once for all of them.
+pub fn predict_at(records: &[Record], settings: &[(usize, bool)]) -> Predictions {
+    let recorded = crate::analysis::analyze(records, &Config::default());
     let mut all = Vec::new();
-    for (slots, cache_ram) in crate::analysis::findings::CAPACITY_SETTINGS {
-        let result = crate::sim::whatif::what_if(records, slots, cache_ram);
+    for &(slots, cache_ram) in settings {
+        let result = crate::sim::whatif::what_if_given(records, slots, cache_ram, &recorded);
         if result.replayed == 0 {
             return Predictions::NotReplayable;
         }
@@ -607,8 +616,11 @@ pub struct Engine {
     records_seen: u64,
     /// The findings view is open.
     advice: bool,
-    /// The last predictions, and how many records they were worked out over.
-    predicted: Option<(u64, Arc<Predictions>)>,
+    /// The capacity view is open: every setting, not only the fixes' levers.
+    capacity: bool,
+    /// The last predictions, how many records they were worked out over, and whether at every
+    /// setting.
+    predicted: Option<(u64, bool, Arc<Predictions>)>,
 }
 
 fn live_simulator(block_size: u32) -> LiveSimulator {
@@ -674,6 +686,7 @@ impl Engine {
             records: Vec::new(),
             records_seen: 0,
             advice: false,
+            capacity: false,
             predicted: None,
         }
     }
@@ -725,6 +738,10 @@ impl Engine {
             }
             Input::Command(Command::Advice(open)) => {
                 self.advice = open;
+                true
+            }
+            Input::Command(Command::Capacity(open)) => {
+                self.capacity = open;
                 true
             }
             Input::BlockModel(given) => {
@@ -864,7 +881,7 @@ impl Engine {
         let mut view = View::build(&report, &self.filter);
         view.curve = self.curve();
         view.prefixes = self.prefixes();
-        let asked = self.advice || self.source_done;
+        let asked = self.advice || self.capacity || self.source_done;
         let predictions = if asked {
             self.predictions()
         } else {
@@ -905,8 +922,10 @@ impl Engine {
     /// The simulated server's savings over the records so far, worked out again only when
     /// records came since.
     fn predictions(&mut self) -> Arc<Predictions> {
-        if let Some((seen, predictions)) = &self.predicted
+        let every = self.capacity;
+        if let Some((seen, all, predictions)) = &self.predicted
             && *seen == self.records_seen
+            && (*all || !every)
         {
             return Arc::clone(predictions);
         }
@@ -914,9 +933,17 @@ impl Engine {
             Predictions::TooMany(self.records_seen)
         } else {
             let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
-            predict(&records)
+            if every {
+                predict(&records)
+            } else {
+                let levers: Vec<(usize, bool)> = crate::analysis::findings::LEVERS
+                    .iter()
+                    .map(|l| l.settings())
+                    .collect();
+                predict_at(&records, &levers)
+            }
         });
-        self.predicted = Some((self.records_seen, Arc::clone(&predictions)));
+        self.predicted = Some((self.records_seen, every, Arc::clone(&predictions)));
         predictions
     }
 

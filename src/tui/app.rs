@@ -372,14 +372,19 @@ impl App {
 
     /// Esc: the view before, or the panes. Leaving the findings view tells the engine.
     fn go_back(&mut self) -> Action {
-        let asks = |d: &Dialog| matches!(d, Dialog::Findings { .. } | Dialog::Capacity { .. });
-        let left_findings = self.dialog.as_ref().is_some_and(asks);
+        let left = self.dialog.take();
         self.dialog = self.back.pop();
-        let findings_open = self.back.iter().chain(self.dialog.as_ref()).any(asks);
-        if left_findings && !findings_open {
-            return Action::Engine(Command::Advice(false));
+        let still_open =
+            |pick: fn(&Dialog) -> bool| self.back.iter().chain(self.dialog.as_ref()).any(pick);
+        match left {
+            Some(Dialog::Findings { .. })
+                if !still_open(|d| matches!(d, Dialog::Findings { .. })) =>
+            {
+                Action::Engine(Command::Advice(false))
+            }
+            Some(Dialog::Capacity { .. }) => Action::Engine(Command::Capacity(false)),
+            _ => Action::Redraw,
         }
-        Action::Redraw
     }
 
     /// How many entries the findings view lists (0 until the engine worked them out).
@@ -589,7 +594,7 @@ impl App {
                 }
                 Pane::HitRate if self.input == Input::Exchanges => {
                     self.open(Dialog::Capacity { scroll: 0 });
-                    return Action::Engine(Command::Advice(true));
+                    return Action::Engine(Command::Capacity(true));
                 }
                 _ => {}
             },
