@@ -1361,3 +1361,40 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         "{on}"
     );
 }
+
+/// `watch` before its first request says how to point each harness at the proxy.
+#[test]
+fn the_first_screen_of_watch_gives_the_base_urls() {
+    let mut app = App::new(
+        Source::Live {
+            upstream: "http://127.0.0.1:8080".into(),
+            listen: "127.0.0.1:8787".into(),
+            recording: "rec.jsonl".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    sender.send(Event::Resize(120, 40)).unwrap();
+    drop(sender);
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &FixedClock(NOW_MS),
+        &NoControl,
+        &Theme::plain(),
+    )
+    .unwrap();
+    let screen = text(terminal.backend());
+    for text in [
+        "Conversations: waiting for the first request; point your harness at the proxy",
+        "ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude",
+        "OPENAI_BASE_URL=http://127.0.0.1:8787/v1",
+        "OLLAMA_HOST=http://127.0.0.1:8787",
+        "--openai-api-base http://127.0.0.1:8787/v1",
+    ] {
+        assert!(screen.contains(text), "{text}:\n{screen}");
+    }
+    check_golden("watch-first-screen.120x40.txt", &screen);
+}

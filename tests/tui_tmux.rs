@@ -655,7 +655,10 @@ fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
     let tmux = Tmux::start("pause", &command);
     tmux.wait_for(&["Conversations", " req "]);
     tmux.keys(&["p"]);
-    let screen = tmux.wait_for(&["REPLAY PAUSED"]);
+    tmux.wait_for(&["REPLAY PAUSED"]);
+    // The record on its way when `p` was pressed reaches the screen with the next snapshot.
+    std::thread::sleep(Duration::from_millis(600));
+    let screen = tmux.screen();
     let count = |screen: &str| -> u64 {
         let bar = screen
             .lines()

@@ -376,15 +376,15 @@ impl Pacer {
                 return;
             }
             let Some(item) = item else { continue };
-            if self.hold() {
-                // Resumed: the pace goes on from this record, nothing jumps.
-                anchor = None;
-            }
             if self.paced {
                 match anchor.as_mut() {
                     None => anchor = Some((Instant::now(), due_ms)),
                     Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
                 }
+            }
+            if self.hold() {
+                // Resumed: the pace goes on from this record, nothing jumps.
+                anchor = Some((Instant::now(), due_ms));
             }
             if inputs.send(wrap(item, super::wall_clock_ms())).is_err() {
                 return;

@@ -138,6 +138,13 @@ pub fn draw(frame: &mut Frame, app: &App, theme: &Theme) {
             Pane::Prefixes => panes::prefixes::draw(frame, inner, app, selected, focused, theme),
         }
     }
+    if let (super::app::Source::Live { listen, .. }, None, 0) =
+        (&app.source, app.speed, app.requests())
+        && !app.zoom
+    {
+        let top = areas.panes[0].1.union(areas.panes[1].1);
+        panes::conversations::draw_first_screen(frame, top, listen, theme);
+    }
     frame.render_widget(
         Paragraph::new(panes::status::status_line(app, theme)),
         areas.status,

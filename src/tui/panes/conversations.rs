@@ -141,3 +141,51 @@ pub fn draw(
     }
     frame.render_widget(Paragraph::new(lines), area);
 }
+
+/// What to set in each harness to send its traffic through the proxy at `listen` (README's
+/// table).
+pub fn base_urls(listen: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "Claude Code",
+            format!("ANTHROPIC_BASE_URL=http://{listen} claude"),
+        ),
+        (
+            "opencode",
+            format!("opencode.json: \"options\": {{ \"baseURL\": \"http://{listen}/v1\" }}"),
+        ),
+        (
+            "aider",
+            format!("aider --openai-api-base http://{listen}/v1 --model openai/NAME"),
+        ),
+        ("OpenAI SDKs", format!("OPENAI_BASE_URL=http://{listen}/v1")),
+        ("Ollama", format!("OLLAMA_HOST=http://{listen}")),
+    ]
+}
+
+/// `watch` before its first request, over the top panes: how to point a harness at the proxy.
+pub fn draw_first_screen(frame: &mut Frame, area: Rect, listen: &str, theme: &Theme) {
+    let block = ratatui::widgets::Block::default()
+        .borders(ratatui::widgets::Borders::ALL)
+        .border_style(theme.focused_border())
+        .title(Span::styled(
+            " Conversations: waiting for the first request; point your harness at the proxy ",
+            theme.title(),
+        ));
+    let inner = block.inner(area);
+    frame.render_widget(ratatui::widgets::Clear, area);
+    frame.render_widget(block, area);
+    let lines: Vec<Line> = base_urls(listen)
+        .into_iter()
+        .map(|(who, how)| {
+            Line::from(vec![
+                Span::styled(format!("{who:<12} "), theme.dim()),
+                Span::raw(how),
+            ])
+        })
+        .collect();
+    frame.render_widget(
+        Paragraph::new(lines).wrap(ratatui::widgets::Wrap { trim: false }),
+        inner,
+    );
+}
