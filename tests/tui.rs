@@ -1398,3 +1398,40 @@ fn the_first_screen_of_watch_gives_the_base_urls() {
     }
     check_golden("watch-first-screen.120x40.txt", &screen);
 }
+
+/// Issue #13, who evicts whom: `w` gives clients × clients from `evicted_by`; each row sums to
+/// what that client caused, each column to what it suffered, the whole to the loss.
+#[test]
+fn who_cost_whom_sums_to_caused_suffered_and_the_loss() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let view = &snapshot.view;
+    for l in &view.losses {
+        let caused: u64 = view
+            .who_cost_whom
+            .iter()
+            .filter(|(c, _, _)| c.as_deref() == Some(l.client.as_str()))
+            .map(|e| e.2)
+            .sum();
+        let suffered: u64 = view
+            .who_cost_whom
+            .iter()
+            .filter(|(_, v, _)| *v == l.client)
+            .map(|e| e.2)
+            .sum();
+        assert_eq!(
+            (caused, suffered),
+            (l.caused_tokens, l.tokens),
+            "{}",
+            l.client
+        );
+    }
+    let all: u64 = view.who_cost_whom.iter().map(|e| e.2).sum();
+    assert_eq!(all, 8_759);
+    let matrix = screen(name, 120, 40, &[key('w')]);
+    assert!(matrix.contains("caused by"), "{matrix}");
+    assert!(matrix.contains("8,759"), "{matrix}");
+    check_golden("parallel-nocache.who-cost-whom.120x40.txt", &matrix);
+    let narrow = screen(name, 80, 24, &[key('w')]);
+    check_golden("parallel-nocache.who-cost-whom.80x24.txt", &narrow);
+}

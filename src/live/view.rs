@@ -17,6 +17,9 @@ pub struct View {
     pub losses: Vec<ClientLoss>,
     /// Losses no client caused (the server dropped its cache on its own), by cause label.
     pub unattributed: Vec<(String, u64, Option<f64>)>,
+    /// Who cost whom: `(causer, victim, tokens)`, clients as the report names them, the
+    /// causer `None` for the server's own losses; a client's own breaks are its own row.
+    pub who_cost_whom: Vec<(Option<String>, String, u64)>,
     pub curve: Option<Curve>,
     pub prefixes: Vec<PrefixItem>,
     /// Short names of the report's clients.
@@ -401,6 +404,7 @@ impl View {
         }
         let mut caused_by: IntMap<&str, Caused> = IntMap::default();
         let mut unattributed: Vec<(String, u64, Option<f64>)> = Vec::new();
+        let mut who: Vec<(Option<&str>, &str, u64)> = Vec::new();
         for row in rows.iter().copied() {
             let victim = row.row().client.as_str();
             let own = row
@@ -411,6 +415,13 @@ impl View {
                 (causer, loss, ms.map(|m| m.value))
             });
             for (causer, loss, ms) in [own, external].into_iter().flatten() {
+                match who
+                    .iter_mut()
+                    .find(|(c, v, _)| *c == causer && *v == victim)
+                {
+                    Some(entry) => entry.2 += u64::from(loss.tokens),
+                    None => who.push((causer, victim, u64::from(loss.tokens))),
+                }
                 let Some(causer) = causer else {
                     let label = cause_label(&loss.cause).to_string();
                     match unattributed.iter_mut().find(|(l, _, _)| *l == label) {
@@ -446,6 +457,10 @@ impl View {
             }
         }
         unattributed.sort_by_key(|u| std::cmp::Reverse(u.1));
+        let who_cost_whom = who
+            .into_iter()
+            .map(|(c, v, t)| (c.map(str::to_string), v.to_string(), t))
+            .collect();
         // Filtered, a client is listed when some of its rows match, with their counts.
         let mut matched: IntMap<&str, (u32, Vec<u32>)> = IntMap::default();
         if filtered {
@@ -526,6 +541,7 @@ impl View {
             breaks_total,
             losses,
             unattributed,
+            who_cost_whom,
             aliases,
             curve: None,
             prefixes: Vec::new(),

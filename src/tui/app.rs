@@ -93,6 +93,10 @@ pub enum Dialog {
     Capacity {
         scroll: u16,
     },
+    /// Who cost whom: clients × clients, from `evicted_by`.
+    WhoCostWhom {
+        scroll: u16,
+    },
     /// The rows of a finding (its index in the findings view).
     FindingRows {
         index: usize,
@@ -419,7 +423,8 @@ impl App {
             Dialog::Detail { scroll, .. }
             | Dialog::Prefix { scroll, .. }
             | Dialog::Client { scroll, .. }
-            | Dialog::Capacity { scroll } => {
+            | Dialog::Capacity { scroll }
+            | Dialog::WhoCostWhom { scroll } => {
                 if back {
                     return Some(self.go_back());
                 }
@@ -603,6 +608,7 @@ impl App {
                 return Action::Engine(Command::Advice(true));
             }
             KeyCode::Char('z') => self.zoom = !self.zoom,
+            KeyCode::Char('w') => self.open(Dialog::WhoCostWhom { scroll: 0 }),
             KeyCode::Char('p') | KeyCode::Char(' ')
                 if matches!(self.source, Source::Replay { .. })
                     && self.speed.is_some()

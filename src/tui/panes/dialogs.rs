@@ -20,6 +20,7 @@ pub const HELP: &[&str] = &[
     "  f            findings by cost, each with its fix and the predicted saving",
     "  ↵ on Hit rate the server's settings simulated: -np 1/2/4/8 × --cache-ram off/on",
     "  z            zoom the focused pane to the whole screen (z or Esc again: back)",
+    "  w            who cost whom: clients × clients, tokens, from evicted_by",
     "  p / space    replay: pause reading the file (. reads one record); watch: pause the",
     "               view (the recording goes on)",
     "  /            filter by client, model, conversation (c3) or text; Esc clears",

@@ -119,7 +119,7 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     let keys = if app.dialog.is_some() {
         " Esc back  ↑↓ scroll/select  ↵ open  ? help  q quit"
     } else {
-        " ? help  Tab pane  ←→ turn  ↵ open  f fixes  z zoom  p pause  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
+        " ? help  Tab pane  ←→ turn  ↵ open  f fixes  w who  z zoom  p pause  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
     };
     if width > used + 10 {
         spans.push(Span::styled(fit(keys, width - used), theme.dim()));
