@@ -1435,3 +1435,25 @@ fn who_cost_whom_sums_to_caused_suffered_and_the_loss() {
     let narrow = screen(name, 80, 24, &[key('w')]);
     check_golden("parallel-nocache.who-cost-whom.80x24.txt", &narrow);
 }
+
+/// A click on a cell selects that turn (Enter then opens it).
+#[test]
+fn a_click_on_a_cell_selects_that_turn() {
+    use crossterm::event::{MouseButton, MouseEvent, MouseEventKind};
+    let click = |column, row| {
+        Event::Mouse(MouseEvent {
+            kind: MouseEventKind::Down(MouseButton::Left),
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        })
+    };
+    // Lane c2 is the second (row 3); its cells start after the name (13), `c2  ` and `‹`.
+    let opened = screen(
+        "llmp/llama.cpp/parallel-nocache",
+        120,
+        40,
+        &[click(1 + 20 + 2, 3), special(KeyCode::Enter)],
+    );
+    assert!(opened.contains("c2 turn 3"), "{opened}");
+}

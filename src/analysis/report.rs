@@ -400,7 +400,7 @@ impl<R> Report<R> {
             }
             if findings.len() > SUMMARY_FINDINGS {
                 lines.push(format!(
-                    "  … {} more with --json",
+                    "  … {} more: prefixscope analyze FILE --json (the TUI: f)",
                     findings.len() - SUMMARY_FINDINGS
                 ));
             }

@@ -715,14 +715,25 @@ impl App {
             MouseEventKind::ScrollUp => {
                 self.selected[index] = self.selected[index].saturating_sub(1)
             }
-            MouseEventKind::Down(MouseButton::Left) => {
-                if let Some(pane) = super::ui::pane_at(
-                    mouse.column,
-                    mouse.row,
-                    self.last_size,
-                    self.zoom.then_some(self.focus),
-                ) {
+            MouseEventKind::Down(MouseButton::Left) if self.dialog.is_none() => {
+                let zoom = self.zoom.then_some(self.focus);
+                if let Some(pane) =
+                    super::ui::pane_at(mouse.column, mouse.row, self.last_size, zoom)
+                {
                     self.focus = pane;
+                    // A click on a lane selects it, on a cell that turn.
+                    if pane == Pane::Conversations
+                        && let Some(rect) = super::ui::pane_rect(pane, self.last_size, zoom)
+                        && let Some((lane, cell)) = super::panes::conversations::cell_at(
+                            self,
+                            rect.inner(ratatui::layout::Margin::new(1, 1)),
+                            mouse.column,
+                            mouse.row,
+                        )
+                    {
+                        self.selected[0] = lane;
+                        self.cell = cell;
+                    }
                 }
             }
             _ => return Action::None,

@@ -73,6 +73,16 @@ pub fn areas_zoomed(area: Rect, zoom: Option<Pane>) -> Areas {
     }
 }
 
+/// Where `pane` is on a screen of `size`.
+pub fn pane_rect(pane: Pane, size: (u16, u16), zoom: Option<Pane>) -> Option<Rect> {
+    let area = Rect::new(0, 0, size.0, size.1);
+    areas_zoomed(area, zoom)
+        .panes
+        .iter()
+        .find(|(p, _)| *p == pane)
+        .map(|(_, r)| *r)
+}
+
 /// Which pane a click landed in.
 pub fn pane_at(column: u16, row: u16, size: (u16, u16), zoom: Option<Pane>) -> Option<Pane> {
     let area = Rect::new(0, 0, size.0, size.1);

@@ -59,6 +59,61 @@ pub fn cell_note(cell: &Cell, aliases: &crate::tui::view::Aliases) -> String {
     format!(" t{} {cost}{cause}", cell.turn)
 }
 
+/// The width of the lanes' names.
+fn name_width(lanes: &[Lane], width: usize) -> usize {
+    lanes
+        .iter()
+        .map(|l| l.alias.chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(width * 2 / 5)
+        .max(6)
+}
+
+/// Columns before a lane's first cell: the name and a space, `c12 ` (5), the `‹` mark.
+fn cells_start(client_width: usize) -> usize {
+    client_width + 1 + 5 + 1
+}
+
+/// The cells a lane shows at `width` with `cursor` in sight: `(first, count)`.
+fn lane_window(
+    lane: &Lane,
+    cursor: Option<usize>,
+    width: usize,
+    client_width: usize,
+) -> (usize, usize) {
+    let room = width.saturating_sub(client_width + 6 + 1 + 1);
+    let cells_room = room
+        .min(lane.cells.len())
+        .min(room.saturating_sub(24).max(room / 2));
+    cells_window(lane.cells.len(), cursor, cells_room)
+}
+
+/// The lane and the cell (`None`: the lane but no cell) under a click at `(column, row)` in
+/// the pane's inner `area`, as `draw` lays them out.
+pub fn cell_at(app: &App, area: Rect, column: u16, row: u16) -> Option<(usize, Option<usize>)> {
+    let lanes = &app.view().lanes;
+    if column < area.x || row < area.y || column >= area.x + area.width {
+        return None;
+    }
+    let height = (area.height as usize).saturating_sub(usize::from(area.height >= 3));
+    let shown = window(lanes.len(), app.selected[0], height);
+    let lane = shown.start + usize::from(row - area.y);
+    if !shown.contains(&lane) {
+        return None;
+    }
+    let width = area.width as usize;
+    let client_width = name_width(lanes, width);
+    let cursor = (lane == app.selected[0])
+        .then(|| app.selected_cell())
+        .flatten();
+    let (first, count) = lane_window(&lanes[lane], cursor, width, client_width);
+    let x = usize::from(column - area.x);
+    let start = cells_start(client_width);
+    let cell = (x >= start && x < start + count).then(|| first + x - start);
+    Some((lane, cell))
+}
+
 pub fn draw(
     frame: &mut Frame,
     area: Rect,
@@ -73,13 +128,7 @@ pub fn draw(
         return;
     }
     let width = area.width as usize;
-    let client_width = lanes
-        .iter()
-        .map(|l| l.alias.chars().count())
-        .max()
-        .unwrap_or(0)
-        .min(width * 2 / 5)
-        .max(6);
+    let client_width = name_width(lanes, width);
     // The last line says what the selected turn was, whole (a narrow lane cuts its note).
     let footer = area.height >= 3;
     let height = area.height as usize - usize::from(footer);
@@ -95,16 +144,12 @@ pub fn draw(
             ),
             Span::styled(format!("c{:<3} ", lane.conversation), style),
         ];
-        let room = width.saturating_sub(client_width + 6 + 1 + 1);
-        let cells_room = room
-            .min(lane.cells.len())
-            .min(room.saturating_sub(24).max(room / 2));
         let cursor = if is_selected {
             app.selected_cell()
         } else {
             None
         };
-        let (first, count) = cells_window(lane.cells.len(), cursor, cells_room);
+        let (first, count) = lane_window(lane, cursor, width, client_width);
         spans.push(Span::styled(if first > 0 { "‹" } else { " " }, theme.dim()));
         for (k, cell) in lane.cells[first..first + count].iter().enumerate() {
             let mut style = theme.loss(cell.severity());

@@ -94,8 +94,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 })
                 .collect();
             frame.render_widget(
-                Paragraph::new(format!("format (Tab): {}", list.join(" ")))
-                    .wrap(Wrap { trim: true }),
+                Paragraph::new(format!(
+                    "format (Tab): {} · anonymous: all but otel (it keeps the messages)",
+                    list.join(" ")
+                ))
+                .wrap(Wrap { trim: true }),
                 formats,
             );
             frame.render_widget(Paragraph::new("file (Enter writes, Esc cancels):"), label);
