@@ -715,6 +715,9 @@ pub fn fix(finding: &Finding) -> Fix {
             "tools_changed" => client(
                 "tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation".into(),
             ),
+            cause if cause.contains("reorder") => client(
+                "the same tools or messages came in another order: keep their order stable (build the tool array once, in one order, for every request)".into(),
+            ),
             _ => client(
                 "earlier messages were rewritten: append to the history instead of editing it (compact rarely, and all at once)".into(),
             ),

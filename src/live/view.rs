@@ -638,7 +638,7 @@ pub fn shown(text: &str) -> String {
 /// a product, the whole user agent where that is not enough; the `#2` suffix kept.
 #[derive(Debug, Clone, Default)]
 pub struct Aliases {
-    names: Vec<(String, String)>,
+    names: std::collections::HashMap<String, String>,
 }
 
 impl Aliases {
@@ -693,10 +693,7 @@ impl Aliases {
     }
 
     pub fn of_client(&self, client: &str) -> Option<&str> {
-        self.names
-            .iter()
-            .find(|(c, _)| c == client)
-            .map(|(_, a)| a.as_str())
+        self.names.get(client).map(String::as_str)
     }
 
     /// The alias, or the client itself when it is not one of the report's.

@@ -120,12 +120,15 @@ fn cause_name(cause: crate::analysis::BreakCause) -> String {
 /// table of fixes then speaks for the one turn.
 fn finding_of_turn(row: &Row, cause: &str) -> Finding {
     let location = row.break_location.as_ref();
+    let the_clients = row.lost_client.as_ref().is_some_and(|l| l.cause == cause)
+        || row.break_cause.is_some_and(|b| cause_name(b) == cause);
     let kind = match cause {
         "system_changed" => FindingKind::VolatileSystemPrompt,
-        "tools_changed" | "history_rewritten" => FindingKind::PrefixBreak,
         "side_call" => FindingKind::SideCallOnConversationModel,
         "other_conversation" => FindingKind::OtherConversationEviction,
         "other_model" => FindingKind::OtherModelEviction,
+        // The client's breaks (tools, history, any cause the analysis adds) by their cause.
+        _ if the_clients => FindingKind::PrefixBreak,
         _ => FindingKind::ServerCacheLoss,
     };
     Finding {
