@@ -1049,6 +1049,22 @@ fn the_findings_view_gives_the_fix_and_whatifs_saving() {
     );
     let json = snapshot.to_json();
     assert_eq!(json["fixes"][0]["savings"][0]["saved_tokens"], 8_175);
+    // Every token lost is in one entry of the view: the findings, and the losses too few for
+    // one (the system-prompt change, once) in the same table's words.
+    let listed: u64 = snapshot
+        .advice()
+        .iter()
+        .map(|a| u64::from(a.finding.lost_tokens.unwrap_or(0)))
+        .sum();
+    assert_eq!(listed, snapshot.report.time.lost_tokens);
+    assert!(
+        findings.contains("system prompt changes on 1 turn (gemma): 584 tokens"),
+        "{findings}"
+    );
+    assert!(
+        findings.contains("a date or time in the system prompt"),
+        "{findings}"
+    );
 }
 
 /// Issue #13: on the volatile-system demo the findings view names the changing span of the
@@ -1112,6 +1128,15 @@ fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() 
     assert!(screen.contains("0000000000000000]"), "{screen}");
     assert!(screen.contains("0000000000000001]"), "{screen}");
     assert!(screen.contains("move it after the stable part"), "{screen}");
+    let listed: u64 = control
+        .0
+        .borrow_mut()
+        .snapshot()
+        .advice()
+        .iter()
+        .map(|a| u64::from(a.finding.lost_tokens.unwrap_or(0)))
+        .sum();
+    assert_eq!(listed, 6_879);
     // One entry for it, not two (the prefix-break finding says the same with less).
     assert!(
         !screen.contains("prompt prefix broken by system prompt changes"),

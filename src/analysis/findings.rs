@@ -71,6 +71,11 @@ impl LossSum {
     }
 }
 
+/// `add_ms` for the layers above (the findings view's own entries).
+pub fn add_ms_pub(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
+    add_ms(total, ms)
+}
+
 pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
     match total {
         Some(total) => Measured {
@@ -711,7 +716,10 @@ pub fn fix(finding: &Finding) -> Fix {
             evidence_text(finding, "after"),
         )),
         FindingKind::PrefixBreak => match evidence_text(finding, "break_cause") {
-            "system_changed" => client(system_prompt_fix("", "")),
+            "system_changed" => client(system_prompt_fix(
+                evidence_text(finding, "before"),
+                evidence_text(finding, "after"),
+            )),
             "tools_changed" => client(
                 "tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation".into(),
             ),

@@ -230,10 +230,108 @@ pub struct Advice {
     pub savings: Vec<Prediction>,
 }
 
-/// Every finding by cost, each with its fix and, where a server setting applies, its savings.
-pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
-    // A volatile system prompt is also a prefix break by system-prompt changes of the same
-    // client: one entry, the one that says where.
+/// The losses no finding speaks for (a cause on too few turns for the analysis's thresholds),
+/// one finding-shaped entry per model and cause, so the findings view accounts for every loss.
+/// Marked `"below_thresholds": true` in their evidence.
+pub fn uncovered<R: crate::analysis::Priced>(
+    report: &Report<R>,
+    findings: &[Finding],
+) -> Vec<Finding> {
+    use crate::analysis::findings::add_ms_pub;
+    // A loss is spoken for when a finding of its cause names its row; side-call findings name
+    // the side-calls, and speak for every side-call loss of their model.
+    let covered = |id: u64, model: &str, cause: &str| {
+        findings.iter().any(|f| {
+            advice_cause(f) == cause
+                && (f.rows.contains(&id)
+                    || (f.kind == FindingKind::SideCallOnConversationModel
+                        && f.model.as_deref() == Some(model)))
+        })
+    };
+    // (model, cause) → (kind, rows, tokens, ms, example row)
+    let mut groups: Vec<(String, String, Finding)> = Vec::new();
+    for rated in report.rows.iter().map(crate::analysis::Priced::rated) {
+        let row = rated.row();
+        let own = rated.client_loss().map(|l| (true, l));
+        let external = rated.external_loss().map(|l| (false, l));
+        for (theirs, (loss, ms)) in [own, external].into_iter().flatten() {
+            if loss.tokens == 0 || covered(row.id, &row.model, &loss.cause) {
+                continue;
+            }
+            let at = groups
+                .iter()
+                .position(|(m, c, _)| *m == row.model && *c == loss.cause);
+            let at = match at {
+                Some(at) => at,
+                None => {
+                    let kind = match loss.cause.as_str() {
+                        "side_call" => FindingKind::SideCallOnConversationModel,
+                        "other_conversation" => FindingKind::OtherConversationEviction,
+                        "other_model" => FindingKind::OtherModelEviction,
+                        _ if theirs => FindingKind::PrefixBreak,
+                        _ => FindingKind::ServerCacheLoss,
+                    };
+                    let location = row.break_location.as_ref();
+                    groups.push((
+                        row.model.clone(),
+                        loss.cause.clone(),
+                        Finding {
+                            kind,
+                            model: Some(row.model.clone()),
+                            client: None,
+                            rows: Vec::new(),
+                            lost_tokens: Some(0),
+                            lost_ms: None,
+                            context_tokens: None,
+                            confidence: crate::analysis::Confidence::Low,
+                            evidence: serde_json::json!({
+                                "below_thresholds": true,
+                                "break_cause": loss.cause,
+                                "kind": loss.cause,
+                                "before": location.and_then(|l| l.before.clone()),
+                                "after": location.and_then(|l| l.after.clone()),
+                            }),
+                        },
+                    ));
+                    groups.len() - 1
+                }
+            };
+            let finding = &mut groups[at].2;
+            finding.rows.push(row.id);
+            finding.lost_tokens =
+                Some(finding.lost_tokens.unwrap_or(0).saturating_add(loss.tokens));
+            if let Some(ms) = ms {
+                finding.lost_ms = Some(add_ms_pub(finding.lost_ms, ms));
+            }
+        }
+    }
+    groups.into_iter().map(|(_, _, f)| f).collect()
+}
+
+/// An uncovered loss in words: `system prompt changes on 1 turn (gemma): 584 tokens, 158 ms`.
+fn uncovered_label(finding: &Finding) -> String {
+    let cost = match finding.lost_ms {
+        Some(ms) => format!(
+            "{} tokens, {}",
+            thousands(u64::from(finding.lost_tokens.unwrap_or(0))),
+            view::duration(ms.value)
+        ),
+        None => format!(
+            "{} tokens",
+            thousands(u64::from(finding.lost_tokens.unwrap_or(0)))
+        ),
+    };
+    format!(
+        "{} on {} ({}): {cost} lost (too few turns for a finding of the analysis)",
+        crate::units::cause_label_plural(advice_cause(finding)),
+        plural(finding.rows.len() as u64, "turn"),
+        finding.model.as_deref().unwrap_or("?")
+    )
+}
+
+/// The findings the view shows: a volatile system prompt is also a prefix break by
+/// system-prompt changes of the same client, so one entry, the one that says where.
+pub fn without_duplicates(findings: &[Finding]) -> Vec<Finding> {
     let volatile = |f: &Finding| {
         findings.iter().any(|v| {
             v.kind == FindingKind::VolatileSystemPrompt
@@ -241,13 +339,21 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
                 && v.model == f.model
         })
     };
-    crate::analysis::findings::by_cost(findings)
-        .into_iter()
+    findings
+        .iter()
         .filter(|f| {
             !(f.kind == FindingKind::PrefixBreak
                 && f.evidence.get("break_cause").and_then(|v| v.as_str()) == Some("system_changed")
                 && volatile(f))
         })
+        .cloned()
+        .collect()
+}
+
+/// Every finding by cost, each with its fix and, where a server setting applies, its savings.
+pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
+    crate::analysis::findings::by_cost(findings)
+        .into_iter()
         .map(|finding| {
             let fix = crate::analysis::findings::fix(finding);
             let savings = fix
@@ -255,9 +361,17 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
                 .iter()
                 .filter_map(|l| predictions.of(*l).cloned())
                 .collect();
+            let below = finding
+                .evidence
+                .get("below_thresholds")
+                .is_some_and(|v| v == true);
             Advice {
                 finding: finding.clone(),
-                label: crate::analysis::report::label(finding),
+                label: if below {
+                    uncovered_label(finding)
+                } else {
+                    crate::analysis::report::label(finding)
+                },
                 fix,
                 savings,
             }
@@ -364,8 +478,12 @@ impl Snapshot {
 
     /// The findings by cost with their fixes and savings, worked out on first use.
     pub fn advice(&self) -> &[Advice] {
-        self.advice
-            .get_or_init(|| advise(self.findings(), &self.predictions))
+        self.advice.get_or_init(|| {
+            let mut all = without_duplicates(self.findings());
+            let extra = uncovered(&self.report, &all);
+            all.extend(extra);
+            advise(&all, &self.predictions)
+        })
     }
 
     /// The advice if it was worked out (drawing reads this: it never works anything out).
