@@ -616,6 +616,22 @@ fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
             "--cache-ram on: −8,175 tokens",
             "-np 4: −7,634 tokens",
         ]);
+        // `o` writes the view's whole text to a private file in the working directory.
+        tmux.keys(&["o"]);
+        tmux.wait_for(&["written: prefixscope-request-10-"]);
+        let written = tmux.files("prefixscope-request-10-");
+        assert_eq!(written.len(), 1, "{written:?}");
+        assert_eq!(private_mode(&written[0]), 0o600);
+        let text = std::fs::read_to_string(&written[0]).unwrap();
+        assert!(
+            text.contains("other conversation: lost 460 tokens"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fix: more conversations than slots"),
+            "{text}"
+        );
+        std::fs::remove_file(&written[0]).unwrap();
         // Esc: back to the panes, the turn still selected.
         tmux.keys(&["Escape"]);
         let screen = tmux.wait_until("the panes, the turn still selected", |screen| {
@@ -685,9 +701,11 @@ fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
     assert!(screen.contains("REPLAY PAUSED"), "{screen}");
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(count(&tmux.screen()), held + 1);
+    tmux.keys(&["]"]);
+    tmux.wait_until("ten more records", |s| count(s) == held + 11);
     tmux.keys(&["p"]);
     tmux.wait_for(&["replay resumed"]);
-    tmux.wait_until("reading to go on", |s| count(s) > held + 1);
+    tmux.wait_until("reading to go on", |s| count(s) > held + 11);
     tmux.keys(&["q"]);
     tmux.wait_for(&["EXITED 0"]);
 }

@@ -128,8 +128,10 @@ pub enum Action {
     /// A replay's reading held (`true`) or let go on; the loop falls back to pausing the view
     /// when the source cannot be held.
     PauseSource(bool),
-    /// While the replay is held: read one more record.
-    Step,
+    /// While the replay is held: read this many more records.
+    Step(u64),
+    /// Write the open view's text to `prefixscope-<what>-<ms>.txt` (0600): the lines shown.
+    WriteView(String, Vec<String>),
     /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
     /// as a new snapshot.
     Engine(Command),
@@ -536,6 +538,15 @@ impl App {
                         self.open(Dialog::Help { scroll: 0 });
                         return Action::Redraw;
                     }
+                    if key.code == KeyCode::Char('o') {
+                        // The view's whole text to a file, to read or copy outside.
+                        let theme = super::theme::Theme::plain();
+                        let (name, lines) = super::panes::views::plain_text(self, &theme);
+                        if !lines.is_empty() {
+                            return Action::WriteView(name, lines);
+                        }
+                        return Action::Redraw;
+                    }
                     return self.view_key(key).unwrap_or(Action::Redraw);
                 }
             }
@@ -617,7 +628,8 @@ impl App {
                 // A replay: hold its reading itself (the loop asks the pacer).
                 return Action::PauseSource(!self.source_paused);
             }
-            KeyCode::Char('.') if self.source_paused => return Action::Step,
+            KeyCode::Char('.') if self.source_paused => return Action::Step(1),
+            KeyCode::Char(']') if self.source_paused => return Action::Step(10),
             KeyCode::Char('p') | KeyCode::Char(' ') => {
                 self.paused = !self.paused;
                 if !self.paused

@@ -175,11 +175,25 @@ pub fn run<B: Backend>(
                         });
                     }
                 }
-                Action::Step => {
+                Action::Step(records) => {
                     if app.source_paused {
-                        control.step_source();
-                        app.status = Some("one record read; p resumes".into());
+                        for _ in 0..records {
+                            control.step_source();
+                        }
+                        app.status = Some(format!(
+                            "{} read; p resumes",
+                            crate::units::plural(records, "record")
+                        ));
                     }
+                }
+                Action::WriteView(what, lines) => {
+                    let path = PathBuf::from(format!("prefixscope-{what}-{}.txt", clock.now_ms()));
+                    let mut text = lines.join("\n");
+                    text.push('\n');
+                    app.status = Some(match write_private(&path, &text) {
+                        Ok(()) => format!("written: {}", path.display()),
+                        Err(e) => format!("write failed: {}: {e}", path.display()),
+                    });
                 }
                 Action::Snapshot => {
                     app.status = Some(match write_snapshot(app, clock.now_ms()) {

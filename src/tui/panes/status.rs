@@ -125,9 +125,9 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
         Pane::Prefixes => " ↑↓ prefix  ↵ contents  t sort ",
     };
     let keys = if app.dialog.is_some() {
-        " Esc back  ↑↓ scroll/select  ↵ open  ? help  q quit".to_string()
+        " Esc back  ↑↓ scroll/select  ↵ open  o write to a file  ? help  q quit".to_string()
     } else if app.source_paused {
-        format!(" . step  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
+        format!(" . one record  ] ten  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
     } else {
         format!(
             "{pane}· ? help  Tab pane  f fixes  w who  z zoom  p pause  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"

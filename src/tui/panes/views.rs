@@ -25,6 +25,38 @@ pub fn area_of(screen: Rect) -> Rect {
     }
 }
 
+/// The open view as plain text (for `o`): a name for its file and its lines, unwrapped.
+pub fn plain_text(app: &App, theme: &Theme) -> (String, Vec<String>) {
+    let text = |lines: Vec<Line>| -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect()
+    };
+    match &app.dialog {
+        Some(Dialog::Detail { id, .. }) => {
+            (format!("request-{id}"), text(detail_lines(app, *id, theme)))
+        }
+        Some(Dialog::Prefix { index, .. }) => {
+            ("prefix".into(), text(prefix_lines(app, *index, theme)))
+        }
+        Some(Dialog::Client { index, .. }) => {
+            ("client".into(), text(client_lines(app, *index, theme)))
+        }
+        Some(Dialog::Findings { .. }) => ("findings".into(), text(findings_lines(app, 0, theme).0)),
+        Some(Dialog::Capacity { .. }) => ("capacity".into(), text(capacity_lines(app, theme))),
+        Some(Dialog::WhoCostWhom { .. }) => (
+            "who-cost-whom".into(),
+            text(who_cost_whom_lines(app, theme)),
+        ),
+        Some(Dialog::FindingRows { index, .. }) => (
+            "finding".into(),
+            text(finding_rows_lines(app, *index, 0, theme).0),
+        ),
+        _ => (String::new(), Vec::new()),
+    }
+}
+
 pub fn draw(frame: &mut Frame, screen: Rect, app: &App, theme: &Theme) -> bool {
     let (title, lines, scroll): (String, Vec<Line>, u16) = match &app.dialog {
         Some(Dialog::Help { scroll }) => (
