@@ -240,13 +240,17 @@ pub fn uncovered<R: crate::analysis::Priced>(
     use crate::analysis::findings::add_ms_pub;
     // A loss is spoken for when a finding of its cause names its row; side-call findings name
     // the side-calls, and speak for every side-call loss of their model.
+    let mut named: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
+    let mut side_call_models: Vec<&str> = Vec::new();
+    for f in findings {
+        if f.kind == FindingKind::SideCallOnConversationModel {
+            side_call_models.extend(f.model.as_deref());
+        } else {
+            named.extend(f.rows.iter().map(|&id| (advice_cause(f), id)));
+        }
+    }
     let covered = |id: u64, model: &str, cause: &str| {
-        findings.iter().any(|f| {
-            advice_cause(f) == cause
-                && (f.rows.contains(&id)
-                    || (f.kind == FindingKind::SideCallOnConversationModel
-                        && f.model.as_deref() == Some(model)))
-        })
+        named.contains(&(cause, id)) || (cause == "side_call" && side_call_models.contains(&model))
     };
     // (model, cause) → (kind, rows, tokens, ms, example row)
     let mut groups: Vec<(String, String, Finding)> = Vec::new();
@@ -526,6 +530,13 @@ impl Snapshot {
                 )
             })
             .collect();
+        let wants_settings = self.advice().iter().any(|a| !a.fix.levers.is_empty());
+        if let (Predictions::TooMany(n), true) = (&*self.predictions, wants_settings) {
+            lines.push(format!(
+                "  the server settings' savings: prefixscope whatif FILE --cache-ram on, --slots N ({} records is more than the live what-if replays)",
+                thousands(*n)
+            ));
+        }
         lines.extend(changes);
         lines
     }

@@ -683,7 +683,23 @@ pub fn finding_rows_lines<'a>(
         Line::styled("↵ a request's detail · Esc back", theme.dim()),
     ];
     let mut at = 0;
-    for (i, id) in advice.finding.rows.iter().enumerate() {
+    // Only the rows around the selected one are looked up (a finding may name thousands).
+    const AROUND: usize = 100;
+    let rows = &advice.finding.rows;
+    let from = selected.saturating_sub(AROUND);
+    let to = (selected + AROUND).min(rows.len());
+    if from > 0 || to < rows.len() {
+        lines.push(Line::styled(
+            format!(
+                "requests {}–{} of {}",
+                from + 1,
+                to,
+                thousands(rows.len() as u64)
+            ),
+            theme.dim(),
+        ));
+    }
+    for (i, id) in rows.iter().enumerate().take(to).skip(from) {
         let text = match app.snapshot.row(*id) {
             Some(row) => {
                 let lost: u32 = [&row.lost_client, &row.lost_external]
