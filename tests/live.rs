@@ -70,6 +70,7 @@ fn the_snapshot_json_is_analyze_json_plus_what_the_panes_show() {
         "hit_rate",
         "top_prefixes",
         "filter",
+        "fixes",
     ] {
         json.as_object_mut().unwrap().remove(added);
     }

@@ -329,7 +329,7 @@ fn a_server_without_reuse_counters_shows_not_measured_never_zero() {
             screen.contains("prefixscope · loss not measured (no reuse reported)"),
             "{screen}"
         );
-        assert!(screen.contains("llmp-drive/1: not measured"), "{screen}");
+        assert!(screen.contains("llmp-drive: not measured"), "{screen}");
         assert!(screen.contains("server reuse not rep"), "{screen}");
         assert!(!screen.contains("lost 0 tokens"), "{screen}");
         assert!(!screen.contains("0 tok,"), "{screen}");
@@ -867,4 +867,618 @@ fn the_summary_after_quit_counts_the_exchange_that_was_in_flight() {
     drop(records_tx);
     let last = last_snapshot(Arc::clone(&on_screen), handle, &events_rx);
     assert!(Arc::ptr_eq(&last, &on_screen));
+}
+
+/// The records of a recording in file order (what `prefixscope whatif FILE` reads).
+fn file_records(name: &str) -> Vec<Record> {
+    let text = std::fs::read(root().join("recordings").join(format!("{name}.jsonl"))).unwrap();
+    read_jsonl(text.as_slice()).records
+}
+
+/// Runs the real binary; its stdout.
+fn binary(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_prefixscope"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Issue #13, drill-down: any turn is reachable. In Conversations ↓ picks the lane, ← → move
+/// along its turns, Enter opens that turn (cause and cost first, then the fix, what changed),
+/// Esc comes back to the panes. The figures are the report's row's.
+#[test]
+fn a_middle_turn_of_a_lane_opens_with_its_cause_cost_and_fix() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let lane = &snapshot.view.lanes[1];
+    assert_eq!(lane.conversation, 2);
+    let cell = &lane.cells[2];
+    let row = snapshot.row(cell.id).unwrap();
+    let loss = row.lost_external.as_ref().unwrap();
+    assert_eq!(loss.cause, "other_conversation");
+
+    let keys = [
+        special(KeyCode::Down),
+        special(KeyCode::Left),
+        special(KeyCode::Left),
+    ];
+    let lanes = screen(name, 120, 40, &keys);
+    assert!(
+        lanes.contains(&format!("t{} lost {} tok", cell.turn, loss.tokens)),
+        "{lanes}"
+    );
+    let mut open = keys.to_vec();
+    open.push(special(KeyCode::Enter));
+    for (width, height) in [(120, 40), (80, 24)] {
+        let detail = screen(name, width, height, &open);
+        assert!(
+            detail.contains(&format!("c2 turn {}", cell.turn)),
+            "{detail}"
+        );
+        assert!(
+            detail.contains(&format!("other conversation: lost {} tokens", loss.tokens)),
+            "{detail}"
+        );
+        assert!(detail.contains("fix:"), "{detail}");
+        assert!(detail.contains("-np"), "{detail}");
+        let styled_detail = screen_with(name, width, height, &open, Theme { color: true }, styled);
+        check_golden(
+            &format!("parallel-nocache.turn-detail.{width}x{height}.styled.txt"),
+            &styled_detail,
+        );
+    }
+    // Esc goes back to the panes, the same turn still selected.
+    open.push(special(KeyCode::Esc));
+    let back = screen(name, 120, 40, &open);
+    assert!(back.contains("Prefix breaks"), "{back}");
+    assert!(
+        back.contains(&format!("t{} lost {} tok", cell.turn, loss.tokens)),
+        "{back}"
+    );
+
+    // The system prompt change: before and after as written, the changed span highlighted.
+    let c1 = &snapshot.view.lanes[0];
+    let changed = c1
+        .cells
+        .iter()
+        .position(|c| c.broke.is_some() && c.lost_tokens > 0)
+        .unwrap();
+    let mut keys = vec![special(KeyCode::Home)];
+    keys.extend(std::iter::repeat_n(special(KeyCode::Right), changed));
+    keys.push(special(KeyCode::Enter));
+    let detail = screen_with(name, 120, 40, &keys, Theme { color: true }, styled);
+    assert!(
+        detail.contains("system prompt changed: lost 584 tokens"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("before: sentences. Today is Monday."),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("after:  sentences. Today is Tuesday."),
+        "{detail}"
+    );
+    assert!(!detail.contains("\\\""), "{detail}");
+    assert!(detail.contains("move it after the stable part"), "{detail}");
+    assert!(detail.contains("REVERSED"), "{detail}");
+    check_golden("parallel-nocache.system-change.120x40.styled.txt", &detail);
+}
+
+/// Issue #13, findings with fixes: ranked by cost, the other-conversation evictions first with
+/// the `--cache-ram` / `-np` fix and the savings `prefixscope whatif` predicts on the same file.
+#[test]
+fn the_findings_view_gives_the_fix_and_whatifs_saving() {
+    use prefixscope::sim::whatif::what_if;
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let records = file_records(name);
+    let file = root().join("recordings").join(format!("{name}.jsonl"));
+    let file = file.to_str().unwrap();
+    let findings = screen(name, 120, 40, &[key('f')]);
+    assert!(findings.contains("1. other conversations"), "{findings}");
+    assert!(findings.contains("-np N"), "{findings}");
+    for (args, slots, cache_ram, flag) in [
+        (vec!["--cache-ram", "on"], 1, true, "--cache-ram on"),
+        (
+            vec!["--slots", "4", "--cache-ram", "off"],
+            4,
+            false,
+            "-np 4",
+        ),
+        (
+            vec!["--slots", "2", "--cache-ram", "off"],
+            2,
+            false,
+            "-np 2",
+        ),
+    ] {
+        let w = what_if(&records, slots, cache_ram);
+        let saved = w.recorded.lost_tokens - w.predicted.lost_tokens;
+        let shown = format!("{flag}: −{} tokens", prefixscope::units::thousands(saved));
+        assert!(findings.contains(&shown), "{shown}:\n{findings}");
+        // The binary's own figures, on the same file.
+        let mut command = vec!["whatif", file, "--json"];
+        command.extend(args.iter().copied());
+        let json: serde_json::Value = serde_json::from_str(&binary(&command)).unwrap();
+        assert_eq!(json["recorded"]["lost_tokens"], w.recorded.lost_tokens);
+        assert_eq!(json["predicted"]["lost_tokens"], w.predicted.lost_tokens);
+    }
+    // The README's figure: 8,759 tokens lost, 584 with the host cache on.
+    assert!(
+        findings.contains("--cache-ram on: −8,175 tokens"),
+        "{findings}"
+    );
+    for (width, height) in [(120, 40), (80, 24)] {
+        let styled_findings = screen_with(
+            name,
+            width,
+            height,
+            &[key('f')],
+            Theme { color: true },
+            styled,
+        );
+        check_golden(
+            &format!("parallel-nocache.findings.{width}x{height}.styled.txt"),
+            &styled_findings,
+        );
+    }
+    // Enter opens the finding's turns, Enter again one of them.
+    let rows = screen(name, 120, 40, &[key('f'), special(KeyCode::Enter)]);
+    assert!(
+        rows.contains("cache lost to other conversations on 15 turns"),
+        "{rows}"
+    );
+    let turn = screen(
+        name,
+        120,
+        40,
+        &[key('f'), special(KeyCode::Enter), special(KeyCode::Enter)],
+    );
+    assert!(turn.contains("other conversation: lost"), "{turn}");
+
+    // The `s` text prints each fix with its saving on one line.
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let summary = snapshot.summary();
+    assert!(
+        summary.lines().any(|l| l
+            .trim_start()
+            .starts_with("--cache-ram on: −8,175 tokens, −")),
+        "{summary}"
+    );
+    let json = snapshot.to_json();
+    assert_eq!(json["fixes"][0]["savings"][0]["saved_tokens"], 8_175);
+    // Every token lost is in one entry of the view: the findings, and the losses too few for
+    // one (the system-prompt change, once) in the same table's words.
+    let listed: u64 = snapshot
+        .advice()
+        .iter()
+        .map(|a| u64::from(a.finding.lost_tokens.unwrap_or(0)))
+        .sum();
+    assert_eq!(listed, snapshot.report.time.lost_tokens);
+    assert!(
+        findings.contains("system prompt changes on 1 turn (gemma): 584 tokens"),
+        "{findings}"
+    );
+    assert!(
+        findings.contains("a date or time in the system prompt"),
+        "{findings}"
+    );
+}
+
+/// Issue #13: on the volatile-system demo the findings view names the changing span of the
+/// system prompt, where it is, and the fix.
+#[test]
+fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() {
+    use prefixscope::session::demo::{Demo, DemoConfig};
+    let dir = std::env::temp_dir().join(format!("prefixscope-tui-volatile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("rec.jsonl");
+    let _ = std::fs::remove_file(&out);
+    let config = DemoConfig {
+        scenario: "volatile-system".into(),
+        slots: None,
+        cache_ram: false,
+        speed: 1000.0,
+        seed: 3,
+        out: Some(out.clone()),
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let outcome = Demo::start(config, Vec::new())
+        .unwrap()
+        .run_to_end(std::future::pending())
+        .unwrap();
+    let mut engine = Engine::for_records(Config::default(), &outcome.records);
+    for record in outcome.records {
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    }
+    engine.push(Input::SourceDone);
+    let control = EngineControl(RefCell::new(engine));
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: "volatile-system demo".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    for event in [Event::Snapshot(snapshot), key('f')] {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &Theme::plain(),
+        )
+        .unwrap();
+    }
+    let screen = text(terminal.backend());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(screen.contains("1. system prompt changes"), "{screen}");
+    assert!(
+        screen.contains("at character 24 of the system prompt"),
+        "{screen}"
+    );
+    assert!(screen.contains("0000000000000000]"), "{screen}");
+    assert!(screen.contains("0000000000000001]"), "{screen}");
+    assert!(screen.contains("move it after the stable part"), "{screen}");
+    let listed: u64 = control
+        .0
+        .borrow_mut()
+        .snapshot()
+        .advice()
+        .iter()
+        .map(|a| u64::from(a.finding.lost_tokens.unwrap_or(0)))
+        .sum();
+    assert_eq!(listed, 6_879);
+    // One entry for it, not two (the prefix-break finding says the same with less).
+    assert!(
+        !screen.contains("prompt prefix broken by system prompt changes"),
+        "{screen}"
+    );
+}
+
+/// Issue #13, culprits: what each client suffered and what it caused (from `evicted_by`), by
+/// cost; on parallel-nocache both sum to the total loss and equal `analyze --json`'s rows.
+#[test]
+fn caused_and_suffered_sum_to_the_loss_and_equal_analyzes_evicted_by() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let view = &snapshot.view;
+    let total = view.header.lost_tokens;
+    assert_eq!(total, 8_759);
+    let suffered: u64 = view.losses.iter().map(|l| l.tokens).sum();
+    let caused: u64 = view.losses.iter().map(|l| l.caused_tokens).sum::<u64>()
+        + view.unattributed.iter().map(|u| u.1).sum::<u64>();
+    assert_eq!((suffered, caused), (total, total));
+    // By cost, highest first.
+    let costs: Vec<u64> = view
+        .losses
+        .iter()
+        .map(|l| l.tokens.max(l.caused_tokens))
+        .collect();
+    assert!(costs.windows(2).all(|w| w[0] >= w[1]), "{costs:?}");
+
+    let file = root().join("recordings").join(format!("{name}.jsonl"));
+    let json: serde_json::Value =
+        serde_json::from_str(&binary(&["analyze", file.to_str().unwrap(), "--json"])).unwrap();
+    let mut expect_suffered: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut expect_caused: std::collections::BTreeMap<String, u64> = Default::default();
+    for row in json["rows"].as_array().unwrap() {
+        let client = row["client"].as_str().unwrap().to_string();
+        let tokens = |loss: &serde_json::Value| loss["tokens"].as_u64().unwrap_or(0);
+        if !row["lost_client"].is_null() {
+            *expect_suffered.entry(client.clone()).or_default() += tokens(&row["lost_client"]);
+            *expect_caused.entry(client.clone()).or_default() += tokens(&row["lost_client"]);
+        }
+        if !row["lost_external"].is_null() {
+            *expect_suffered.entry(client.clone()).or_default() += tokens(&row["lost_external"]);
+            let by = row["evicted_by"]["client"].as_str().unwrap_or("(server)");
+            *expect_caused.entry(by.to_string()).or_default() += tokens(&row["lost_external"]);
+        }
+    }
+    for l in &view.losses {
+        assert_eq!(
+            l.tokens,
+            expect_suffered.get(&l.client).copied().unwrap_or(0),
+            "{}",
+            l.client
+        );
+        assert_eq!(
+            l.caused_tokens,
+            expect_caused.get(&l.client).copied().unwrap_or(0),
+            "{}",
+            l.client
+        );
+    }
+    // The issue's figures: other-agent/2 suffered 2,179 and caused 2,509; llmp-drive/1 lost
+    // nothing but cost others 403.
+    let of = |client: &str| view.losses.iter().find(|l| l.client == client).unwrap();
+    assert_eq!(
+        (
+            of("other-agent/2").tokens,
+            of("other-agent/2").caused_tokens
+        ),
+        (2_179, 2_509)
+    );
+    assert_eq!(
+        (of("llmp-drive/1").tokens, of("llmp-drive/1").caused_tokens),
+        (0, 403)
+    );
+
+    // On screen, with column headers; Enter opens a client's causes, suffered and caused.
+    let pane = screen(
+        name,
+        120,
+        40,
+        &[special(KeyCode::Tab), special(KeyCode::Tab)],
+    );
+    assert!(pane.contains("client"), "{pane}");
+    assert!(pane.contains("suffered"), "{pane}");
+    assert!(pane.contains("caused"), "{pane}");
+    let keys = [
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Down),
+        special(KeyCode::Enter),
+    ];
+    let client = screen(name, 120, 40, &keys);
+    assert!(client.contains("other-agent (other-agent/2)"), "{client}");
+    assert!(client.contains("suffered: 2,179 tokens"), "{client}");
+    assert!(client.contains("caused: 2,509 tokens"), "{client}");
+    check_golden("parallel-nocache.client.120x40.txt", &client);
+}
+
+/// Issue #13: the cells encode the loss, by colour and by glyph, so a `NO_COLOR` screen still
+/// tells a lossy turn from a clean one: `■` exactly where nothing was lost.
+#[test]
+fn without_colour_a_lossy_turn_still_differs_from_a_clean_one() {
+    for name in [
+        "llmp/llama.cpp/parallel-nocache",
+        "llmp/llama.cpp/session",
+        "xllamacpp/session",
+    ] {
+        let snapshot = engine_of(name).0.borrow_mut().snapshot();
+        for lane in &snapshot.view.lanes {
+            for cell in &lane.cells {
+                let glyph = cell.mark.glyph();
+                if cell.lost_tokens > 0 {
+                    assert!(["×", "!", "~"].contains(&glyph), "{name} #{}", cell.id);
+                } else {
+                    assert!(["■", "?"].contains(&glyph), "{name} #{}", cell.id);
+                }
+            }
+        }
+    }
+    let plain = screen("llmp/llama.cpp/parallel-nocache", 120, 40, &[]);
+    assert!(plain.contains("■!!×!!"), "{plain}");
+    // The legend is in the help.
+    let help = screen("llmp/llama.cpp/parallel-nocache", 120, 40, &[key('?')]);
+    for text in [
+        "■ nothing lost",
+        "× the client broke the prefix",
+        "! evicted by",
+        "#2",
+    ] {
+        assert!(help.contains(text), "{text}:\n{help}");
+    }
+}
+
+/// Issue #13, layout: at 120 columns the cause and the cost of every visible break line are
+/// whole; Top prefixes have column headers and Enter opens what a prefix is made of; `z` zooms.
+#[test]
+fn break_lines_lead_with_cause_and_cost_and_tables_have_headers() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let screen_text = screen(name, 120, 40, &[]);
+    let shown: Vec<&str> = screen_text.lines().collect();
+    let mut checked = 0;
+    for b in &snapshot.view.breaks {
+        let lead = format!(
+            "{}: {} tok",
+            b.cause,
+            prefixscope::tui::view::tokens(u64::from(b.tokens))
+        );
+        if shown.iter().any(|l| l.contains(&lead)) {
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "{checked} break lines whole:\n{screen_text}");
+    for (width, height) in [(120, 40), (80, 24)] {
+        let s = screen(name, width, height, &[]);
+        for line in s.lines().skip(2).take(height as usize / 2) {
+            if let Some(cell) = line.split('│').nth(3)
+                && cell.contains(" tok")
+            {
+                let head = cell.split(" · ").next().unwrap();
+                assert!(!head.contains('…'), "{width}: {line}");
+            }
+        }
+    }
+    let prefixes = screen(name, 120, 40, &[special(KeyCode::BackTab)]);
+    for header in ["count", "tokens", "prefix", "share"] {
+        assert!(prefixes.contains(header), "{header}:\n{prefixes}");
+    }
+    let opened = screen(
+        name,
+        120,
+        40,
+        &[special(KeyCode::BackTab), special(KeyCode::Enter)],
+    );
+    assert!(opened.contains("what it is made of"), "{opened}");
+    assert!(opened.contains("requests start with the same"), "{opened}");
+    check_golden("parallel-nocache.prefix.120x40.txt", &opened);
+    let zoomed = screen(name, 80, 24, &[special(KeyCode::Tab), key('z')]);
+    assert!(!zoomed.contains("Conversations"), "{zoomed}");
+    assert!(!zoomed.contains("Loss per client"), "{zoomed}");
+    assert!(zoomed.contains("Prefix breaks"), "{zoomed}");
+    check_golden("parallel-nocache.zoom-breaks.80x24.txt", &zoomed);
+}
+
+/// Issue #13, the capacity view in llama.cpp's terms: Enter on the hit-rate pane gives the hit
+/// rate and the tokens lost under the simulated server at `-np` 1/2/4/8 × `--cache-ram` off/on,
+/// each what `prefixscope whatif FILE --slots N --cache-ram …` predicts on the same records,
+/// beside the real server's reuse; the setting nearest what the server did is marked.
+#[test]
+fn the_capacity_view_is_whatif_at_every_setting() {
+    use prefixscope::sim::whatif::what_if;
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let records = file_records(name);
+    let keys = [
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Enter),
+    ];
+    let view = screen(name, 120, 40, &keys);
+    assert!(
+        view.contains("the real server: 0.0% reused, lost 8,759 tokens"),
+        "{view}"
+    );
+    for (slots, cache_ram) in prefixscope::analysis::findings::CAPACITY_SETTINGS {
+        let w = what_if(&records, slots, cache_ram);
+        let prompt: u64 = w.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+        let reused: u64 = w
+            .requests
+            .iter()
+            .map(|r| u64::from(r.predicted_reused))
+            .sum();
+        let cell = format!(
+            "{:>5.1}% {:>7}",
+            100.0 * reused as f64 / prompt as f64,
+            prefixscope::tui::view::tokens(w.predicted.lost_tokens)
+        );
+        let row = view
+            .lines()
+            .find(|l| l.contains(&format!("│-np {slots} ")))
+            .unwrap_or_else(|| panic!("-np {slots}:\n{view}"));
+        let half = if cache_ram {
+            row.split_at(row.char_indices().nth(41).unwrap().0).1
+        } else {
+            row.split_at(row.char_indices().nth(41).unwrap().0).0
+        };
+        assert!(
+            half.contains(&cell),
+            "-np {slots} {cache_ram}: {cell}\n{view}"
+        );
+    }
+    // The one-slot server without the host cache is what the recording shows (0% reused).
+    let one = view.lines().find(|l| l.contains("│-np 1 ")).unwrap();
+    assert!(one.contains("8,759") && one.contains('◀'), "{view}");
+    for (width, height) in [(120, 40), (80, 24)] {
+        let styled_view = screen_with(name, width, height, &keys, Theme { color: true }, styled);
+        check_golden(
+            &format!("parallel-nocache.capacity.{width}x{height}.styled.txt"),
+            &styled_view,
+        );
+    }
+    // With the host cache on, the real server is nearest `--cache-ram on`.
+    let on = screen("llmp/llama.cpp/parallel", 120, 40, &keys);
+    let marked = on.lines().find(|l| l.contains('◀')).unwrap();
+    assert!(
+        marked.find('◀') > marked.find("-np").map(|i| i + 40),
+        "{on}"
+    );
+}
+
+/// `watch` before its first request says how to point each harness at the proxy.
+#[test]
+fn the_first_screen_of_watch_gives_the_base_urls() {
+    let mut app = App::new(
+        Source::Live {
+            upstream: "http://127.0.0.1:8080".into(),
+            listen: "127.0.0.1:8787".into(),
+            recording: "rec.jsonl".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    sender.send(Event::Resize(120, 40)).unwrap();
+    drop(sender);
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &FixedClock(NOW_MS),
+        &NoControl,
+        &Theme::plain(),
+    )
+    .unwrap();
+    let screen = text(terminal.backend());
+    for text in [
+        "Conversations: waiting for the first request; point your harness at the proxy",
+        "ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude",
+        "OPENAI_BASE_URL=http://127.0.0.1:8787/v1",
+        "OLLAMA_HOST=http://127.0.0.1:8787",
+        "--openai-api-base http://127.0.0.1:8787/v1",
+    ] {
+        assert!(screen.contains(text), "{text}:\n{screen}");
+    }
+    check_golden("watch-first-screen.120x40.txt", &screen);
+}
+
+/// Issue #13, who evicts whom: `w` gives clients × clients from `evicted_by`; each row sums to
+/// what that client caused, each column to what it suffered, the whole to the loss.
+#[test]
+fn who_cost_whom_sums_to_caused_suffered_and_the_loss() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let view = &snapshot.view;
+    for l in &view.losses {
+        let caused: u64 = view
+            .who_cost_whom
+            .iter()
+            .filter(|(c, _, _)| c.as_deref() == Some(l.client.as_str()))
+            .map(|e| e.2)
+            .sum();
+        let suffered: u64 = view
+            .who_cost_whom
+            .iter()
+            .filter(|(_, v, _)| *v == l.client)
+            .map(|e| e.2)
+            .sum();
+        assert_eq!(
+            (caused, suffered),
+            (l.caused_tokens, l.tokens),
+            "{}",
+            l.client
+        );
+    }
+    let all: u64 = view.who_cost_whom.iter().map(|e| e.2).sum();
+    assert_eq!(all, 8_759);
+    let matrix = screen(name, 120, 40, &[key('w')]);
+    assert!(matrix.contains("caused by"), "{matrix}");
+    assert!(matrix.contains("8,759"), "{matrix}");
+    check_golden("parallel-nocache.who-cost-whom.120x40.txt", &matrix);
+    let narrow = screen(name, 80, 24, &[key('w')]);
+    check_golden("parallel-nocache.who-cost-whom.80x24.txt", &narrow);
+}
+
+/// A click on a cell selects that turn (Enter then opens it).
+#[test]
+fn a_click_on_a_cell_selects_that_turn() {
+    use crossterm::event::{MouseButton, MouseEvent, MouseEventKind};
+    let click = |column, row| {
+        Event::Mouse(MouseEvent {
+            kind: MouseEventKind::Down(MouseButton::Left),
+            column,
+            row,
+            modifiers: KeyModifiers::NONE,
+        })
+    };
+    // Lane c2 is the second (row 3); its cells start after the name (13), `c2  ` and `‹`.
+    let opened = screen(
+        "llmp/llama.cpp/parallel-nocache",
+        120,
+        40,
+        &[click(1 + 20 + 2, 3), special(KeyCode::Enter)],
+    );
+    assert!(opened.contains("c2 turn 3"), "{opened}");
 }

@@ -31,6 +31,10 @@ struct Tmux {
 
 impl Tmux {
     fn start(name: &str, command: &str) -> Tmux {
+        Tmux::start_sized(name, command, 120, 40)
+    }
+
+    fn start_sized(name: &str, command: &str, width: u16, height: u16) -> Tmux {
         let dir =
             std::env::temp_dir().join(format!("prefixscope-tmux-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -51,9 +55,9 @@ impl Tmux {
                 "new-session",
                 "-d",
                 "-x",
-                "120",
+                &width.to_string(),
                 "-y",
-                "40",
+                &height.to_string(),
             ])
             .arg("-c")
             .arg(&tmux.dir)
@@ -276,7 +280,7 @@ fn replay_as_a_person_uses_it() {
     tmux.wait_for(&["filter: other-agent"]);
     // The filtered view is the engine's answer: it arrives as the next snapshot.
     tmux.wait_until("the other conversations to leave", |screen| {
-        !screen.contains("llmp-drive/1 #2 c3")
+        !screen.contains("llmp-drive #2 c3")
     });
 
     // `?` shows the keys; any key closes it.
@@ -345,10 +349,10 @@ fn the_demo_shows_breaks_as_they_happen() {
     // The coder's date change, its new tool and the reviewer's eviction appear as they happen.
     let screen = tmux.wait_for(&[
         "\"…is 2026-03-14.\" → \"…is 2026-03-15.\"",
-        "tools +[\"web_fetch\"]",
+        "tools +web_fetch",
         "evicted by",
     ]);
-    assert!(screen.contains("sim-review/2.1"), "{screen}");
+    assert!(screen.contains("sim-review"), "{screen}");
     let screen = tmux.wait_for(&["demo finished"]);
     assert!(screen.contains("Prefix breaks"), "{screen}");
     tmux.keys(&["q"]);
@@ -577,4 +581,131 @@ fn watch_answers_and_records_the_exchange_in_flight_on_sigterm_sigint_and_sighup
             "SIG{signal}"
         );
     }
+}
+
+/// Issue #13, as a person: over a real recording at 120×40 and 80×24, go to a chosen turn in the
+/// middle of a chosen conversation (c2, turn 3 of 5), open it, and read its cause, its cost and
+/// its fix on screen, with the saving `prefixscope whatif` predicts; Esc comes back.
+#[test]
+fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
+    if !have_tmux() {
+        return;
+    }
+    for (width, height) in [(120u16, 40u16), (80, 24)] {
+        let command = format!(
+            "{BIN} replay --instant {}; echo EXITED $?; sleep 60",
+            recording("llmp/llama.cpp/parallel-nocache.jsonl")
+        );
+        let tmux = Tmux::start_sized(&format!("drill-{width}"), &command, width, height);
+        tmux.wait_for(&["lost 8,759 tokens", "done"]);
+        // c2 is the second lane; its newest turn is t5: two to the left is t3.
+        tmux.keys(&["Down"]);
+        tmux.wait_for(&["c2", "t5 lost 541 tok"]);
+        tmux.keys(&["Left"]);
+        tmux.wait_for(&["t4 lost 518 tok"]);
+        tmux.keys(&["Left"]);
+        tmux.wait_for(&["t3 lost 460 tok"]);
+        tmux.keys(&["Enter"]);
+        // Cause, cost, who evicted it, the fix and whatif's saving, all on the screen at once.
+        tmux.wait_for(&[
+            "c2 turn 3",
+            "request #10",
+            "other conversation: lost 460 tokens, 125 ms",
+            "evicted by #9",
+            "fix: more conversations than slots",
+            "--cache-ram on: −8,175 tokens",
+            "-np 4: −7,634 tokens",
+        ]);
+        // `o` writes the view's whole text to a private file in the working directory.
+        tmux.keys(&["o"]);
+        tmux.wait_for(&["written: prefixscope-request-10-"]);
+        let written = tmux.files("prefixscope-request-10-");
+        assert_eq!(written.len(), 1, "{written:?}");
+        assert_eq!(private_mode(&written[0]), 0o600);
+        let text = std::fs::read_to_string(&written[0]).unwrap();
+        assert!(
+            text.contains("other conversation: lost 460 tokens"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fix: more conversations than slots"),
+            "{text}"
+        );
+        std::fs::remove_file(&written[0]).unwrap();
+        // Esc: back to the panes, the turn still selected.
+        tmux.keys(&["Escape"]);
+        let screen = tmux.wait_until("the panes, the turn still selected", |screen| {
+            screen.contains("Top prefixes")
+                && screen.contains("t3 lost 460 tok")
+                && !screen.contains("saving predicted")
+        });
+        // At 120 columns every visible break line shows its cause and cost whole.
+        if width == 120 {
+            let lines: Vec<&str> = screen
+                .lines()
+                .filter(|l| l.contains(" tok, ") && l.contains("conversation:"))
+                .collect();
+            assert!(lines.len() >= 8, "{screen}");
+            for line in lines {
+                let breaks = line.split('│').nth(3).unwrap_or("");
+                let lead = breaks.split(" · ").next().unwrap_or("");
+                assert!(lead.ends_with(" ms") || lead.ends_with(" s"), "{line}");
+            }
+        }
+        tmux.keys(&["q"]);
+        tmux.wait_for(&["EXITED 0"]);
+    }
+}
+
+/// Issue #13, replay controls: `p` in a replay stops reading the file (the request counter
+/// stands still and the status bar says so), `.` reads one record, `p` again goes on.
+#[test]
+fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
+    if !have_tmux() {
+        return;
+    }
+    let command = format!(
+        "{BIN} replay --speed 1 {}; echo EXITED $?; sleep 60",
+        recording("llmp/llama.cpp/parallel-nocache.jsonl")
+    );
+    let tmux = Tmux::start("pause", &command);
+    tmux.wait_for(&["Conversations", " req "]);
+    tmux.keys(&["p"]);
+    tmux.wait_for(&["REPLAY PAUSED"]);
+    // The record on its way when `p` was pressed reaches the screen with the next snapshot.
+    std::thread::sleep(Duration::from_millis(600));
+    let screen = tmux.screen();
+    let count = |screen: &str| -> u64 {
+        let bar = screen
+            .lines()
+            .rev()
+            .find(|l| l.contains(" req "))
+            .unwrap_or("");
+        bar.split(" req ")
+            .next()
+            .and_then(|s| s.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let held = count(&screen);
+    assert!(held < 24, "{screen}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let screen = tmux.screen();
+    assert_eq!(
+        count(&screen),
+        held,
+        "reading went on while paused:\n{screen}"
+    );
+    tmux.keys(&["."]);
+    let screen = tmux.wait_until("one more record", |s| count(s) == held + 1);
+    assert!(screen.contains("REPLAY PAUSED"), "{screen}");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(count(&tmux.screen()), held + 1);
+    tmux.keys(&["]"]);
+    tmux.wait_until("ten more records", |s| count(s) == held + 11);
+    tmux.keys(&["p"]);
+    tmux.wait_for(&["replay resumed"]);
+    tmux.wait_until("reading to go on", |s| count(s) > held + 11);
+    tmux.keys(&["q"]);
+    tmux.wait_for(&["EXITED 0"]);
 }

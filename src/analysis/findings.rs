@@ -71,6 +71,11 @@ impl LossSum {
     }
 }
 
+/// `add_ms` for the layers above (the findings view's own entries).
+pub fn add_ms_pub(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
+    add_ms(total, ms)
+}
+
 pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
     match total {
         Some(total) => Measured {
@@ -560,5 +565,268 @@ fn object(value: Value) -> Map<String, Value> {
     match value {
         Value::Object(map) => map,
         _ => Map::new(),
+    }
+}
+
+/// A setting of the server the simulated llama-server can replay (`prefixscope whatif`), so a
+/// fix that changes it comes with a predicted saving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lever {
+    /// `--cache-ram on` (host-memory prompt cache), one slot: `whatif FILE --cache-ram on`.
+    CacheRam,
+    /// `-np N` without the host cache: `whatif FILE --slots N --cache-ram off`.
+    Slots(usize),
+    /// Any other setting of the capacity view: `whatif FILE --slots N --cache-ram on|off`.
+    Server { slots: usize, cache_ram: bool },
+}
+
+impl Lever {
+    /// The one name of a setting: `--cache-ram on` is one slot with the host cache, `-np N`
+    /// is N slots without it.
+    pub fn of_settings(slots: usize, cache_ram: bool) -> Lever {
+        match (slots, cache_ram) {
+            (1, true) => Lever::CacheRam,
+            (n, false) => Lever::Slots(n),
+            (slots, cache_ram) => Lever::Server { slots, cache_ram },
+        }
+    }
+
+    /// The server's flag, as a llama.cpp user sets it.
+    pub fn flag(self) -> String {
+        match self {
+            Lever::CacheRam => "--cache-ram on".into(),
+            Lever::Slots(n) => format!("-np {n}"),
+            Lever::Server { slots, cache_ram } => format!(
+                "-np {slots} --cache-ram {}",
+                if cache_ram { "on" } else { "off" }
+            ),
+        }
+    }
+
+    /// The `prefixscope whatif` command that predicts it.
+    pub fn whatif_args(self) -> String {
+        match self {
+            Lever::CacheRam => "--cache-ram on".into(),
+            Lever::Slots(n) => format!("--slots {n} --cache-ram off"),
+            Lever::Server { slots, cache_ram } => format!(
+                "--slots {slots} --cache-ram {}",
+                if cache_ram { "on" } else { "off" }
+            ),
+        }
+    }
+
+    /// `(slots, cache_ram)` for `sim::whatif::what_if`.
+    pub fn settings(self) -> (usize, bool) {
+        match self {
+            Lever::CacheRam => (1, true),
+            Lever::Slots(n) => (n, false),
+            Lever::Server { slots, cache_ram } => (slots, cache_ram),
+        }
+    }
+}
+
+/// The capacity view's settings, in llama.cpp's terms: `-np` 1, 2, 4, 8 with `--cache-ram` off
+/// and on. Every lever a fix names is one of them.
+pub const CAPACITY_SETTINGS: [(usize, bool); 8] = [
+    (1, false),
+    (1, true),
+    (2, false),
+    (2, true),
+    (4, false),
+    (4, true),
+    (8, false),
+    (8, true),
+];
+
+/// The levers every fix draws on, in the order they are shown.
+pub const LEVERS: [Lever; 4] = [
+    Lever::CacheRam,
+    Lever::Slots(2),
+    Lever::Slots(4),
+    Lever::Slots(8),
+];
+
+/// What to change for a finding, in the user's terms: one entry per cause (`fix`), and the
+/// server settings whose saving the simulated server can predict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fix {
+    /// Whose doing it is: `client`, `server` or `setup` (the server's settings, several clients).
+    pub owner: &'static str,
+    /// The change, as a sentence.
+    pub change: String,
+    pub levers: Vec<Lever>,
+}
+
+fn evidence_text<'a>(finding: &'a Finding, key: &str) -> &'a str {
+    finding
+        .evidence
+        .get(key)
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+}
+
+/// Claude Code's attribution line (`x-anthropic-billing-header: … cch=…`), which changes on every
+/// request at the start of its system prompt.
+fn is_claude_code_billing(text: &str) -> bool {
+    text.contains("x-anthropic-billing-header") || text.contains("cch=")
+}
+
+/// A date or time in the changed text (`2026-03-14`, `Monday`, `12:01`).
+fn looks_like_date(text: &str) -> bool {
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let digits = text.chars().filter(char::is_ascii_digit).count();
+    DAYS.iter().any(|d| text.contains(d))
+        || (digits >= 4 && (text.contains('-') || text.contains(':') || text.contains('/')))
+}
+
+fn system_prompt_fix(before: &str, after: &str) -> String {
+    if is_claude_code_billing(before) || is_claude_code_billing(after) {
+        "Claude Code's attribution header (x-anthropic-billing-header … cch=) changes on every request: set CLAUDE_CODE_ATTRIBUTION_HEADER=0".into()
+    } else if looks_like_date(before) || looks_like_date(after) {
+        "a date or time in the system prompt: move it after the stable part (the end of the system prompt, or the latest user message)".into()
+    } else {
+        "a changing value (a date, a request id, a nonce) in the system prompt: move it after the stable part, or drop it".into()
+    }
+}
+
+/// The one table of fixes, by finding (and, for a prefix break, by its cause).
+pub fn fix(finding: &Finding) -> Fix {
+    let client = |change: String| Fix {
+        owner: "client",
+        change,
+        levers: Vec::new(),
+    };
+    let slots = || {
+        let mut levers = vec![Lever::CacheRam];
+        levers.extend(LEVERS.iter().copied().filter(|l| *l != Lever::CacheRam));
+        levers
+    };
+    match finding.kind {
+        FindingKind::VolatileSystemPrompt => client(system_prompt_fix(
+            evidence_text(finding, "before"),
+            evidence_text(finding, "after"),
+        )),
+        FindingKind::PrefixBreak => match evidence_text(finding, "break_cause") {
+            "system_changed" => client(system_prompt_fix(
+                evidence_text(finding, "before"),
+                evidence_text(finding, "after"),
+            )),
+            "tools_changed" => client(
+                "tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation".into(),
+            ),
+            cause if cause.contains("reorder") => client(
+                "the same tools or messages came in another order: keep their order stable (build the tool array once, in one order, for every request)".into(),
+            ),
+            _ => client(
+                "earlier messages were rewritten: append to the history instead of editing it (compact rarely, and all at once)".into(),
+            ),
+        },
+        FindingKind::SideCallOnConversationModel => Fix {
+            owner: "setup",
+            change: "side-calls (titles, summaries) evict the conversation: --cache-ram keeps it in host memory, more slots (-np) keep it resident, or send side-calls to a separate small model".into(),
+            levers: slots(),
+        },
+        FindingKind::OtherConversationEviction => Fix {
+            owner: "setup",
+            change: "more conversations than slots: a slot per concurrent conversation (-np N), or the host-memory prompt cache (--cache-ram)".into(),
+            levers: slots(),
+        },
+        FindingKind::OtherModelEviction => Fix {
+            owner: "setup",
+            change: "models share one cache: give each model its own server, or keep prefixes in host memory (--cache-ram)".into(),
+            levers: vec![Lever::CacheRam],
+        },
+        FindingKind::ServerCacheLoss => Fix {
+            owner: "server",
+            change: "the server dropped or trimmed a cached prefix although the prompt matched: the server's doing (a context shift, a sliding-window cache, a restart), not the client's".into(),
+            levers: Vec::new(),
+        },
+        FindingKind::UnusedTool => client(format!(
+            "drop the tool {} from the tool list: offered, never called",
+            evidence_text(finding, "tool")
+        )),
+        FindingKind::LargeToolSchema => client(format!(
+            "shorten the schema of the tool {} (descriptions, examples)",
+            evidence_text(finding, "tool")
+        )),
+        FindingKind::LargeSystemPrompt => {
+            client("shorten the system prompt, or move rarely used instructions out of it".into())
+        }
+    }
+}
+
+/// Findings by cost: tokens lost, then context tokens, then their usual order.
+pub fn by_cost(findings: &[Finding]) -> Vec<&Finding> {
+    let mut sorted: Vec<&Finding> = findings.iter().collect();
+    sorted.sort_by(|a, b| {
+        b.lost_tokens
+            .unwrap_or(0)
+            .cmp(&a.lost_tokens.unwrap_or(0))
+            .then_with(|| {
+                b.context_tokens
+                    .unwrap_or(0)
+                    .cmp(&a.context_tokens.unwrap_or(0))
+            })
+            .then_with(|| order(a, b))
+    });
+    sorted
+}
+
+#[cfg(test)]
+mod fix_tests {
+    use super::*;
+
+    fn finding(kind: FindingKind, evidence: Value) -> Finding {
+        Finding {
+            kind,
+            model: None,
+            client: None,
+            rows: Vec::new(),
+            lost_tokens: None,
+            lost_ms: None,
+            context_tokens: None,
+            confidence: Confidence::High,
+            evidence,
+        }
+    }
+
+    #[test]
+    fn one_fix_per_cause_in_the_users_terms() {
+        let date = finding(
+            FindingKind::VolatileSystemPrompt,
+            json!({"before": "Today is 2026-03-14.", "after": "Today is 2026-03-15."}),
+        );
+        assert!(fix(&date).change.contains("move it after the stable part"));
+        let claude = finding(
+            FindingKind::VolatileSystemPrompt,
+            json!({"before": "x-anthropic-billing-header: cc_version=1; cch=ab12;", "after": "cch=cd34;"}),
+        );
+        assert!(
+            fix(&claude)
+                .change
+                .contains("CLAUDE_CODE_ATTRIBUTION_HEADER=0")
+        );
+        let tools = finding(
+            FindingKind::PrefixBreak,
+            json!({"break_cause": "tools_changed"}),
+        );
+        assert!(fix(&tools).change.contains("keep the tool array stable"));
+        let others = fix(&finding(FindingKind::OtherConversationEviction, json!({})));
+        assert_eq!(others.owner, "setup");
+        assert!(others.levers.contains(&Lever::CacheRam));
+        assert!(others.levers.contains(&Lever::Slots(4)));
+        let server = fix(&finding(FindingKind::ServerCacheLoss, json!({})));
+        assert_eq!(server.owner, "server");
+        assert!(server.levers.is_empty());
+        assert_eq!(Lever::Slots(4).whatif_args(), "--slots 4 --cache-ram off");
     }
 }

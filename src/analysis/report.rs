@@ -405,7 +405,7 @@ impl<R> Report<R> {
             }
             if findings.len() > SUMMARY_FINDINGS {
                 lines.push(format!(
-                    "  … {} more with --json",
+                    "  … {} more: prefixscope analyze FILE --json (the TUI: f)",
                     findings.len() - SUMMARY_FINDINGS
                 ));
             }
@@ -502,7 +502,8 @@ impl<R> Report<R> {
     }
 }
 
-fn label(finding: &Finding) -> String {
+/// A finding in `analyze`'s words (the summary's line, the TUI's findings view).
+pub fn label(finding: &Finding) -> String {
     let model = finding.model.as_deref().unwrap_or("?");
     let evidence = &finding.evidence;
     let text = |key: &str| {

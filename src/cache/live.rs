@@ -61,7 +61,15 @@ pub struct LiveSimulator {
     /// Tokens of the distinct blocks seen so far (the working set a cache would need for the
     /// ceiling).
     distinct_tokens: u64,
+    /// The first `MAX_DESCRIBED` requests with their first parts only, in push order: what the
+    /// top prefixes are made of (`profile`'s description).
+    described: Vec<Request>,
 }
+
+/// Requests whose parts are kept for the top prefixes' descriptions (past them: not described).
+pub const MAX_DESCRIBED: usize = 20_000;
+/// Parts kept of each (a prefix shared by many requests is their first few parts).
+const DESCRIBED_PARTS: usize = 8;
 
 impl LiveSimulator {
     pub fn new(block_size: u32, capacities: Vec<Capacity>) -> LiveSimulator {
@@ -89,6 +97,7 @@ impl LiveSimulator {
             scratch: Vec::new(),
             reply_scratch: Vec::new(),
             distinct_tokens: 0,
+            described: Vec::new(),
         }
     }
 
@@ -143,6 +152,17 @@ impl LiveSimulator {
     /// Serves `request`'s prompt under every policy, then inserts what it leaves cached (its
     /// `cached_after`, uncounted), as `profile` replays it.
     pub fn push(&mut self, request: &Request) -> LiveUpdate {
+        if self.described.len() < MAX_DESCRIBED {
+            self.described.push(Request {
+                parts: request
+                    .parts
+                    .iter()
+                    .take(DESCRIBED_PARTS)
+                    .cloned()
+                    .collect(),
+                ..Request::default()
+            });
+        }
         self.scratch.clear();
         let known = self.builder.node_count();
         self.builder.push(request, &mut self.scratch);
@@ -246,7 +266,7 @@ impl LiveSimulator {
     /// prompts). O(all blocks so far).
     pub fn leaderboards(&self, top: usize) -> super::prefixes::Leaderboards {
         super::prefixes::leaderboards(
-            &[],
+            &self.described,
             &self.events,
             &self.request_ranges,
             self.builder.parents(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 
-use crate::analysis::{Analyzer, Config, Finding, Report, Row, SharedRow};
+use crate::analysis::{Analyzer, Config, Finding, FindingKind, Report, Row, SharedRow};
 use crate::cache::Policy;
 use crate::cache::Request;
 use crate::cache::blocks::{BlockModel, Cutter};
@@ -147,6 +147,290 @@ pub enum Command {
     Filter(String),
     /// The hit-rate chart is open: work out Belady's optimal for it.
     Chart(bool),
+    /// The findings view is open: work out the findings and the simulated server's savings
+    /// for every snapshot (else only once the source is done).
+    Advice(bool),
+    /// The capacity view is open: the simulated server at every setting of it.
+    Capacity(bool),
+}
+
+/// Records kept for the simulated server's what-if (the fixes' savings): past this many, the
+/// findings view says to run `prefixscope whatif` on the recording instead.
+pub const MAX_WHATIF_RECORDS: usize = 1_000;
+
+/// One server setting replayed by the simulated llama-server (`sim::whatif`, what
+/// `prefixscope whatif` prints) over the records so far.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    pub lever: crate::analysis::findings::Lever,
+    pub recorded: crate::sim::whatif::Totals,
+    pub predicted: crate::sim::whatif::Totals,
+    pub replayed: usize,
+    /// Prompt tokens the simulated server reused, of the replayed requests' prompt tokens.
+    pub hit_rate: f64,
+    /// The same of what the real server reported, where it reported it for every request.
+    pub recorded_hit_rate: Option<f64>,
+}
+
+impl Prediction {
+    /// Tokens the setting would have saved (negative: it would lose more).
+    pub fn saving_tokens(&self) -> i64 {
+        self.recorded.lost_tokens as i64 - self.predicted.lost_tokens as i64
+    }
+
+    pub fn saving_ms(&self) -> Option<f64> {
+        Some(self.recorded.lost_ms? - self.predicted.lost_ms.unwrap_or(0.0))
+    }
+
+    /// `--cache-ram on: −8,175 tokens, −2.1 s`, the saving as the fix states it.
+    pub fn saving_text(&self) -> String {
+        let tokens = self.saving_tokens();
+        let sign = |v: bool| if v { "−" } else { "+" };
+        let time = self.saving_ms().map_or(String::new(), |ms| {
+            format!(", {}{}", sign(ms >= 0.0), view::duration(ms.abs()))
+        });
+        format!(
+            "{}: {}{} tokens{time}",
+            self.lever.flag(),
+            sign(tokens >= 0),
+            thousands(tokens.unsigned_abs())
+        )
+    }
+}
+
+/// What the simulated server predicts for the records so far.
+#[derive(Debug, Clone, Default)]
+pub enum Predictions {
+    /// Not worked out for this snapshot (the findings view is closed, the source goes on).
+    #[default]
+    NotAsked,
+    /// More records than `MAX_WHATIF_RECORDS` (how many).
+    TooMany(u64),
+    /// No request the simulated llama-server can replay (not llama.cpp's chat with counts).
+    NotReplayable,
+    Ready(Vec<Prediction>),
+}
+
+impl Predictions {
+    pub fn of(&self, lever: crate::analysis::findings::Lever) -> Option<&Prediction> {
+        match self {
+            Predictions::Ready(all) => all.iter().find(|p| p.lever == lever),
+            _ => None,
+        }
+    }
+}
+
+/// A finding with its fix and the savings the simulated server predicts for it.
+#[derive(Debug, Clone)]
+pub struct Advice {
+    pub finding: Finding,
+    /// `analyze`'s words for it.
+    pub label: String,
+    pub fix: crate::analysis::findings::Fix,
+    pub savings: Vec<Prediction>,
+}
+
+/// The losses no finding speaks for (a cause on too few turns for the analysis's thresholds),
+/// one finding-shaped entry per model and cause, so the findings view accounts for every loss.
+/// Marked `"below_thresholds": true` in their evidence.
+pub fn uncovered<R: crate::analysis::Priced>(
+    report: &Report<R>,
+    findings: &[Finding],
+) -> Vec<Finding> {
+    use crate::analysis::findings::add_ms_pub;
+    // A loss is spoken for when a finding of its cause names its row; side-call findings name
+    // the side-calls, and speak for every side-call loss of their model.
+    let mut named: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
+    let mut side_call_models: Vec<&str> = Vec::new();
+    for f in findings {
+        if f.kind == FindingKind::SideCallOnConversationModel {
+            side_call_models.extend(f.model.as_deref());
+        } else {
+            named.extend(f.rows.iter().map(|&id| (advice_cause(f), id)));
+        }
+    }
+    let covered = |id: u64, model: &str, cause: &str| {
+        named.contains(&(cause, id)) || (cause == "side_call" && side_call_models.contains(&model))
+    };
+    // (model, cause) → (kind, rows, tokens, ms, example row)
+    let mut groups: Vec<(String, String, Finding)> = Vec::new();
+    for rated in report.rows.iter().map(crate::analysis::Priced::rated) {
+        let row = rated.row();
+        let own = rated.client_loss().map(|l| (true, l));
+        let external = rated.external_loss().map(|l| (false, l));
+        for (theirs, (loss, ms)) in [own, external].into_iter().flatten() {
+            if loss.tokens == 0 || covered(row.id, &row.model, &loss.cause) {
+                continue;
+            }
+            let at = groups
+                .iter()
+                .position(|(m, c, _)| *m == row.model && *c == loss.cause);
+            let at = match at {
+                Some(at) => at,
+                None => {
+                    let kind = match loss.cause.as_str() {
+                        "side_call" => FindingKind::SideCallOnConversationModel,
+                        "other_conversation" => FindingKind::OtherConversationEviction,
+                        "other_model" => FindingKind::OtherModelEviction,
+                        _ if theirs => FindingKind::PrefixBreak,
+                        _ => FindingKind::ServerCacheLoss,
+                    };
+                    let location = row.break_location.as_ref();
+                    groups.push((
+                        row.model.clone(),
+                        loss.cause.clone(),
+                        Finding {
+                            kind,
+                            model: Some(row.model.clone()),
+                            client: None,
+                            rows: Vec::new(),
+                            lost_tokens: Some(0),
+                            lost_ms: None,
+                            context_tokens: None,
+                            confidence: crate::analysis::Confidence::Low,
+                            evidence: serde_json::json!({
+                                "below_thresholds": true,
+                                "break_cause": loss.cause,
+                                "kind": loss.cause,
+                                "before": location.and_then(|l| l.before.clone()),
+                                "after": location.and_then(|l| l.after.clone()),
+                            }),
+                        },
+                    ));
+                    groups.len() - 1
+                }
+            };
+            let finding = &mut groups[at].2;
+            finding.rows.push(row.id);
+            finding.lost_tokens =
+                Some(finding.lost_tokens.unwrap_or(0).saturating_add(loss.tokens));
+            if let Some(ms) = ms {
+                finding.lost_ms = Some(add_ms_pub(finding.lost_ms, ms));
+            }
+        }
+    }
+    groups.into_iter().map(|(_, _, f)| f).collect()
+}
+
+/// An uncovered loss in words: `system prompt changes on 1 turn (gemma): 584 tokens, 158 ms`.
+fn uncovered_label(finding: &Finding) -> String {
+    let cost = match finding.lost_ms {
+        Some(ms) => format!(
+            "{} tokens, {}",
+            thousands(u64::from(finding.lost_tokens.unwrap_or(0))),
+            view::duration(ms.value)
+        ),
+        None => format!(
+            "{} tokens",
+            thousands(u64::from(finding.lost_tokens.unwrap_or(0)))
+        ),
+    };
+    format!(
+        "{} on {} ({}): {cost} lost (too few turns for a finding of the analysis)",
+        crate::units::cause_label_plural(advice_cause(finding)),
+        plural(finding.rows.len() as u64, "turn"),
+        finding.model.as_deref().unwrap_or("?")
+    )
+}
+
+/// The findings the view shows: a volatile system prompt is also a prefix break by
+/// system-prompt changes of the same client, so one entry, the one that says where.
+pub fn without_duplicates(findings: &[Finding]) -> Vec<Finding> {
+    let volatile = |f: &Finding| {
+        findings.iter().any(|v| {
+            v.kind == FindingKind::VolatileSystemPrompt
+                && v.client == f.client
+                && v.model == f.model
+        })
+    };
+    findings
+        .iter()
+        .filter(|f| {
+            !(f.kind == FindingKind::PrefixBreak
+                && f.evidence.get("break_cause").and_then(|v| v.as_str()) == Some("system_changed")
+                && volatile(f))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Every finding by cost, each with its fix and, where a server setting applies, its savings.
+pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
+    crate::analysis::findings::by_cost(findings)
+        .into_iter()
+        .map(|finding| {
+            let fix = crate::analysis::findings::fix(finding);
+            let savings = fix
+                .levers
+                .iter()
+                .filter_map(|l| predictions.of(*l).cloned())
+                .collect();
+            let below = finding
+                .evidence
+                .get("below_thresholds")
+                .is_some_and(|v| v == true);
+            Advice {
+                finding: finding.clone(),
+                label: if below {
+                    uncovered_label(finding)
+                } else {
+                    crate::analysis::report::label(finding)
+                },
+                fix,
+                savings,
+            }
+        })
+        .collect()
+}
+
+/// The simulated server over `records` at every setting of the capacity view (`prefixscope
+/// whatif` on them): every lever a fix names is one of them.
+pub fn predict(records: &[Record]) -> Predictions {
+    predict_at(records, &crate::analysis::findings::CAPACITY_SETTINGS)
+}
+
+/// The simulated server over `records` at `settings` (`(slots, cache_ram)`), the recording
+/// analysed once for all of them.
+pub fn predict_at(records: &[Record], settings: &[(usize, bool)]) -> Predictions {
+    let recorded = crate::analysis::analyze(records, &Config::default());
+    let mut all = Vec::new();
+    for &(slots, cache_ram) in settings {
+        let result = crate::sim::whatif::what_if_given(records, slots, cache_ram, &recorded);
+        if result.replayed == 0 {
+            return Predictions::NotReplayable;
+        }
+        let prompt: u64 = result
+            .requests
+            .iter()
+            .map(|r| u64::from(r.prompt_tokens))
+            .sum();
+        let share = |reused: u64| {
+            if prompt == 0 {
+                0.0
+            } else {
+                reused as f64 / prompt as f64
+            }
+        };
+        let predicted_reused: u64 = result
+            .requests
+            .iter()
+            .map(|r| u64::from(r.predicted_reused))
+            .sum();
+        let recorded_reused: Option<u64> = result
+            .requests
+            .iter()
+            .map(|r| r.recorded_reused.map(u64::from))
+            .sum();
+        all.push(Prediction {
+            lever: crate::analysis::findings::Lever::of_settings(slots, cache_ram),
+            recorded: result.recorded,
+            predicted: result.predicted,
+            replayed: result.replayed,
+            hit_rate: share(predicted_reused),
+            recorded_hit_rate: recorded_reused.map(share),
+        });
+    }
+    Predictions::Ready(all)
 }
 
 /// Everything the panes, the headless lines, the exit summary and the `s` key read; immutable
@@ -184,6 +468,9 @@ pub struct Snapshot {
     /// What the findings are worked out with, and them once they were.
     config: Config,
     findings: std::sync::OnceLock<Vec<Finding>>,
+    /// The simulated server's savings (when asked: the findings view, the source's end).
+    pub predictions: Arc<Predictions>,
+    advice: std::sync::OnceLock<Vec<Advice>>,
 }
 
 impl Snapshot {
@@ -191,6 +478,67 @@ impl Snapshot {
     pub fn findings(&self) -> &[Finding] {
         self.findings
             .get_or_init(|| crate::analysis::find(&self.report, &self.config))
+    }
+
+    /// The findings by cost with their fixes and savings, worked out on first use.
+    pub fn advice(&self) -> &[Advice] {
+        self.advice.get_or_init(|| {
+            let mut all = without_duplicates(self.findings());
+            let extra = uncovered(&self.report, &all);
+            all.extend(extra);
+            advise(&all, &self.predictions)
+        })
+    }
+
+    /// The advice if it was worked out (drawing reads this: it never works anything out).
+    pub fn advice_ready(&self) -> Option<&[Advice]> {
+        self.advice.get().map(Vec::as_slice)
+    }
+
+    /// One line per fix with its predicted saving, for the summary and the `s` text: each server
+    /// setting once, with the causes it answers; then the clients' own changes.
+    pub fn fix_lines(&self) -> Vec<String> {
+        let mut settings: Vec<(&Prediction, Vec<&str>)> = Vec::new();
+        let mut changes: Vec<String> = Vec::new();
+        for advice in self.advice() {
+            let cause = crate::units::cause_label_plural(advice_cause(&advice.finding));
+            for saving in &advice.savings {
+                match settings.iter_mut().find(|(p, _)| p.lever == saving.lever) {
+                    Some((_, causes)) => {
+                        if !causes.contains(&cause) {
+                            causes.push(cause);
+                        }
+                    }
+                    None => settings.push((saving, vec![cause])),
+                }
+            }
+            if advice.savings.is_empty() && advice.finding.lost_tokens.unwrap_or(0) > 0 {
+                let line = format!("  {} ({cause})", advice.fix.change);
+                if !changes.contains(&line) {
+                    changes.push(line);
+                }
+            }
+        }
+        let mut lines: Vec<String> = settings
+            .into_iter()
+            .map(|(saving, causes)| {
+                format!(
+                    "  {} (whatif {}; for {})",
+                    saving.saving_text(),
+                    saving.lever.whatif_args(),
+                    causes.join(", ")
+                )
+            })
+            .collect();
+        let wants_settings = self.advice().iter().any(|a| !a.fix.levers.is_empty());
+        if let (Predictions::TooMany(n), true) = (&*self.predictions, wants_settings) {
+            lines.push(format!(
+                "  the server settings' savings: prefixscope whatif FILE --cache-ram on, --slots N ({} records is more than the live what-if replays)",
+                thousands(*n)
+            ));
+        }
+        lines.extend(changes);
+        lines
     }
 
     /// The row behind a detail view, its losses priced.
@@ -241,6 +589,14 @@ impl Snapshot {
         if let Some(line) = self.simulated_line() {
             out.push_str(&line);
             out.push('\n');
+        }
+        let fixes = self.fix_lines();
+        if !fixes.is_empty() {
+            out.push_str("fixes (savings predicted by the simulated llama-server):\n");
+            for line in fixes {
+                out.push_str(&line);
+                out.push('\n');
+            }
         }
         if !self.view.prefixes.is_empty() {
             out.push_str("top prefixes (requests × prefix, reusable tokens):\n");
@@ -326,6 +682,29 @@ impl Snapshot {
                 serde_json::to_value(&self.view.prefixes).unwrap_or_default(),
             );
             object.insert("filter".into(), self.filter.clone().into());
+            let fixes: Vec<serde_json::Value> = self
+                .advice()
+                .iter()
+                .map(|a| {
+                    serde_json::json!({
+                        "kind": a.finding.kind,
+                        "client": a.finding.client,
+                        "lost_tokens": a.finding.lost_tokens,
+                        "finding": a.label,
+                        "owner": a.fix.owner,
+                        "fix": a.fix.change,
+                        "savings": a.savings.iter().map(|s| serde_json::json!({
+                            "setting": s.lever.flag(),
+                            "whatif": s.lever.whatif_args(),
+                            "recorded_lost_tokens": s.recorded.lost_tokens,
+                            "predicted_lost_tokens": s.predicted.lost_tokens,
+                            "saved_tokens": s.saving_tokens(),
+                            "saved_ms": s.saving_ms(),
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            object.insert("fixes".into(), fixes.into());
         }
         json
     }
@@ -361,6 +740,16 @@ pub struct Engine {
     chart: bool,
     source_done: bool,
     generation: u64,
+    /// Records kept for the what-if (up to `MAX_WHATIF_RECORDS`), and how many came in all.
+    records: Vec<Arc<Record>>,
+    records_seen: u64,
+    /// The findings view is open.
+    advice: bool,
+    /// The capacity view is open: every setting, not only the fixes' levers.
+    capacity: bool,
+    /// The last predictions, how many records they were worked out over, and whether at every
+    /// setting.
+    predicted: Option<(u64, bool, Arc<Predictions>)>,
 }
 
 fn live_simulator(block_size: u32) -> LiveSimulator {
@@ -423,6 +812,11 @@ impl Engine {
             chart: false,
             source_done: false,
             generation: 0,
+            records: Vec::new(),
+            records_seen: 0,
+            advice: false,
+            capacity: false,
+            predicted: None,
         }
     }
 
@@ -432,6 +826,13 @@ impl Engine {
         match input {
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
+                self.records_seen += 1;
+                if self.records_seen as usize <= MAX_WHATIF_RECORDS {
+                    self.records.push(Arc::clone(&record));
+                } else if !self.records.is_empty() {
+                    // Past the cap the predictions would be of part of the traffic: none.
+                    self.records = Vec::new();
+                }
                 let pending = pending_request(&record, &mut self.cache_skips);
                 if self.next_id.is_some_and(|next| record.id < next) {
                     // Past its turn (an id seen before, a second file): at once.
@@ -462,6 +863,14 @@ impl Engine {
             }
             Input::Command(Command::Chart(open)) => {
                 self.chart = open;
+                true
+            }
+            Input::Command(Command::Advice(open)) => {
+                self.advice = open;
+                true
+            }
+            Input::Command(Command::Capacity(open)) => {
+                self.capacity = open;
                 true
             }
             Input::BlockModel(given) => {
@@ -601,7 +1010,13 @@ impl Engine {
         let mut view = View::build(&report, &self.filter);
         view.curve = self.curve();
         view.prefixes = self.prefixes();
-        Snapshot {
+        let asked = self.advice || self.capacity || self.source_done;
+        let predictions = if asked {
+            self.predictions()
+        } else {
+            Arc::new(Predictions::NotAsked)
+        };
+        let snapshot = Snapshot {
             generation: self.generation,
             requests: self.requests,
             simulated: self.cache.requests() as u64,
@@ -623,7 +1038,42 @@ impl Engine {
             waited_us: 0,
             config: self.config.clone(),
             findings: std::sync::OnceLock::new(),
+            predictions,
+            advice: std::sync::OnceLock::new(),
+        };
+        if asked {
+            // Worked out here, on the engine's thread, so the view only reads them.
+            snapshot.advice();
         }
+        snapshot
+    }
+
+    /// The simulated server's savings over the records so far, worked out again only when
+    /// records came since.
+    fn predictions(&mut self) -> Arc<Predictions> {
+        let every = self.capacity;
+        if let Some((seen, all, predictions)) = &self.predicted
+            && *seen == self.records_seen
+            && (*all || !every)
+        {
+            return Arc::clone(predictions);
+        }
+        let predictions = Arc::new(if self.records_seen as usize > self.records.len() {
+            Predictions::TooMany(self.records_seen)
+        } else {
+            let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
+            if every {
+                predict(&records)
+            } else {
+                let levers: Vec<(usize, bool)> = crate::analysis::findings::LEVERS
+                    .iter()
+                    .map(|l| l.settings())
+                    .collect();
+                predict_at(&records, &levers)
+            }
+        });
+        self.predicted = Some((self.records_seen, every, Arc::clone(&predictions)));
+        predictions
     }
 
     /// Why received requests are not in the simulation, with how many.
@@ -706,6 +1156,8 @@ impl Engine {
             }) {
                 items.push(PrefixItem {
                     label,
+                    what: group.what.clone(),
+                    share_of_reusable: group.share_of_reusable,
                     prefix_tokens: group.prefix_tokens,
                     count: group.count,
                     reusable_tokens: group.reusable_tokens,
@@ -872,5 +1324,24 @@ fn run(
     }
     if dirty {
         build(engine, &mut waiting_since);
+    }
+}
+
+/// The cause a finding is about, as the report names causes (`other_conversation`…).
+pub fn advice_cause(finding: &Finding) -> &str {
+    match finding.kind {
+        FindingKind::SideCallOnConversationModel => "side_call",
+        FindingKind::OtherConversationEviction => "other_conversation",
+        FindingKind::OtherModelEviction => "other_model",
+        FindingKind::VolatileSystemPrompt => "system_changed",
+        FindingKind::PrefixBreak | FindingKind::ServerCacheLoss => finding
+            .evidence
+            .get("break_cause")
+            .or_else(|| finding.evidence.get("kind"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("prefix break"),
+        FindingKind::UnusedTool => "unused tool",
+        FindingKind::LargeToolSchema => "large tool schema",
+        FindingKind::LargeSystemPrompt => "large system prompt",
     }
 }

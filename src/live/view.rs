@@ -13,9 +13,17 @@ pub struct View {
     /// The newest `MAX_BREAKS_SHOWN` breaks, newest first, of `breaks_total`.
     pub breaks: Vec<BreakItem>,
     pub breaks_total: usize,
+    /// By cost (what the client suffered plus what it caused), highest first.
     pub losses: Vec<ClientLoss>,
+    /// Losses no client caused (the server dropped its cache on its own), by cause label.
+    pub unattributed: Vec<(String, u64, Option<f64>)>,
+    /// Who cost whom: `(causer, victim, tokens)`, clients as the report names them, the
+    /// causer `None` for the server's own losses; a client's own breaks are its own row.
+    pub who_cost_whom: Vec<(Option<String>, String, u64)>,
     pub curve: Option<Curve>,
     pub prefixes: Vec<PrefixItem>,
+    /// Short names of the report's clients.
+    pub aliases: Aliases,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -42,6 +50,8 @@ pub struct Header {
 #[derive(Debug, Clone)]
 pub struct Lane {
     pub client: String,
+    /// The short name the panes show (`llmp-drive #1`), the full one in the detail.
+    pub alias: String,
     pub conversation: u32,
     pub cells: Vec<Cell>,
 }
@@ -56,17 +66,59 @@ pub struct Cell {
     pub evicted_by: Option<EvictedBy>,
     /// What the cell's glyph says: the cause that cost the most on this turn.
     pub mark: Mark,
+    /// The server's prompt tokens, for how much of the prompt the loss was.
+    pub prompt_tokens: Option<u32>,
 }
 
-/// A turn's glyph in its lane, from its losses: a harmless break beside a costly eviction is
-/// drawn as the eviction.
+/// How bad a turn's loss was, for its colour: none, under a quarter of its prompt, more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    None,
+    Some,
+    Much,
+    Unknown,
+}
+
+impl Cell {
+    pub fn severity(&self) -> Severity {
+        match (self.mark, self.lost_tokens) {
+            (Mark::Unmeasured, _) => Severity::Unknown,
+            (_, 0) => Severity::None,
+            (_, lost) => match self.prompt_tokens {
+                Some(prompt) if u64::from(lost) * 4 < u64::from(prompt) => Severity::Some,
+                _ => Severity::Much,
+            },
+        }
+    }
+}
+
+/// A turn's glyph in its lane, from its losses (lost tokens, not the share reused): a harmless
+/// break beside a costly eviction is drawn as the eviction, a break that lost nothing as clean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
+    /// Nothing lost (`■`).
     Clean,
-    /// The client broke the prefix (system prompt, tools, history).
+    /// The client broke the prefix (system prompt, tools, history) and lost tokens (`×`).
     Break,
-    /// Something else ran on the cache in between (a side-call, another conversation or model).
+    /// Something else ran on the cache in between (a side-call, another conversation or model)
+    /// (`!`).
     Eviction,
+    /// The server dropped or trimmed its cache on its own (`~`).
+    Server,
+    /// The server reported no reuse: the loss cannot be told (`?`).
+    Unmeasured,
+}
+
+impl Mark {
+    pub fn glyph(self) -> &'static str {
+        match self {
+            Mark::Clean => "■",
+            Mark::Break => "×",
+            Mark::Eviction => "!",
+            Mark::Server => "~",
+            Mark::Unmeasured => "?",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -74,6 +126,7 @@ pub struct BreakItem {
     pub id: u64,
     pub t_start_ms: i64,
     pub client: String,
+    pub alias: String,
     pub conversation: Option<u32>,
     pub turn: Option<u32>,
     pub cause: String,
@@ -87,11 +140,18 @@ pub struct BreakItem {
 #[derive(Debug, Clone)]
 pub struct ClientLoss {
     pub client: String,
+    pub alias: String,
     pub requests: u32,
     pub conversations: u32,
     pub tokens: u64,
     pub ms: Option<f64>,
     pub by_cause: Vec<(String, u64)>,
+    /// What the client caused: its own breaks, and the evictions `evicted_by` names it for.
+    pub caused_tokens: u64,
+    pub caused_ms: Option<f64>,
+    pub caused_by_cause: Vec<(String, u64)>,
+    /// Whom it cost (client, tokens), highest first; itself for its own breaks.
+    pub caused_to: Vec<(String, u64)>,
 }
 
 /// Hit rate by capacity (cold replay while live), with the ceiling and the server's own reuse.
@@ -110,6 +170,10 @@ pub struct Curve {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PrefixItem {
     pub label: String,
+    /// What the prefix is made of (`tools (read_file, grep) + system "You are…"`), as
+    /// `profile` describes it, where the input carries prompts.
+    pub what: Option<String>,
+    pub share_of_reusable: f64,
     /// Tokens of the shared prefix.
     pub prefix_tokens: u64,
     pub count: u64,
@@ -198,6 +262,7 @@ impl View {
                 all_records: report.coverage.records,
             }
         };
+        let aliases = Aliases::new(report.clients.iter().map(|c| c.client.as_str()));
         let mut lanes: Vec<Lane> = Vec::new();
         // Conversations are numbered from 1 up: a lane's index by number, not by hash.
         let mut lane_of: Vec<usize> = Vec::new();
@@ -217,6 +282,7 @@ impl View {
                     .sum(),
                 evicted_by: row.evicted_by.clone(),
                 mark: mark_of(row.row()),
+                prompt_tokens: row.counts.prompt_tokens.map(|p| p.value),
             };
             let slot = conversation as usize;
             match lane_of.get(slot).copied().filter(|&i| i != usize::MAX) {
@@ -228,6 +294,7 @@ impl View {
                     lane_of[slot] = lanes.len();
                     lanes.push(Lane {
                         client: row.client.clone(),
+                        alias: aliases.of(&row.client),
                         conversation,
                         cells: vec![cell],
                     });
@@ -274,6 +341,7 @@ impl View {
                 id: r.id,
                 t_start_ms: r.t_start_ms,
                 client: r.client.clone(),
+                alias: aliases.of(&r.client),
                 conversation: r.conversation,
                 turn: r.turn,
                 cause: cause_label(cause).to_string(),
@@ -298,7 +366,7 @@ impl View {
                     Some(by) => format!(
                         "evicted by #{} ({}, {})",
                         by.row,
-                        by.client,
+                        aliases.of(&by.client),
                         cause_label(&by.kind)
                     ),
                     None => String::new(),
@@ -325,6 +393,74 @@ impl View {
                 }
             }
         }
+        // What each client caused: its own breaks, the evictions `evicted_by` names it for; what
+        // no client caused (the server's own resets) apart.
+        #[derive(Default)]
+        struct Caused<'a> {
+            tokens: u64,
+            ms: Option<f64>,
+            by_cause: Vec<(&'a str, u64)>,
+            to: Vec<(&'a str, u64)>,
+        }
+        let mut caused_by: IntMap<&str, Caused> = IntMap::default();
+        let mut unattributed: Vec<(String, u64, Option<f64>)> = Vec::new();
+        let mut who: Vec<(Option<&str>, &str, u64)> = Vec::new();
+        for row in rows.iter().copied() {
+            let victim = row.row().client.as_str();
+            let own = row
+                .client_loss()
+                .map(|(loss, ms)| (Some(victim), loss, ms.map(|m| m.value)));
+            let external = row.external_loss().map(|(loss, ms)| {
+                let causer = row.row().evicted_by.as_ref().map(|by| by.client.as_str());
+                (causer, loss, ms.map(|m| m.value))
+            });
+            for (causer, loss, ms) in [own, external].into_iter().flatten() {
+                match who
+                    .iter_mut()
+                    .find(|(c, v, _)| *c == causer && *v == victim)
+                {
+                    Some(entry) => entry.2 += u64::from(loss.tokens),
+                    None => who.push((causer, victim, u64::from(loss.tokens))),
+                }
+                let Some(causer) = causer else {
+                    let label = cause_label(&loss.cause).to_string();
+                    match unattributed.iter_mut().find(|(l, _, _)| *l == label) {
+                        Some(entry) => {
+                            entry.1 += u64::from(loss.tokens);
+                            if let Some(ms) = ms {
+                                entry.2 = Some(entry.2.unwrap_or(0.0) + ms);
+                            }
+                        }
+                        None => unattributed.push((label, u64::from(loss.tokens), ms)),
+                    }
+                    continue;
+                };
+                let c = caused_by.entry(causer).or_default();
+                c.tokens += u64::from(loss.tokens);
+                if let Some(ms) = ms {
+                    c.ms = Some(c.ms.unwrap_or(0.0) + ms);
+                }
+                match c
+                    .by_cause
+                    .iter_mut()
+                    .find(|(k, _)| *k == loss.cause.as_str())
+                {
+                    Some(entry) => entry.1 += u64::from(loss.tokens),
+                    None => c
+                        .by_cause
+                        .push((loss.cause.as_str(), u64::from(loss.tokens))),
+                }
+                match c.to.iter_mut().find(|(k, _)| *k == victim) {
+                    Some(entry) => entry.1 += u64::from(loss.tokens),
+                    None => c.to.push((victim, u64::from(loss.tokens))),
+                }
+            }
+        }
+        unattributed.sort_by_key(|u| std::cmp::Reverse(u.1));
+        let who_cost_whom = who
+            .into_iter()
+            .map(|(c, v, t)| (c.map(str::to_string), v.to_string(), t))
+            .collect();
         // Filtered, a client is listed when some of its rows match, with their counts.
         let mut matched: IntMap<&str, (u32, Vec<u32>)> = IntMap::default();
         if filtered {
@@ -359,8 +495,29 @@ impl View {
                     }
                 }
                 by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
+                let caused = caused_by.remove(c.client.as_str()).unwrap_or_default();
+                let mut caused_by_cause: Vec<(String, u64)> = Vec::new();
+                for (cause, tokens) in caused.by_cause {
+                    let label = cause_label(cause);
+                    match caused_by_cause.iter_mut().find(|(l, _)| l == label) {
+                        Some(entry) => entry.1 += tokens,
+                        None => caused_by_cause.push((label.to_string(), tokens)),
+                    }
+                }
+                caused_by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
+                let mut caused_to: Vec<(String, u64)> = caused
+                    .to
+                    .into_iter()
+                    .map(|(victim, tokens)| (victim.to_string(), tokens))
+                    .collect();
+                caused_to.sort_by_key(|c| std::cmp::Reverse(c.1));
                 Some(ClientLoss {
                     client: c.client.clone(),
+                    alias: aliases.of(&c.client),
+                    caused_tokens: caused.tokens,
+                    caused_ms: caused.ms,
+                    caused_by_cause,
+                    caused_to,
                     requests,
                     conversations,
                     tokens,
@@ -371,7 +528,11 @@ impl View {
                         .collect(),
                 })
             })
-            .collect();
+            .collect::<Vec<ClientLoss>>();
+        let mut losses = losses;
+        // By cost: what a client suffered and what it caused, highest first (stable: the
+        // report's order among equals).
+        losses.sort_by_key(|l| std::cmp::Reverse(l.tokens.max(l.caused_tokens)));
 
         View {
             header,
@@ -379,6 +540,9 @@ impl View {
             breaks,
             breaks_total,
             losses,
+            unattributed,
+            who_cost_whom,
+            aliases,
             curve: None,
             prefixes: Vec::new(),
         }
@@ -387,12 +551,25 @@ impl View {
 
 fn mark_of(row: &Row) -> Mark {
     let client = row.lost_client.as_ref().map_or(0, |l| l.tokens);
-    let external = row.lost_external.as_ref().map_or(0, |l| l.tokens);
-    match (row.break_cause.is_some(), row.evicted_by.is_some()) {
-        (true, true) if external > client => Mark::Eviction,
-        (true, _) => Mark::Break,
-        (false, true) => Mark::Eviction,
-        (false, false) => Mark::Clean,
+    let external = row.lost_external.as_ref();
+    let external_tokens = external.map_or(0, |l| l.tokens);
+    if !row.loss_measured {
+        // A conversation's first turn had nothing cached to lose.
+        return if row.linked_to.is_none() {
+            Mark::Clean
+        } else {
+            Mark::Unmeasured
+        };
+    }
+    if client == 0 && external_tokens == 0 {
+        return Mark::Clean;
+    }
+    if client >= external_tokens {
+        return Mark::Break;
+    }
+    match external {
+        Some(l) if l.cause.starts_with("server_") => Mark::Server,
+        _ => Mark::Eviction,
     }
 }
 
@@ -404,7 +581,15 @@ fn location(r: &Row) -> String {
             l.after.as_deref().unwrap_or(""),
         ),
         Some(l) if !l.tools_added.is_empty() || !l.tools_removed.is_empty() => {
-            format!("tools +{:?} -{:?}", l.tools_added, l.tools_removed)
+            let list = |sign: char, tools: &[String]| {
+                tools
+                    .iter()
+                    .map(|t| format!("{sign}{}", shown(t)))
+                    .collect::<Vec<_>>()
+            };
+            let mut changed = list('+', &l.tools_added);
+            changed.extend(list('-', &l.tools_removed));
+            format!("tools {}", changed.join(" "))
         }
         Some(l) => match (l.message, l.head_matched, l.tail_matched) {
             (Some(m), Some(h), Some(t)) => {
@@ -431,7 +616,90 @@ fn change(before: &str, after: &str) -> String {
         let rest: String = text.chars().skip(skip).collect();
         if skip > 0 { format!("…{rest}") } else { rest }
     };
-    format!("{:?} → {:?}", cut(before), cut(after))
+    format!("\"{}\" → \"{}\"", shown(&cut(before)), shown(&cut(after)))
+}
+
+/// Recorded text on one line, as written (no Rust escaping): line breaks and tabs as `⏎` and
+/// `⇥`, other control characters escaped (`crate::text`).
+pub fn shown(text: &str) -> String {
+    let one_line: String = text
+        .chars()
+        .map(|c| match c {
+            '\n' => '⏎',
+            '\t' => '⇥',
+            '\r' => '␍',
+            c => c,
+        })
+        .collect();
+    crate::text::printable(&one_line).into_owned()
+}
+
+/// Short names for user agents: the product (`llmp-drive`), its version where two agents share
+/// a product, the whole user agent where that is not enough; the `#2` suffix kept.
+#[derive(Debug, Clone, Default)]
+pub struct Aliases {
+    names: std::collections::HashMap<String, String>,
+}
+
+impl Aliases {
+    pub fn new<'a>(clients: impl Iterator<Item = &'a str>) -> Aliases {
+        let clients: Vec<&str> = clients.collect();
+        let agent = |client: &'a str| -> (&'a str, &'a str) {
+            match client.rsplit_once(" #") {
+                Some((ua, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => {
+                    (ua, &client[ua.len()..])
+                }
+                _ => (client, ""),
+            }
+        };
+        let product = |ua: &'a str| -> &'a str {
+            let first = ua.split_whitespace().next().unwrap_or(ua);
+            first.split('/').next().unwrap_or(first)
+        };
+        let first_word = |ua: &'a str| -> &'a str { ua.split_whitespace().next().unwrap_or(ua) };
+        let agents: Vec<&str> = {
+            let mut a: Vec<&str> = clients.iter().map(|c| agent(c).0).collect();
+            a.sort_unstable();
+            a.dedup();
+            a
+        };
+        let unique = |short: &dyn Fn(&'a str) -> &'a str, ua: &'a str| {
+            agents
+                .iter()
+                .filter(|other| short(other) == short(ua))
+                .count()
+                == 1
+        };
+        let names = clients
+            .iter()
+            .map(|client| {
+                let (ua, suffix) = agent(client);
+                let short = if unique(&product, ua) && !product(ua).is_empty() {
+                    product(ua)
+                } else if unique(&first_word, ua) && !first_word(ua).is_empty() {
+                    first_word(ua)
+                } else {
+                    ua
+                };
+                let short: String = if short.chars().count() > 20 {
+                    short.chars().take(19).chain(['…']).collect()
+                } else {
+                    short.to_string()
+                };
+                (client.to_string(), format!("{short}{suffix}"))
+            })
+            .collect();
+        Aliases { names }
+    }
+
+    pub fn of_client(&self, client: &str) -> Option<&str> {
+        self.names.get(client).map(String::as_str)
+    }
+
+    /// The alias, or the client itself when it is not one of the report's.
+    pub fn of(&self, client: &str) -> String {
+        self.of_client(client).unwrap_or(client).to_string()
+    }
 }
 
 fn same(matched: bool) -> &'static str {

@@ -76,6 +76,8 @@ impl Replay {
             stop: AtomicBool::new(false),
             paced: !config.instant,
             files: config.files.clone(),
+            paused: AtomicBool::new(false),
+            steps: AtomicU64::new(0),
         });
         let mut messages = Vec::new();
         let source = if traces > 0 {
@@ -350,6 +352,9 @@ pub struct Pacer {
     paced: bool,
     /// What the `e` key exports (read again from disk).
     pub files: Vec<PathBuf>,
+    /// Feeding held (the TUI's `p` in a replay); `steps` records may still go, one per `.`.
+    paused: AtomicBool,
+    steps: AtomicU64,
 }
 
 impl Pacer {
@@ -377,11 +382,32 @@ impl Pacer {
                     Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
                 }
             }
+            if self.hold() {
+                // Resumed: the pace goes on from this record, nothing jumps.
+                anchor = Some((Instant::now(), due_ms));
+            }
             if inputs.send(wrap(item, super::wall_clock_ms())).is_err() {
                 return;
             }
         }
         let _ = inputs.send(Input::SourceDone);
+    }
+
+    /// Waits while feeding is paused and no step is asked for; whether it waited.
+    fn hold(&self) -> bool {
+        let mut held = false;
+        while self.paused.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
+            if self
+                .steps
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return held;
+            }
+            held = true;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        held
     }
 
     /// Sleeps until recorded time `due_ms` is due, in short steps so speed changes and
@@ -414,6 +440,17 @@ impl Pacer {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+
+    /// Holds feeding (`true`) or lets it go on.
+    pub fn pause(&self, paused: bool) {
+        self.steps.store(0, Ordering::Relaxed);
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// While paused: one more record.
+    pub fn step(&self) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[cfg(feature = "tui")]
@@ -424,6 +461,15 @@ impl crate::tui::Control for Pacer {
 
     fn stop(&self) {
         Pacer::stop(self);
+    }
+
+    fn pause_source(&self, paused: bool) -> bool {
+        Pacer::pause(self, paused);
+        true
+    }
+
+    fn step_source(&self) {
+        Pacer::step(self);
     }
 
     fn export(&self, format: &str, path: &str) -> Result<String, String> {

@@ -60,6 +60,12 @@ impl Control for WithEngine<'_> {
     fn stop(&self) {
         self.edge.stop();
     }
+    fn pause_source(&self, paused: bool) -> bool {
+        self.edge.pause_source(paused)
+    }
+    fn step_source(&self) {
+        self.edge.step_source();
+    }
     fn in_flight(&self) -> u64 {
         self.edge.in_flight()
     }

@@ -98,6 +98,18 @@ struct Predicted {
 }
 
 pub fn what_if(records: &[Record], slots: usize, cache_ram: bool) -> WhatIf {
+    let recorded = analysis::analyze(records, &Config::default());
+    what_if_given(records, slots, cache_ram, &recorded)
+}
+
+/// `what_if` with the recording's own analysis already done (`analysis::analyze(records,
+/// &Config::default())`): several settings over the same records analyse them once.
+pub fn what_if_given(
+    records: &[Record],
+    slots: usize,
+    cache_ram: bool,
+    recorded: &Report,
+) -> WhatIf {
     let exchanges: Vec<(usize, Exchange)> = records
         .iter()
         .enumerate()
@@ -159,7 +171,6 @@ pub fn what_if(records: &[Record], slots: usize, cache_ram: bool) -> WhatIf {
         })
         .collect();
     let config = Config::default();
-    let recorded = analysis::analyze(records, &config);
     let after = analysis::analyze(&rewritten, &config);
     WhatIf {
         slots: kv.slot_count(),
@@ -169,7 +180,7 @@ pub fn what_if(records: &[Record], slots: usize, cache_ram: bool) -> WhatIf {
         tokens_per_char,
         prefill_ms_per_token: rate,
         assumptions: assumptions(tokens_per_char, rate),
-        recorded: Totals::from_report(&recorded),
+        recorded: Totals::from_report(recorded),
         predicted: Totals::from_report(&after),
         requests,
     }

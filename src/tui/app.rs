@@ -66,8 +66,42 @@ pub enum Input {
 }
 
 pub enum Dialog {
-    Help,
-    Detail(u64),
+    /// Keys, glyphs and figures (scrolled by `scroll` lines).
+    Help {
+        scroll: u16,
+    },
+    /// One request: its cause, cost, what changed and the fix (scrolled by `scroll` lines).
+    Detail {
+        id: u64,
+        scroll: u16,
+    },
+    /// A top prefix (its index in the pane's order): what it is made of, its figures.
+    Prefix {
+        index: usize,
+        scroll: u16,
+    },
+    /// A client (its index in the Loss pane): what it suffered and caused, by cause.
+    Client {
+        index: usize,
+        scroll: u16,
+    },
+    /// The findings by cost with their fixes and savings; `selected` is a finding.
+    Findings {
+        selected: usize,
+    },
+    /// The capacity view in llama.cpp's terms: `-np` 1/2/4/8 × `--cache-ram` off/on, simulated.
+    Capacity {
+        scroll: u16,
+    },
+    /// Who cost whom: clients × clients, from `evicted_by`.
+    WhoCostWhom {
+        scroll: u16,
+    },
+    /// The rows of a finding (its index in the findings view).
+    FindingRows {
+        index: usize,
+        selected: usize,
+    },
     Filter(TextArea<'static>),
     Export {
         format: usize,
@@ -91,6 +125,13 @@ pub enum Action {
     Quit,
     ForceQuit,
     Speed(f64),
+    /// A replay's reading held (`true`) or let go on; the loop falls back to pausing the view
+    /// when the source cannot be held.
+    PauseSource(bool),
+    /// While the replay is held: read this many more records.
+    Step(u64),
+    /// Write the open view's text to `prefixscope-<what>-<ms>.txt` (0600): the lines shown.
+    WriteView(String, Vec<String>),
     /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
     /// as a new snapshot.
     Engine(Command),
@@ -106,8 +147,16 @@ pub struct App {
     pub focus: Pane,
     pub selected: [usize; 5],
     pub paused: bool,
+    /// The replay's reading is held (`p` in a replay): the view stays live, `.` steps.
+    pub source_paused: bool,
     pub filter: String,
     pub dialog: Option<Dialog>,
+    /// Where Esc goes back to: the views opened before the one shown.
+    pub back: Vec<Dialog>,
+    /// The turn selected in the selected lane (its index; `None`: the newest).
+    pub cell: Option<usize>,
+    /// The focused pane fills the screen.
+    pub zoom: bool,
     pub status: Option<String>,
     pub warnings: u64,
     pub records_written: Option<u64>,
@@ -143,8 +192,12 @@ impl App {
             focus: Pane::Conversations,
             selected: [0; 5],
             paused: false,
+            source_paused: false,
             filter: String::new(),
             dialog: None,
+            back: Vec::new(),
+            cell: None,
+            zoom: false,
             status: None,
             warnings: 0,
             records_written: None,
@@ -270,7 +323,7 @@ impl App {
         match pane {
             Pane::Conversations => self.view().lanes.len(),
             Pane::Breaks => self.view().breaks.len(),
-            Pane::Losses => self.view().losses.len(),
+            Pane::Losses => self.view().losses.len() + self.view().unattributed.len(),
             Pane::HitRate => self.view().curve.as_ref().map_or(0, |c| c.points.len()),
             Pane::Prefixes => self.view().prefixes.len(),
         }
@@ -280,19 +333,143 @@ impl App {
         Pane::ALL.iter().position(|p| *p == self.focus).unwrap_or(0)
     }
 
+    /// The turn selected in the selected lane: the cell cursor, or the newest.
+    pub fn selected_cell(&self) -> Option<usize> {
+        let lane = self.view().lanes.get(self.selected[0])?;
+        let last = lane.cells.len().checked_sub(1)?;
+        Some(self.cell.map_or(last, |c| c.min(last)))
+    }
+
     /// The row id a selection points at, for the detail view.
     pub fn selected_row(&self) -> Option<u64> {
         let i = self.selected[self.focus_index()];
         match self.focus {
-            Pane::Conversations => self
-                .view()
-                .lanes
-                .get(i)
-                .and_then(|l| l.cells.last())
-                .map(|c| c.id),
+            Pane::Conversations => {
+                let cell = self.selected_cell()?;
+                self.view()
+                    .lanes
+                    .get(i)
+                    .and_then(|l| l.cells.get(cell))
+                    .map(|c| c.id)
+            }
             Pane::Breaks => self.view().breaks.get(i).map(|b| b.id),
             _ => None,
         }
+    }
+
+    /// The top prefixes in the pane's order (by count, or by reusable tokens with `t`).
+    pub fn prefix_items(&self) -> Vec<&crate::live::view::PrefixItem> {
+        let mut items: Vec<_> = self.view().prefixes.iter().collect();
+        if self.prefixes_by_tokens {
+            items.sort_by_key(|p| std::cmp::Reverse(p.reusable_tokens));
+        } else {
+            items.sort_by_key(|p| std::cmp::Reverse(p.count));
+        }
+        items
+    }
+
+    /// Opens `dialog` over the one shown (Esc comes back to it).
+    fn open(&mut self, dialog: Dialog) {
+        if let Some(shown) = self.dialog.take() {
+            self.back.push(shown);
+        }
+        self.dialog = Some(dialog);
+    }
+
+    /// Esc: the view before, or the panes. Leaving the findings view tells the engine.
+    fn go_back(&mut self) -> Action {
+        let left = self.dialog.take();
+        self.dialog = self.back.pop();
+        let still_open =
+            |pick: fn(&Dialog) -> bool| self.back.iter().chain(self.dialog.as_ref()).any(pick);
+        match left {
+            Some(Dialog::Findings { .. })
+                if !still_open(|d| matches!(d, Dialog::Findings { .. })) =>
+            {
+                Action::Engine(Command::Advice(false))
+            }
+            Some(Dialog::Capacity { .. }) => Action::Engine(Command::Capacity(false)),
+            _ => Action::Redraw,
+        }
+    }
+
+    /// How many entries the findings view lists (0 until the engine worked them out).
+    pub fn advice_len(&self) -> usize {
+        self.snapshot.advice_ready().map_or(0, <[_]>::len)
+    }
+
+    /// The keys of a view (Detail, Prefix, Client, Findings, FindingRows); `None`: not one.
+    fn view_key(&mut self, key: KeyEvent) -> Option<Action> {
+        let page = |scroll: &mut u16, code: KeyCode| match code {
+            KeyCode::Down | KeyCode::Char('j') => *scroll = scroll.saturating_add(1),
+            KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
+            KeyCode::PageDown | KeyCode::Char(' ') => *scroll = scroll.saturating_add(10),
+            KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
+            KeyCode::Home => *scroll = 0,
+            _ => {}
+        };
+        let advice_len = self.advice_len();
+        let rows_of = |app: &App, index: usize| {
+            app.snapshot
+                .advice_ready()
+                .and_then(|a| a.get(index))
+                .map_or(0, |a| a.finding.rows.len())
+        };
+        let rows_len = match &self.dialog {
+            Some(Dialog::FindingRows { index, .. }) => rows_of(self, *index),
+            _ => 0,
+        };
+        let code = key.code;
+        let back = matches!(code, KeyCode::Esc | KeyCode::Backspace | KeyCode::Left);
+        match self.dialog.as_mut()? {
+            Dialog::Detail { scroll, .. }
+            | Dialog::Prefix { scroll, .. }
+            | Dialog::Client { scroll, .. }
+            | Dialog::Capacity { scroll }
+            | Dialog::WhoCostWhom { scroll } => {
+                if back {
+                    return Some(self.go_back());
+                }
+                page(scroll, code);
+            }
+            Dialog::Findings { selected } => match code {
+                _ if back => return Some(self.go_back()),
+                KeyCode::Down | KeyCode::Char('j') => {
+                    *selected = (*selected + 1).min(advice_len.saturating_sub(1))
+                }
+                KeyCode::Up | KeyCode::Char('k') => *selected = selected.saturating_sub(1),
+                KeyCode::Enter | KeyCode::Right => {
+                    let index = *selected;
+                    if rows_of(self, index) > 0 {
+                        self.open(Dialog::FindingRows { index, selected: 0 });
+                    }
+                }
+                _ => {}
+            },
+            Dialog::FindingRows { index, selected } => {
+                let (index, len) = (*index, rows_len);
+                match code {
+                    _ if back => return Some(self.go_back()),
+                    KeyCode::Down | KeyCode::Char('j') => {
+                        *selected = (*selected + 1).min(len.saturating_sub(1))
+                    }
+                    KeyCode::Up | KeyCode::Char('k') => *selected = selected.saturating_sub(1),
+                    KeyCode::Enter | KeyCode::Right => {
+                        let row = self
+                            .snapshot
+                            .advice_ready()
+                            .and_then(|a| a.get(index))
+                            .and_then(|a| a.finding.rows.get(*selected).copied());
+                        if let Some(id) = row {
+                            self.open(Dialog::Detail { id, scroll: 0 });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => return None,
+        }
+        Some(Action::Redraw)
     }
 
     fn key(&mut self, key: KeyEvent) -> Action {
@@ -336,12 +513,41 @@ impl App {
                         name.input(key);
                     }
                 },
-                Dialog::Help | Dialog::Detail(_) => {
+                Dialog::Help { scroll } => {
                     if ctrl_c || key.code == KeyCode::Char('q') {
                         self.dialog = None;
+                        self.back.clear();
                         return self.quit();
                     }
-                    self.dialog = None;
+                    // ↑ ↓ scroll it; any other key closes it.
+                    match key.code {
+                        KeyCode::Down | KeyCode::Char('j') => *scroll = scroll.saturating_add(1),
+                        KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
+                        KeyCode::PageDown => *scroll = scroll.saturating_add(10),
+                        KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
+                        _ => self.dialog = self.back.pop(),
+                    }
+                }
+                _ => {
+                    if ctrl_c || key.code == KeyCode::Char('q') {
+                        self.dialog = None;
+                        self.back.clear();
+                        return self.quit();
+                    }
+                    if key.code == KeyCode::Char('?') {
+                        self.open(Dialog::Help { scroll: 0 });
+                        return Action::Redraw;
+                    }
+                    if key.code == KeyCode::Char('o') {
+                        // The view's whole text to a file, to read or copy outside.
+                        let theme = super::theme::Theme::plain();
+                        let (name, lines) = super::panes::views::plain_text(self, &theme);
+                        if !lines.is_empty() {
+                            return Action::WriteView(name, lines);
+                        }
+                        return Action::Redraw;
+                    }
+                    return self.view_key(key).unwrap_or(Action::Redraw);
                 }
             }
             return Action::Redraw;
@@ -352,23 +558,78 @@ impl App {
         let index = self.focus_index();
         match key.code {
             KeyCode::Char('q') => return self.quit(),
-            KeyCode::Char('?') => self.dialog = Some(Dialog::Help),
+            KeyCode::Char('?') => self.dialog = Some(Dialog::Help { scroll: 0 }),
+            // Inside a lane, ← → move along its turns (Home / End: the oldest, the newest).
+            KeyCode::Left | KeyCode::Char('h') if self.focus == Pane::Conversations => {
+                self.cell = self.selected_cell().map(|c| c.saturating_sub(1));
+            }
+            KeyCode::Right | KeyCode::Char('l') if self.focus == Pane::Conversations => {
+                let last = self
+                    .view()
+                    .lanes
+                    .get(self.selected[0])
+                    .map_or(0, |l| l.cells.len().saturating_sub(1));
+                self.cell = self.selected_cell().map(|c| (c + 1).min(last));
+            }
+            KeyCode::Home if self.focus == Pane::Conversations => self.cell = Some(0),
+            KeyCode::End if self.focus == Pane::Conversations => self.cell = None,
             KeyCode::Tab | KeyCode::Right => self.focus = Pane::ALL[(index + 1) % Pane::ALL.len()],
             KeyCode::BackTab | KeyCode::Left => {
                 self.focus = Pane::ALL[(index + Pane::ALL.len() - 1) % Pane::ALL.len()]
             }
             KeyCode::Down | KeyCode::Char('j') => {
                 let len = self.pane_len(self.focus);
+                let before = self.selected[index];
                 self.selected[index] = (self.selected[index] + 1).min(len.saturating_sub(1));
-            }
-            KeyCode::Up | KeyCode::Char('k') => {
-                self.selected[index] = self.selected[index].saturating_sub(1)
-            }
-            KeyCode::Enter => {
-                if let Some(id) = self.selected_row() {
-                    self.dialog = Some(Dialog::Detail(id));
+                if self.focus == Pane::Conversations && before != self.selected[index] {
+                    self.cell = self.keep_turn(before);
                 }
             }
+            KeyCode::Up | KeyCode::Char('k') => {
+                let before = self.selected[index];
+                self.selected[index] = self.selected[index].saturating_sub(1);
+                if self.focus == Pane::Conversations && before != self.selected[index] {
+                    self.cell = self.keep_turn(before);
+                }
+            }
+            KeyCode::Enter => match self.focus {
+                Pane::Conversations | Pane::Breaks => {
+                    if let Some(id) = self.selected_row() {
+                        self.open(Dialog::Detail { id, scroll: 0 });
+                    }
+                }
+                Pane::Prefixes if !self.view().prefixes.is_empty() => self.open(Dialog::Prefix {
+                    index: self.selected[index],
+                    scroll: 0,
+                }),
+                Pane::Losses if self.selected[index] < self.view().losses.len() => {
+                    self.open(Dialog::Client {
+                        index: self.selected[index],
+                        scroll: 0,
+                    })
+                }
+                Pane::HitRate if self.input == Input::Exchanges => {
+                    self.open(Dialog::Capacity { scroll: 0 });
+                    return Action::Engine(Command::Capacity(true));
+                }
+                _ => {}
+            },
+            KeyCode::Char('f') => {
+                self.open(Dialog::Findings { selected: 0 });
+                return Action::Engine(Command::Advice(true));
+            }
+            KeyCode::Char('z') => self.zoom = !self.zoom,
+            KeyCode::Char('w') => self.open(Dialog::WhoCostWhom { scroll: 0 }),
+            KeyCode::Char('p') | KeyCode::Char(' ')
+                if matches!(self.source, Source::Replay { .. })
+                    && self.speed.is_some()
+                    && !self.source_done =>
+            {
+                // A replay: hold its reading itself (the loop asks the pacer).
+                return Action::PauseSource(!self.source_paused);
+            }
+            KeyCode::Char('.') if self.source_paused => return Action::Step(1),
+            KeyCode::Char(']') if self.source_paused => return Action::Step(10),
             KeyCode::Char('p') | KeyCode::Char(' ') => {
                 self.paused = !self.paused;
                 if !self.paused
@@ -406,6 +667,7 @@ impl App {
             }
             KeyCode::Char('+') | KeyCode::Char('=') => return self.change_speed(2.0),
             KeyCode::Char('-') => return self.change_speed(0.5),
+            KeyCode::Esc if self.zoom => self.zoom = false,
             KeyCode::Esc if !self.filter.is_empty() => {
                 self.filter.clear();
                 self.status = Some("filter cleared".into());
@@ -414,6 +676,19 @@ impl App {
             _ => {}
         }
         Action::Redraw
+    }
+
+    /// The cell cursor after moving from lane `from` to the selected one: the same turn number
+    /// where the new lane has it, else the newest.
+    fn keep_turn(&self, from: usize) -> Option<usize> {
+        let lanes = &self.view().lanes;
+        let cell = self.cell?;
+        let turn = lanes.get(from)?.cells.get(cell)?.turn;
+        lanes
+            .get(self.selected[0])?
+            .cells
+            .iter()
+            .position(|c| c.turn == turn)
     }
 
     fn change_speed(&mut self, factor: f64) -> Action {
@@ -452,9 +727,25 @@ impl App {
             MouseEventKind::ScrollUp => {
                 self.selected[index] = self.selected[index].saturating_sub(1)
             }
-            MouseEventKind::Down(MouseButton::Left) => {
-                if let Some(pane) = super::ui::pane_at(mouse.column, mouse.row, self.last_size) {
+            MouseEventKind::Down(MouseButton::Left) if self.dialog.is_none() => {
+                let zoom = self.zoom.then_some(self.focus);
+                if let Some(pane) =
+                    super::ui::pane_at(mouse.column, mouse.row, self.last_size, zoom)
+                {
                     self.focus = pane;
+                    // A click on a lane selects it, on a cell that turn.
+                    if pane == Pane::Conversations
+                        && let Some(rect) = super::ui::pane_rect(pane, self.last_size, zoom)
+                        && let Some((lane, cell)) = super::panes::conversations::cell_at(
+                            self,
+                            rect.inner(ratatui::layout::Margin::new(1, 1)),
+                            mouse.column,
+                            mouse.row,
+                        )
+                    {
+                        self.selected[0] = lane;
+                        self.cell = cell;
+                    }
                 }
             }
             _ => return Action::None,

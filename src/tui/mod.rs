@@ -50,6 +50,13 @@ pub trait Control {
     fn set_speed(&self, _speed: f64) {}
     /// Stop accepting (the proxy) or reading (a replay); `Event::ProxyStopped` follows.
     fn stop(&self) {}
+    /// Hold (or let go on) what feeds the view: a replay's reading. Whether the source can be
+    /// held (a proxy cannot: the recording goes on).
+    fn pause_source(&self, _paused: bool) -> bool {
+        false
+    }
+    /// While the source is held: one more record.
+    fn step_source(&self) {}
     fn in_flight(&self) -> u64 {
         0
     }
@@ -156,6 +163,38 @@ pub fn run<B: Backend>(
                 Action::ForceQuit => return Ok(()),
                 Action::Quit => control.stop(),
                 Action::Speed(speed) => control.set_speed(speed),
+                Action::PauseSource(paused) => {
+                    if control.pause_source(paused) {
+                        // The replay itself stops: the view stays live for steps.
+                        app.source_paused = paused;
+                        app.paused = false;
+                        app.status = Some(if paused {
+                            "replay paused: no record is read; . reads one, p resumes".into()
+                        } else {
+                            "replay resumed".into()
+                        });
+                    }
+                }
+                Action::Step(records) => {
+                    if app.source_paused {
+                        for _ in 0..records {
+                            control.step_source();
+                        }
+                        app.status = Some(format!(
+                            "{} read; p resumes",
+                            crate::units::plural(records, "record")
+                        ));
+                    }
+                }
+                Action::WriteView(what, lines) => {
+                    let path = PathBuf::from(format!("prefixscope-{what}-{}.txt", clock.now_ms()));
+                    let mut text = lines.join("\n");
+                    text.push('\n');
+                    app.status = Some(match write_private(&path, &text) {
+                        Ok(()) => format!("written: {}", path.display()),
+                        Err(e) => format!("write failed: {}: {e}", path.display()),
+                    });
+                }
                 Action::Snapshot => {
                     app.status = Some(match write_snapshot(app, clock.now_ms()) {
                         Ok(paths) => format!("snapshot written: {paths}"),

@@ -84,6 +84,24 @@ impl Theme {
         })
     }
 
+    /// The span of text that differs between two versions: reversed, so it shows without colour.
+    pub fn changed(&self) -> Style {
+        self.fg(Color::Yellow)
+            .add_modifier(Modifier::REVERSED | Modifier::BOLD)
+    }
+
+    /// A turn's cell by what it lost: nothing green, under a quarter of its prompt yellow, more
+    /// red, not measured dim. The glyph says the same without colour.
+    pub fn loss(&self, severity: crate::live::view::Severity) -> Style {
+        use crate::live::view::Severity;
+        match severity {
+            Severity::None => self.good(),
+            Severity::Some => self.warn(),
+            Severity::Much => self.bad(),
+            Severity::Unknown => self.dim(),
+        }
+    }
+
     pub fn good(&self) -> Style {
         self.fg(Color::Green)
     }

@@ -29,6 +29,11 @@ pub struct Areas {
 }
 
 pub fn areas(area: Rect) -> Areas {
+    areas_zoomed(area, None)
+}
+
+/// The layout, or with `zoom` that pane over the whole body (the others get no room).
+pub fn areas_zoomed(area: Rect, zoom: Option<Pane>) -> Areas {
     let [header, body, status] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(0),
@@ -37,14 +42,24 @@ pub fn areas(area: Rect) -> Areas {
     .areas(area);
     let [top, bottom] =
         Layout::vertical([Constraint::Percentage(62), Constraint::Percentage(38)]).areas(body);
+    // The breaks carry the most text (cause, cost, whose, what changed): they get the room.
     let [conversations, breaks] =
-        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
+        Layout::horizontal([Constraint::Percentage(44), Constraint::Percentage(56)]).areas(top);
     let [losses, hit_rate, prefixes] = Layout::horizontal([
         Constraint::Percentage(36),
         Constraint::Percentage(32),
         Constraint::Percentage(32),
     ])
     .areas(bottom);
+    if let Some(zoomed) = zoom {
+        let none = Rect::new(body.x, body.y, 0, 0);
+        let at = |pane: Pane| if pane == zoomed { body } else { none };
+        return Areas {
+            header,
+            panes: Pane::ALL.map(|p| (p, at(p))),
+            status,
+        };
+    }
     Areas {
         header,
         panes: [
@@ -58,10 +73,20 @@ pub fn areas(area: Rect) -> Areas {
     }
 }
 
-/// Which pane a click landed in.
-pub fn pane_at(column: u16, row: u16, size: (u16, u16)) -> Option<Pane> {
+/// Where `pane` is on a screen of `size`.
+pub fn pane_rect(pane: Pane, size: (u16, u16), zoom: Option<Pane>) -> Option<Rect> {
     let area = Rect::new(0, 0, size.0, size.1);
-    areas(area)
+    areas_zoomed(area, zoom)
+        .panes
+        .iter()
+        .find(|(p, _)| *p == pane)
+        .map(|(_, r)| *r)
+}
+
+/// Which pane a click landed in.
+pub fn pane_at(column: u16, row: u16, size: (u16, u16), zoom: Option<Pane>) -> Option<Pane> {
+    let area = Rect::new(0, 0, size.0, size.1);
+    areas_zoomed(area, zoom)
         .panes
         .iter()
         .find(|(_, r)| {
@@ -80,12 +105,15 @@ pub fn draw(frame: &mut Frame, app: &App, theme: &Theme) {
         frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: true }), area);
         return;
     }
-    let areas = areas(area);
+    let areas = areas_zoomed(area, app.zoom.then_some(app.focus));
     frame.render_widget(
         Paragraph::new(panes::status::header(app, theme)),
         areas.header,
     );
     for (pane, rect) in areas.panes {
+        if rect.width == 0 || rect.height == 0 {
+            continue;
+        }
         let focused = pane == app.focus;
         let block = Block::default()
             .borders(Borders::ALL)
@@ -120,6 +148,13 @@ pub fn draw(frame: &mut Frame, app: &App, theme: &Theme) {
             Pane::Prefixes => panes::prefixes::draw(frame, inner, app, selected, focused, theme),
         }
     }
+    if let (super::app::Source::Live { listen, .. }, None, 0) =
+        (&app.source, app.speed, app.requests())
+        && !app.zoom
+    {
+        let top = areas.panes[0].1.union(areas.panes[1].1);
+        panes::conversations::draw_first_screen(frame, top, listen, theme);
+    }
     frame.render_widget(
         Paragraph::new(panes::status::status_line(app, theme)),
         areas.status,
@@ -141,9 +176,16 @@ fn title(app: &App, pane: Pane) -> String {
 fn pane_title(app: &App, pane: Pane) -> String {
     match pane {
         Pane::HitRate if app.chart => "Hit rate by capacity (chart)".into(),
+        Pane::HitRate if app.focus == Pane::HitRate && app.input == Input::Exchanges => {
+            "Hit rate by capacity (↵ -np, --cache-ram)".into()
+        }
         Pane::Prefixes if app.prefixes_by_tokens => "Top prefixes by reusable tokens".into(),
         Pane::Prefixes => "Top prefixes by count".into(),
         Pane::Conversations if !app.filter.is_empty() => format!("Conversations [/{}]", app.filter),
+        Pane::Conversations if app.focus == Pane::Conversations => {
+            "Conversations (← → turns, ↵ open)".into()
+        }
+        Pane::Losses => "Loss per client, by cost".into(),
         // Only the newest breaks are described; the title says how many there are.
         Pane::Breaks if app.view().breaks_total > crate::live::view::MAX_BREAKS_SHOWN => format!(
             "Prefix breaks (newest {} of {})",

@@ -1,4 +1,4 @@
-//! Prefix breaks and evictions, newest first: when, whose, what, the cost, and where.
+//! Prefix breaks and evictions, newest first: the cause and the cost, whose, where, when.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -39,14 +39,12 @@ pub fn draw(
             None if !b.measured => "loss not measured".into(),
             None => "no loss".into(),
         };
-        let head = format!(
-            "{} {} {} {}: {}",
-            clock(b.t_start_ms),
-            b.client,
-            place,
-            b.cause,
-            cost
-        );
+        // Cause and cost first, then whose and where; the time only where it fits whole.
+        let mut head = format!("{}: {cost} · {} {place}", b.cause, b.alias);
+        let time = format!(" · {}", clock(b.t_start_ms));
+        if head.chars().count() + time.chars().count() <= width {
+            head.push_str(&time);
+        }
         let style = line_style(i == selected, focused, theme);
         lines.push(Line::from(Span::styled(fit(&head, width), style)));
         let where_ = if b.place.is_empty() {

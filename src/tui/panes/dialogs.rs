@@ -2,144 +2,61 @@
 
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
-use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Wrap};
 
-use crate::analysis::Measured;
 use crate::tui::app::{App, Dialog, EXPORT_FORMATS};
 use crate::tui::theme::Theme;
 use crate::tui::ui::popup;
-use crate::tui::view::cause_label;
 
-const HELP: &[&str] = &[
-    "?            this help",
-    "Tab / ← →    move between panes (mouse: click; m turns the mouse off)",
-    "↑ ↓ / j k    select",
-    "Enter        detail of the selected request",
-    "p / space    pause the view (recording goes on)",
-    "/            filter by client, model, conversation (c3) or text; Esc clears",
-    "s            write a JSON report snapshot and the text summary",
-    "e            export an anonymized trace (Tab picks the format)",
-    "c            hit rate: sparkline ↔ chart (FIFO / LRU / optimal)",
-    "t            top prefixes: by count ↔ by reusable tokens",
-    "+ / -        replay speed",
-    "q            quit (waits for exchanges in flight; q again forces)",
+pub const HELP: &[&str] = &[
+    "keys",
+    "  ?            this help (any key closes it)",
+    "  Tab / S-Tab  next / previous pane (mouse: click; m turns the mouse off)",
+    "  ↑ ↓ / j k    select a lane, a break, a client, a prefix; scroll a view",
+    "  ← → / h l    in Conversations: move along the lane's turns (Home oldest, End newest);",
+    "               elsewhere: next / previous pane",
+    "  Enter        open: a turn (cause, cost, what changed, the fix), a prefix (what it is",
+    "               made of), a client (what it suffered and caused); Esc goes back",
+    "  f            findings by cost, each with its fix and the predicted saving",
+    "  ↵ on Hit rate the server's settings simulated: -np 1/2/4/8 × --cache-ram off/on",
+    "  z            zoom the focused pane to the whole screen (z or Esc again: back)",
+    "  w            who cost whom: clients × clients, tokens, from evicted_by",
+    "  o            in a view: write its whole text to prefixscope-<view>-<ms>.txt (0600)",
+    "  p / space    replay: pause reading the file (. reads one record, ] ten); watch: pause the",
+    "               view (the recording goes on)",
+    "  /            filter by client, model, conversation (c3) or text; Esc clears",
+    "  s            write a snapshot: JSON report and text summary (with the fixes)",
+    "  e            export a trace (Tab picks the format; all but otel are anonymous)",
+    "  c            hit rate: sparkline ↔ chart (FIFO / LRU / optimal)",
+    "  t            top prefixes: by count ↔ by reusable tokens",
+    "  m            mouse on / off",
+    "  + / -        replay speed",
+    "  q            quit (waits for exchanges in flight; q again forces)",
     "",
-    "cells: ■ a turn, coloured by the reuse the server reported;",
-    "       × the prompt prefix broke; ! evicted by another request",
+    "cells (one per turn, by the tokens it lost; the glyph says it without colour)",
+    "  ■ nothing lost  × the client broke the prefix  ! evicted by a request that ran",
+    "  in between  ~ the server dropped its cache  ? loss not measured (no reuse reported)",
+    "  colour: green none · yellow under a quarter of the prompt · red more · grey unknown",
+    "  ‹ earlier turns to the left (← scrolls back)",
+    "",
+    "figures",
+    "  lost        prompt tokens the server evaluated again although it had seen them",
+    "  suffered    what a client lost on its own turns; caused: what it made others (and",
+    "              itself) lose: its own breaks, the turns evicted_by names it for",
+    "  #2          clients with one user agent but different tool sets: #1, #2 … apart",
+    "  c3 t4       conversation 3, turn 4; #15 a request's id in the recording",
+    "  ceiling     the most any cache could reuse of this traffic (replies cached)",
+    "  server      what the server said it reused; cold replay: requests so far through",
+    "              an empty LRU / FIFO cache at each capacity",
+    "  saving      the simulated llama-server (prefixscope whatif) with that setting,",
+    "              over the same requests: lost tokens recorded minus predicted",
 ];
-
-fn measured<T: std::fmt::Display>(m: Option<Measured<T>>) -> String {
-    m.map_or("not measured".into(), |m| {
-        format!(
-            "{} ({})",
-            m.value,
-            serde_json::to_value(m.source)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default()
-        )
-    })
-}
-
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    if super::views::draw(frame, area, app, theme) {
+        return;
+    }
     match &app.dialog {
         None => {}
-        Some(Dialog::Help) => {
-            let inner = popup(frame, area, 78, HELP.len() as u16 + 2, "keys", theme);
-            frame.render_widget(
-                Paragraph::new(HELP.iter().map(|l| Line::raw(*l)).collect::<Vec<_>>()),
-                inner,
-            );
-        }
-        Some(Dialog::Detail(id)) => {
-            let inner = popup(frame, area, 90, 18, &format!("request #{id}"), theme);
-            let Some(row) = app.snapshot.row(*id) else {
-                frame.render_widget(Paragraph::new("not in the current view"), inner);
-                return;
-            };
-            let c = &row.counts;
-            let mut lines = vec![
-                format!(
-                    "{} · {} · {:?} · conversation {} turn {}",
-                    row.client,
-                    row.model,
-                    row.kind,
-                    row.conversation.map_or("-".into(), |c| c.to_string()),
-                    row.turn.map_or("-".into(), |t| t.to_string())
-                ),
-                format!(
-                    "prompt {} · reused {} · evaluated {}",
-                    measured(c.prompt_tokens),
-                    measured(c.reused_tokens),
-                    measured(c.evaluated_tokens)
-                ),
-                format!(
-                    "prefill ms {} · completion {}",
-                    measured(c.prefill_ms),
-                    measured(c.completion_tokens)
-                ),
-                format!(
-                    "composition: system {} · tools {} · history {} · new {}",
-                    row.composition.system.value,
-                    row.composition.tools.value,
-                    row.composition.history.value,
-                    row.composition.new_content.value
-                ),
-                format!(
-                    "linked to {} · prefix {} tokens · predicted reuse {} · observed {}",
-                    row.linked_to.map_or("-".into(), |l| format!("#{l}")),
-                    row.prefix_tokens.map_or("-".into(), |p| p.to_string()),
-                    row.predicted_reuse
-                        .map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
-                    row.observed_reuse
-                        .map_or("-".into(), |r| format!("{:.0}%", r * 100.0))
-                ),
-            ];
-            if let Some(cause) = row.break_cause {
-                let name = serde_json::to_value(cause)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default();
-                lines.push(format!("break: {}", cause_label(&name)));
-            }
-            if let Some(at) = &row.break_location {
-                lines.push(format!(
-                    "where: message {} ({}) char {}",
-                    at.message.map_or("-".into(), |m| m.to_string()),
-                    at.role.as_deref().unwrap_or("-"),
-                    at.char_offset.map_or("-".into(), |o| o.to_string())
-                ));
-                if let (Some(b), Some(a)) = (&at.before, &at.after) {
-                    lines.push(format!("  {b:?}"));
-                    lines.push(format!("→ {a:?}"));
-                }
-            }
-            for loss in [&row.lost_client, &row.lost_external].into_iter().flatten() {
-                lines.push(format!(
-                    "lost {} tokens to {} ({})",
-                    loss.tokens,
-                    cause_label(&loss.cause),
-                    loss.ms
-                        .map_or("time not measured".into(), |m| format!("{:.0} ms", m.value))
-                ));
-            }
-            if let Some(by) = &row.evicted_by {
-                lines.push(format!(
-                    "evicted by #{} ({}, {})",
-                    by.row,
-                    by.client,
-                    cause_label(&by.kind)
-                ));
-            }
-            lines.push(String::new());
-            lines.push("any key closes".into());
-            frame.render_widget(
-                Paragraph::new(lines.into_iter().map(Line::raw).collect::<Vec<_>>())
-                    .wrap(Wrap { trim: false }),
-                inner,
-            );
-        }
         Some(Dialog::Filter(area_input)) => {
             let inner = popup(
                 frame,
@@ -152,7 +69,14 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             frame.render_widget(area_input, inner);
         }
         Some(Dialog::Export { format, name }) => {
-            let inner = popup(frame, area, 70, 7, "export an anonymized trace", theme);
+            let inner = popup(
+                frame,
+                area,
+                70,
+                7,
+                "export a trace (otel keeps the messages: not anonymous)",
+                theme,
+            );
             let [formats, label, input] = Layout::vertical([
                 Constraint::Length(2),
                 Constraint::Length(1),
@@ -171,12 +95,16 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 })
                 .collect();
             frame.render_widget(
-                Paragraph::new(format!("format (Tab): {}", list.join(" ")))
-                    .wrap(Wrap { trim: true }),
+                Paragraph::new(format!(
+                    "format (Tab): {} · anonymous: all but otel (it keeps the messages)",
+                    list.join(" ")
+                ))
+                .wrap(Wrap { trim: true }),
                 formats,
             );
             frame.render_widget(Paragraph::new("file (Enter writes, Esc cancels):"), label);
             frame.render_widget(name, input);
         }
+        Some(_) => {}
     }
 }

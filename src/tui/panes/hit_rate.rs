@@ -29,7 +29,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let head = Line::styled(
         fit(
             &format!(
-                "ceiling {:.1}% · {observed} · {}",
+                "{observed} · ceiling {:.1}% · {}",
                 curve.ceiling * 100.0,
                 curve.label
             ),

@@ -1,4 +1,6 @@
-//! Tokens and seconds each client lost to re-processing, by cause.
+//! Loss per client, by cost: what each client suffered (lost on its own turns) next to what it
+//! caused (its own breaks, and the evictions `evicted_by` names it for), with its causes; the
+//! losses no client caused (the server's own) on a line of their own.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -28,9 +30,10 @@ pub fn draw(
     focused: bool,
     theme: &Theme,
 ) {
-    let losses = &app.view().losses;
+    let view = app.view();
+    let losses = &view.losses;
     if losses.is_empty() {
-        let h = &app.view().header;
+        let h = &view.header;
         let text = if h.filter.is_empty() {
             "no clients yet".to_string()
         } else {
@@ -41,7 +44,7 @@ pub fn draw(
     }
     let width = area.width as usize;
     let mut lines = Vec::new();
-    let h = &app.view().header;
+    let h = &view.header;
     // The header's totals: filtered, of the matching rows (the clients below are those with a
     // matching row), and the line says so.
     let all = if h.filter.is_empty() {
@@ -64,33 +67,57 @@ pub fn draw(
         (None, _) => format!("{all}: {}, time not measured", token_count(h.lost_tokens)),
     };
     lines.push(Line::styled(fit(&total, width), theme.title()));
-    for i in window(
-        losses.len(),
-        selected,
-        (area.height as usize).saturating_sub(1),
-    ) {
-        let l = &losses[i];
-        let time = l.ms.map_or("time not measured".to_string(), duration);
-        let lost = if h.loss_measured {
-            format!("{} tok, {time}", tokens(l.tokens))
-        } else {
-            "not measured".to_string()
-        };
-        let causes: Vec<String> = l
-            .by_cause
-            .iter()
-            .take(2)
-            .map(|(c, t)| format!("{c} {}", tokens(*t)))
-            .collect();
-        let text = format!(
-            "{}: {lost}{}",
-            l.client,
-            if causes.is_empty() {
-                String::new()
-            } else {
-                format!(" · {}", causes.join(", "))
+    let name_width = losses
+        .iter()
+        .map(|l| l.alias.chars().count())
+        .max()
+        .unwrap_or(6)
+        .clamp(6, (width * 2 / 5).max(6));
+    lines.push(Line::styled(
+        fit(
+            &format!(
+                "{:<name_width$} {:>8} {:>8}  causes (suffered)",
+                "client", "suffered", "caused"
+            ),
+            width,
+        ),
+        theme.dim(),
+    ));
+    let entries = losses.len() + view.unattributed.len();
+    for i in window(entries, selected, (area.height as usize).saturating_sub(2)) {
+        let text = match losses.get(i) {
+            Some(l) => {
+                let (suffered, caused) = if h.loss_measured {
+                    (tokens(l.tokens), tokens(l.caused_tokens))
+                } else {
+                    ("not measured".to_string(), String::new())
+                };
+                let causes: Vec<String> = l
+                    .by_cause
+                    .iter()
+                    .map(|(c, t)| format!("{c} {}", tokens(*t)))
+                    .collect();
+                let line = format!(
+                    "{:<name_width$} {suffered:>8} {caused:>8}  {}",
+                    fit(&l.alias, name_width),
+                    causes.join(", ")
+                );
+                if h.loss_measured {
+                    line
+                } else {
+                    format!("{}: not measured", l.alias)
+                }
             }
-        );
+            None => {
+                let (cause, tokens_lost, _) = &view.unattributed[i - losses.len()];
+                format!(
+                    "{:<name_width$} {:>8} {:>8}  {cause}: no client ran in between",
+                    "(server)",
+                    "",
+                    tokens(*tokens_lost)
+                )
+            }
+        };
         lines.push(Line::from(Span::styled(
             fit(&text, width),
             line_style(i == selected, focused, theme),

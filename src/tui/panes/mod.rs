@@ -7,6 +7,7 @@ pub mod hit_rate;
 pub mod losses;
 pub mod prefixes;
 pub mod status;
+pub mod views;
 
 /// `HH:MM:SS` (UTC) of a Unix-ms time.
 pub fn clock(ms: i64) -> String {

@@ -1,4 +1,5 @@
-//! The prefixes most requests share: by count, or (key `t`) by reusable tokens.
+//! The prefixes most requests share: by count, or (key `t`) by reusable tokens, with column
+//! headers and what each is made of (as `profile` describes it).
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -9,7 +10,7 @@ use super::fit;
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
 use crate::tui::ui::{empty, line_style, window};
-use crate::tui::view::tokens;
+use crate::tui::view::{shown, tokens};
 
 pub fn draw(
     frame: &mut Frame,
@@ -19,31 +20,43 @@ pub fn draw(
     focused: bool,
     theme: &Theme,
 ) {
-    let mut items: Vec<_> = app.view().prefixes.iter().collect();
+    let items = app.prefix_items();
     if items.is_empty() {
         empty(frame, area, "no shared prefixes yet", theme);
         return;
     }
-    if app.prefixes_by_tokens {
-        items.sort_by_key(|p| std::cmp::Reverse(p.reusable_tokens));
-    } else {
-        items.sort_by_key(|p| std::cmp::Reverse(p.count));
-    }
     let width = area.width as usize;
-    let lines: Vec<Line> = window(items.len(), selected, area.height as usize)
+    let mut lines = vec![Line::styled(
+        fit(
+            &format!(
+                "{:>5} {:>7} {:>6} {:>5}  what",
+                "count", "tokens", "prefix", "share"
+            ),
+            width,
+        ),
+        theme.dim(),
+    )];
+    lines.extend(
+        window(
+            items.len(),
+            selected,
+            (area.height as usize).saturating_sub(1),
+        )
         .map(|i| {
             let p = items[i];
             let text = format!(
-                "{:>4}× {:>7} tok  {}",
+                "{:>4}× {:>7} {:>6} {:>4.0}%  {}",
                 p.count,
                 tokens(p.reusable_tokens),
-                p.label
+                tokens(p.prefix_tokens),
+                p.share_of_reusable * 100.0,
+                p.what.as_deref().map_or(String::new(), shown)
             );
             Line::from(Span::styled(
                 fit(&text, width),
                 line_style(i == selected, focused, theme),
             ))
-        })
-        .collect();
+        }),
+    );
     frame.render_widget(Paragraph::new(lines), area);
 }

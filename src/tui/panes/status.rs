@@ -3,7 +3,7 @@
 use ratatui::text::{Line, Span};
 
 use super::fit;
-use crate::tui::app::{App, Input, Source};
+use crate::tui::app::{App, Input, Pane, Source};
 use crate::tui::theme::Theme;
 use crate::tui::view::{duration, thousands, tokens};
 use crate::units::plural;
@@ -76,6 +76,9 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     if app.paused {
         spans.push(Span::styled(" PAUSED ", theme.bad()));
     }
+    if app.source_paused {
+        spans.push(Span::styled(" REPLAY PAUSED (. step) ", theme.bad()));
+    }
     let mut parts = vec![
         format!("{} req", app.requests()),
         format!("{:.1}/s", app.requests_per_second()),
@@ -113,9 +116,25 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     }
     let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
     let width = app.last_size.0 as usize;
-    let keys = " ? help  Tab pane  ↵ detail  p pause  / filter  s snapshot  e export  q quit";
+    // The focused pane's keys first, then every other.
+    let pane = match app.focus {
+        Pane::Conversations => " ←→ turn  ↵ open turn ",
+        Pane::Breaks => " ↑↓ break  ↵ open turn ",
+        Pane::Losses => " ↑↓ client  ↵ its causes  w who cost whom ",
+        Pane::HitRate => " ↵ -np / --cache-ram  c chart ",
+        Pane::Prefixes => " ↑↓ prefix  ↵ contents  t sort ",
+    };
+    let keys = if app.dialog.is_some() {
+        " Esc back  ↑↓ scroll/select  ↵ open  o write to a file  ? help  q quit".to_string()
+    } else if app.source_paused {
+        format!(" . one record  ] ten  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
+    } else {
+        format!(
+            "{pane}· ? help  Tab pane  f fixes  w who  z zoom  p pause  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
+        )
+    };
     if width > used + 10 {
-        spans.push(Span::styled(fit(keys, width - used), theme.dim()));
+        spans.push(Span::styled(fit(&keys, width - used), theme.dim()));
     }
     let _ = tokens;
     Line::from(spans)
