@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::http1;
-use crate::normalize::{Api, anthropic, digest};
+use crate::normalize::{Api, digest};
 use crate::record::{self, Record, TokenCounts, hash};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -159,18 +159,8 @@ struct Collected {
 /// The request's messages (chat form) and tools, with the digest that hashes them.
 fn parts(api: Api, body: &Value) -> Option<(record::RequestDigest, Vec<Value>, Vec<Value>)> {
     let digest = digest::request_digest(api, body)?;
-    let (messages, tools) = if api == Api::AnthropicMessages {
-        (anthropic::chat_messages(body), anthropic::chat_tools(body))
-    } else {
-        let array = |key: &str| {
-            body.get(key)
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        };
-        (array("messages"), array("tools"))
-    };
-    Some((digest, messages, tools))
+    let (messages, tools) = crate::normalize::chat_request(api, body)?;
+    Some((digest, messages.into_owned(), tools.into_owned()))
 }
 
 fn collect(records: &[Record]) -> Collected {

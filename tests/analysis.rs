@@ -569,3 +569,86 @@ fn a_single_text_part_and_a_string_are_one_message() {
         r.rows[1]
     );
 }
+
+fn harness_report(name: &str) -> Report {
+    let path = root().join("tests/data/harness").join(name);
+    let read = read_jsonl(std::fs::read(&path).unwrap().as_slice());
+    assert!(read.bad_lines.is_empty(), "{name}: {:?}", read.bad_lines);
+    analyze(&read.records, &Config::default())
+}
+
+/// The real harnesses' recordings (`tests/data/harness`, made by `tests/harness_e2e.rs` against
+/// a real llama.cpp server): what the analysis says of each agrees with the server's counts.
+#[test]
+fn the_harness_recordings_agree_with_the_server() {
+    // Claude Code: it moves its cache_control marker every turn; nothing broke (the server
+    // re-evaluated 18 tokens per turn, the new message); the HEAD / checks are counted as such.
+    let r = harness_report("claude-code.digest.jsonl");
+    assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
+    assert_eq!(r.coverage.connectivity_checks, 3);
+    assert!(r.rows.iter().all(|row| row.break_cause.is_none()));
+    assert_eq!(r.time.lost_tokens, 0);
+    assert_eq!(r.clients[0].harness.as_deref(), Some("Claude Code 2.1.197"));
+
+    // opencode: a title side-call, then one conversation that grows: nothing lost.
+    let r = harness_report("opencode.jsonl");
+    assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
+    assert_eq!(
+        r.rows[0].kind,
+        prefixscope::analysis::table::RowKind::SideCall
+    );
+    assert!(r.rows.iter().all(|row| row.break_cause.is_none()));
+    assert_eq!(r.time.lost_tokens, 0);
+    assert_eq!(r.clients[0].harness.as_deref(), Some("opencode 1.18.33"));
+
+    // aider with --restore-chat-history: the earlier exchange comes back before its "I have
+    // added these files" message. The server re-evaluated everything from there; only the new
+    // question (with the reminder aider appends) is new, the rest is the reorder's cost.
+    let path = root().join("tests/data/harness/aider.jsonl");
+    let records = read_jsonl(std::fs::read(&path).unwrap().as_slice()).records;
+    let r = harness_report("aider.jsonl");
+    assert_eq!(r.clients[0].harness.as_deref(), Some("aider"));
+    assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
+    for (row, record) in r.rows.iter().zip(&records).skip(1) {
+        assert_eq!(
+            row.break_cause,
+            Some(BreakCause::HistoryRewritten),
+            "{}",
+            row.id
+        );
+        let charged = row.lost_client.as_ref().unwrap();
+        assert_eq!(charged.cause, "history_reordered", "{}", row.id);
+        // The new message's share of the prompt, by the same character weights.
+        let chars = |m: &Value| m["content"].as_str().unwrap().chars().count() as f64;
+        let messages = record.request.body.as_ref().unwrap()["messages"]
+            .as_array()
+            .unwrap();
+        let total: f64 = messages.iter().map(chars).sum();
+        let prompt = f64::from(row.counts.prompt_tokens.unwrap().value);
+        let new = chars(messages.last().unwrap()) * prompt / total;
+        let evaluated = f64::from(row.counts.evaluated_tokens.unwrap().value);
+        assert!(
+            (f64::from(charged.tokens) + new - evaluated).abs() <= 1.0,
+            "row {}: charged {} + new {new:.1} vs re-evaluated {evaluated}",
+            row.id,
+            charged.tokens
+        );
+    }
+    assert!(
+        r.summary().contains("messages moved or inserted"),
+        "{}",
+        r.summary()
+    );
+
+    // Codex (the Responses API): one conversation that grows, nothing lost.
+    let r = harness_report("codex.jsonl");
+    assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
+    assert!(r.rows.iter().all(|row| row.break_cause.is_none()));
+    assert_eq!(r.time.lost_tokens, 0);
+    assert_eq!(r.clients[0].harness.as_deref(), Some("Codex 0.171.0"));
+    for row in &r.rows[1..] {
+        let c = &row.counts;
+        assert!(c.reused_tokens.unwrap().value > 4_600, "{}", row.id);
+        assert!(c.evaluated_tokens.unwrap().value < 20, "{}", row.id);
+    }
+}

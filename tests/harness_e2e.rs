@@ -266,7 +266,7 @@ fn server_counts(record: &Record) -> Option<(u64, u64)> {
 ///
 /// - `chat_path`: the path the harness's model requests go to (query string aside);
 /// - `chat_requests`: how many of them (turns plus the side-calls the harness makes itself);
-/// - `analysed`: whether `analyze` reads that API (it does not read the Responses API yet).
+/// - `analysed`: whether `analyze` reads that API (all four harnesses' APIs now).
 fn check(who: &str, file: &Path, chat_path: &str, chat_requests: usize, analysed: bool) -> Value {
     let records = read(file);
     for r in &records {
@@ -385,6 +385,17 @@ fn check(who: &str, file: &Path, chat_path: &str, chat_requests: usize, analysed
     report
 }
 
+/// `row id: cause` of every break in a report.
+fn breaks(report: &Value) -> Vec<String> {
+    report["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| !r["break_cause"].is_null())
+        .map(|r| format!("{}: {}", r["id"], r["break_cause"]))
+        .collect()
+}
+
 /// Copies the recording to `$PREFIXSCOPE_HARNESS_FIXTURES/NAME` when asked.
 fn keep_fixture(file: &Path, name: &str) {
     if let Some(dir) = std::env::var_os("PREFIXSCOPE_HARNESS_FIXTURES") {
@@ -452,6 +463,13 @@ async fn claude_code_three_turns_through_record() {
         assert_eq!(heads, TURNS.len(), "one HEAD / per run");
         let chat = check("claude_code", file, "/v1/messages", TURNS.len(), true);
         assert_eq!(chat["coverage"]["conversations"], 1);
+        assert_eq!(
+            chat["coverage"]["connectivity_checks"].as_u64(),
+            Some(TURNS.len() as u64)
+        );
+        // The cache_control marker moves every turn; nothing else changes: no break.
+        assert_eq!(breaks(&chat), Vec::<String>::new(), "claude_code: no break");
+        assert_eq!(chat["clients"][0]["harness"], "Claude Code 2.1.197");
     }
     // The digest keeps the server's counters, and the session header.
     let (f, d) = (read(&full_file), read(&digest_file));
@@ -526,6 +544,9 @@ async fn opencode_three_turns_through_record() {
     let file = rec.file.clone();
     rec.stop();
     let report = check("opencode", &file, "/v1/chat/completions", 4, true);
+    assert_eq!(breaks(&report), Vec::<String>::new(), "opencode: no break");
+    assert_eq!(report["time"]["lost_tokens"], 0);
+    assert_eq!(report["clients"][0]["harness"], "opencode 1.18.33");
     let side_calls = report["rows"]
         .as_array()
         .map(|rows| rows.iter().filter(|r| r["kind"] == "side_call").count());
@@ -612,7 +633,17 @@ async fn aider_three_turns_through_record() {
     }
     let file = rec.file.clone();
     rec.stop();
-    check("aider", &file, "/v1/chat/completions", TURNS.len(), true);
+    let report = check("aider", &file, "/v1/chat/completions", TURNS.len(), true);
+    assert_eq!(report["clients"][0]["harness"], "aider");
+    // Charged as a reorder, never more than the server re-evaluated.
+    for row in report["rows"].as_array().into_iter().flatten().skip(1) {
+        assert_eq!(row["lost_client"]["cause"], "history_reordered", "{row}");
+        let charged = row["lost_client"]["tokens"].as_u64().unwrap_or(0);
+        let evaluated = row["counts"]["evaluated_tokens"]["value"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(charged > 0 && charged <= evaluated, "{row}");
+    }
     // The restored history goes in after the file's messages: the server re-evaluates them.
     let records = read(&file);
     for r in &records[1..] {
@@ -629,7 +660,7 @@ async fn aider_three_turns_through_record() {
 
 /// Codex CLI 0.171.0 (the Responses API only: `wire_api = "chat"` is no longer accepted;
 /// llama.cpp serves `/v1/responses`): `codex exec`, then `codex exec resume --last` twice.
-/// `analyze` does not read the Responses API yet: the capture is checked, not the analysis.
+/// `analyze` reads the Responses API in chat form.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_three_turns_through_record() {
     let Some(bin) = harness("harness_e2e codex", "codex") else {
@@ -667,7 +698,10 @@ async fn codex_three_turns_through_record() {
     }
     let file = rec.file.clone();
     rec.stop();
-    check("codex", &file, "/v1/responses", TURNS.len(), false);
+    let report = check("codex", &file, "/v1/responses", TURNS.len(), true);
+    assert_eq!(breaks(&report), Vec::<String>::new(), "codex: no break");
+    assert_eq!(report["time"]["lost_tokens"], 0);
+    assert_eq!(report["clients"][0]["harness"], "Codex 0.171.0");
     // One conversation as the server saw it: each turn reuses the previous one's prompt.
     let records = read(&file);
     let mut previous = 0;

@@ -1090,6 +1090,10 @@ fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() 
         .run_to_end(std::future::pending())
         .unwrap();
     let mut engine = Engine::for_records(Config::default(), &outcome.records);
+    // Every lost token is in one entry of the findings view: they sum to `analyze`'s total.
+    let total = prefixscope::analysis::analyze(&outcome.records, &Config::default())
+        .time
+        .lost_tokens;
     for record in outcome.records {
         engine.push(Input::Record(Arc::new(record), NOW_MS));
     }
@@ -1136,7 +1140,8 @@ fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() 
         .iter()
         .map(|a| u64::from(a.finding.lost_tokens.unwrap_or(0)))
         .sum();
-    assert_eq!(listed, 6_879);
+    assert!(total > 0);
+    assert_eq!(listed, total);
     // One entry for it, not two (the prefix-break finding says the same with less).
     assert!(
         !screen.contains("prompt prefix broken by system prompt changes"),

@@ -724,6 +724,7 @@ impl Analyzer {
                 Client {
                     client: strings.get(label).to_string(),
                     user_agent: self.xs[first].user_agent.clone(),
+                    harness: super::harness::of(&self.xs[first]),
                     requests,
                     conversations,
                     tools: tools.into_iter().map(str::to_string).collect(),

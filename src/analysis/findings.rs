@@ -256,12 +256,24 @@ fn prefix_breaks(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
         for loss in broken.iter().filter_map(|r| r.client_loss()) {
             sum.add(loss);
         }
-        let evidence = json!({
+        let mut evidence = json!({
             "break_cause": cause,
             "links": links.len(),
             "broken": broken.len(),
             "share": share,
         });
+        // prefixscope: how many of them moved or inserted messages rather than edit them.
+        let reordered = broken
+            .iter()
+            .filter(|r| {
+                r.lost_client
+                    .as_ref()
+                    .is_some_and(|l| l.cause == "history_reordered")
+            })
+            .count();
+        if reordered > 0 {
+            evidence["reordered"] = json!(reordered);
+        }
         findings.push(loss_finding(
             FindingKind::PrefixBreak,
             (model, Some(client)),
@@ -722,6 +734,9 @@ pub fn fix(finding: &Finding) -> Fix {
             )),
             "tools_changed" => client(
                 "tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation".into(),
+            ),
+            "history_rewritten" if finding.evidence.get("reordered").is_some() => client(
+                "messages were moved or inserted within the history (aider's --restore-chat-history puts the earlier exchange before its files message): keep the history append-only, in the order it was sent".into(),
             ),
             cause if cause.contains("reorder") => client(
                 "the same tools or messages came in another order: keep their order stable (build the tool array once, in one order, for every request)".into(),

@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod findings;
+pub mod harness;
 pub mod ids;
 pub mod report;
 pub mod table;

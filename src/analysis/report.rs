@@ -527,12 +527,19 @@ pub fn label(finding: &Finding) -> String {
             "{} on the conversation model {model}{lost}",
             plural(number("side_calls"), "side-call")
         ),
-        FindingKind::PrefixBreak => format!(
-            "prompt prefix broken by {} on {} of {} links ({model}){lost}",
-            cause_label_plural(&text("break_cause")),
-            number("broken"),
-            number("links")
-        ),
+        FindingKind::PrefixBreak => {
+            let reordered = match number("reordered") {
+                0 => String::new(),
+                n if n == number("broken") => ", messages moved or inserted".to_string(),
+                n => format!(", messages moved or inserted on {n}"),
+            };
+            format!(
+                "prompt prefix broken by {} on {} of {} links{reordered} ({model}){lost}",
+                cause_label_plural(&text("break_cause")),
+                number("broken"),
+                number("links")
+            )
+        }
         FindingKind::ServerCacheLoss => format!(
             "{} on {} ({model}){lost}",
             cause_label_plural(&text("kind")),

@@ -254,6 +254,9 @@ pub struct ToolUsage {
 pub struct Client {
     pub client: String,
     pub user_agent: Option<String>,
+    /// prefixscope: the agent harness its requests name (`Claude Code 2.1.197`, `aider`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
     pub requests: u32,
     pub conversations: u32,
     pub tools: Vec<String>,
@@ -1418,6 +1421,7 @@ pub(super) fn clients(order: &[&Exchange], rows: &[Row]) -> Vec<Client> {
                 clients.push(Client {
                     client: row.client.clone(),
                     user_agent: x.user_agent.clone(),
+                    harness: super::harness::of(x),
                     requests: 0,
                     conversations: 0,
                     tools: Vec::new(),

@@ -25,8 +25,8 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{Block, BlockKeys, Cut, PromptPart};
+use crate::normalize::Api;
 use crate::normalize::digest::{content_text, message_digest};
-use crate::normalize::{Api, anthropic};
 use crate::record::{RequestDigest, TokenCounts, hash};
 
 /// Block ids stay below 2^53, the largest range of integers a JSON reader keeps exact.
@@ -192,21 +192,10 @@ pub fn prompt_from_body(api: Api, body: &Value, counts: Option<&TokenCounts>) ->
             }],
         });
     }
-    let (messages, tools): (Vec<Value>, Vec<Value>) = if api == Api::AnthropicMessages {
-        body.get("messages")?.as_array()?;
-        (anthropic::chat_messages(body), anthropic::chat_tools(body))
-    } else {
-        let messages = body.get("messages")?.as_array()?.clone();
-        let tools = body
-            .get("tools")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        (messages, tools)
-    };
+    let (messages, tools) = crate::normalize::chat_request(api, body)?;
     let tools_segment = (!tools.is_empty()).then(|| {
         let names: Vec<&str> = tools.iter().filter_map(tool_name).collect();
-        let array = Value::Array(tools.clone());
+        let array = Value::Array(tools.to_vec());
         let text = format!("<tools>{}", hash::canonical_json(&array));
         let identity = hash::hex_value(&array);
         let tokens = counts.and_then(|c| {
@@ -305,14 +294,7 @@ pub fn reply_segment(
     response: &Value,
     completion_tokens: Option<u64>,
 ) -> Option<Segment> {
-    let message = if api == Api::AnthropicMessages {
-        anthropic::chat_reply(response)
-    } else {
-        response
-            .pointer("/choices/0/message")
-            .or_else(|| response.get("message"))?
-            .clone()
-    };
+    let message = crate::normalize::chat_reply(api, response)?;
     let reasoned = ["reasoning_content", "reasoning", "thinking"]
         .iter()
         .any(|key| {

@@ -241,6 +241,7 @@ fn openai_tool(tool: &Value) -> Value {
 fn content_of(api: Api, body: &Value, response: Option<&Value>) -> Content {
     let input_messages = match api {
         Api::AnthropicMessages => anthropic::chat_messages(body),
+        Api::OpenaiResponses => crate::normalize::responses::chat_messages(body),
         Api::OpenaiCompletions => {
             vec![
                 json!({"role": "user", "content": body.get("prompt").cloned().unwrap_or(Value::Null)}),
@@ -257,6 +258,7 @@ fn content_of(api: Api, body: &Value, response: Option<&Value>) -> Content {
             .iter()
             .map(openai_tool)
             .collect(),
+        Api::OpenaiResponses => crate::normalize::responses::chat_tools(body),
         _ => body
             .get("tools")
             .and_then(Value::as_array)
@@ -277,6 +279,7 @@ fn content_of(api: Api, body: &Value, response: Option<&Value>) -> Content {
             .pointer("/choices/0/text")
             .map(|text| json!({"role": "assistant", "content": text})),
         Api::OllamaChat => r.get("message").cloned(),
+        Api::OpenaiResponses => Some(crate::normalize::responses::chat_reply(r)),
         _ => r.pointer("/choices/0/message").cloned(),
     });
     Content {

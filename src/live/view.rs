@@ -634,7 +634,8 @@ pub fn shown(text: &str) -> String {
     crate::text::printable(&one_line).into_owned()
 }
 
-/// Short names for user agents: the product (`llmp-drive`), its version where two agents share
+/// Short names for user agents: the harness it names (`Claude Code`), the product
+/// (`llmp-drive`), its version where two agents share
 /// a product, the whole user agent where that is not enough; the `#2` suffix kept.
 #[derive(Debug, Clone, Default)]
 pub struct Aliases {
@@ -674,7 +675,19 @@ impl Aliases {
             .iter()
             .map(|client| {
                 let (ua, suffix) = agent(client);
-                let short = if unique(&product, ua) && !product(ua).is_empty() {
+                let harness = crate::analysis::harness::product_name(ua);
+                let same_harness = |h| {
+                    agents
+                        .iter()
+                        .filter(|o| crate::analysis::harness::product_name(o) == Some(h))
+                        .count()
+                        == 1
+                };
+                let short = if let Some(h) = harness
+                    && same_harness(h)
+                {
+                    h
+                } else if unique(&product, ua) && !product(ua).is_empty() {
                     product(ua)
                 } else if unique(&first_word, ua) && !first_word(ua).is_empty() {
                     first_word(ua)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{Api, anthropic};
+use super::Api;
 use crate::record::hash;
 use crate::record::{
     MessageDigest, Output, Params, Record, RequestDigest, ResponseDigest, ToolCall, ToolDigest,
@@ -49,26 +49,8 @@ pub fn request_digest_without_messages(api: Api, body: &Value) -> Option<Request
 }
 
 fn digest_request(api: Api, body: &Value, with_messages: bool) -> Option<RequestDigest> {
-    let converted;
-    let (messages, tools): (&[Value], &[Value]) = if api == Api::AnthropicMessages {
-        body.get("messages")?.as_array()?;
-        let messages = if with_messages {
-            anthropic::chat_messages(body)
-        } else {
-            Vec::new()
-        };
-        converted = (messages, anthropic::chat_tools(body));
-        (&converted.0, &converted.1)
-    } else {
-        let messages = body.get("messages")?.as_array()?;
-        let tools = body
-            .get("tools")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        (messages, tools)
-    };
-    let (tools_hash, tools) = tools_digest(tools);
+    let (messages, tools) = super::chat_request(api, body)?;
+    let (tools_hash, tools) = tools_digest(&tools);
     Some(RequestDigest {
         model: str_field(body, "model"),
         params: params(api, body),
@@ -131,13 +113,7 @@ pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {
                 .collect::<Map<String, Value>>()
         })
         .unwrap_or_default();
-    let reply = if api == Api::AnthropicMessages {
-        Some(anthropic::chat_reply(body))
-    } else {
-        body.pointer("/choices/0/message")
-            .or_else(|| body.get("message"))
-            .cloned()
-    };
+    let reply = super::chat_reply(api, body);
     let output = reply
         .map(|message| Output {
             content_chars: char_count(&content_text(message.get("content"))),
@@ -411,11 +387,16 @@ mod memo {
 }
 
 fn params(api: Api, body: &Value) -> Params {
-    let max_tokens = ["max_tokens", "max_completion_tokens", "n_predict"]
-        .iter()
-        .find_map(|key| body.get(*key).and_then(Value::as_u64))
-        .or_else(|| body.pointer("/options/num_predict").and_then(Value::as_u64))
-        .and_then(|n| u32::try_from(n).ok());
+    let max_tokens = [
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "n_predict",
+    ]
+    .iter()
+    .find_map(|key| body.get(*key).and_then(Value::as_u64))
+    .or_else(|| body.pointer("/options/num_predict").and_then(Value::as_u64))
+    .and_then(|n| u32::try_from(n).ok());
     let response_format = is_set(body.get("format"))
         || (is_set(body.get("response_format"))
             && body

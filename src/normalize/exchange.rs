@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::measured::{Measured, Source};
-use super::{Api, anthropic, digest};
+use super::{Api, digest};
 use crate::record::{Output, Params, Record, RequestDigest, ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -102,6 +102,19 @@ fn session_id(record: &Record) -> Option<String> {
         .cloned()
 }
 
+/// Codex hangs up as soon as the Responses stream says `response.completed`, before the server
+/// ends the stream: the exchange is whole, the error only the client's haste.
+fn closed_after_completion(record: &Record) -> bool {
+    record.error == Some(crate::record::ExchangeError::ClientDisconnected)
+        && record.response.as_ref().is_some_and(|response| {
+            let status = |v: &Value| v.get("status").and_then(Value::as_str) == Some("completed");
+            response.body.as_ref().is_some_and(status)
+                || response.digest.as_ref().is_some_and(|d| {
+                    d.usage.get("status").and_then(Value::as_str) == Some("completed")
+                })
+        })
+}
+
 /// A request that only checks the server is there: a `HEAD` anywhere, or `GET /` (Claude Code
 /// sends `HEAD /` before its first stream).
 pub fn is_connectivity_check(record: &Record) -> bool {
@@ -116,7 +129,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
     if !api.is_chat() {
         return Err(SkipReason::NotChat);
     }
-    if record.error.is_some() {
+    if record.error.is_some() && !closed_after_completion(record) {
         return Err(SkipReason::Error);
     }
     let Some(response) = record.response.as_ref() else {
@@ -138,6 +151,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
     let server = match api {
         Api::OllamaChat => ollama_counts(&fields),
         Api::AnthropicMessages => anthropic_counts(&fields),
+        Api::OpenaiResponses => responses_counts(&fields),
         _ => openai_counts(&fields),
     };
     let ttfb_ms = record
@@ -212,16 +226,7 @@ fn request_parts(
     let body = record.request.body.as_ref().ok_or(SkipReason::Unparsed)?;
     let mut digest =
         digest::request_digest_without_messages(api, body).ok_or(SkipReason::Unparsed)?;
-    let converted;
-    let messages: &[Value] = if api == Api::AnthropicMessages {
-        converted = anthropic::chat_messages(body);
-        &converted
-    } else {
-        body.get("messages")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-    };
+    let (messages, _) = super::chat_request(api, body).ok_or(SkipReason::Unparsed)?;
     let (digests, texts) = messages.iter().map(digest::message_digest_and_text).unzip();
     digest.messages = digests;
     Ok((digest, Some(texts)))
@@ -298,6 +303,21 @@ fn openai_counts(fields: &Value) -> Counts {
         prefill_ms: server_ms(fields, "/timings/prompt_ms", 1.0),
         decode_ms: server_ms(fields, "/timings/predicted_ms", 1.0),
         load_ms: None,
+    }
+}
+
+/// The Responses API: `input_tokens` is the whole prompt, `input_tokens_details.cached_tokens`
+/// the reused part (llama.cpp adds `timings` where it has them).
+fn responses_counts(fields: &Value) -> Counts {
+    let timings = openai_counts(fields);
+    Counts {
+        prompt_tokens: server_tokens(fields, "/usage/input_tokens"),
+        completion_tokens: server_tokens(fields, "/usage/output_tokens")
+            .or(timings.completion_tokens),
+        reused_tokens: timings
+            .reused_tokens
+            .or_else(|| server_tokens(fields, "/usage/input_tokens_details/cached_tokens")),
+        ..timings
     }
 }
 

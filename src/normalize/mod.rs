@@ -1,13 +1,62 @@
 //! From what the wire carried to what the analysis reads: which API an exchange used, how a
-//! stream merges into the non-streamed shape, and the Anthropic Messages API in chat form.
+//! stream merges into the non-streamed shape, and the Anthropic Messages and OpenAI Responses
+//! APIs in chat form.
 
 pub mod anthropic;
 pub mod digest;
 pub mod exchange;
 pub mod measured;
+pub mod responses;
 pub mod stream;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Messages and tools in chat form, borrowed from the body where it already is.
+pub type ChatRequest<'a> = (Cow<'a, [Value]>, Cow<'a, [Value]>);
+
+/// A request's messages and tools in chat form: Anthropic Messages and the Responses API
+/// converted, the chat APIs as sent (borrowed). `None` when the body holds no messages.
+pub fn chat_request(api: Api, body: &Value) -> Option<ChatRequest<'_>> {
+    match api {
+        Api::AnthropicMessages => {
+            body.get("messages")?.as_array()?;
+            Some((
+                Cow::Owned(anthropic::chat_messages(body)),
+                Cow::Owned(anthropic::chat_tools(body)),
+            ))
+        }
+        Api::OpenaiResponses => responses::has_input(body).then(|| {
+            (
+                Cow::Owned(responses::chat_messages(body)),
+                Cow::Owned(responses::chat_tools(body)),
+            )
+        }),
+        _ => {
+            let messages = body.get("messages")?.as_array()?;
+            let tools = body
+                .get("tools")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            Some((Cow::Borrowed(messages.as_slice()), Cow::Borrowed(tools)))
+        }
+    }
+}
+
+/// A response's reply as a chat message (`None` when the body holds none).
+pub fn chat_reply(api: Api, body: &Value) -> Option<Value> {
+    match api {
+        Api::AnthropicMessages => Some(anthropic::chat_reply(body)),
+        Api::OpenaiResponses => Some(responses::chat_reply(body)),
+        _ => body
+            .pointer("/choices/0/message")
+            .or_else(|| body.get("message"))
+            .cloned(),
+    }
+}
 
 /// Detected from the request path only (the body may be absent, e.g. in digest mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -47,7 +96,7 @@ impl Api {
     pub fn is_chat(self) -> bool {
         matches!(
             self,
-            Api::OpenaiChat | Api::OllamaChat | Api::AnthropicMessages
+            Api::OpenaiChat | Api::OllamaChat | Api::AnthropicMessages | Api::OpenaiResponses
         )
     }
 
