@@ -640,8 +640,23 @@ fn the_harness_recordings_agree_with_the_server() {
         r.summary()
     );
 
-    // Codex (the Responses API): one conversation that grows, nothing lost.
+    // Codex (the Responses API): one conversation that grows, nothing lost; in digest mode too
+    // (the recorder digests Responses requests and keeps their counters).
+    let path = root().join("tests/data/harness/codex.jsonl");
+    let mut digested = read_jsonl(std::fs::read(&path).unwrap().as_slice()).records;
+    for record in &mut digested {
+        prefixscope::normalize::digest::apply_digest(record);
+        assert!(record.request.body.is_none() && record.request.digest.is_some());
+    }
+    let from_digest = analyze(&digested, &Config::default());
     let r = harness_report("codex.jsonl");
+    let shape = |r: &Report| {
+        r.rows
+            .iter()
+            .map(|row| (row.conversation, row.turn, row.break_cause, row.counts))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape(&from_digest), shape(&r));
     assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
     assert!(r.rows.iter().all(|row| row.break_cause.is_none()));
     assert_eq!(r.time.lost_tokens, 0);

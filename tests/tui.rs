@@ -1487,3 +1487,20 @@ fn a_click_on_a_cell_selects_that_turn() {
     );
     assert!(opened.contains("c2 turn 3"), "{opened}");
 }
+
+/// aider's restored history: the lane and the break pane name the harness (from its system
+/// prompt: its user-agent is the OpenAI SDK's) and the reorder, with `analyze`'s figures.
+#[test]
+fn a_harness_is_named_and_a_reorder_is_called_one() {
+    let aider = screen("../tests/data/harness/aider", 120, 40, &[]);
+    assert!(aider.contains("aider c1"), "{aider}");
+    assert!(
+        aider.contains("history reordered: 101 tok")
+            && aider.contains("history reordered: 107 tok"),
+        "{aider}"
+    );
+    assert!(aider.contains("lost 208 tokens"), "{aider}");
+    let claude = screen("../tests/data/harness/claude-code.digest", 120, 40, &[]);
+    assert!(claude.contains("Claude Code c1"), "{claude}");
+    assert!(claude.contains("no prefix breaks"), "{claude}");
+}

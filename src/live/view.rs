@@ -262,7 +262,12 @@ impl View {
                 all_records: report.coverage.records,
             }
         };
-        let aliases = Aliases::new(report.clients.iter().map(|c| c.client.as_str()));
+        let aliases = Aliases::new(
+            report
+                .clients
+                .iter()
+                .map(|c| (c.client.as_str(), c.harness.as_deref())),
+        );
         let mut lanes: Vec<Lane> = Vec::new();
         // Conversations are numbered from 1 up: a lane's index by number, not by hash.
         let mut lane_of: Vec<usize> = Vec::new();
@@ -350,14 +355,15 @@ impl View {
                 measured: r.loss_measured,
                 place,
             };
-            let client_cause = r
-                .break_cause
-                .and_then(|c| {
+            // The loss's own name where it has one (`history_reordered` is finer than the
+            // break's `history_rewritten`), else the break's.
+            let client_cause = r.lost_client.as_ref().map(|l| l.cause.clone()).or_else(|| {
+                r.break_cause.and_then(|c| {
                     serde_json::to_value(c)
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                 })
-                .or_else(|| r.lost_client.as_ref().map(|l| l.cause.clone()));
+            });
             if let Some(cause) = client_cause {
                 breaks.push(fact(&cause, r.client_loss(), location(r)));
             }
@@ -643,8 +649,18 @@ pub struct Aliases {
 }
 
 impl Aliases {
-    pub fn new<'a>(clients: impl Iterator<Item = &'a str>) -> Aliases {
-        let clients: Vec<&str> = clients.collect();
+    /// From each client and the harness the analysis named for it, if any.
+    pub fn new<'a>(clients: impl Iterator<Item = (&'a str, Option<&'a str>)>) -> Aliases {
+        let (clients, harnesses): (Vec<&str>, Vec<Option<&str>>) = clients.unzip();
+        // A harness named from more than the user-agent (aider, by its system prompt).
+        let named: std::collections::HashMap<&str, &str> = clients
+            .iter()
+            .zip(&harnesses)
+            .filter_map(|(client, harness)| {
+                let harness = harness.map(|h| h.split(' ').next().unwrap_or(h))?;
+                Some((*client, harness))
+            })
+            .collect();
         let agent = |client: &'a str| -> (&'a str, &'a str) {
             match client.rsplit_once(" #") {
                 Some((ua, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => {
@@ -653,6 +669,7 @@ impl Aliases {
                 _ => (client, ""),
             }
         };
+        let agent_of = |client: &'a str| agent(client).0;
         let product = |ua: &'a str| -> &'a str {
             let first = ua.split_whitespace().next().unwrap_or(ua);
             first.split('/').next().unwrap_or(first)
@@ -675,13 +692,21 @@ impl Aliases {
             .iter()
             .map(|client| {
                 let (ua, suffix) = agent(client);
-                let harness = crate::analysis::harness::product_name(ua);
+                let harness_of = |client: &'a str| {
+                    crate::analysis::harness::product_name(agent_of(client))
+                        .or(named.get(client).copied())
+                };
+                let harness = harness_of(client);
+                // One user-agent per harness: its name says which one.
                 let same_harness = |h| {
-                    agents
+                    let mut agents: Vec<&str> = clients
                         .iter()
-                        .filter(|o| crate::analysis::harness::product_name(o) == Some(h))
-                        .count()
-                        == 1
+                        .filter(|c| harness_of(c) == Some(h))
+                        .map(|c| agent_of(c))
+                        .collect();
+                    agents.sort_unstable();
+                    agents.dedup();
+                    agents.len() == 1
                 };
                 let short = if let Some(h) = harness
                     && same_harness(h)
