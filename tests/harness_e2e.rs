@@ -721,3 +721,150 @@ async fn codex_three_turns_through_record() {
     keep_fixture(&file, "codex.jsonl");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// tmux, on a socket of its own, for the one run through `watch`; killed on drop.
+struct Tmux(String);
+
+impl Tmux {
+    fn start(name: &str, command: &str) -> Option<Tmux> {
+        let have = Command::new("tmux")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have {
+            assert!(
+                std::env::var_os("PREFIXSCOPE_REQUIRE_TMUX").is_none(),
+                "tmux is required here (PREFIXSCOPE_REQUIRE_TMUX is set) but not installed"
+            );
+            eprintln!("SKIPPED {name}: tmux is not installed");
+            return None;
+        }
+        let socket = format!("prefixscope-{name}-{}", std::process::id());
+        let status = Command::new("tmux")
+            .args(["-u", "-L", &socket, "-f", "/dev/null", "new-session", "-d"])
+            .args(["-x", "120", "-y", "40", command])
+            .env("TERM", "xterm-256color")
+            .env("LANG", "C.UTF-8")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        Some(Tmux(socket))
+    }
+
+    fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.0, "capture-pane", "-p"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits (up to 30 s) until the screen holds every one of `texts`.
+    fn wait_for(&self, texts: &[&str]) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.screen();
+            if texts.iter().all(|t| screen.contains(t)) {
+                return screen;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "waited for {texts:?}; the screen is:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn keys(&self, keys: &str) {
+        let status = Command::new("tmux")
+            .args(["-L", &self.0, "send-keys", keys])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.0, "kill-server"])
+            .status();
+    }
+}
+
+/// Claude Code once through `watch` in a real terminal, as a user runs it: the screen names the
+/// harness, counts its three turns in one conversation and the `HEAD /` checks out of them, and
+/// shows the loss `analyze` gives for the recording `watch` wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_three_turns_through_watch_under_tmux() {
+    let Some(bin) = harness("harness_e2e claude_code watch", "claude") else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let Some((_server, upstream)) =
+        support::llama::start_server_with("harness_e2e claude_code watch", &server_config()).await
+    else {
+        return;
+    };
+    let dir = scratch("claude-watch");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let file = dir.join("watch.jsonl");
+    let shell = format!(
+        "{BIN} watch --upstream http://{upstream} --listen 127.0.0.1:{port} --digest -o {}; sleep 60",
+        file.display()
+    );
+    let Some(tmux) = Tmux::start("claude-watch", &shell) else {
+        return;
+    };
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "watch never listened:\n{}",
+            tmux.screen()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (i, turn) in TURNS.iter().enumerate() {
+        let mut c = command(&bin, &dir);
+        c.env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
+            .env("ANTHROPIC_API_KEY", "sk-ant-dummy")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "64")
+            .arg("-p");
+        if i > 0 {
+            c.arg("--continue");
+        }
+        c.arg(turn);
+        run_turn("claude_code watch", c, TURN_LIMIT);
+    }
+    let screen = tmux.wait_for(&["Claude Code c1", "3 turns in 1 conversation"]);
+    eprintln!("{screen}");
+    tmux.keys("q");
+    let start = Instant::now();
+    while !tmux.screen().contains("sleep 60") && start.elapsed() < Duration::from_secs(15) {
+        // The shell's command line shows once the TUI has given the terminal back.
+        if read(&file).len() == 2 * TURNS.len() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let report = analyze(&file);
+    assert_eq!(report["coverage"]["connectivity_checks"], TURNS.len());
+    assert_eq!(report["coverage"]["conversations"], 1);
+    let lost = report["time"]["lost_tokens"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        screen.contains(&format!("lost {lost} tokens")),
+        "analyze says {lost} tokens lost; the screen:\n{screen}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
