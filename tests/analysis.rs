@@ -667,3 +667,35 @@ fn the_harness_recordings_agree_with_the_server() {
         assert!(c.evaluated_tokens.unwrap().value < 20, "{}", row.id);
     }
 }
+
+/// The cache ceiling on the harnesses' recordings, against what the real llama.cpp reused. The
+/// responses of its Anthropic and Responses APIs carry no `timings`; the model's `.gguf` path
+/// names the server, hence 1-token blocks.
+#[test]
+fn the_harness_ceilings_bound_what_the_server_reused() {
+    for (name, short_by) in [
+        ("codex.jsonl", 0),
+        ("opencode.jsonl", 0),
+        // The restored history's cut positions come from character weights: a few tokens off
+        // per turn without the server's tokenizer.
+        ("aider.jsonl", 9),
+        // Digest mode keeps no reply, so the replies the server cached are not in the ceiling.
+        ("claude-code.digest.jsonl", 18),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_prefixscope"))
+            .args(["profile", "--warmup", "0", "--json"])
+            .arg(root().join("tests/data/harness").join(name))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{name}");
+        let profile: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(profile["block_size"], 1, "{name}");
+        let observed = &profile["server_observed"];
+        let ceiling = observed["ceiling_hit_tokens"].as_i64().unwrap();
+        let reused = observed["server_reused_tokens"].as_i64().unwrap();
+        assert!(
+            ceiling >= reused - short_by,
+            "{name}: ceiling {ceiling} < server {reused} - {short_by}"
+        );
+    }
+}

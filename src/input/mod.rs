@@ -123,7 +123,7 @@ pub struct FileReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ServerKind {
-    /// `timings` in the responses.
+    /// `timings` in the responses, or a model named by its `.gguf` path.
     LlamaCpp,
     /// `prompt_eval_count` in the responses.
     Ollama,
@@ -495,7 +495,7 @@ pub fn bounded_prompt_tokens(
 }
 
 pub fn server_counts(body: &Value) -> ServerCounts {
-    const COUNTERS: [&str; 11] = [
+    const COUNTERS: [&str; 12] = [
         "/timings/cache_n",
         "/timings/prompt_n",
         "/timings/predicted_n",
@@ -505,6 +505,7 @@ pub fn server_counts(body: &Value) -> ServerCounts {
         "/usage/output_tokens",
         "/usage/cache_read_input_tokens",
         "/usage/cache_creation_input_tokens",
+        "/usage/input_tokens_details/cached_tokens",
         "/prompt_eval_count",
         "/eval_count",
     ];
@@ -533,14 +534,22 @@ pub fn server_counts(body: &Value) -> ServerCounts {
             )
         })
         .or_else(|| number("/prompt_eval_count"));
+    // The Responses API: input_tokens is the whole prompt, cached_tokens the reused part.
     let reused_tokens = cache_n
         .or_else(|| number("/usage/prompt_tokens_details/cached_tokens"))
+        .or_else(|| number("/usage/input_tokens_details/cached_tokens"))
         .or(cache_read);
     let output_tokens = number("/usage/completion_tokens")
         .or_else(|| number("/usage/output_tokens"))
         .or_else(|| number("/timings/predicted_n"))
         .or_else(|| number("/eval_count"));
-    let server = if body.get("timings").is_some_and(Value::is_object) {
+    // llama-server answers with the model's file path; on the Anthropic and Responses APIs it
+    // sends no `timings`.
+    let gguf = body
+        .get("model")
+        .and_then(Value::as_str)
+        .is_some_and(|model| model.ends_with(".gguf"));
+    let server = if body.get("timings").is_some_and(Value::is_object) || gguf {
         Some(ServerKind::LlamaCpp)
     } else if body.get("prompt_eval_count").is_some() {
         Some(ServerKind::Ollama)
