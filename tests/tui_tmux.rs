@@ -410,6 +410,10 @@ fn slow_fake_upstream(
                     }
                 }
             }
+            // A connection that sent nothing (watch's check at start) is not a request.
+            if request.is_empty() {
+                continue;
+            }
             read_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             std::thread::sleep(delay);
             let response = format!(
@@ -708,4 +712,40 @@ fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
     tmux.wait_until("reading to go on", |s| count(s) > held + 11);
     tmux.keys(&["q"]);
     tmux.wait_for(&["EXITED 0"]);
+}
+
+/// Issue #13, the first screen of `watch`: the upstream's state before any request (a connect
+/// at start), and a proxy that serves anyway when the upstream is down, saying why.
+#[test]
+fn watch_says_at_once_whether_the_upstream_answers() {
+    if !have_tmux() {
+        return;
+    }
+    let down = free_port();
+    let listen = free_port();
+    let command = format!(
+        "{BIN} watch --upstream http://127.0.0.1:{down} --listen 127.0.0.1:{listen} -o rec.jsonl; sleep 60"
+    );
+    let tmux = Tmux::start("upstream-down", &command);
+    tmux.wait_for(&["UPSTREAM DOWN", &format!("at start, 127.0.0.1:{down}")]);
+    // Still serving: the agent gets a 502 that says why, and the exchange is recorded.
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", listen)).unwrap();
+    std::io::Write::write_all(
+        &mut stream,
+        b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+    assert!(answer.contains("unreachable"), "{answer}");
+    tmux.wait_for(&["1 req", "1 written"]);
+
+    let (upstream, _served) = fake_upstream(r#"{"object":"list","data":[]}"#);
+    let listen = free_port();
+    let command = format!(
+        "{BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; sleep 60"
+    );
+    let tmux = Tmux::start("upstream-up", &command);
+    tmux.wait_for(&["0 req", "upstream ok"]);
 }

@@ -96,6 +96,35 @@ pub struct ProxyStats {
 }
 
 impl ProxyStats {
+    /// What a check at start found (`ok`, or why not), unless a request already told.
+    pub fn note_upstream_at_start(&self, outcome: Result<(), String>) {
+        let now = now_ms().max(1) as u64;
+        let told = self.last_upstream_ok_ms.load(Ordering::Relaxed) > 0
+            || self.last_upstream_failure_ms.load(Ordering::Relaxed) > 0;
+        if told {
+            return;
+        }
+        match outcome {
+            Ok(()) => {
+                let _ = self.last_upstream_ok_ms.compare_exchange(
+                    0,
+                    now,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            Err(reason) => {
+                self.set_upstream_error(&reason);
+                let _ = self.last_upstream_failure_ms.compare_exchange(
+                    0,
+                    now,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+        }
+    }
+
     pub fn last_upstream_error(&self) -> Option<String> {
         self.last_upstream_error.lock().ok().and_then(|e| e.clone())
     }

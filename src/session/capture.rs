@@ -137,6 +137,23 @@ impl Capture {
             .block_on(Proxy::bind(config, recorder.sender()))
             .map_err(|e| Error::Unreadable(format!("cannot listen on {}: {e}", args.listen)))?;
         let listen = proxy.local_addr().unwrap_or(args.listen);
+        // Whether the upstream answers, said at once (the status bar, before the first request):
+        // a TCP connect, nothing the server would not expect. The proxy serves either way; a
+        // request to a server that is down gets a 502 saying why.
+        let stats = proxy.stats();
+        let (host, port) = (upstream.host.clone(), upstream.port);
+        runtime.spawn(async move {
+            let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+            let outcome = match tokio::time::timeout(START_PROBE_TIMEOUT, connect).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("at start, {host}:{port}: {e}")),
+                Err(_) => Err(format!(
+                    "at start, {host}:{port}: no answer in {} s",
+                    START_PROBE_TIMEOUT.as_secs()
+                )),
+            };
+            stats.note_upstream_at_start(outcome);
+        });
         Ok(Capture {
             runtime,
             proxy,
@@ -149,6 +166,8 @@ impl Capture {
     }
 }
 
+/// How long the check at start waits for the upstream to accept a connection.
+const START_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// What the TUI may ask of a live capture (`watch`, and `demo` around it).
 pub struct LiveControl {
     pub proxy: Arc<ProxyStats>,

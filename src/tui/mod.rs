@@ -123,7 +123,11 @@ pub fn run<B: Backend>(
         }
         app.in_flight = in_flight;
         app.records_written = written;
-        app.upstream_ok = control.upstream_ok().or(app.upstream_ok);
+        let upstream_ok = control.upstream_ok().or(app.upstream_ok);
+        if upstream_ok != app.upstream_ok {
+            app.needs_draw = true;
+        }
+        app.upstream_ok = upstream_ok;
         let notes = control.proxy_notes();
         if notes != app.proxy_notes {
             app.needs_draw = true;
