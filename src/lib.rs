@@ -6,6 +6,26 @@
 //! `record`, `capture` and `analysis` on both (see DESIGN.md, "Modules"). The proxy is an edge
 //! behind the `net` feature; the recorder is the one consumer that touches the disk.
 
+/// `eprintln!` that never panics: a terminal that went away (a closed tmux, an SSH drop) turns
+/// `eprintln!` into a panic, and a panic on the way out skips the shutdown that writes the
+/// last records. What cannot be said is dropped.
+#[macro_export]
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that never panics (see `stderr_line!`).
+#[macro_export]
+macro_rules! stdout_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod analysis;
 pub mod cache;
 pub mod calendar;

@@ -13,6 +13,8 @@
 //! made: Claude Code's in digest mode only).
 
 mod support;
+#[path = "support/tmux.rs"]
+mod tmux;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -106,6 +108,24 @@ fn scratch(name: &str) -> PathBuf {
 
 /// A harness command with nothing of ours in its environment but PATH, a throwaway HOME (and
 /// XDG dirs inside it), run in `dir/work` with no standard input.
+/// Claude Code's turn `i` against `base_url`: print mode, `--continue` after the first, the
+/// non-essential traffic and telemetry off, a dummy key.
+fn claude_turn(bin: &Path, dir: &Path, base_url: &str, i: usize, turn: &str) -> Command {
+    let mut c = command(bin, dir);
+    c.env("ANTHROPIC_BASE_URL", base_url)
+        .env("ANTHROPIC_API_KEY", "sk-ant-dummy")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "64")
+        .arg("-p");
+    if i > 0 {
+        c.arg("--continue");
+    }
+    c.arg(turn);
+    c
+}
+
 fn command(bin: &Path, dir: &Path) -> Command {
     let home = dir.join("home");
     let mut c = Command::new(bin);
@@ -436,19 +456,11 @@ async fn claude_code_three_turns_through_record() {
     )
     .await;
     for (i, turn) in TURNS.iter().enumerate() {
-        let mut c = command(&bin, &dir);
-        c.env("ANTHROPIC_BASE_URL", digest.url())
-            .env("ANTHROPIC_API_KEY", "sk-ant-dummy")
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_TELEMETRY", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "64")
-            .arg("-p");
-        if i > 0 {
-            c.arg("--continue");
-        }
-        c.arg(turn);
-        run_turn("claude_code", c, TURN_LIMIT);
+        run_turn(
+            "claude_code",
+            claude_turn(&bin, &dir, &digest.url(), i, turn),
+            TURN_LIMIT,
+        );
     }
     let (digest_file, full_file) = (digest.file.clone(), full.file.clone());
     let summary = digest.stop();
@@ -722,76 +734,6 @@ async fn codex_three_turns_through_record() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// tmux, on a socket of its own, for the one run through `watch`; killed on drop.
-struct Tmux(String);
-
-impl Tmux {
-    fn start(name: &str, command: &str) -> Option<Tmux> {
-        let have = Command::new("tmux")
-            .arg("-V")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !have {
-            assert!(
-                std::env::var_os("PREFIXSCOPE_REQUIRE_TMUX").is_none(),
-                "tmux is required here (PREFIXSCOPE_REQUIRE_TMUX is set) but not installed"
-            );
-            eprintln!("SKIPPED {name}: tmux is not installed");
-            return None;
-        }
-        let socket = format!("prefixscope-{name}-{}", std::process::id());
-        let status = Command::new("tmux")
-            .args(["-u", "-L", &socket, "-f", "/dev/null", "new-session", "-d"])
-            .args(["-x", "120", "-y", "40", command])
-            .env("TERM", "xterm-256color")
-            .env("LANG", "C.UTF-8")
-            .status()
-            .unwrap();
-        assert!(status.success());
-        Some(Tmux(socket))
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.0, "capture-pane", "-p"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Waits (up to 30 s) until the screen holds every one of `texts`.
-    fn wait_for(&self, texts: &[&str]) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen();
-            if texts.iter().all(|t| screen.contains(t)) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "waited for {texts:?}; the screen is:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn keys(&self, keys: &str) {
-        let status = Command::new("tmux")
-            .args(["-L", &self.0, "send-keys", keys])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.0, "kill-server"])
-            .status();
-    }
-}
-
 /// Claude Code once through `watch` in a real terminal, as a user runs it: the screen names the
 /// harness, counts its three turns in one conversation and the `HEAD /` checks out of them, and
 /// shows the loss `analyze` gives for the recording `watch` wrote.
@@ -817,9 +759,11 @@ async fn claude_code_three_turns_through_watch_under_tmux() {
         "{BIN} watch --upstream http://{upstream} --listen 127.0.0.1:{port} --digest -o {}; sleep 60",
         file.display()
     );
-    let Some(tmux) = Tmux::start("claude-watch", &shell) else {
+    if !tmux::have_tmux() {
         return;
-    };
+    }
+    let mut tmux = tmux::Tmux::start("claude-watch", &shell);
+    tmux.patience = Duration::from_secs(30);
     let started = Instant::now();
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -833,23 +777,15 @@ async fn claude_code_three_turns_through_watch_under_tmux() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for (i, turn) in TURNS.iter().enumerate() {
-        let mut c = command(&bin, &dir);
-        c.env("ANTHROPIC_BASE_URL", format!("http://127.0.0.1:{port}"))
-            .env("ANTHROPIC_API_KEY", "sk-ant-dummy")
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_TELEMETRY", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .env("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "64")
-            .arg("-p");
-        if i > 0 {
-            c.arg("--continue");
-        }
-        c.arg(turn);
-        run_turn("claude_code watch", c, TURN_LIMIT);
+        run_turn(
+            "claude_code watch",
+            claude_turn(&bin, &dir, &format!("http://127.0.0.1:{port}"), i, turn),
+            TURN_LIMIT,
+        );
     }
     let screen = tmux.wait_for(&["Claude Code c1", "3 turns in 1 conversation"]);
     eprintln!("{screen}");
-    tmux.keys("q");
+    tmux.keys(&["q"]);
     let start = Instant::now();
     while !tmux.screen().contains("sleep 60") && start.elapsed() < Duration::from_secs(15) {
         // The shell's command line shows once the TUI has given the terminal back.

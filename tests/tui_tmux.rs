@@ -2,182 +2,16 @@
 //! screen read back after each. Needs tmux; CI installs it and sets PREFIXSCOPE_REQUIRE_TMUX=1
 //! so the test fails there rather than skipping.
 
-use std::path::{Path, PathBuf};
+#[path = "support/tmux.rs"]
+mod tmux;
+
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tmux::{Tmux, have_tmux};
+
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
-
-fn have_tmux() -> bool {
-    let ok = Command::new("tmux")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var_os("PREFIXSCOPE_REQUIRE_TMUX").is_none(),
-            "tmux is required here (PREFIXSCOPE_REQUIRE_TMUX is set) but not installed"
-        );
-        eprintln!("SKIPPED: tmux is not installed");
-    }
-    ok
-}
-
-/// One tmux server per test (its own socket), killed on drop.
-struct Tmux {
-    socket: String,
-    dir: PathBuf,
-}
-
-impl Tmux {
-    fn start(name: &str, command: &str) -> Tmux {
-        Tmux::start_sized(name, command, 120, 40)
-    }
-
-    fn start_sized(name: &str, command: &str, width: u16, height: u16) -> Tmux {
-        let dir =
-            std::env::temp_dir().join(format!("prefixscope-tmux-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let tmux = Tmux {
-            socket: format!("prefixscope-{name}-{}", std::process::id()),
-            dir,
-        };
-        // -u and a UTF-8 locale: the screens hold box drawing and "…" whatever the machine's
-        // locale.
-        let status = Command::new("tmux")
-            .args([
-                "-u",
-                "-L",
-                &tmux.socket,
-                "-f",
-                "/dev/null",
-                "new-session",
-                "-d",
-                "-x",
-                &width.to_string(),
-                "-y",
-                &height.to_string(),
-            ])
-            .arg("-c")
-            .arg(&tmux.dir)
-            .arg(command)
-            .env("TERM", "xterm-256color")
-            .env("LANG", "C.UTF-8")
-            .status()
-            .unwrap();
-        assert!(status.success());
-        tmux
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        let status = Command::new("tmux")
-            .args(["-L", &self.socket, "send-keys"])
-            .args(keys)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits (up to 15 s) until the screen contains every one of `texts`.
-    fn wait_for(&self, texts: &[&str]) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen();
-            if texts.iter().all(|t| screen.contains(t)) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "waited for {texts:?}; the screen is:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits (up to 15 s) until `done` holds for the screen.
-    fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let start = Instant::now();
-        loop {
-            let screen = self.screen();
-            if done(&screen) {
-                return screen;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "waited for {what}; the screen is:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The pid of the prefixscope process the pane's shell started (waits up to 15 s for it).
-    fn program_pid(&self) -> String {
-        let shell = self.display("#{pane_pid}");
-        let start = Instant::now();
-        loop {
-            let out = Command::new("pgrep")
-                .args(["-P", &shell, "-x", "prefixscope"])
-                .output()
-                .unwrap();
-            let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if !pid.is_empty() {
-                return pid;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "no prefixscope under the pane's shell {shell}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// A tmux format of the pane, e.g. `#{alternate_on}`.
-    fn display(&self, format: &str) -> String {
-        let out = Command::new("tmux")
-            .args(["-L", &self.socket, "display-message", "-p", format])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    /// Alternate screen, cursor shown, mouse reporting: "1 0 1" in the TUI (mouse on), "0 1 0"
-    /// in a restored terminal.
-    fn modes(&self) -> String {
-        self.display("#{alternate_on} #{cursor_flag} #{mouse_any_flag}")
-    }
-
-    fn files(&self, prefix: &str) -> Vec<PathBuf> {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .unwrap()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
-            .collect();
-        found.sort();
-        found
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn recording(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -748,4 +582,46 @@ fn watch_says_at_once_whether_the_upstream_answers() {
     );
     let tmux = Tmux::start("upstream-up", &command);
     tmux.wait_for(&["0 req", "upstream ok"]);
+}
+
+/// The terminal goes away under `watch` (its window closed: here the tmux server killed) while an
+/// exchange is in flight: the client still gets its answer, the exchange is recorded, and the
+/// process ends as after `q` instead of spinning on the dead terminal (it used to keep running
+/// at 17–60% CPU, deaf to SIGTERM, because a print to the gone terminal panicked).
+#[test]
+fn watch_shuts_down_as_q_does_when_its_terminal_disappears() {
+    if !have_tmux() {
+        return;
+    }
+    let (upstream, served, received) = slow_fake_upstream(
+        r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1}}"#,
+        Duration::from_secs(2),
+    );
+    let listen = free_port();
+    let tmux = Tmux::start(
+        "watch-lost-terminal",
+        &format!(
+            "{BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; {AFTER}"
+        ),
+    );
+    tmux.wait_for(&["Conversations"]);
+    let pid = tmux.program_pid();
+    let client = std::thread::spawn(move || chat_through(listen, 1));
+    tmux.wait_for(&["1 in flight"]);
+    assert_eq!(received.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(served.load(std::sync::atomic::Ordering::Relaxed), 0);
+    tmux.kill_server();
+    assert_eq!(client.join().unwrap(), "HTTP/1.1 200 OK");
+    let start = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "watch (pid {pid}) still runs 15 s after its terminal went away"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let recording = std::fs::read_to_string(tmux.dir.join("rec.jsonl")).unwrap();
+    let records = prefixscope::record::read_jsonl(recording.as_bytes()).records;
+    assert_eq!(records.len(), 1, "{recording}");
+    assert_eq!(records[0].response.as_ref().map(|r| r.status), Some(200));
 }

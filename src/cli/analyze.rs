@@ -43,7 +43,7 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     if let Some(url) = &args.tokenize {
         let result = prefixscope::tokenize::enrich(&mut records, url);
         for warning in &result.warnings {
-            eprintln!("prefixscope: warning: tokenize: {warning}");
+            prefixscope::stderr_line!("prefixscope: warning: tokenize: {warning}");
         }
     }
     let mut report = analyze(&records, &config);

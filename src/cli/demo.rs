@@ -81,7 +81,7 @@ pub fn run(args: DemoArgs) -> u8 {
     };
     let keep = demo.config.out.clone();
     let code = if headless {
-        eprintln!(
+        prefixscope::stderr_line!(
             "prefixscope: {}; agents -> proxy http://{} -> server; recording to {}",
             demo.setting,
             demo.capture.listen,
@@ -93,17 +93,17 @@ pub fn run(args: DemoArgs) -> u8 {
         }) {
             Ok(outcome) => {
                 for error in &outcome.log.errors {
-                    eprintln!("prefixscope: agent error: {error}");
+                    prefixscope::stderr_line!("prefixscope: agent error: {error}");
                 }
                 print_stdout(&outcome.report.summary());
-                println!(
+                prefixscope::stdout_line!(
                     "script: {}, {}, {} named by the analysis ({})",
                     plural(outcome.log.requests.len() as u64, "request"),
                     plural(outcome.checked.events.len() as u64, "event"),
                     outcome.checked.named(),
                     outcome.checked.summary()
                 );
-                eprintln!(
+                prefixscope::stderr_line!(
                     "prefixscope: {} written",
                     plural(outcome.records_written, "record")
                 );
@@ -125,7 +125,7 @@ pub fn run(args: DemoArgs) -> u8 {
         }
     };
     if let Some(path) = keep {
-        eprintln!("prefixscope: the recording is in {}", path.display());
+        prefixscope::stderr_line!("prefixscope: the recording is in {}", path.display());
     }
     code
 }

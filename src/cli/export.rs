@@ -58,12 +58,12 @@ pub struct ExportArgs {
 }
 
 fn usage(message: impl std::fmt::Display) -> u8 {
-    eprintln!("prefixscope export: {message}");
+    prefixscope::stderr_line!("prefixscope export: {message}");
     EXIT_USAGE
 }
 
 fn unreadable(message: impl std::fmt::Display) -> u8 {
-    eprintln!("prefixscope export: {message}");
+    prefixscope::stderr_line!("prefixscope export: {message}");
     EXIT_UNREADABLE
 }
 
@@ -87,7 +87,7 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
             }
             // Holds nothing of any format: read as the others' (no rows), as `profile` does.
             Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
-                eprintln!(
+                prefixscope::stderr_line!(
                     "prefixscope export: {} is empty: nothing to read",
                     path.display()
                 );
@@ -171,7 +171,7 @@ pub fn run(args: ExportArgs) -> u8 {
         Err(message) => return unreadable(message),
     };
     if let Some(warning) = warning {
-        eprintln!("prefixscope export: warning: {warning}");
+        prefixscope::stderr_line!("prefixscope export: warning: {warning}");
     }
 
     let block_size = match target.default_block_size() {
@@ -184,7 +184,7 @@ pub fn run(args: ExportArgs) -> u8 {
                 Some(size) => (size, String::new()),
                 None => trace_block_size(format, target, default),
             };
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope export: {} → {}: hash ids of {size}-token blocks{why}",
                 format.as_str(),
                 target.as_str(),
@@ -192,7 +192,7 @@ pub fn run(args: ExportArgs) -> u8 {
             size
         }
         None => {
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope export: {} → {}: block size: none ({} has no hash ids{})",
                 format.as_str(),
                 target.as_str(),
@@ -207,11 +207,11 @@ pub fn run(args: ExportArgs) -> u8 {
         }
     };
     if !target.anonymous() {
-        eprintln!(
+        prefixscope::stderr_line!(
             "prefixscope export: WARNING: otel is NOT anonymous: the spans carry every message, the system prompt and the tool definitions (replay sends them). Share it as you would the recording."
         );
     }
-    eprintln!(
+    prefixscope::stderr_line!(
         "prefixscope export: salt {} ({})",
         salt_path.display(),
         if created { "created" } else { "reused" }
@@ -260,16 +260,18 @@ pub fn run(args: ExportArgs) -> u8 {
 
 fn report(summary: &Summary, target: Target, output: Option<&Path>) {
     for bad in &summary.bad_rows {
-        eprintln!(
+        prefixscope::stderr_line!(
             "prefixscope: {}:{}: {}",
-            bad.file, bad.row.line, bad.row.error
+            bad.file,
+            bad.row.line,
+            bad.row.error
         );
     }
     for value in &summary.bad_values {
-        eprintln!("prefixscope: bad value: {value}");
+        prefixscope::stderr_line!("prefixscope: bad value: {value}");
     }
     if summary.bad_value_count > 0 {
-        eprintln!(
+        prefixscope::stderr_line!(
             "prefixscope export: {} implausible server counts ignored (read as not reported)",
             summary.bad_value_count
         );
@@ -280,18 +282,20 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         Target::Otel => "traces",
         _ => "rows",
     };
-    eprintln!(
+    prefixscope::stderr_line!(
         "prefixscope export: {} requests → {} {unit}{}",
         summary.requests,
         w.lines,
         output.map_or(String::new(), |p| format!(" in {}", p.display()))
     );
-    eprintln!(
+    prefixscope::stderr_line!(
         "  output_length: {} from the server, {} estimated (no count in the response), {} raised from 0 to 1",
-        summary.output_from_server, summary.output_estimated, summary.output_raised_from_zero
+        summary.output_from_server,
+        summary.output_estimated,
+        summary.output_raised_from_zero
     );
     if target.uses_conversations() {
-        eprintln!(
+        prefixscope::stderr_line!(
             "  conversations from {}: {} written · {} tool-result steps{}",
             summary.conversation_source,
             w.conversations,
@@ -308,7 +312,7 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         .iter()
         .map(|(reason, n)| format!("{n} {reason}"))
         .collect();
-    eprintln!(
+    prefixscope::stderr_line!(
         "  not exported: {} bad lines, {} non-2xx responses{}",
         summary.bad_rows.len(),
         summary.non_2xx,
@@ -318,18 +322,19 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
             format!(", {}", skipped.join(", "))
         }
     );
-    eprintln!(
+    prefixscope::stderr_line!(
         "  held at most: {} requests read ahead of their turn, {} in conversations not yet written",
-        summary.read_ahead_max, w.held_requests_max
+        summary.read_ahead_max,
+        w.held_requests_max
     );
     if summary.untimed > 0 {
-        eprintln!(
+        prefixscope::stderr_line!(
             "  {} requests had no timestamp and were given the previous one's",
             summary.untimed
         );
     }
     if target.anonymous() {
-        eprintln!(
+        prefixscope::stderr_line!(
             "  anonymized: token counts, times and salted ids; no message text, system prompt, tool schema, arguments, results, model or tool name"
         );
     }

@@ -37,7 +37,7 @@ pub fn print_json(json: &str) {
 /// A session's error on stderr, and its exit code.
 pub fn fail(error: prefixscope::session::Error) -> u8 {
     use prefixscope::session::Error;
-    eprintln!("prefixscope: {error}");
+    prefixscope::stderr_line!("prefixscope: {error}");
     match error {
         Error::Usage(_) => EXIT_USAGE,
         Error::Unreadable(_) => EXIT_UNREADABLE,
@@ -58,7 +58,7 @@ pub fn check_output(
             } else {
                 format!(" ({} is the same file)", input.display())
             };
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope: -o {} is one of the inputs{same}: writing it would destroy what is read; choose another file",
                 out.display()
             );
@@ -78,7 +78,7 @@ pub fn write_output(
 ) -> Result<(), u8> {
     let inputs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
     prefixscope::output_file::write_whole(out, &inputs, bytes).map_err(|e| {
-        eprintln!("prefixscope: cannot write {}: {e}", out.display());
+        prefixscope::stderr_line!("prefixscope: cannot write {}: {e}", out.display());
         if e.kind() == std::io::ErrorKind::InvalidInput {
             EXIT_USAGE
         } else {
@@ -121,10 +121,13 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
             Ok(opened) => {
                 let read = prefixscope::record::read_jsonl(opened.reader);
                 if read.records.is_empty() && read.bad_lines.is_empty() {
-                    eprintln!("prefixscope: {} is empty: no records", path.display());
+                    prefixscope::stderr_line!(
+                        "prefixscope: {} is empty: no records",
+                        path.display()
+                    );
                 }
                 for bad in &read.bad_lines {
-                    eprintln!(
+                    prefixscope::stderr_line!(
                         "prefixscope: {}:{}: {}",
                         path.display(),
                         bad.line,
@@ -138,7 +141,7 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
                 });
                 out.records.extend(read.records);
             }
-            Err(e) => eprintln!("prefixscope: cannot read {}: {e}", path.display()),
+            Err(e) => prefixscope::stderr_line!("prefixscope: cannot read {}: {e}", path.display()),
         }
     }
     (!out.files.is_empty()).then_some(out)
@@ -156,11 +159,11 @@ pub fn is_empty_input(path: &std::path::Path) -> bool {
 /// Each bad value of a file on stderr (a number past its bound, ignored), then how many more.
 pub fn print_bad_values(name: &str, report: &prefixscope::input::FileReport) {
     for value in &report.bad_values {
-        eprintln!("prefixscope: {name}: bad value: {value}");
+        prefixscope::stderr_line!("prefixscope: {name}: bad value: {value}");
     }
     let more = report.bad_value_count - report.bad_values.len() as u64;
     if more > 0 {
-        eprintln!("prefixscope: {name}: {more} more bad values");
+        prefixscope::stderr_line!("prefixscope: {name}: {more} more bad values");
     }
 }
 

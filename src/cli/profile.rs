@@ -78,7 +78,7 @@ struct Settings {
 }
 
 fn usage(message: impl std::fmt::Display) -> u8 {
-    eprintln!("prefixscope profile: {message}");
+    prefixscope::stderr_line!("prefixscope profile: {message}");
     EXIT_USAGE
 }
 
@@ -155,13 +155,18 @@ pub fn run(args: ProfileArgs) -> u8 {
             Ok(OpenedInput { reader, format }) => opened.push((path, format, reader)),
             Err(OpenError::Unreadable(e)) => {
                 unreadable = true;
-                eprintln!("prefixscope: cannot read {}: {e}", path.display());
+                prefixscope::stderr_line!("prefixscope: cannot read {}: {e}", path.display());
             }
             Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
-                eprintln!("prefixscope: {} is empty: nothing to read", path.display());
+                prefixscope::stderr_line!(
+                    "prefixscope: {} is empty: nothing to read",
+                    path.display()
+                );
                 empty.push(path);
             }
-            Err(e @ OpenError::UnknownFormat) => eprintln!("prefixscope: {}: {e}", path.display()),
+            Err(e @ OpenError::UnknownFormat) => {
+                prefixscope::stderr_line!("prefixscope: {}: {e}", path.display())
+            }
         }
     }
     let first_format = match opened.first() {
@@ -190,7 +195,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         let name = path.display().to_string();
         let file = input::read(reader, &name, format, &options);
         for bad in &file.report.bad_rows {
-            eprintln!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+            prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
         }
         super::print_bad_values(&name, &file.report);
         if block_size.is_none() {

@@ -119,7 +119,7 @@ pub fn run(args: RecordArgs) -> u8 {
         let quiet = args.quiet;
         std::thread::spawn(move || print_status(status_rx, stats, proxy, quiet))
     };
-    eprintln!(
+    prefixscope::stderr_line!(
         "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C (or SIGTERM, SIGHUP) stops.",
         upstream.url(),
         path.display(),
@@ -129,11 +129,11 @@ pub fn run(args: RecordArgs) -> u8 {
             "full bodies"
         }
     );
-    eprintln!(
+    prefixscope::stderr_line!(
         "prefixscope: point your agent at http://{listen}/v1 (OpenAI), http://{listen} (Anthropic, Ollama)"
     );
     for notice in &notices {
-        eprintln!("prefixscope: {notice}");
+        prefixscope::stderr_line!("prefixscope: {notice}");
     }
 
     runtime.block_on(proxy.run(stop_on_signal(&shutdown, Arc::clone(&proxy_stats))));
@@ -155,7 +155,7 @@ pub fn run(args: RecordArgs) -> u8 {
         header_timeouts: proxy_stats.header_timeouts.load(Ordering::Relaxed),
         accept_errors: proxy_stats.accept_errors.load(Ordering::Relaxed),
     };
-    eprintln!(
+    prefixscope::stderr_line!(
         "prefixscope: {}, {} written to {}{}",
         prefixscope::units::plural(summary.exchanges, "exchange"),
         prefixscope::units::plural(summary.written, "record"),
@@ -186,11 +186,11 @@ pub fn run(args: RecordArgs) -> u8 {
     ];
     for (count, what) in refused {
         if count > 0 {
-            eprintln!("prefixscope: {count} {what}");
+            prefixscope::stderr_line!("prefixscope: {count} {what}");
         }
     }
     if args.json {
-        println!(
+        prefixscope::stdout_line!(
             "{}",
             serde_json::to_string_pretty(&summary).unwrap_or_default()
         );
@@ -221,12 +221,12 @@ fn print_status(
         if let Some(record) = &record
             && !quiet
         {
-            eprintln!("{}", record_line(record));
+            prefixscope::stderr_line!("{}", record_line(record));
         }
         let failures = proxy.upstream_failures.load(Ordering::Relaxed);
         if failures > upstream_seen {
             upstream_seen = failures;
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope: upstream failed ({failures} so far): {}",
                 proxy.last_upstream_error().unwrap_or_default()
             );
@@ -234,7 +234,7 @@ fn print_status(
         let rejected = proxy.rejected.load(Ordering::Relaxed);
         if rejected > rejected_seen {
             rejected_seen = rejected;
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope: {rejected} request(s) refused by the HTTP parser, answered by it and not recorded (last: {})",
                 proxy.last_rejection().unwrap_or_default()
             );
@@ -242,7 +242,7 @@ fn print_status(
         let accept = proxy.accept_errors.load(Ordering::Relaxed);
         if accept > accept_seen {
             accept_seen = accept;
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope: {accept} connection(s) could not be accepted (last: {})",
                 proxy
                     .last_accept_error
@@ -255,7 +255,7 @@ fn print_status(
         let dropped = stats.bodies_dropped.load(Ordering::Relaxed);
         if dropped > dropped_seen {
             dropped_seen = dropped;
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope: {dropped} record(s) written without their bodies: with them the line would pass the {} MiB that readers take",
                 prefixscope::limits::MAX_LINE_BYTES >> 20
             );
@@ -263,7 +263,7 @@ fn print_status(
         let errors = stats.write_errors.load(Ordering::Relaxed);
         if errors > errors_seen {
             errors_seen = errors;
-            eprintln!(
+            prefixscope::stderr_line!(
                 "prefixscope: WRITE FAILED ({errors} record(s) not written, still forwarding): {}",
                 stats.last_error().unwrap_or_default()
             );

@@ -31,10 +31,10 @@ pub fn run(args: WatchArgs) -> u8 {
         Err(e) => return fail(e),
     };
     for notice in capture.notices() {
-        eprintln!("prefixscope: {notice}");
+        prefixscope::stderr_line!("prefixscope: {notice}");
     }
     if !std::io::stdout().is_terminal() {
-        eprintln!(
+        prefixscope::stderr_line!(
             "prefixscope: proxy http://{} -> {}, recording to {}; stdout is not a terminal, so one line per record. Ctrl-C stops.",
             capture.listen,
             capture.upstream.url(),
@@ -61,7 +61,7 @@ pub fn run(args: WatchArgs) -> u8 {
 
 /// What was written, on stderr; exit 1 when every record failed to write.
 fn report_written(written: &prefixscope::session::capture::Written, code: u8) -> u8 {
-    eprintln!(
+    prefixscope::stderr_line!(
         "prefixscope: {} written to {}{}",
         prefixscope::units::plural(written.records, "record"),
         written.path.display(),

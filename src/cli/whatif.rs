@@ -29,7 +29,7 @@ pub struct WhatIfArgs {
 
 pub fn run(args: WhatIfArgs) -> u8 {
     if args.slots == 0 || args.slots > 1024 {
-        eprintln!("prefixscope: --slots must be between 1 and 1024");
+        prefixscope::stderr_line!("prefixscope: --slots must be between 1 and 1024");
         return EXIT_USAGE;
     }
     let Some(read) = read_recordings(&args.files) else {

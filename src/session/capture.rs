@@ -268,7 +268,7 @@ pub fn stop_on_signal(
     let stopped = shutdown.stopped();
     async move {
         let signal = stopped.await;
-        eprintln!(
+        crate::stderr_line!(
             "prefixscope: {}: stopping: finishing {} in flight (a second signal exits now)",
             signal.name(),
             crate::units::plural(stats.in_flight(), "exchange")
@@ -446,7 +446,7 @@ pub fn watch_headless(
                 Some(ExchangeError::UpstreamUnreachable | ExchangeError::Timeout)
             ) {
                 // Why, on stderr beside the line (`record` does the same).
-                eprintln!(
+                crate::stderr_line!(
                     "prefixscope: upstream failed: {}",
                     proxy_stats.last_upstream_error().unwrap_or_default()
                 );

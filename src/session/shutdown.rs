@@ -76,7 +76,9 @@ impl Shutdown {
                         }
                     });
                 }
-                Err(e) => eprintln!("prefixscope: cannot catch signals ({e}); they stop at once"),
+                Err(e) => crate::stderr_line!(
+                    "prefixscope: cannot catch signals ({e}); they stop at once"
+                ),
             }
         }
         shutdown
@@ -153,7 +155,7 @@ impl Shutdown {
 fn force(signal: Signal) -> ! {
     #[cfg(feature = "tui")]
     crate::tui::terminal::restore_if_entered();
-    eprintln!(
+    crate::stderr_line!(
         "prefixscope: {} again: exiting now; exchanges still in flight are not recorded",
         signal.name()
     );

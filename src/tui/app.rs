@@ -268,6 +268,12 @@ impl App {
                 }
                 action
             }
+            // Nothing can be drawn or typed: end the loop now; the edge's shutdown (the proxy
+            // answering what is in flight, the recorder's last records) runs as after `q`.
+            Event::TerminalLost(why) => {
+                self.status = Some(why.to_string());
+                Action::ForceQuit
+            }
             Event::Warning(text) => {
                 self.warnings += 1;
                 self.status = Some(text);

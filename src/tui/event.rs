@@ -18,6 +18,8 @@ pub enum Event {
     ProxyStopped,
     /// SIGINT, SIGTERM or SIGHUP (its name): quit as `q` does, waiting for what is in flight.
     Signal(&'static str),
+    /// The terminal went away (why): quit as `q` does; nothing can be drawn any more.
+    TerminalLost(&'static str),
     /// Something wrong to show in the status bar (a bad line, a write error); counted.
     Warning(String),
     /// Something to show in the status bar that is not a problem (the demo's end).

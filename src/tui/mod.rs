@@ -258,6 +258,7 @@ fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
 /// errors, the panic hook for panics (restore first, then print the panic).
 pub mod terminal {
     use std::io::{self, Stdout};
+    use std::mem::ManuallyDrop;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use crossterm::event::{DisableMouseCapture, EnableMouseCapture};
@@ -269,7 +270,9 @@ pub mod terminal {
     use ratatui::backend::CrosstermBackend;
 
     pub struct Guard {
-        pub terminal: Terminal<CrosstermBackend<Stdout>>,
+        /// Never dropped while its cursor cannot be shown: ratatui's `Drop` then reports it with
+        /// `eprintln!`, which panics when the terminal is gone (see `Drop for Guard`).
+        pub terminal: ManuallyDrop<Terminal<CrosstermBackend<Stdout>>>,
     }
 
     /// Whether the terminal is set up (raw, alternate screen): a forced exit restores it only
@@ -307,31 +310,117 @@ pub mod terminal {
         if mouse {
             execute!(stdout, EnableMouseCapture)?;
         }
-        let terminal = Terminal::new(CrosstermBackend::new(stdout))?;
+        let terminal = ManuallyDrop::new(Terminal::new(CrosstermBackend::new(stdout))?);
         Ok(Guard { terminal })
     }
 
     impl Drop for Guard {
         fn drop(&mut self) {
             restore();
+            if self.terminal.show_cursor().is_ok() {
+                // SAFETY: dropped once, here, and never used after.
+                unsafe { ManuallyDrop::drop(&mut self.terminal) };
+            }
+            // Otherwise the terminal is gone: its `Terminal` is left undropped (the process is
+            // on its way out; nothing is lost but a buffer that cannot be written anywhere).
         }
     }
 }
 
-/// Terminal input on its own thread, into the one channel.
+/// Terminal input on its own thread, into the one channel. A terminal that goes away (its
+/// window closed, tmux killed, an SSH drop) ends the app as `q` does (`Event::TerminalLost`):
+/// the tty is polled for a hang-up before crossterm reads it, because crossterm's reader spins
+/// on a hung-up tty instead of failing.
 pub fn spawn_input(events: Sender<Event>) {
     std::thread::spawn(move || {
-        use crossterm::event::{Event as Term, read};
-        while let Ok(event) = read() {
-            let event = match event {
-                Term::Key(key) => Event::Key(key),
-                Term::Mouse(mouse) => Event::Mouse(mouse),
-                Term::Resize(w, h) => Event::Resize(w, h),
-                _ => continue,
-            };
-            if events.send(event).is_err() {
-                return;
+        use crossterm::event::{Event as Term, poll, read};
+        let tty = tty_watch::Tty::open();
+        loop {
+            match tty.wait(Duration::from_millis(250)) {
+                tty_watch::Wait::Lost(why) => {
+                    let _ = events.send(Event::TerminalLost(why));
+                    return;
+                }
+                tty_watch::Wait::Idle => continue,
+                tty_watch::Wait::Ready => {}
+            }
+            // Only what is already there: `read` never waits on a tty that may hang up.
+            while let Ok(true) = poll(Duration::ZERO) {
+                let Ok(event) = read() else {
+                    let _ = events.send(Event::TerminalLost("the terminal cannot be read"));
+                    return;
+                };
+                let event = match event {
+                    Term::Key(key) => Event::Key(key),
+                    Term::Mouse(mouse) => Event::Mouse(mouse),
+                    Term::Resize(w, h) => Event::Resize(w, h),
+                    _ => continue,
+                };
+                if events.send(event).is_err() {
+                    return;
+                }
             }
         }
     });
+}
+
+/// `poll(2)` on the tty crossterm reads (stdin when it is a terminal, `/dev/tty` otherwise).
+mod tty_watch {
+    use std::fs::File;
+    use std::io::IsTerminal;
+    use std::os::fd::{AsRawFd, RawFd};
+    use std::time::Duration;
+
+    pub enum Wait {
+        Ready,
+        Idle,
+        Lost(&'static str),
+    }
+
+    pub struct Tty {
+        /// Kept open for as long as its descriptor is polled.
+        _file: Option<File>,
+        fd: Option<RawFd>,
+    }
+
+    impl Tty {
+        pub fn open() -> Tty {
+            if std::io::stdin().is_terminal() {
+                return Tty {
+                    _file: None,
+                    fd: Some(std::io::stdin().as_raw_fd()),
+                };
+            }
+            let file = File::open("/dev/tty").ok();
+            let fd = file.as_ref().map(AsRawFd::as_raw_fd);
+            Tty { _file: file, fd }
+        }
+
+        pub fn wait(&self, timeout: Duration) -> Wait {
+            let Some(fd) = self.fd else {
+                return Wait::Lost("no terminal to read");
+            };
+            let mut poll_fd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+            // SAFETY: one valid pollfd, for the length given.
+            let ready = unsafe { libc::poll(&mut poll_fd, 1, millis) };
+            if ready < 0 {
+                return match std::io::Error::last_os_error().kind() {
+                    std::io::ErrorKind::Interrupted => Wait::Idle,
+                    _ => Wait::Lost("the terminal cannot be polled"),
+                };
+            }
+            if poll_fd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                Wait::Lost("the terminal hung up")
+            } else if poll_fd.revents & libc::POLLIN != 0 {
+                Wait::Ready
+            } else {
+                Wait::Idle
+            }
+        }
+    }
 }
