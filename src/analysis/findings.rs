@@ -519,7 +519,9 @@ fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Find
         } else {
             Confidence::Low
         };
-        if tool.called == 0 && tool.offered > 0 {
+        // A tool the server's template drops (the layout weighs it 0) costs no context.
+        let dropped = exact && tool.schema_tokens == 0;
+        if tool.called == 0 && tool.offered > 0 && !dropped {
             findings.push(Finding {
                 kind: FindingKind::UnusedTool,
                 model: None,

@@ -150,4 +150,8 @@ pub struct Output {
 pub struct TokenCounts {
     pub messages: BTreeMap<String, u32>,
     pub tools: BTreeMap<String, u32>,
+    /// The counts are the server's layout of the rendered prompt (`tokenize::layout`: template
+    /// tokens included, tools the template drops at 0), not each text's own tokens.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layout: bool,
 }

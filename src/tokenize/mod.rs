@@ -9,6 +9,11 @@
 //! an unreachable server or a missing endpoint is a warning and the estimates stay; a lost
 //! connection keeps what was counted; digest records have no text and are skipped with a warning.
 //!
+//! Against a llama.cpp that renders templates (`/apply-template`), each request is first laid out
+//! as the server lays it out (`layout`): counts with the template's tokens, tools the template
+//! drops at 0, checked against the server's prompt count. What cannot be laid out is counted text
+//! by text as above.
+//!
 //! This is an edge (network) behind the `net` feature. `enrich` blocks: it runs a current-thread
 //! tokio runtime on a thread of its own, so an async host can call it too.
 //!
@@ -22,6 +27,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, Uri, header};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+mod layout;
 
 use crate::http1;
 use crate::normalize::{Api, digest};
@@ -37,6 +44,8 @@ const MAX_EARLY_FAILURES: u64 = 3;
 pub struct TokenizeResult {
     /// Distinct texts that got a count (empty texts included, at 0).
     pub counted: u64,
+    /// Records whose counts are the server's layout of the rendered prompt (`layout`).
+    pub laid_out: u64,
     /// HTTP requests sent to the tokenizer.
     pub requests: u64,
     pub warnings: Vec<String>,
@@ -84,6 +93,28 @@ pub fn enrich(records: &mut [Record], url: &str) -> TokenizeResult {
             return result;
         }
     };
+    let laid = std::thread::scope(|scope| {
+        let records = &mut *records;
+        let endpoint = &endpoint;
+        scope.spawn(move || lay_out(endpoint, records)).join()
+    });
+    match laid {
+        Ok(laid) => {
+            result.laid_out = laid.laid_out;
+            result.requests += laid.requests;
+            result.warnings.extend(laid.warnings);
+            if let Some(e) = laid.unreachable {
+                result.warnings.push(format!(
+                    "cannot reach the tokenizer at {}: {e}; estimates are kept",
+                    endpoint.socket
+                ));
+                return result;
+            }
+        }
+        Err(_) => result
+            .warnings
+            .push("the layout thread panicked; the messages' own counts follow".to_string()),
+    }
     let collected = collect(records);
     if collected.digest_records > 0 {
         result.warnings.push(format!(
@@ -110,7 +141,7 @@ pub fn enrich(records: &mut [Record], url: &str) -> TokenizeResult {
     });
     result.warnings.extend(outcome.warnings);
     result.counted = outcome.counts.len() as u64;
-    result.requests = outcome.requests;
+    result.requests += outcome.requests;
     apply(records, &outcome.counts);
     result
 }
@@ -146,6 +177,20 @@ impl Endpoint {
             host,
             base: uri.path().trim_end_matches('/').to_string(),
         })
+    }
+}
+
+/// `layout::lay_out_all` on a current-thread runtime of its own.
+fn lay_out(endpoint: &Endpoint, records: &mut [Record]) -> layout::LayoutOutcome {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(layout::lay_out_all(endpoint, records)),
+        Err(e) => layout::LayoutOutcome {
+            warnings: vec![format!("cannot start the layout runtime: {e}")],
+            ..layout::LayoutOutcome::default()
+        },
     }
 }
 

@@ -1,0 +1,514 @@
+//! The prompt's token layout from llama.cpp itself: `POST /apply-template` renders a request's
+//! messages and tools with the server's chat template, `POST /tokenize` (`with_pieces`) gives the
+//! rendered prompt's tokens and the text of each. Each message is given the tokens from the start
+//! of its content to the start of the next message's content, so the prefix through message `k`
+//! ends where the server's reuse ends when message `k + 1` is a new message of the same role (its
+//! role header included). The first message also carries what comes before it (BOS, a default
+//! system prompt), the last one the generation prompt: the counts add up to the rendered prompt,
+//! which is checked against the server's own prompt count before it is used. Tools weigh what
+//! rendering them adds (0 where the template drops them).
+//!
+//! One render and one tokenize per distinct request (two renders when the template renders
+//! tools), off the proxy's request path: `analyze --tokenize` runs it over a recording.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use super::{Client, Endpoint};
+use crate::normalize::{Api, chat_request, digest, exchange};
+use crate::record::{Record, TokenCounts};
+
+/// What the layout pass did.
+#[derive(Debug, Default)]
+pub(super) struct LayoutOutcome {
+    /// The server renders templates (`/apply-template` answered a request).
+    pub available: bool,
+    /// Records whose counts are the server's layout.
+    pub laid_out: u64,
+    /// Rendered, but the rendered prompt's tokens differ from the server's prompt count (the
+    /// request was rendered from a converted form, or the server changed): left to estimates.
+    pub mismatched: u64,
+    /// Rendered, but a message's content could not be found in the rendered prompt.
+    pub unlocated: u64,
+    pub requests: u64,
+    /// The server could not be reached at all (the pass stopped at once).
+    pub unreachable: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Lays out every full-mode chat record without counts yet; records it lays out get
+/// `TokenCounts { layout: true, .. }`.
+pub(super) async fn lay_out_all(endpoint: &Endpoint, records: &mut [Record]) -> LayoutOutcome {
+    let mut client = Client {
+        endpoint,
+        sender: None,
+        requests: 0,
+    };
+    let mut outcome = LayoutOutcome::default();
+    // The same request twice (a retry, a replayed file) is rendered once.
+    let mut known: HashMap<u64, Option<Laid>> = HashMap::new();
+    let mut failures = 0u64;
+    let mut last_failure = String::new();
+    let mut first_unlocated = String::new();
+    for record in records.iter_mut() {
+        let api = Api::from_path(&record.request.path);
+        if !api.is_chat() || record.request.digest.is_some() || record.tokens.is_some() {
+            continue;
+        }
+        let Some(body) = record.request.body.as_ref() else {
+            continue;
+        };
+        let (Some((messages, tools)), Some(request_digest)) =
+            (chat_request(api, body), digest::request_digest(api, body))
+        else {
+            continue;
+        };
+        if messages.is_empty() {
+            continue;
+        }
+        let key = xxhash_rust::xxh3::xxh3_64(
+            json!({ "messages": messages, "tools": tools })
+                .to_string()
+                .as_bytes(),
+        );
+        let laid = match known.get(&key) {
+            Some(laid) => laid.clone(),
+            None => {
+                let laid = match lay_out(&mut client, &messages, &tools).await {
+                    Ok(laid) => {
+                        outcome.available = true;
+                        Some(laid)
+                    }
+                    Err(LayoutFailure::Unreachable(e)) => {
+                        outcome.unreachable = Some(e);
+                        break;
+                    }
+                    // Not a llama.cpp that renders: the messages' own counts follow.
+                    Err(LayoutFailure::NoEndpoint) if !outcome.available => break,
+                    Err(failure) => {
+                        failures += 1;
+                        last_failure = match failure {
+                            LayoutFailure::Refused(why) => why,
+                            _ => "/apply-template answered 404".to_string(),
+                        };
+                        if !outcome.available && failures >= super::MAX_EARLY_FAILURES {
+                            break;
+                        }
+                        None
+                    }
+                };
+                known.insert(key, laid.clone());
+                laid
+            }
+        };
+        let (prompt, message_counts, tool_counts) = match laid {
+            Some(Laid::Counts {
+                prompt,
+                messages,
+                tools,
+            }) => (prompt, messages, tools),
+            Some(Laid::Unlocated(message)) => {
+                if outcome.unlocated == 0 {
+                    first_unlocated = match message {
+                        Some(k) => format!(
+                            "record {}, message {k} ({})",
+                            record.id,
+                            messages[k]["role"].as_str().unwrap_or("?")
+                        ),
+                        None => format!("record {}, its tools", record.id),
+                    };
+                }
+                outcome.unlocated += 1;
+                continue;
+            }
+            None => continue,
+        };
+        let counts = TokenCounts {
+            messages: request_digest
+                .messages
+                .iter()
+                .map(|m| m.hash.clone())
+                .zip(message_counts)
+                .collect(),
+            tools: request_digest
+                .tools
+                .iter()
+                .map(|t| t.hash.clone())
+                .zip(tool_counts)
+                .collect(),
+            layout: true,
+        };
+        // The counts must add up to the rendered prompt (two equal messages in one request
+        // share a hash, and a count) and to what the server counted for this very request.
+        let keyed: u64 = request_digest
+            .messages
+            .iter()
+            .filter_map(|m| counts.messages.get(&m.hash))
+            .chain(
+                request_digest
+                    .tools
+                    .iter()
+                    .filter_map(|t| counts.tools.get(&t.hash)),
+            )
+            .map(|&n| u64::from(n))
+            .sum();
+        let server = exchange::normalize(record)
+            .ok()
+            .and_then(|x| x.counts.prompt_tokens)
+            .map(|m| m.value);
+        if keyed != u64::from(prompt) || server.is_some_and(|s| s != prompt) {
+            outcome.mismatched += 1;
+            continue;
+        }
+        record.tokens = Some(counts);
+        outcome.laid_out += 1;
+    }
+    if failures > 0 {
+        outcome.warnings.push(format!(
+            "{failures} requests could not be rendered by /apply-template (last: {last_failure}) and keep the messages' own counts"
+        ));
+    }
+    if outcome.mismatched > 0 {
+        outcome.warnings.push(format!(
+            "{} rendered requests did not add up to the server's prompt count (rendered from a converted form, or another template): they keep the messages' own counts",
+            outcome.mismatched
+        ));
+    }
+    if outcome.unlocated > 0 {
+        outcome.warnings.push(format!(
+            "{} rendered requests had a message whose content is not in the rendered prompt (first: {first_unlocated}): they keep the messages' own counts",
+            outcome.unlocated
+        ));
+    }
+    outcome.requests = client.requests;
+    outcome
+}
+
+#[derive(Clone)]
+enum Laid {
+    Counts {
+        prompt: u32,
+        messages: Vec<u32>,
+        tools: Vec<u32>,
+    },
+    /// The message whose content is not in the rendered prompt (None: the tools' tokens are
+    /// not where they were looked for).
+    Unlocated(Option<usize>),
+}
+
+enum LayoutFailure {
+    Unreachable(String),
+    /// `/apply-template` answered 404/405.
+    NoEndpoint,
+    /// The server answered without a prompt or tokens (a template error, a bad request).
+    Refused(String),
+}
+
+async fn lay_out(
+    client: &mut Client<'_>,
+    messages: &[Value],
+    tools: &[Value],
+) -> Result<Laid, LayoutFailure> {
+    // Only function tools go to the template, in the chat API's shape, as llama.cpp's own
+    // conversions of the Anthropic and Responses APIs keep them (Codex also sends namespaces of
+    // tools, Claude Code may send server tools, which `/apply-template` refuses); the others
+    // weigh 0.
+    let (functions, rendered_tools): (Vec<usize>, Vec<Value>) = tools
+        .iter()
+        .enumerate()
+        .filter_map(|(i, tool)| Some((i, as_function_tool(tool)?)))
+        .unzip();
+    let prompt = render(client, messages, &rendered_tools).await?;
+    let pieces = tokenize(client, &prompt).await?;
+    let mut counts = match split(&prompt, &pieces, messages) {
+        Ok(counts) => counts,
+        Err(k) => return Ok(Laid::Unlocated(Some(k))),
+    };
+    let total: u32 = counts.iter().sum();
+    let mut tool_counts = vec![0; tools.len()];
+    // Tools weigh what rendering them adds; a template that never names them drops them.
+    let named = rendered_tools.iter().any(|tool| {
+        tool_name(tool)
+            .filter(|name| !name.is_empty())
+            .is_some_and(|name| prompt.contains(name))
+    });
+    if named {
+        let without = render(client, messages, &[]).await?;
+        let without_tokens = u32::try_from(tokenize(client, &without).await?.len()).unwrap_or(0);
+        let added = total.saturating_sub(without_tokens);
+        // Rendered tools sit before or inside the first message in the templates that render
+        // them; they are taken from the first message's count, as the analysis puts them first.
+        if counts[0] < added {
+            return Ok(Laid::Unlocated(None));
+        }
+        counts[0] -= added;
+        for (&i, n) in functions.iter().zip(share(added, &rendered_tools)) {
+            tool_counts[i] = n;
+        }
+    }
+    Ok(Laid::Counts {
+        prompt: total,
+        messages: counts,
+        tools: tool_counts,
+    })
+}
+
+/// A tool in the chat API's function shape: as it is, or an Anthropic tool's (`input_schema`).
+fn as_function_tool(tool: &Value) -> Option<Value> {
+    match tool.get("type").and_then(Value::as_str) {
+        Some("function") => Some(tool.clone()),
+        None | Some("custom") => {
+            let mut function =
+                json!({ "name": tool.get("name")?, "parameters": tool.get("input_schema")? });
+            if let Some(description) = tool.get("description") {
+                function["description"] = description.clone();
+            }
+            Some(json!({ "type": "function", "function": function }))
+        }
+        _ => None,
+    }
+}
+
+fn tool_name(tool: &Value) -> Option<&str> {
+    tool.pointer("/function/name")
+        .or_else(|| tool.get("name"))
+        .and_then(Value::as_str)
+}
+
+/// `total` over the tools by the length of their JSON (the last gets the rounding).
+fn share(total: u32, tools: &[Value]) -> Vec<u32> {
+    let sizes: Vec<u64> = tools.iter().map(|t| t.to_string().len() as u64).collect();
+    let all: u64 = sizes.iter().sum::<u64>().max(1);
+    let mut given = 0u32;
+    let mut shares: Vec<u32> = sizes
+        .iter()
+        .map(|&size| {
+            let n = u32::try_from(u64::from(total) * size / all).unwrap_or(0);
+            given += n;
+            n
+        })
+        .collect();
+    if let Some(last) = shares.last_mut() {
+        *last += total - given.min(total);
+    }
+    shares
+}
+
+async fn render(
+    client: &mut Client<'_>,
+    messages: &[Value],
+    tools: &[Value],
+) -> Result<String, LayoutFailure> {
+    let path = format!("{}/apply-template", client.endpoint.base);
+    let mut body = json!({ "messages": messages });
+    if !tools.is_empty() {
+        body["tools"] = json!(tools);
+    }
+    let first = client.requests == 0;
+    let (status, reply) = client.post(&path, &body).await.map_err(|e| {
+        if first {
+            LayoutFailure::Unreachable(e)
+        } else {
+            LayoutFailure::Refused(e)
+        }
+    })?;
+    if status == 404 || status == 405 {
+        return Err(LayoutFailure::NoEndpoint);
+    }
+    match reply.get("prompt").and_then(Value::as_str) {
+        Some(prompt) if (200..300).contains(&status) => Ok(prompt.to_string()),
+        _ => Err(LayoutFailure::Refused(match server_error(&reply) {
+            Some(why) => format!("{path} answered {status}: {why}"),
+            None => format!("{path} answered {status}"),
+        })),
+    }
+}
+
+/// llama.cpp's `{"error": {"message"}}`, shortened to a line.
+fn server_error(reply: &Value) -> Option<String> {
+    let message = reply.pointer("/error/message")?.as_str()?;
+    Some(crate::text::printable_line(&message.chars().take(160).collect::<String>()).into_owned())
+}
+
+/// The byte length of each token of `prompt`, as the server tokenizes a prompt (special tokens
+/// parsed, BOS added where the model wants one).
+async fn tokenize(client: &mut Client<'_>, prompt: &str) -> Result<Vec<usize>, LayoutFailure> {
+    let path = format!("{}/tokenize", client.endpoint.base);
+    let body = json!({ "content": prompt, "add_special": true, "parse_special": true, "with_pieces": true });
+    let (status, reply) = client
+        .post(&path, &body)
+        .await
+        .map_err(LayoutFailure::Refused)?;
+    let tokens = reply
+        .get("tokens")
+        .and_then(Value::as_array)
+        .filter(|_| (200..300).contains(&status))
+        .ok_or_else(|| LayoutFailure::Refused(format!("{path} answered {status}")))?;
+    tokens
+        .iter()
+        .map(|token| match token.get("piece") {
+            Some(Value::String(text)) => Some(text.len()),
+            // Pieces that are not whole UTF-8 come as their bytes.
+            Some(Value::Array(bytes)) => Some(bytes.len()),
+            _ => None,
+        })
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| LayoutFailure::Refused(format!("{path} answered without pieces")))
+}
+
+/// What marks where a message's content starts in the rendered prompt: the first words of its
+/// text (the template may trim it), or else the name of its first tool call.
+enum Needle {
+    Text(String),
+    /// Tool calls, tool results without text, empty content: templates may not render them.
+    Optional(Option<String>),
+}
+
+fn needle(message: &Value) -> Needle {
+    let text = digest::content_text(message.get("content"));
+    let text = text.trim();
+    if !text.is_empty() {
+        let mut end = text.len().min(64);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        return Needle::Text(text[..end].trim_end().to_string());
+    }
+    Needle::Optional(
+        message
+            .pointer("/tool_calls/0/function/name")
+            .and_then(Value::as_str)
+            .filter(|name| !name.is_empty())
+            .map(str::to_string),
+    )
+}
+
+/// Each message's tokens in `prompt`, given the byte length of each of its tokens: from the start
+/// of its content to the start of the next message's (the first from 0, the last to the end).
+/// A message with text must be found, in order (`Err` gives the first that is not); one without
+/// (a tool call the template does not render) starts where the previous content ended.
+pub(super) fn split(prompt: &str, pieces: &[usize], messages: &[Value]) -> Result<Vec<u32>, usize> {
+    let mut starts = Vec::with_capacity(messages.len());
+    let mut cursor = 0usize;
+    for (k, message) in messages.iter().enumerate() {
+        let rest = prompt.get(cursor..).ok_or(k)?;
+        let (at, length) = match needle(message) {
+            Needle::Text(text) => (rest.find(&text).ok_or(k)?, text.len()),
+            Needle::Optional(Some(name)) => rest.find(&name).map_or((0, 0), |at| (at, name.len())),
+            Needle::Optional(None) => (0, 0),
+        };
+        starts.push(cursor + at);
+        cursor += at + length;
+    }
+    // Token end offsets; pieces before the text (a BOS the template did not write) end at 0.
+    let rendered: usize = pieces.iter().sum();
+    let extra = rendered.checked_sub(prompt.len()).ok_or(0usize)?;
+    let mut token_ends = Vec::with_capacity(pieces.len());
+    let mut offset = 0usize;
+    for &length in pieces {
+        offset += length;
+        token_ends.push(offset.saturating_sub(extra));
+    }
+    // A token that runs into a message's content belongs to the message: it changes with it.
+    let tokens_before = |byte: usize| token_ends.partition_point(|&end| end <= byte);
+    let mut bounds: Vec<usize> = starts.iter().skip(1).map(|&s| tokens_before(s)).collect();
+    bounds.insert(0, 0);
+    bounds.push(pieces.len());
+    Ok(bounds
+        .windows(2)
+        .map(|w| u32::try_from(w[1].saturating_sub(w[0])).unwrap_or(u32::MAX))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(tokens: &[&str]) -> (String, Vec<usize>) {
+        (tokens.concat(), tokens.iter().map(|t| t.len()).collect())
+    }
+
+    #[test]
+    fn each_message_runs_from_its_content_to_the_next_content() {
+        let (prompt, lengths) = pieces(&[
+            "<|im_start|>",
+            "system",
+            "\n",
+            "Be",
+            " brief",
+            "<|im_end|>",
+            "\n",
+            "<|im_start|>",
+            "user",
+            "\n",
+            "hi",
+            "<|im_end|>",
+            "\n",
+            "<|im_start|>",
+            "assistant",
+            "\n",
+        ]);
+        let messages = [
+            json!({"role": "system", "content": "Be brief"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+        ];
+        // system: up to "hi" (its header and the user's header); user: "hi" to the end.
+        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![10, 6]));
+    }
+
+    #[test]
+    fn a_bos_the_text_does_not_show_counts_with_the_first_message() {
+        let (prompt, mut lengths) = pieces(&["A", "\n", "b"]);
+        lengths.insert(0, 3); // "<s>"
+        let messages = [
+            json!({"role": "user", "content": "A"}),
+            json!({"role": "assistant", "content": "b"}),
+        ];
+        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![3, 1]));
+    }
+
+    #[test]
+    fn a_content_missing_from_the_prompt_gives_no_layout() {
+        let (prompt, lengths) = pieces(&["hello"]);
+        let messages = [
+            json!({"role": "user", "content": "hello"}),
+            json!({"role": "user", "content": "absent"}),
+        ];
+        assert_eq!(split(&prompt, &lengths, &messages), Err(1));
+        // Order matters: a content seen only before the previous one is not found.
+        let (prompt, lengths) = pieces(&["b", "a"]);
+        let messages = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "user", "content": "b"}),
+        ];
+        assert_eq!(split(&prompt, &lengths, &messages), Err(1));
+    }
+
+    #[test]
+    fn a_tool_call_is_found_by_its_name() {
+        let (prompt, lengths) = pieces(&["q", " ", "{\"name\": \"ls\"}"]);
+        let messages = [
+            json!({"role": "user", "content": "q"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}),
+        ];
+        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![2, 1]));
+        // A template that does not render the call: the call starts where the question ended.
+        let (prompt, lengths) = pieces(&["q", " ", "next"]);
+        let messages = [
+            messages[0].clone(),
+            messages[1].clone(),
+            json!({"role": "user", "content": "next"}),
+        ];
+        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![1, 1, 1]));
+    }
+
+    #[test]
+    fn tool_shares_add_up() {
+        let tools = [json!({"name": "a"}), json!({"name": "bbbbbbbbbb"})];
+        let shares = share(10, &tools);
+        assert_eq!(shares.iter().sum::<u32>(), 10);
+        assert!(shares[1] > shares[0]);
+        assert_eq!(share(0, &tools), vec![0, 0]);
+    }
+}
