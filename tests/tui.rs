@@ -10,7 +10,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use prefixscope::analysis::Config;
 use prefixscope::live::{Engine, Input};
 use prefixscope::record::{Record, read_jsonl};
-use prefixscope::tui::app::{App, Source};
+use prefixscope::tui::app::{Action, App, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
 use prefixscope::tui::{EngineControl, FixedClock, NoControl, run};
@@ -1503,4 +1503,109 @@ fn a_harness_is_named_and_a_reorder_is_called_one() {
     let claude = screen("../tests/data/harness/claude-code.digest", 120, 40, &[]);
     assert!(claude.contains("Claude Code c1"), "{claude}");
     assert!(claude.contains("no prefix breaks"), "{claude}");
+}
+
+/// Runs the loop on a recording's snapshot, then on each event, and hands back the app and the
+/// terminal (for what a key returns, such as `o`'s lines).
+fn app_after(
+    name: &str,
+    width: u16,
+    height: u16,
+    then: &[Event],
+    theme: &Theme,
+) -> (App, Terminal<TestBackend>, EngineControl) {
+    let control = engine_of(name);
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    for event in std::iter::once(Event::Snapshot(snapshot)).chain(then.iter().cloned()) {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(&mut terminal, &mut app, &receiver, &clock, &control, theme).unwrap();
+    }
+    (app, terminal, control)
+}
+
+/// Issue #13, break text: the whole message before and after, scrollable to its end, the
+/// changed span highlighted in each, and `o` writes both whole texts as recorded.
+#[test]
+fn a_breaks_whole_texts_scroll_with_the_change_highlighted_and_o_writes_them() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let theme = Theme { color: true };
+    // The system-prompt change, as in `keys_help_filter_detail_and_pause`.
+    let mut keys = vec![special(KeyCode::Tab)];
+    keys.extend(std::iter::repeat_n(special(KeyCode::Down), 7));
+    keys.push(special(KeyCode::Enter));
+    keys.push(special(KeyCode::End));
+    let (mut app, terminal, control) = app_after(name, 120, 40, &keys, &theme);
+    let end = styled(terminal.backend());
+    check_golden("parallel-nocache.break-text-end.120x40.styled.txt", &end);
+    assert!(
+        end.contains("message 0 after, whole (1,353 bytes):"),
+        "{end}"
+    );
+    // The last page: the after text's end, its changed span reversed.
+    let lines: Vec<&str> = end.lines().collect();
+    let tuesday = lines
+        .iter()
+        .position(|l| l.contains("sentences. Today is Tuesday."))
+        .unwrap();
+    let at = lines[tuesday].find("Tues").unwrap();
+    let column = lines[tuesday][..at].chars().count();
+    assert!(
+        lines[tuesday + 1..]
+            .iter()
+            .take_while(|l| l.starts_with("  @"))
+            .any(|l| l.starts_with(&format!("  @{column}-{} ", column + 3))
+                && l.contains("REVERSED")),
+        "{end}"
+    );
+    // ↑ from the end moves at once (the scroll stops at the last page, never past it).
+    let up = {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(special(KeyCode::Up)).unwrap();
+        drop(sender);
+        let mut terminal = terminal;
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &FixedClock(NOW_MS),
+            &control,
+            &theme,
+        )
+        .unwrap();
+        text(terminal.backend())
+    };
+    assert_ne!(up, text_of_styled(&end), "{up}");
+    // `o`: both whole texts, as recorded, in the view's file.
+    let Action::WriteView(what, written) = app.handle(key('o'), NOW_MS) else {
+        panic!("o did not write the view");
+    };
+    assert!(what.starts_with("request-"), "{what}");
+    let snapshot = control.0.borrow_mut().snapshot();
+    let id: u64 = what["request-".len()..].parse().unwrap();
+    let row = snapshot.row(id).unwrap();
+    let texts = row.break_location.unwrap().texts.unwrap();
+    let file = written.join("\n");
+    assert!(file.contains(&*texts.before), "{file}");
+    assert!(file.contains(&*texts.after), "{file}");
+    assert!(texts.before.ends_with("Today is Monday."));
+    assert!(texts.after.ends_with("Today is Tuesday."));
+}
+
+/// The text rows of a `styled` screen.
+fn text_of_styled(styled: &str) -> String {
+    styled
+        .lines()
+        .filter(|l| !l.starts_with("  @"))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }

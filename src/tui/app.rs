@@ -400,13 +400,19 @@ impl App {
 
     /// The keys of a view (Detail, Prefix, Client, Findings, FindingRows); `None`: not one.
     fn view_key(&mut self, key: KeyEvent) -> Option<Action> {
-        let page = |scroll: &mut u16, code: KeyCode| match code {
-            KeyCode::Down | KeyCode::Char('j') => *scroll = scroll.saturating_add(1),
-            KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
-            KeyCode::PageDown | KeyCode::Char(' ') => *scroll = scroll.saturating_add(10),
-            KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
-            KeyCode::Home => *scroll = 0,
-            _ => {}
+        // Where the view's last page starts: scrolling stops there, so ↑ moves at once.
+        let end = super::panes::views::view_end(self, &super::theme::Theme::plain());
+        let page = |scroll: &mut u16, code: KeyCode| {
+            match code {
+                KeyCode::Down | KeyCode::Char('j') => *scroll = scroll.saturating_add(1),
+                KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
+                KeyCode::PageDown | KeyCode::Char(' ') => *scroll = scroll.saturating_add(10),
+                KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
+                KeyCode::Home => *scroll = 0,
+                KeyCode::End => *scroll = end,
+                _ => {}
+            }
+            *scroll = (*scroll).min(end);
         };
         let advice_len = self.advice_len();
         let rows_of = |app: &App, index: usize| {

@@ -125,7 +125,8 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
         Pane::Prefixes => " ↑↓ prefix  ↵ contents  t sort ",
     };
     let keys = if app.dialog.is_some() {
-        " Esc back  ↑↓ scroll/select  ↵ open  o write to a file  ? help  q quit".to_string()
+        " Esc back  ↑↓ PgUp PgDn Home End scroll/select  ↵ open  o write to a file  ? help  q quit"
+            .to_string()
     } else if app.source_paused {
         format!(" . one record  ] ten  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
     } else {
