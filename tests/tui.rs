@@ -1609,3 +1609,172 @@ fn text_of_styled(styled: &str) -> String {
         .map(|l| format!("{l}\n"))
         .collect()
 }
+
+/// The real replay's pacer behind the app: `g` and what it reads, drained into an engine here
+/// (records stamped with the fixed clock) so the screen can be compared.
+struct Seeking {
+    pacer: Arc<prefixscope::session::replay::Pacer>,
+}
+
+impl prefixscope::tui::Control for Seeking {
+    fn pause_source(&self, paused: bool) -> bool {
+        self.pacer.pause(paused);
+        true
+    }
+    fn seek_source(&self, to: prefixscope::session::replay::Seek) -> Result<String, String> {
+        self.pacer.seek(to)
+    }
+}
+
+/// What the feeder sends until it stops sending for a while (held), stamped with `NOW_MS`.
+fn drain(inputs: &crossbeam_channel::Receiver<Input>) -> Vec<Input> {
+    let mut got = Vec::new();
+    while let Ok(input) = inputs.recv_timeout(std::time::Duration::from_millis(300)) {
+        got.push(match input {
+            Input::Record(record, _) => Input::Record(record, NOW_MS),
+            other => other,
+        });
+    }
+    got
+}
+
+/// The screen of an app shown one snapshot of `engine`, after `keys`.
+fn screen_of(engine: &mut Engine, name: &str, control: &dyn prefixscope::tui::Control) -> String {
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    app.speed = Some(1.0);
+    app.source_paused = true;
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    sender
+        .send(Event::Snapshot(Arc::new(engine.snapshot())))
+        .unwrap();
+    drop(sender);
+    let clock = FixedClock(NOW_MS);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &clock,
+        control,
+        &Theme::plain(),
+    )
+    .unwrap();
+    text(terminal.backend())
+}
+
+/// Issue #13, replay controls: `g` seeks forward to a record or a time, reading on at once and
+/// holding there; the screen then is the screen of a replay fed up to that record.
+#[test]
+fn seek_reads_on_to_a_record_or_a_time_and_the_screen_equals_a_replay_fed_that_far() {
+    use prefixscope::session::replay::{Replay, ReplayConfig, Seek, measure_block_model};
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let path = root().join("recordings").join(format!("{name}.jsonl"));
+    let replay = Replay::open(&ReplayConfig {
+        files: vec![path.clone()],
+        speed: 1.0,
+        instant: false,
+    })
+    .unwrap();
+    let pacer = Arc::clone(&replay.pacer);
+    pacer.pause(true);
+    let feeder = replay.feeder(|_| {});
+    let (sender, inputs) = crossbeam_channel::unbounded();
+    let feeding = std::thread::spawn(move || feeder(sender));
+    // Held before the first record: only the block model comes.
+    let mut engine = Engine::new(Config::default());
+    let first = drain(&inputs);
+    assert_eq!(first.len(), 1);
+    for input in first {
+        engine.push(input);
+    }
+
+    // `g 10 Enter` in the app: the loop asks the pacer.
+    let control = Seeking {
+        pacer: Arc::clone(&pacer),
+    };
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Arc::new(engine.snapshot()),
+    );
+    app.speed = Some(1.0);
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    let mut typed = vec![key('g')];
+    typed.extend("10".chars().map(key));
+    let mut dialog = String::new();
+    for event in typed.into_iter().chain([special(KeyCode::Enter)]) {
+        if matches!(&event, Event::Key(k) if k.code == KeyCode::Enter) {
+            dialog = text(terminal.backend());
+        }
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &Theme::plain(),
+        )
+        .unwrap();
+    }
+    assert!(
+        dialog.contains("seek: read on to a record or a time"),
+        "{dialog}"
+    );
+    assert!(dialog.contains("10"), "{dialog}");
+    let status = text(terminal.backend());
+    assert!(
+        status.contains("reading on to record 10, then paused"),
+        "{status}"
+    );
+    assert!(app.source_paused);
+    let read = drain(&inputs);
+    assert_eq!(read.len(), 10, "exactly ten records, then held");
+    assert_eq!(pacer.sent(), 10);
+    for input in read {
+        engine.push(input);
+    }
+    let seeked = screen_of(&mut engine, name, &NoControl);
+
+    // The same recording fed its first ten records in file order, with the same block model.
+    let records = read_jsonl(std::fs::read(&path).unwrap().as_slice()).records;
+    let mut fed = Engine::new(Config::default());
+    fed.push(Input::BlockModel(Box::new(measure_block_model(
+        std::slice::from_ref(&path),
+    ))));
+    for record in records.iter().take(10) {
+        fed.push(Input::Record(Arc::new(record.clone()), NOW_MS));
+    }
+    assert_eq!(seeked, screen_of(&mut fed, name, &NoControl));
+    assert!(seeked.contains("10 req"), "{seeked}");
+
+    // Forward only: back is refused with why; a time reads on to the records at or before it.
+    assert!(
+        pacer
+            .seek(Seek::Record(5))
+            .unwrap_err()
+            .contains("forward only")
+    );
+    let tenth = records[9].t_end_ms.max(records[9].t_start_ms);
+    let ahead: Vec<i64> = records[10..]
+        .iter()
+        .map(|r| r.t_end_ms.max(r.t_start_ms))
+        .collect();
+    let until = tenth + 5_000;
+    let expected = ahead.iter().take_while(|t| **t <= until).count();
+    let said = pacer.seek(Seek::Ahead(5_000)).unwrap();
+    assert!(said.contains("then paused"), "{said}");
+    assert_eq!(drain(&inputs).len(), expected);
+    assert!(expected > 0 && expected < ahead.len(), "{expected}");
+    pacer.stop();
+    feeding.join().unwrap();
+}

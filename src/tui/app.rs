@@ -103,6 +103,8 @@ pub enum Dialog {
         selected: usize,
     },
     Filter(TextArea<'static>),
+    /// Where to read on to in a replay: a record number or a time (`g`).
+    Seek(TextArea<'static>),
     Export {
         format: usize,
         name: TextArea<'static>,
@@ -130,6 +132,8 @@ pub enum Action {
     PauseSource(bool),
     /// While the replay is held: read this many more records.
     Step(u64),
+    /// A replay: read on at once to a record or a time, then hold there.
+    Seek(crate::session::replay::Seek),
     /// Write the open view's text to `prefixscope-<what>-<ms>.txt` (0600): the lines shown.
     WriteView(String, Vec<String>),
     /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
@@ -499,6 +503,20 @@ impl App {
                         area.input(key);
                     }
                 },
+                Dialog::Seek(area) => match key.code {
+                    KeyCode::Enter => {
+                        let typed = area.lines().join("");
+                        self.dialog = None;
+                        match crate::session::replay::Seek::parse(&typed) {
+                            Ok(to) => return Action::Seek(to),
+                            Err(why) => self.status = Some(format!("seek: {why}")),
+                        }
+                    }
+                    KeyCode::Esc => self.dialog = None,
+                    _ => {
+                        area.input(key);
+                    }
+                },
                 Dialog::Export { format, name } => match key.code {
                     KeyCode::Enter => {
                         let path = name.lines().join("");
@@ -633,6 +651,20 @@ impl App {
             {
                 // A replay: hold its reading itself (the loop asks the pacer).
                 return Action::PauseSource(!self.source_paused);
+            }
+            KeyCode::Char('g')
+                if matches!(self.source, Source::Replay { .. })
+                    && self.speed.is_some()
+                    && !self.source_done =>
+            {
+                self.dialog = Some(Dialog::Seek(TextArea::default()));
+            }
+            KeyCode::Char('g') => {
+                self.status = Some(if self.source_done {
+                    "seek: the replay has finished".into()
+                } else {
+                    "seek applies to replays".into()
+                });
             }
             KeyCode::Char('.') if self.source_paused => return Action::Step(1),
             KeyCode::Char(']') if self.source_paused => return Action::Step(10),
