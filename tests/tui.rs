@@ -1778,3 +1778,61 @@ fn seek_reads_on_to_a_record_or_a_time_and_the_screen_equals_a_replay_fed_that_f
     pacer.stop();
     feeding.join().unwrap();
 }
+
+/// Issue #13, savings past the live what-if's cap: the findings view says what replaying more
+/// would cost (measured, BENCHMARKS.md) and names the command that does it.
+#[test]
+fn past_the_whatif_cap_the_findings_say_its_measured_cost_and_the_command() {
+    let mut records = completion_order("llmp/llama.cpp/parallel-nocache");
+    let one_round = records.clone();
+    let mut next = records.iter().map(|r| r.id).max().unwrap() + 1;
+    let mut offset = 0;
+    while records.len() <= prefixscope::live::MAX_WHATIF_RECORDS {
+        // Each round later and with new ids, as a longer recording would be.
+        offset += 3_600_000;
+        for r in &one_round {
+            let mut r = r.clone();
+            r.id = next;
+            next += 1;
+            r.t_start_ms += offset;
+            r.t_end_ms += offset;
+            records.push(r);
+        }
+    }
+    let mut engine = Engine::for_records(Config::default(), &records);
+    for record in records {
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    }
+    engine.push(Input::SourceDone);
+    let control = EngineControl(RefCell::new(engine));
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: "long.jsonl".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(200, 50)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    for event in [Event::Snapshot(snapshot), key('f')] {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &Theme::plain(),
+        )
+        .unwrap();
+    }
+    let screen = text(terminal.backend());
+    assert!(screen.contains("past the live what-if's 1,000"), "{screen}");
+    assert!(screen.contains("4.6 s and 250 MiB at 5,000"), "{screen}");
+    assert!(
+        screen.contains("savings: run prefixscope whatif on the recording"),
+        "{screen}"
+    );
+}

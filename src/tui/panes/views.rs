@@ -280,9 +280,10 @@ fn saving_lines<'a>(
     let why = match predictions {
         Predictions::NotAsked => "savings: f opens the findings and works them out".to_string(),
         Predictions::TooMany(n) => format!(
-            "savings: {} records is past the live what-if's {}: run prefixscope whatif on the recording",
+            "savings: run prefixscope whatif on the recording; {} records is past the live what-if's {} ({})",
             thousands(*n),
-            thousands(crate::live::MAX_WHATIF_RECORDS as u64)
+            thousands(crate::live::MAX_WHATIF_RECORDS as u64),
+            crate::live::WHATIF_CAP_COST
         ),
         Predictions::NotReplayable => {
             "savings: the simulated llama-server replays llama.cpp's chat requests with counts only"
@@ -882,9 +883,10 @@ pub fn capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
         let why = match &**predictions {
             Predictions::NotAsked => "working out the simulated server's settings…".to_string(),
             Predictions::TooMany(n) => format!(
-                "{} records is past the live what-if's {}: run prefixscope whatif FILE --slots N --cache-ram on|off",
+                "run prefixscope whatif FILE --slots N --cache-ram on|off; {} records is past the live what-if's {} ({})",
                 thousands(*n),
-                thousands(crate::live::MAX_WHATIF_RECORDS as u64)
+                thousands(crate::live::MAX_WHATIF_RECORDS as u64),
+                crate::live::WHATIF_CAP_COST
             ),
             _ => "the simulated llama-server replays llama.cpp's chat requests with the server's counts only"
                 .to_string(),
