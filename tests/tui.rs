@@ -1544,6 +1544,11 @@ fn a_breaks_whole_texts_scroll_with_the_change_highlighted_and_o_writes_them() {
     keys.extend(std::iter::repeat_n(special(KeyCode::Down), 7));
     keys.push(special(KeyCode::Enter));
     keys.push(special(KeyCode::End));
+    // At 80x24 the last page is the after text's end too, the change highlighted.
+    let (_, narrow, _) = app_after(name, 80, 24, &keys, &theme);
+    let narrow = styled(narrow.backend());
+    check_golden("parallel-nocache.break-text-end.80x24.styled.txt", &narrow);
+    assert!(narrow.contains("Today is Tuesday."), "{narrow}");
     let (mut app, terminal, control) = app_after(name, 120, 40, &keys, &theme);
     let end = styled(terminal.backend());
     check_golden("parallel-nocache.break-text-end.120x40.styled.txt", &end);
