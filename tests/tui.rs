@@ -1841,3 +1841,20 @@ fn past_the_whatif_cap_the_findings_say_its_measured_cost_and_the_command() {
         "{screen}"
     );
 }
+
+/// The help scrolls to its last page and no further: ↑ from there moves at once.
+#[test]
+fn the_help_stops_at_its_last_page() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let mut keys = vec![key('?')];
+    keys.extend(std::iter::repeat_n(special(KeyCode::PageDown), 10));
+    let bottom = screen(name, 100, 30, &keys);
+    assert!(
+        bottom.contains("lost tokens recorded minus predicted"),
+        "{bottom}"
+    );
+    keys.push(special(KeyCode::Up));
+    let up = screen(name, 100, 30, &keys);
+    assert_ne!(up, bottom);
+    assert!(up.contains("help: keys, cells, figures"), "{up}");
+}

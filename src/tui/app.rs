@@ -537,7 +537,12 @@ impl App {
                         name.input(key);
                     }
                 },
-                Dialog::Help { scroll } => {
+                Dialog::Help { .. } => {
+                    // Scrolling stops at the last page, so ↑ moves at once.
+                    let end = super::panes::views::view_end(self, &super::theme::Theme::plain());
+                    let Some(Dialog::Help { scroll }) = self.dialog.as_mut() else {
+                        return Action::Redraw;
+                    };
                     if ctrl_c || key.code == KeyCode::Char('q') {
                         self.dialog = None;
                         self.back.clear();
@@ -549,8 +554,12 @@ impl App {
                         KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
                         KeyCode::PageDown => *scroll = scroll.saturating_add(10),
                         KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
-                        _ => self.dialog = self.back.pop(),
+                        _ => {
+                            self.dialog = self.back.pop();
+                            return Action::Redraw;
+                        }
                     }
+                    *scroll = (*scroll).min(end);
                 }
                 _ => {
                     if ctrl_c || key.code == KeyCode::Char('q') {

@@ -137,6 +137,7 @@ fn last_scroll(paragraph: &Paragraph, inner: Rect) -> u16 {
 /// (End goes there; ↑ from there moves at once).
 pub fn view_end(app: &App, theme: &Theme) -> u16 {
     let lines = match &app.dialog {
+        Some(Dialog::Help { .. }) => super::dialogs::HELP.iter().map(|l| Line::raw(*l)).collect(),
         Some(Dialog::Detail { id, .. }) => detail_lines(app, *id, theme),
         Some(Dialog::Prefix { index, .. }) => prefix_lines(app, *index, theme),
         Some(Dialog::Client { index, .. }) => client_lines(app, *index, theme),
