@@ -669,10 +669,12 @@ impl App {
                 self.dialog = Some(Dialog::Seek(TextArea::default()));
             }
             KeyCode::Char('g') => {
-                self.status = Some(if self.source_done {
-                    "seek: the replay has finished".into()
-                } else {
-                    "seek applies to replays".into()
+                self.status = Some(match self.source {
+                    _ if self.source_done => "seek: the replay has finished".into(),
+                    Source::Replay { .. } => {
+                        "seek: an --instant replay reads every record at once".into()
+                    }
+                    Source::Live { .. } => "seek applies to replays".into(),
                 });
             }
             KeyCode::Char('.') if self.source_paused => return Action::Step(1),
