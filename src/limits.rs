@@ -48,6 +48,11 @@ pub const MAX_LINE_BYTES: usize = 64 << 20;
 /// it is parsed (a 23-million-id Mooncake row took `replay` to 6.7 GB).
 pub const MAX_HASH_IDS_PER_ROW: usize = 1 << 20;
 
+/// Bytes kept of each version of a changed message at a break (64 KiB), for the TUI's detail:
+/// the whole text where it fits, else its start and a count of what was not kept. Only break
+/// rows keep them, so a run holds at most 128 KiB per break beside its rows.
+pub const MAX_BREAK_TEXT_BYTES: usize = 64 << 10;
+
 /// What [`read_line_bounded`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Line {

@@ -10,7 +10,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use prefixscope::analysis::Config;
 use prefixscope::live::{Engine, Input};
 use prefixscope::record::{Record, read_jsonl};
-use prefixscope::tui::app::{App, Source};
+use prefixscope::tui::app::{Action, App, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
 use prefixscope::tui::{EngineControl, FixedClock, NoControl, run};
@@ -1503,4 +1503,358 @@ fn a_harness_is_named_and_a_reorder_is_called_one() {
     let claude = screen("../tests/data/harness/claude-code.digest", 120, 40, &[]);
     assert!(claude.contains("Claude Code c1"), "{claude}");
     assert!(claude.contains("no prefix breaks"), "{claude}");
+}
+
+/// Runs the loop on a recording's snapshot, then on each event, and hands back the app and the
+/// terminal (for what a key returns, such as `o`'s lines).
+fn app_after(
+    name: &str,
+    width: u16,
+    height: u16,
+    then: &[Event],
+    theme: &Theme,
+) -> (App, Terminal<TestBackend>, EngineControl) {
+    let control = engine_of(name);
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    for event in std::iter::once(Event::Snapshot(snapshot)).chain(then.iter().cloned()) {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(&mut terminal, &mut app, &receiver, &clock, &control, theme).unwrap();
+    }
+    (app, terminal, control)
+}
+
+/// Issue #13, break text: the whole message before and after, scrollable to its end, the
+/// changed span highlighted in each, and `o` writes both whole texts as recorded.
+#[test]
+fn a_breaks_whole_texts_scroll_with_the_change_highlighted_and_o_writes_them() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let theme = Theme { color: true };
+    // The system-prompt change, as in `keys_help_filter_detail_and_pause`.
+    let mut keys = vec![special(KeyCode::Tab)];
+    keys.extend(std::iter::repeat_n(special(KeyCode::Down), 7));
+    keys.push(special(KeyCode::Enter));
+    keys.push(special(KeyCode::End));
+    // At 80x24 the last page is the after text's end too, the change highlighted.
+    let (_, narrow, _) = app_after(name, 80, 24, &keys, &theme);
+    let narrow = styled(narrow.backend());
+    check_golden("parallel-nocache.break-text-end.80x24.styled.txt", &narrow);
+    assert!(narrow.contains("Today is Tuesday."), "{narrow}");
+    let (mut app, terminal, control) = app_after(name, 120, 40, &keys, &theme);
+    let end = styled(terminal.backend());
+    check_golden("parallel-nocache.break-text-end.120x40.styled.txt", &end);
+    assert!(
+        end.contains("message 0 after, whole (1,353 bytes):"),
+        "{end}"
+    );
+    // The last page: the after text's end, its changed span reversed.
+    let lines: Vec<&str> = end.lines().collect();
+    let tuesday = lines
+        .iter()
+        .position(|l| l.contains("sentences. Today is Tuesday."))
+        .unwrap();
+    let at = lines[tuesday].find("Tues").unwrap();
+    let column = lines[tuesday][..at].chars().count();
+    assert!(
+        lines[tuesday + 1..]
+            .iter()
+            .take_while(|l| l.starts_with("  @"))
+            .any(|l| l.starts_with(&format!("  @{column}-{} ", column + 3))
+                && l.contains("REVERSED")),
+        "{end}"
+    );
+    // ↑ from the end moves at once (the scroll stops at the last page, never past it).
+    let up = {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(special(KeyCode::Up)).unwrap();
+        drop(sender);
+        let mut terminal = terminal;
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &FixedClock(NOW_MS),
+            &control,
+            &theme,
+        )
+        .unwrap();
+        text(terminal.backend())
+    };
+    assert_ne!(up, text_of_styled(&end), "{up}");
+    // `o`: both whole texts, as recorded, in the view's file.
+    let Action::WriteView(what, written) = app.handle(key('o'), NOW_MS) else {
+        panic!("o did not write the view");
+    };
+    assert!(what.starts_with("request-"), "{what}");
+    let snapshot = control.0.borrow_mut().snapshot();
+    let id: u64 = what["request-".len()..].parse().unwrap();
+    let row = snapshot.row(id).unwrap();
+    let texts = row.break_location.unwrap().texts.unwrap();
+    let file = written.join("\n");
+    assert!(file.contains(&*texts.before), "{file}");
+    assert!(file.contains(&*texts.after), "{file}");
+    assert!(texts.before.ends_with("Today is Monday."));
+    assert!(texts.after.ends_with("Today is Tuesday."));
+}
+
+/// The text rows of a `styled` screen.
+fn text_of_styled(styled: &str) -> String {
+    styled
+        .lines()
+        .filter(|l| !l.starts_with("  @"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// The real replay's pacer behind the app: `g` and what it reads, drained into an engine here
+/// (records stamped with the fixed clock) so the screen can be compared.
+struct Seeking {
+    pacer: Arc<prefixscope::session::replay::Pacer>,
+}
+
+impl prefixscope::tui::Control for Seeking {
+    fn pause_source(&self, paused: bool) -> bool {
+        self.pacer.pause(paused);
+        true
+    }
+    fn seek_source(&self, to: prefixscope::session::replay::Seek) -> Result<String, String> {
+        self.pacer.seek(to)
+    }
+}
+
+/// What the feeder sends until it stops sending for a while (held), stamped with `NOW_MS`.
+fn drain(inputs: &crossbeam_channel::Receiver<Input>) -> Vec<Input> {
+    let mut got = Vec::new();
+    while let Ok(input) = inputs.recv_timeout(std::time::Duration::from_millis(300)) {
+        got.push(match input {
+            Input::Record(record, _) => Input::Record(record, NOW_MS),
+            other => other,
+        });
+    }
+    got
+}
+
+/// The screen of an app shown one snapshot of `engine`, after `keys`.
+fn screen_of(engine: &mut Engine, name: &str, control: &dyn prefixscope::tui::Control) -> String {
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    app.speed = Some(1.0);
+    app.source_paused = true;
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let (sender, receiver) = crossbeam_channel::unbounded();
+    sender
+        .send(Event::Snapshot(Arc::new(engine.snapshot())))
+        .unwrap();
+    drop(sender);
+    let clock = FixedClock(NOW_MS);
+    run(
+        &mut terminal,
+        &mut app,
+        &receiver,
+        &clock,
+        control,
+        &Theme::plain(),
+    )
+    .unwrap();
+    text(terminal.backend())
+}
+
+/// Issue #13, replay controls: `g` seeks forward to a record or a time, reading on at once and
+/// holding there; the screen then is the screen of a replay fed up to that record.
+#[test]
+fn seek_reads_on_to_a_record_or_a_time_and_the_screen_equals_a_replay_fed_that_far() {
+    use prefixscope::session::replay::{Replay, ReplayConfig, Seek, measure_block_model};
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let path = root().join("recordings").join(format!("{name}.jsonl"));
+    let replay = Replay::open(&ReplayConfig {
+        files: vec![path.clone()],
+        speed: 1.0,
+        instant: false,
+    })
+    .unwrap();
+    let pacer = Arc::clone(&replay.pacer);
+    pacer.pause(true);
+    let feeder = replay.feeder(|_| {});
+    let (sender, inputs) = crossbeam_channel::unbounded();
+    let feeding = std::thread::spawn(move || feeder(sender));
+    // Held before the first record: only the block model comes.
+    let mut engine = Engine::new(Config::default());
+    let first = drain(&inputs);
+    assert_eq!(first.len(), 1);
+    for input in first {
+        engine.push(input);
+    }
+
+    // `g 10 Enter` in the app: the loop asks the pacer.
+    let control = Seeking {
+        pacer: Arc::clone(&pacer),
+    };
+    let mut app = App::new(
+        Source::Replay {
+            files: format!("{name}.jsonl"),
+        },
+        Arc::new(engine.snapshot()),
+    );
+    app.speed = Some(1.0);
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    let mut typed = vec![key('g')];
+    typed.extend("10".chars().map(key));
+    let mut dialog = String::new();
+    for event in typed.into_iter().chain([special(KeyCode::Enter)]) {
+        if matches!(&event, Event::Key(k) if k.code == KeyCode::Enter) {
+            dialog = text(terminal.backend());
+        }
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &Theme::plain(),
+        )
+        .unwrap();
+    }
+    assert!(
+        dialog.contains("seek: read on to a record or a time"),
+        "{dialog}"
+    );
+    assert!(dialog.contains("10"), "{dialog}");
+    let status = text(terminal.backend());
+    assert!(
+        status.contains("reading on to record 10, then paused"),
+        "{status}"
+    );
+    assert!(app.source_paused);
+    let read = drain(&inputs);
+    assert_eq!(read.len(), 10, "exactly ten records, then held");
+    assert_eq!(pacer.sent(), 10);
+    for input in read {
+        engine.push(input);
+    }
+    let seeked = screen_of(&mut engine, name, &NoControl);
+
+    // The same recording fed its first ten records in file order, with the same block model.
+    let records = read_jsonl(std::fs::read(&path).unwrap().as_slice()).records;
+    let mut fed = Engine::new(Config::default());
+    fed.push(Input::BlockModel(Box::new(measure_block_model(
+        std::slice::from_ref(&path),
+    ))));
+    for record in records.iter().take(10) {
+        fed.push(Input::Record(Arc::new(record.clone()), NOW_MS));
+    }
+    assert_eq!(seeked, screen_of(&mut fed, name, &NoControl));
+    assert!(seeked.contains("10 req"), "{seeked}");
+
+    // Forward only: back is refused with why; a time reads on to the records at or before it.
+    assert!(
+        pacer
+            .seek(Seek::Record(5))
+            .unwrap_err()
+            .contains("forward only")
+    );
+    let tenth = records[9].t_end_ms.max(records[9].t_start_ms);
+    let ahead: Vec<i64> = records[10..]
+        .iter()
+        .map(|r| r.t_end_ms.max(r.t_start_ms))
+        .collect();
+    let until = tenth + 5_000;
+    let expected = ahead.iter().take_while(|t| **t <= until).count();
+    let said = pacer.seek(Seek::Ahead(5_000)).unwrap();
+    assert!(said.contains("then paused"), "{said}");
+    assert_eq!(drain(&inputs).len(), expected);
+    assert!(expected > 0 && expected < ahead.len(), "{expected}");
+    pacer.stop();
+    feeding.join().unwrap();
+}
+
+/// Issue #13, savings past the live what-if's cap: the findings view says what replaying more
+/// would cost (measured, BENCHMARKS.md) and names the command that does it.
+#[test]
+fn past_the_whatif_cap_the_findings_say_its_measured_cost_and_the_command() {
+    let mut records = completion_order("llmp/llama.cpp/parallel-nocache");
+    let one_round = records.clone();
+    let mut next = records.iter().map(|r| r.id).max().unwrap() + 1;
+    let mut offset = 0;
+    while records.len() <= prefixscope::live::MAX_WHATIF_RECORDS {
+        // Each round later and with new ids, as a longer recording would be.
+        offset += 3_600_000;
+        for r in &one_round {
+            let mut r = r.clone();
+            r.id = next;
+            next += 1;
+            r.t_start_ms += offset;
+            r.t_end_ms += offset;
+            records.push(r);
+        }
+    }
+    let mut engine = Engine::for_records(Config::default(), &records);
+    for record in records {
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    }
+    engine.push(Input::SourceDone);
+    let control = EngineControl(RefCell::new(engine));
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: "long.jsonl".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(200, 50)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    for event in [Event::Snapshot(snapshot), key('f')] {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &Theme::plain(),
+        )
+        .unwrap();
+    }
+    let screen = text(terminal.backend());
+    assert!(screen.contains("past the live what-if's 1,000"), "{screen}");
+    assert!(screen.contains("4.6 s and 250 MiB at 5,000"), "{screen}");
+    assert!(
+        screen.contains("savings: run prefixscope whatif on the recording"),
+        "{screen}"
+    );
+}
+
+/// The help scrolls to its last page and no further: ↑ from there moves at once.
+#[test]
+fn the_help_stops_at_its_last_page() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let mut keys = vec![key('?')];
+    keys.extend(std::iter::repeat_n(special(KeyCode::PageDown), 10));
+    let bottom = screen(name, 100, 30, &keys);
+    assert!(
+        bottom.contains("lost tokens recorded minus predicted"),
+        "{bottom}"
+    );
+    keys.push(special(KeyCode::Up));
+    let up = screen(name, 100, 30, &keys);
+    assert_ne!(up, bottom);
+    assert!(up.contains("help: keys, cells, figures"), "{up}");
 }

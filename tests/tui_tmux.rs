@@ -496,7 +496,8 @@ fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
 }
 
 /// Issue #13, replay controls: `p` in a replay stops reading the file (the request counter
-/// stands still and the status bar says so), `.` reads one record, `p` again goes on.
+/// stands still and the status bar says so), `.` reads one record, `g` seeks forward to a
+/// record and holds there, `p` again goes on.
 #[test]
 fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
     if !have_tmux() {
@@ -541,9 +542,21 @@ fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
     assert_eq!(count(&tmux.screen()), held + 1);
     tmux.keys(&["]"]);
     tmux.wait_until("ten more records", |s| count(s) == held + 11);
+    // `g` seeks forward: it reads on to that record at once and holds there.
+    let mut at = held + 11;
+    if held + 12 < 24 {
+        at = held + 12;
+        tmux.keys(&["g"]);
+        tmux.wait_for(&["seek: read on to a record or a time"]);
+        tmux.keys(&[&at.to_string(), "Enter"]);
+        let screen = tmux.wait_until("the seek", |s| count(s) == at);
+        assert!(screen.contains("REPLAY PAUSED"), "{screen}");
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(count(&tmux.screen()), at);
+    }
     tmux.keys(&["p"]);
     tmux.wait_for(&["replay resumed"]);
-    tmux.wait_until("reading to go on", |s| count(s) > held + 11);
+    tmux.wait_until("reading to go on", |s| count(s) > at);
     tmux.keys(&["q"]);
     tmux.wait_for(&["EXITED 0"]);
 }

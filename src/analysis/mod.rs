@@ -23,8 +23,8 @@ pub use findings::{Confidence, Finding, FindingKind};
 pub use crate::normalize::measured::{Measured, Source};
 pub use report::Report;
 pub use table::{
-    BreakCause, BreakLocation, Cause, Client, Composition, EvictedBy, Loss, Priced, Rated, Row,
-    RowKind, Shape, SharedRow, ToolUsage,
+    BreakCause, BreakLocation, BreakTexts, Cause, Client, Composition, EvictedBy, Loss, Priced,
+    Rated, Row, RowKind, Shape, SharedRow, ToolUsage,
 };
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).

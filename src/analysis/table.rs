@@ -56,6 +56,50 @@ pub struct BreakLocation {
     pub tail_matched: Option<bool>,
     pub tools_added: Vec<String>,
     pub tools_removed: Vec<String>,
+    /// Both versions of the changed message, whole up to a bound (full mode only). Not in the
+    /// report's JSON, which keeps the snippets: the TUI's detail shows and writes these.
+    #[serde(skip)]
+    pub texts: Option<BreakTexts>,
+}
+
+/// The changed message before and after, each cut at `limits::MAX_BREAK_TEXT_BYTES`, and where
+/// the change is in them (characters of the whole texts, as `snippets` finds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakTexts {
+    pub before: Arc<str>,
+    pub after: Arc<str>,
+    /// Bytes of each text not kept (past the bound).
+    pub before_cut: usize,
+    pub after_cut: usize,
+    /// Characters both texts start with, and end with, around the change.
+    pub head: usize,
+    pub tail: usize,
+}
+
+impl BreakTexts {
+    fn of(before: &Arc<str>, after: &Arc<str>, head: usize, tail: usize) -> BreakTexts {
+        // The message's own text is shared when it fits: no copy for the common case.
+        let kept = |text: &Arc<str>| -> (Arc<str>, usize) {
+            let bound = crate::limits::MAX_BREAK_TEXT_BYTES;
+            if text.len() <= bound {
+                return (Arc::clone(text), 0);
+            }
+            let mut end = bound;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            (Arc::from(&text[..end]), text.len() - end)
+        };
+        let ((before, before_cut), (after, after_cut)) = (kept(before), kept(after));
+        BreakTexts {
+            before,
+            after,
+            before_cut,
+            after_cut,
+            head,
+            tail,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -849,6 +893,7 @@ pub(super) fn link(
                 tail_matched: None,
                 tools_added: after.difference(&before).cloned().collect(),
                 tools_removed: before.difference(&after).cloned().collect(),
+                texts: None,
             }),
             prefix_len: 0,
             prefix_tokens: 0.0,
@@ -1011,16 +1056,18 @@ fn locate(prev: &Exchange, cur: &Exchange, k: usize) -> BreakLocation {
         tail_matched: None,
         tools_added: Vec::new(),
         tools_removed: Vec::new(),
+        texts: None,
     };
     let (Some(a), Some(b)) = (a, b) else {
         return location;
     };
     match (&a.text, &b.text) {
         (Some(x), Some(y)) => {
-            let (offset, before, after) = snippets(x, y);
+            let (offset, tail, before, after) = snippets(x, y);
             location.char_offset = Some(offset as u32);
             location.before = Some(before);
             location.after = Some(after);
+            location.texts = Some(BreakTexts::of(x, y, offset, tail));
         }
         _ => {
             location.head_matched = Some(a.head == b.head);
@@ -1030,9 +1077,10 @@ fn locate(prev: &Exchange, cur: &Exchange, k: usize) -> BreakLocation {
     location
 }
 
-/// The first differing character, and up to 60 characters of each text around the change:
-/// a little context before it, then the differing span.
-fn snippets(before: &str, after: &str) -> (usize, String, String) {
+/// The first differing character, the characters both texts end with after the change, and up
+/// to 60 characters of each text around the change: a little context before it, then the
+/// differing span.
+fn snippets(before: &str, after: &str) -> (usize, usize, String, String) {
     let a: Vec<char> = before.chars().collect();
     let b: Vec<char> = after.chars().collect();
     let head = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
@@ -1051,7 +1099,7 @@ fn snippets(before: &str, after: &str) -> (usize, String, String) {
             .min(start + SNIPPET_CHARS);
         text[start.min(end)..end].iter().collect()
     };
-    (head, cut(&a, a.len() - tail), cut(&b, b.len() - tail))
+    (head, tail, cut(&a, a.len() - tail), cut(&b, b.len() - tail))
 }
 
 fn already_sent(prev: &Exchange, cur: &Exchange, cw: &Weights, same_tools: bool) -> f64 {
@@ -1465,6 +1513,28 @@ pub(super) fn round(value: f64) -> u32 {
 mod tests {
     use super::*;
     use crate::normalize::exchange::ToolDef;
+
+    /// A break keeps both whole texts, the message's own (no copy) when it fits, and past the
+    /// bound only its start, with the bytes not kept counted on a character boundary.
+    #[test]
+    fn a_break_keeps_both_whole_texts_up_to_the_bound() {
+        let before: Arc<str> = Arc::from("You are helpful. Today is Monday.");
+        let after: Arc<str> = Arc::from("You are helpful. Today is Tuesday.");
+        let (head, tail, _, _) = snippets(&before, &after);
+        let texts = BreakTexts::of(&before, &after, head, tail);
+        assert!(Arc::ptr_eq(&texts.before, &before));
+        assert_eq!((texts.before_cut, texts.after_cut), (0, 0));
+        assert_eq!(&before[head..before.len() - tail], "Mon");
+        assert_eq!(&after[head..after.len() - tail], "Tues");
+
+        let bound = crate::limits::MAX_BREAK_TEXT_BYTES;
+        // 'é' is two bytes: the bound falls inside one, so the cut moves back by a byte.
+        let long: Arc<str> = Arc::from(format!("a{}", "é".repeat(bound)));
+        let texts = BreakTexts::of(&long, &after, 0, 0);
+        assert_eq!(texts.before.len(), bound - 1);
+        assert_eq!(texts.before_cut, long.len() - (bound - 1));
+        assert!(long.starts_with(&*texts.before));
+    }
     use crate::record::hash;
     use crate::record::{Output, Params, ToolCall};
 

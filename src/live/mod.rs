@@ -155,8 +155,15 @@ pub enum Command {
 }
 
 /// Records kept for the simulated server's what-if (the fixes' savings): past this many, the
-/// findings view says to run `prefixscope whatif` on the recording instead.
+/// findings view says to run `prefixscope whatif` on the recording instead. The what-if holds
+/// every record and replays them all at each update while the view is open, so its cost grows
+/// with the traffic (measured in a release build, BENCHMARKS.md "What-if in the TUI": 0.9 s
+/// and 50 MiB at 1,000 agent records, 4.6 s and 250 MiB at 5,000, 20 s and 1 GiB at 20,000).
 pub const MAX_WHATIF_RECORDS: usize = 1_000;
+
+/// Why the savings stop at `MAX_WHATIF_RECORDS`, in the views' words (the measured cost).
+pub const WHATIF_CAP_COST: &str =
+    "replayed at each update: 4.6 s and 250 MiB at 5,000 agent records, 20 s and 1 GiB at 20,000";
 
 /// One server setting replayed by the simulated llama-server (`sim::whatif`, what
 /// `prefixscope whatif` prints) over the records so far.
@@ -533,8 +540,9 @@ impl Snapshot {
         let wants_settings = self.advice().iter().any(|a| !a.fix.levers.is_empty());
         if let (Predictions::TooMany(n), true) = (&*self.predictions, wants_settings) {
             lines.push(format!(
-                "  the server settings' savings: prefixscope whatif FILE --cache-ram on, --slots N ({} records is more than the live what-if replays)",
-                thousands(*n)
+                "  the server settings' savings: prefixscope whatif FILE --cache-ram on, --slots N ({} records is past the live what-if's {}: {WHATIF_CAP_COST})",
+                thousands(*n),
+                thousands(MAX_WHATIF_RECORDS as u64)
             ));
         }
         lines.extend(changes);

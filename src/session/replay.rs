@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -78,6 +78,10 @@ impl Replay {
             files: config.files.clone(),
             paused: AtomicBool::new(false),
             steps: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            last_due_ms: AtomicI64::new(NOTHING_SENT),
+            seek_records: AtomicU64::new(0),
+            seek_until_ms: AtomicI64::new(NO_SEEK),
         });
         let mut messages = Vec::new();
         let source = if traces > 0 {
@@ -355,6 +359,67 @@ pub struct Pacer {
     /// Feeding held (the TUI's `p` in a replay); `steps` records may still go, one per `.`.
     paused: AtomicBool,
     steps: AtomicU64,
+    /// Records (or requests) sent so far, and the recorded time of the latest.
+    sent: AtomicU64,
+    last_due_ms: AtomicI64,
+    /// A seek under way: feed at once, unpaced, until this many are sent (0: none) or until the
+    /// first one due after this time (`NO_SEEK`: none); then hold.
+    seek_records: AtomicU64,
+    seek_until_ms: AtomicI64,
+}
+
+const NOTHING_SENT: i64 = i64::MIN;
+const NO_SEEK: i64 = i64::MIN;
+
+/// Where `g` in a replay goes: forward only (going back would read the files again from the
+/// start into a new engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seek {
+    /// Until this many records have been read (`120`).
+    Record(u64),
+    /// Until the first record after this time of day (UTC, as the screen shows times), on the
+    /// day of the latest record read (`09:01:30`, `9:01`).
+    TimeOfDay(i64),
+    /// This many milliseconds of recorded time past the latest record read (`+90s`, `+2m`).
+    Ahead(i64),
+}
+
+impl Seek {
+    /// `120`, `09:01:30` / `9:01`, `+90s` / `+2m` / `+1h` / `+90` (seconds).
+    pub fn parse(text: &str) -> Result<Seek, String> {
+        let text = text.trim();
+        let bad = || format!("{text:?}: a record number (120), a time (09:01:30) or +90s / +2m");
+        if let Some(ahead) = text.strip_prefix('+') {
+            let (number, unit_ms) = match ahead.char_indices().last() {
+                Some((i, 's')) => (&ahead[..i], 1_000),
+                Some((i, 'm')) => (&ahead[..i], 60_000),
+                Some((i, 'h')) => (&ahead[..i], 3_600_000),
+                _ => (ahead, 1_000),
+            };
+            let n: i64 = number.trim().parse().map_err(|_| bad())?;
+            return n
+                .checked_mul(unit_ms)
+                .filter(|ms| *ms > 0)
+                .map(Seek::Ahead)
+                .ok_or_else(bad);
+        }
+        if text.contains(':') {
+            let parts: Vec<&str> = text.split(':').collect();
+            if parts.len() > 3 || parts.iter().any(|p| p.is_empty() || p.len() > 2) {
+                return Err(bad());
+            }
+            let mut fields = [0i64; 3];
+            for (field, part) in fields.iter_mut().zip(&parts) {
+                *field = part.parse().map_err(|_| bad())?;
+            }
+            let [h, m, s] = fields;
+            if h > 23 || m > 59 || s > 59 {
+                return Err(bad());
+            }
+            return Ok(Seek::TimeOfDay((h * 3600 + m * 60 + s) * 1000));
+        }
+        text.parse().map(Seek::Record).map_err(|_| bad())
+    }
 }
 
 impl Pacer {
@@ -376,27 +441,70 @@ impl Pacer {
                 return;
             }
             let Some(item) = item else { continue };
-            if self.paced {
-                match anchor.as_mut() {
-                    None => anchor = Some((Instant::now(), due_ms)),
-                    Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
-                }
-            }
-            if self.hold() {
-                // Resumed: the pace goes on from this record, nothing jumps.
+            if self.seeking(due_ms) {
+                // Sent at once; the pace goes on from here once the seek is done.
                 anchor = Some((Instant::now(), due_ms));
+            } else {
+                if self.paced {
+                    match anchor.as_mut() {
+                        None => anchor = Some((Instant::now(), due_ms)),
+                        Some(anchor) => self.wait_until(due_ms, anchor, &mut speed),
+                    }
+                }
+                let mut resumed = false;
+                // A seek asked for while waiting or held takes this record if it is in range,
+                // else it ends here and the reading stays held.
+                while !self.seeking(due_ms) {
+                    resumed |= self.hold();
+                    if !self.seek_asked() {
+                        break;
+                    }
+                }
+                if resumed || self.seek_asked() {
+                    // The pace goes on from this record, nothing jumps.
+                    anchor = Some((Instant::now(), due_ms));
+                }
             }
             if inputs.send(wrap(item, super::wall_clock_ms())).is_err() {
                 return;
             }
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            self.last_due_ms.fetch_max(due_ms, Ordering::Relaxed);
         }
         let _ = inputs.send(Input::SourceDone);
     }
 
-    /// Waits while feeding is paused and no step is asked for; whether it waited.
+    /// Whether a seek goes on to the record due at `due_ms`; ends the seek when it is reached.
+    fn seeking(&self, due_ms: i64) -> bool {
+        let records = self.seek_records.load(Ordering::Relaxed);
+        if records > 0 {
+            if self.sent.load(Ordering::Relaxed) < records {
+                return true;
+            }
+            self.seek_records.store(0, Ordering::Relaxed);
+        }
+        let until = self.seek_until_ms.load(Ordering::Relaxed);
+        if until != NO_SEEK {
+            if due_ms <= until {
+                return true;
+            }
+            self.seek_until_ms.store(NO_SEEK, Ordering::Relaxed);
+        }
+        false
+    }
+
+    fn seek_asked(&self) -> bool {
+        self.seek_records.load(Ordering::Relaxed) > 0
+            || self.seek_until_ms.load(Ordering::Relaxed) != NO_SEEK
+    }
+
+    /// Waits while feeding is paused and no step or seek is asked for; whether it waited.
     fn hold(&self) -> bool {
         let mut held = false;
-        while self.paused.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
+        while self.paused.load(Ordering::Relaxed)
+            && !self.stop.load(Ordering::Relaxed)
+            && !self.seek_asked()
+        {
             if self
                 .steps
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
@@ -423,7 +531,7 @@ impl Pacer {
             }
             let wait_ms =
                 (due_ms - anchor.1) as f64 / *speed - anchor.0.elapsed().as_secs_f64() * 1000.0;
-            if wait_ms <= 0.0 || self.stop.load(Ordering::Relaxed) {
+            if wait_ms <= 0.0 || self.stop.load(Ordering::Relaxed) || self.seek_asked() {
                 return;
             }
             std::thread::sleep(Duration::from_secs_f64(wait_ms.min(100.0) / 1000.0));
@@ -451,6 +559,54 @@ impl Pacer {
     pub fn step(&self) {
         self.steps.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Records (or requests) sent to the engine so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Reads on at once to `to`, then holds the reading there (as `p` does); forward only.
+    /// What to say, or why not.
+    pub fn seek(&self, to: Seek) -> Result<String, String> {
+        let sent = self.sent();
+        let last = self.last_due_ms.load(Ordering::Relaxed);
+        let clock = |ms: i64| {
+            let s = ms.div_euclid(1000).rem_euclid(86_400);
+            format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+        };
+        let until = match to {
+            Seek::Record(n) if n <= sent => {
+                return Err(format!(
+                    "record {n} is already read ({sent} so far): seek goes forward only"
+                ));
+            }
+            Seek::Record(n) => {
+                self.steps.store(0, Ordering::Relaxed);
+                self.paused.store(true, Ordering::Relaxed);
+                self.seek_records.store(n, Ordering::Relaxed);
+                return Ok(format!("reading on to record {n}, then paused"));
+            }
+            _ if last == NOTHING_SENT => {
+                return Err("no record read yet: seek to a record number".into());
+            }
+            Seek::TimeOfDay(ms) => last - last.rem_euclid(86_400_000) + ms,
+            Seek::Ahead(ms) => last.saturating_add(ms),
+        };
+        if until <= last {
+            return Err(format!(
+                "{} is not after the latest record read ({}): seek goes forward only",
+                clock(until),
+                clock(last)
+            ));
+        }
+        self.steps.store(0, Ordering::Relaxed);
+        self.paused.store(true, Ordering::Relaxed);
+        self.seek_until_ms.store(until, Ordering::Relaxed);
+        Ok(format!(
+            "reading on to the records of {} and before, then paused",
+            clock(until)
+        ))
+    }
 }
 
 #[cfg(feature = "tui")]
@@ -472,7 +628,45 @@ impl crate::tui::Control for Pacer {
         Pacer::step(self);
     }
 
+    fn seek_source(&self, to: Seek) -> Result<String, String> {
+        Pacer::seek(self, to)
+    }
+
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
         super::export::export_files(&self.files, format, path)
+    }
+}
+
+#[cfg(test)]
+mod seek_tests {
+    use super::Seek;
+
+    #[test]
+    fn a_seek_is_a_record_a_time_of_day_or_a_time_ahead() {
+        assert_eq!(Seek::parse(" 120 "), Ok(Seek::Record(120)));
+        assert_eq!(
+            Seek::parse("09:01:30"),
+            Ok(Seek::TimeOfDay((9 * 3600 + 60 + 30) * 1000))
+        );
+        assert_eq!(
+            Seek::parse("9:01"),
+            Ok(Seek::TimeOfDay((9 * 3600 + 60) * 1000))
+        );
+        assert_eq!(Seek::parse("+90s"), Ok(Seek::Ahead(90_000)));
+        assert_eq!(Seek::parse("+90"), Ok(Seek::Ahead(90_000)));
+        assert_eq!(Seek::parse("+2m"), Ok(Seek::Ahead(120_000)));
+        assert_eq!(Seek::parse("+1h"), Ok(Seek::Ahead(3_600_000)));
+        for bad in [
+            "",
+            "-3",
+            "+0s",
+            "25:00",
+            "9:61",
+            "1:2:3:4",
+            "x",
+            "+9999999999999999h",
+        ] {
+            assert!(Seek::parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -66,6 +66,9 @@ impl Control for WithEngine<'_> {
     fn step_source(&self) {
         self.edge.step_source();
     }
+    fn seek_source(&self, to: super::replay::Seek) -> Result<String, String> {
+        self.edge.seek_source(to)
+    }
     fn in_flight(&self) -> u64 {
         self.edge.in_flight()
     }

@@ -103,6 +103,8 @@ pub enum Dialog {
         selected: usize,
     },
     Filter(TextArea<'static>),
+    /// Where to read on to in a replay: a record number or a time (`g`).
+    Seek(TextArea<'static>),
     Export {
         format: usize,
         name: TextArea<'static>,
@@ -130,6 +132,8 @@ pub enum Action {
     PauseSource(bool),
     /// While the replay is held: read this many more records.
     Step(u64),
+    /// A replay: read on at once to a record or a time, then hold there.
+    Seek(crate::session::replay::Seek),
     /// Write the open view's text to `prefixscope-<what>-<ms>.txt` (0600): the lines shown.
     WriteView(String, Vec<String>),
     /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
@@ -406,13 +410,19 @@ impl App {
 
     /// The keys of a view (Detail, Prefix, Client, Findings, FindingRows); `None`: not one.
     fn view_key(&mut self, key: KeyEvent) -> Option<Action> {
-        let page = |scroll: &mut u16, code: KeyCode| match code {
-            KeyCode::Down | KeyCode::Char('j') => *scroll = scroll.saturating_add(1),
-            KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
-            KeyCode::PageDown | KeyCode::Char(' ') => *scroll = scroll.saturating_add(10),
-            KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
-            KeyCode::Home => *scroll = 0,
-            _ => {}
+        // Where the view's last page starts: scrolling stops there, so ↑ moves at once.
+        let end = super::panes::views::view_end(self, &super::theme::Theme::plain());
+        let page = |scroll: &mut u16, code: KeyCode| {
+            match code {
+                KeyCode::Down | KeyCode::Char('j') => *scroll = scroll.saturating_add(1),
+                KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
+                KeyCode::PageDown | KeyCode::Char(' ') => *scroll = scroll.saturating_add(10),
+                KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
+                KeyCode::Home => *scroll = 0,
+                KeyCode::End => *scroll = end,
+                _ => {}
+            }
+            *scroll = (*scroll).min(end);
         };
         let advice_len = self.advice_len();
         let rows_of = |app: &App, index: usize| {
@@ -499,6 +509,20 @@ impl App {
                         area.input(key);
                     }
                 },
+                Dialog::Seek(area) => match key.code {
+                    KeyCode::Enter => {
+                        let typed = area.lines().join("");
+                        self.dialog = None;
+                        match crate::session::replay::Seek::parse(&typed) {
+                            Ok(to) => return Action::Seek(to),
+                            Err(why) => self.status = Some(format!("seek: {why}")),
+                        }
+                    }
+                    KeyCode::Esc => self.dialog = None,
+                    _ => {
+                        area.input(key);
+                    }
+                },
                 Dialog::Export { format, name } => match key.code {
                     KeyCode::Enter => {
                         let path = name.lines().join("");
@@ -519,7 +543,12 @@ impl App {
                         name.input(key);
                     }
                 },
-                Dialog::Help { scroll } => {
+                Dialog::Help { .. } => {
+                    // Scrolling stops at the last page, so ↑ moves at once.
+                    let end = super::panes::views::view_end(self, &super::theme::Theme::plain());
+                    let Some(Dialog::Help { scroll }) = self.dialog.as_mut() else {
+                        return Action::Redraw;
+                    };
                     if ctrl_c || key.code == KeyCode::Char('q') {
                         self.dialog = None;
                         self.back.clear();
@@ -531,8 +560,12 @@ impl App {
                         KeyCode::Up | KeyCode::Char('k') => *scroll = scroll.saturating_sub(1),
                         KeyCode::PageDown => *scroll = scroll.saturating_add(10),
                         KeyCode::PageUp => *scroll = scroll.saturating_sub(10),
-                        _ => self.dialog = self.back.pop(),
+                        _ => {
+                            self.dialog = self.back.pop();
+                            return Action::Redraw;
+                        }
                     }
+                    *scroll = (*scroll).min(end);
                 }
                 _ => {
                     if ctrl_c || key.code == KeyCode::Char('q') {
@@ -633,6 +666,22 @@ impl App {
             {
                 // A replay: hold its reading itself (the loop asks the pacer).
                 return Action::PauseSource(!self.source_paused);
+            }
+            KeyCode::Char('g')
+                if matches!(self.source, Source::Replay { .. })
+                    && self.speed.is_some()
+                    && !self.source_done =>
+            {
+                self.dialog = Some(Dialog::Seek(TextArea::default()));
+            }
+            KeyCode::Char('g') => {
+                self.status = Some(match self.source {
+                    _ if self.source_done => "seek: the replay has finished".into(),
+                    Source::Replay { .. } => {
+                        "seek: an --instant replay reads every record at once".into()
+                    }
+                    Source::Live { .. } => "seek applies to replays".into(),
+                });
             }
             KeyCode::Char('.') if self.source_paused => return Action::Step(1),
             KeyCode::Char(']') if self.source_paused => return Action::Step(10),

@@ -57,6 +57,10 @@ pub trait Control {
     }
     /// While the source is held: one more record.
     fn step_source(&self) {}
+    /// Reads on to `to` and holds there (a replay); what to say, or why not.
+    fn seek_source(&self, _to: crate::session::replay::Seek) -> Result<String, String> {
+        Err("seek applies to replays".into())
+    }
     fn in_flight(&self) -> u64 {
         0
     }
@@ -189,6 +193,16 @@ pub fn run<B: Backend>(
                             crate::units::plural(records, "record")
                         ));
                     }
+                }
+                Action::Seek(to) => {
+                    app.status = Some(match control.seek_source(to) {
+                        Ok(said) => {
+                            app.source_paused = true;
+                            app.paused = false;
+                            said
+                        }
+                        Err(why) => why,
+                    });
                 }
                 Action::WriteView(what, lines) => {
                     let path = PathBuf::from(format!("prefixscope-{what}-{}.txt", clock.now_ms()));

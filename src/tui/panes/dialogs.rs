@@ -13,6 +13,7 @@ pub const HELP: &[&str] = &[
     "  ?            this help (any key closes it)",
     "  Tab / S-Tab  next / previous pane (mouse: click; m turns the mouse off)",
     "  ↑ ↓ / j k    select a lane, a break, a client, a prefix; scroll a view",
+    "  PgUp PgDn    in a view: a page; Home / End: its start / end (a turn ends with both whole texts)",
     "  ← → / h l    in Conversations: move along the lane's turns (Home oldest, End newest);",
     "               elsewhere: next / previous pane",
     "  Enter        open: a turn (cause, cost, what changed, the fix), a prefix (what it is",
@@ -24,6 +25,7 @@ pub const HELP: &[&str] = &[
     "  o            in a view: write its whole text to prefixscope-<view>-<ms>.txt (0600)",
     "  p / space    replay: pause reading the file (. reads one record, ] ten); watch: pause the",
     "               view (the recording goes on)",
+    "  g            replay: seek forward to a record (120) or a time (09:01:30, +90s), then pause",
     "  /            filter by client, model, conversation (c3) or text; Esc clears",
     "  s            write a snapshot: JSON report and text summary (with the fixes)",
     "  e            export a trace (Tab picks the format; all but otel are anonymous)",
@@ -67,6 +69,27 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 theme,
             );
             frame.render_widget(area_input, inner);
+        }
+        Some(Dialog::Seek(area_input)) => {
+            let inner = popup(
+                frame,
+                area,
+                70,
+                5,
+                "seek: read on to a record or a time, then pause (forward only)",
+                theme,
+            );
+            let [hint, input] =
+                Layout::vertical([Constraint::Length(2), Constraint::Length(1)]).areas(inner);
+            frame.render_widget(
+                Paragraph::new(format!(
+                    "record number (120), time of day (09:01:30) or ahead (+90s, +2m); {} read so far · Enter seeks, Esc cancels",
+                    crate::units::plural(app.requests(), "record")
+                ))
+                .wrap(Wrap { trim: true }),
+                hint,
+            );
+            frame.render_widget(area_input, input);
         }
         Some(Dialog::Export { format, name }) => {
             let inner = popup(

@@ -125,12 +125,18 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
         Pane::Prefixes => " ↑↓ prefix  ↵ contents  t sort ",
     };
     let keys = if app.dialog.is_some() {
-        " Esc back  ↑↓ scroll/select  ↵ open  o write to a file  ? help  q quit".to_string()
+        " Esc back  ↑↓ PgUp PgDn Home End scroll/select  ↵ open  o write to a file  ? help  q quit"
+            .to_string()
     } else if app.source_paused {
-        format!(" . one record  ] ten  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
+        format!(" . one record  ] ten  g seek  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
     } else {
+        let seek = if matches!(app.source, Source::Replay { .. }) && !app.source_done {
+            "  g seek"
+        } else {
+            ""
+        };
         format!(
-            "{pane}· ? help  Tab pane  f fixes  w who  z zoom  p pause  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
+            "{pane}· ? help  Tab pane  f fixes  w who  z zoom  p pause{seek}  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
         )
     };
     if width > used + 10 {

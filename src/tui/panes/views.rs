@@ -4,7 +4,7 @@
 //! the snapshot (`*_lines`, also what the tests read), drawn scrolled.
 
 use ratatui::Frame;
-use ratatui::layout::Rect;
+use ratatui::layout::{Margin, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
@@ -34,9 +34,10 @@ pub fn plain_text(app: &App, theme: &Theme) -> (String, Vec<String>) {
             .collect()
     };
     match &app.dialog {
-        Some(Dialog::Detail { id, .. }) => {
-            (format!("request-{id}"), text(detail_lines(app, *id, theme)))
-        }
+        Some(Dialog::Detail { id, .. }) => (
+            format!("request-{id}"),
+            text(detail_lines_as(app, *id, theme, Written::File)),
+        ),
         Some(Dialog::Prefix { index, .. }) => {
             ("prefix".into(), text(prefix_lines(app, *index, theme)))
         }
@@ -119,13 +120,34 @@ pub fn draw(frame: &mut Frame, screen: Rect, app: &App, theme: &Theme) -> bool {
         .title(Span::styled(format!(" {title} "), theme.title()));
     let inner = block.inner(rect);
     frame.render_widget(block, rect);
-    frame.render_widget(
-        Paragraph::new(lines)
-            .wrap(Wrap { trim: false })
-            .scroll((scroll, 0)),
-        inner,
-    );
+    let paragraph = Paragraph::new(lines).wrap(Wrap { trim: false });
+    // Past the end (End, or a text that got shorter) shows the last page.
+    let last = last_scroll(&paragraph, inner);
+    frame.render_widget(paragraph.scroll((scroll.min(last), 0)), inner);
     true
+}
+
+/// The scroll that shows a paragraph's last page in `inner`.
+fn last_scroll(paragraph: &Paragraph, inner: Rect) -> u16 {
+    let rows = paragraph.line_count(inner.width);
+    u16::try_from(rows.saturating_sub(usize::from(inner.height))).unwrap_or(u16::MAX)
+}
+
+/// The scroll that shows the last page of the open view, at the screen size of the last draw
+/// (End goes there; ↑ from there moves at once).
+pub fn view_end(app: &App, theme: &Theme) -> u16 {
+    let lines = match &app.dialog {
+        Some(Dialog::Help { .. }) => super::dialogs::HELP.iter().map(|l| Line::raw(*l)).collect(),
+        Some(Dialog::Detail { id, .. }) => detail_lines(app, *id, theme),
+        Some(Dialog::Prefix { index, .. }) => prefix_lines(app, *index, theme),
+        Some(Dialog::Client { index, .. }) => client_lines(app, *index, theme),
+        Some(Dialog::Capacity { .. }) => capacity_lines(app, theme),
+        Some(Dialog::WhoCostWhom { .. }) => who_cost_whom_lines(app, theme),
+        _ => return 0,
+    };
+    let (width, height) = app.last_size;
+    let inner = Rect::new(0, 0, width, height.saturating_sub(1)).inner(Margin::new(1, 1));
+    last_scroll(&Paragraph::new(lines).wrap(Wrap { trim: false }), inner)
 }
 
 fn measured<T: std::fmt::Display>(m: Option<Measured<T>>) -> String {
@@ -259,9 +281,10 @@ fn saving_lines<'a>(
     let why = match predictions {
         Predictions::NotAsked => "savings: f opens the findings and works them out".to_string(),
         Predictions::TooMany(n) => format!(
-            "savings: {} records is past the live what-if's {}: run prefixscope whatif on the recording",
+            "savings: run prefixscope whatif on the recording; {} records is past the live what-if's {} ({})",
             thousands(*n),
-            thousands(crate::live::MAX_WHATIF_RECORDS as u64)
+            thousands(crate::live::MAX_WHATIF_RECORDS as u64),
+            crate::live::WHATIF_CAP_COST
         ),
         Predictions::NotReplayable => {
             "savings: the simulated llama-server replays llama.cpp's chat requests with counts only"
@@ -305,7 +328,111 @@ fn change_lines<'a>(before: &str, after: &str, theme: &Theme) -> Vec<Line<'a>> {
     vec![line("  before: ", split(&b)), line("  after:  ", split(&a))]
 }
 
+/// Where a view's lines go: the screen (line breaks and tabs drawn as `⏎` `⇥` where they are
+/// part of the change), or a file (`o`: the texts as written, only control characters escaped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Screen,
+    File,
+}
+
+/// The whole text of one version of the changed message, a line per line of it, the characters
+/// `changed` (a range of the whole text) highlighted, and what was not kept of it.
+fn whole_text_lines<'a>(
+    text: &str,
+    cut: usize,
+    changed: std::ops::Range<usize>,
+    written: Written,
+    theme: &Theme,
+) -> Vec<Line<'a>> {
+    let mut lines: Vec<Line> = Vec::new();
+    let mut spans: Vec<Span> = Vec::new();
+    let mut run = String::new();
+    let mut run_changed = false;
+    let flush = |run: &mut String, changed: bool, spans: &mut Vec<Span<'a>>| {
+        if run.is_empty() {
+            return;
+        }
+        let text = match written {
+            Written::Screen => shown(run),
+            Written::File => crate::text::printable(run).into_owned(),
+        };
+        spans.push(if changed {
+            Span::styled(text, theme.changed())
+        } else {
+            Span::raw(text)
+        });
+        run.clear();
+    };
+    for (i, c) in text.chars().enumerate() {
+        let in_change = changed.contains(&i);
+        if in_change != run_changed {
+            flush(&mut run, run_changed, &mut spans);
+            run_changed = in_change;
+        }
+        if c == '\n' {
+            // A changed line break is drawn, so an added or removed line shows.
+            if in_change && written == Written::Screen {
+                run.push('⏎');
+            }
+            flush(&mut run, run_changed, &mut spans);
+            lines.push(Line::from(std::mem::take(&mut spans)));
+        } else {
+            run.push(c);
+        }
+    }
+    flush(&mut run, run_changed, &mut spans);
+    lines.push(Line::from(spans));
+    if cut > 0 {
+        lines.push(Line::styled(
+            format!("… {} more bytes not kept", thousands(cut as u64)),
+            theme.dim(),
+        ));
+    }
+    lines
+}
+
+/// Both whole versions of the changed message, each under a heading saying its size.
+fn break_text_lines<'a>(
+    texts: &crate::analysis::BreakTexts,
+    message: Option<u32>,
+    written: Written,
+    theme: &Theme,
+) -> Vec<Line<'a>> {
+    let mut lines = Vec::new();
+    let message = message.map_or(String::new(), |m| format!(" {m}"));
+    for (which, text, cut) in [
+        ("before", &texts.before, texts.before_cut),
+        ("after", &texts.after, texts.after_cut),
+    ] {
+        let chars = text.chars().count();
+        // The change in this version: after the shared head, before the shared tail (of the
+        // whole text; a cut text may end before it).
+        let whole_chars = if cut == 0 { chars } else { usize::MAX };
+        let end = whole_chars.saturating_sub(texts.tail).max(texts.head);
+        lines.push(Line::raw(String::new()));
+        lines.push(Line::styled(
+            format!(
+                "message{message} {which}, whole ({}{}):",
+                plural(text.len() as u64 + cut as u64, "byte"),
+                if cut > 0 {
+                    format!(", the first {} kept", thousands(text.len() as u64))
+                } else {
+                    String::new()
+                }
+            ),
+            theme.title(),
+        ));
+        lines.extend(whole_text_lines(text, cut, texts.head..end, written, theme));
+    }
+    lines
+}
+
 pub fn detail_lines<'a>(app: &App, id: u64, theme: &Theme) -> Vec<Line<'a>> {
+    detail_lines_as(app, id, theme, Written::Screen)
+}
+
+pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) -> Vec<Line<'a>> {
     let snapshot = &app.snapshot;
     let Some(row) = snapshot.row(id) else {
         return vec![Line::raw("not in the current view")];
@@ -385,7 +512,15 @@ pub fn detail_lines<'a>(app: &App, id: u64, theme: &Theme) -> Vec<Line<'a>> {
                 .map_or("-".into(), |o| thousands(u64::from(o)))
         )));
         match (&at.before, &at.after) {
-            (Some(b), Some(a)) => lines.extend(change_lines(b, a, theme)),
+            (Some(b), Some(a)) => {
+                lines.extend(change_lines(b, a, theme));
+                if at.texts.is_some() {
+                    lines.push(Line::styled(
+                        "  both whole texts are below (↓ PgDn End; o writes them to a file)",
+                        theme.dim(),
+                    ));
+                }
+            }
             (Some(b), None) => lines.push(Line::raw(format!("  before: {}", shown(b)))),
             (None, Some(a)) => lines.push(Line::raw(format!("  after:  {}", shown(a)))),
             (None, None) => {}
@@ -450,6 +585,12 @@ pub fn detail_lines<'a>(app: &App, id: u64, theme: &Theme) -> Vec<Line<'a>> {
         format!("  client (user agent and label): {}", shown(&row.client)),
     ] {
         lines.push(Line::raw(text));
+    }
+    // The whole texts last: they may be long, and the figures above stay on the first page.
+    if let Some(at) = &row.break_location
+        && let Some(texts) = &at.texts
+    {
+        lines.extend(break_text_lines(texts, at.message, written, theme));
     }
     lines
 }
@@ -743,9 +884,10 @@ pub fn capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
         let why = match &**predictions {
             Predictions::NotAsked => "working out the simulated server's settings…".to_string(),
             Predictions::TooMany(n) => format!(
-                "{} records is past the live what-if's {}: run prefixscope whatif FILE --slots N --cache-ram on|off",
+                "run prefixscope whatif FILE --slots N --cache-ram on|off; {} records is past the live what-if's {} ({})",
                 thousands(*n),
-                thousands(crate::live::MAX_WHATIF_RECORDS as u64)
+                thousands(crate::live::MAX_WHATIF_RECORDS as u64),
+                crate::live::WHATIF_CAP_COST
             ),
             _ => "the simulated llama-server replays llama.cpp's chat requests with the server's counts only"
                 .to_string(),
@@ -931,4 +1073,37 @@ pub fn who_cost_whom_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
     row.push_str(&format!(" {:>8}", tokens(all)));
     lines.push(Line::styled(row, theme.title()));
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_of(lines: &[Line]) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect()
+    }
+
+    /// A line per line of the text, the change highlighted across a line break (drawn as `⏎`
+    /// on screen, left out of the file), and what was not kept said at the end.
+    #[test]
+    fn whole_text_keeps_its_lines_highlights_the_change_and_says_what_was_cut() {
+        let theme = Theme { color: true };
+        let lines = whole_text_lines("one\ntwo\tx\nthree", 1_234, 2..6, Written::Screen, &theme);
+        assert_eq!(
+            text_of(&lines),
+            ["one⏎", "two⇥x", "three", "… 1,234 more bytes not kept"]
+        );
+        let changed: Vec<&str> = lines
+            .iter()
+            .flat_map(|l| &l.spans)
+            .filter(|s| s.style == theme.changed())
+            .map(|s| s.content.as_ref())
+            .collect();
+        assert_eq!(changed, ["e⏎", "tw"]);
+        let file = whole_text_lines("one\ntwo\tx", 0, 2..6, Written::File, &theme);
+        assert_eq!(text_of(&file), ["one", "two\tx"]);
+    }
 }
