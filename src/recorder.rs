@@ -94,11 +94,25 @@ impl<B> CaptureSender<B> {
     }
 }
 
+/// Work done on each record on the recorder's thread, before it is written and handed on (the
+/// token layout of `tokenize::LiveLayout`): the record in full, digested after it if the mode
+/// says so.
+pub type Enrich = Box<dyn FnMut(&mut Record) + Send>;
+
 impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
     /// Opens the first file (mode 0600: recordings hold prompts) and starts the thread.
     pub fn start(
         config: RecorderConfig,
         consumers: Vec<Sender<Arc<Record>>>,
+    ) -> io::Result<Recorder<B>> {
+        Recorder::start_enriched(config, consumers, None)
+    }
+
+    /// `start`, with `enrich` run on every record.
+    pub fn start_enriched(
+        config: RecorderConfig,
+        consumers: Vec<Sender<Arc<Record>>>,
+        enrich: Option<Enrich>,
     ) -> io::Result<Recorder<B>> {
         let stats = Arc::new(RecorderStats::default());
         let writer = match &config.path {
@@ -115,7 +129,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
         let mode = config.mode;
         let thread = std::thread::Builder::new()
             .name("prefixscope-recorder".into())
-            .spawn(move || run(receiver, writer, mode, consumers, thread_stats))?;
+            .spawn(move || run(receiver, writer, mode, enrich, consumers, thread_stats))?;
         Ok(Recorder {
             sender: Some(sender),
             thread: Some(thread),
@@ -161,11 +175,22 @@ fn run<B: AsRef<[u8]>>(
     receiver: Receiver<Capture<B>>,
     mut writer: Option<RotatingWriter>,
     mode: BodyMode,
+    mut enrich: Option<Enrich>,
     consumers: Vec<Sender<Arc<Record>>>,
     stats: Arc<RecorderStats>,
 ) {
     for capture in receiver {
-        let record = build_record(capture, mode);
+        let record = match enrich.as_mut() {
+            Some(enrich) => {
+                let mut record = build_record(capture, BodyMode::Full);
+                enrich(&mut record);
+                if mode == BodyMode::Digest {
+                    crate::normalize::digest::apply_digest(&mut record);
+                }
+                record
+            }
+            None => build_record(capture, mode),
+        };
         if let Some(writer) = writer.as_mut() {
             let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
             if dropped {

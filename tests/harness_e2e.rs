@@ -430,7 +430,9 @@ const TURN_LIMIT: Duration = Duration::from_secs(240);
 /// Claude Code 2.1.197 (Anthropic Messages API: llama.cpp serves `/v1/messages`): `claude -p`,
 /// then `claude -p --continue` twice. Before each run it sends `HEAD /` (a connectivity check).
 /// Two recorders in a row (digest in front of full) see the same traffic: the digest one is the
-/// fixture (Claude Code's prompts are not ours to publish), and both must agree.
+/// fixture (Claude Code's prompts are not ours to publish), and both must agree. Only the one
+/// next to the server lays records out (the other's layout requests would go through it and be
+/// recorded there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_three_turns_through_record() {
     let Some(bin) = harness("harness_e2e claude_code", "claude") else {
@@ -452,7 +454,7 @@ async fn claude_code_three_turns_through_record() {
     let digest = Recording::start(
         &full.url(),
         dir.join("claude-code.digest.jsonl"),
-        &["--digest"],
+        &["--digest", "--no-layout"],
     )
     .await;
     for (i, turn) in TURNS.iter().enumerate() {
@@ -485,6 +487,37 @@ async fn claude_code_three_turns_through_record() {
     }
     // The digest keeps the server's counters, and the session header.
     let (f, d) = (read(&full_file), read(&digest_file));
+    // Next to llama.cpp, each turn is laid out as the server renders it: its counts add up to
+    // the server's prompt, and the tool schemas SmolLM2's template drops weigh nothing (so no
+    // "unused tool" finding quotes tokens the server never saw).
+    for record in f.iter().filter(|r| r.request.method == "POST") {
+        let tokens = record.tokens.as_ref();
+        assert!(
+            tokens.is_some_and(|t| t.layout),
+            "#{}: {tokens:?}",
+            record.id
+        );
+        let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
+        let messages: u32 = exchange
+            .messages
+            .iter()
+            .map(|m| m.tokens.unwrap().value)
+            .sum();
+        let tools: u32 = exchange.tools.iter().map(|t| t.tokens.unwrap().value).sum();
+        assert_eq!(
+            Some(messages + tools),
+            exchange.counts.prompt_tokens.map(|p| p.value)
+        );
+        assert_eq!(tools, 0, "#{}", record.id);
+    }
+    let laid_out = analyze(&full_file);
+    let unused_tools = laid_out["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "unused_tool")
+        .count();
+    assert_eq!(unused_tools, 0, "tools the template drops cost nothing");
     for (f, d) in f.iter().zip(&d) {
         assert_eq!(server_counts(f), server_counts(d), "#{}", f.id);
         assert_eq!(

@@ -568,3 +568,91 @@ fn the_cli_warns_when_the_tokenizer_is_unreachable() {
     );
     assert!(!output.stdout.is_empty());
 }
+
+/// `record` in front of the real llama.cpp lays each record out as it records it (#19: "`watch`
+/// and `record` use them when the upstream is llama.cpp", off the request path): the file's
+/// records carry the server's layout, in full and in digest mode, and their counts add up to
+/// the server's prompt count; `--no-layout` leaves them out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_lays_out_what_a_real_llama_cpp_serves() {
+    let Some((_server, upstream)) = support::llama::start_server("record with the layout").await
+    else {
+        return;
+    };
+    for (extra, laid) in [
+        (&[][..], true),
+        (&["--digest"][..], true),
+        (&["--no-layout"][..], false),
+    ] {
+        let file = temp_file(&format!("layout-record{}.jsonl", extra.join("")));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prefixscope"))
+            .args(["record", "-q", "--upstream", &format!("http://{upstream}")])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "-o"])
+            .arg(&file)
+            .args(extra)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let proxy: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let started = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(proxy).await.is_err() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(15),
+                "record never listened: {:?}",
+                child.try_wait()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are terse."}),
+            json!({"role": "user", "content": "Name a colour."}),
+        ];
+        for turn in 0..2 {
+            let body = json!({"model": "smollm2", "max_tokens": 8, "temperature": 0, "messages": messages});
+            let mut sender = client(proxy).await;
+            let response = sender
+                .send_request(post("/v1/chat/completions", body.to_string()))
+                .await
+                .unwrap();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            let reply: Value = serde_json::from_slice(&bytes).unwrap();
+            messages.push(reply["choices"][0]["message"].clone());
+            messages.push(json!({"role": "user", "content": format!("And another, {turn}?")}));
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let records = read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+        assert_eq!(records.len(), 2, "{extra:?}: {stderr}");
+        for record in &records {
+            let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
+            let tokens = record.tokens.as_ref();
+            assert_eq!(
+                tokens.is_some_and(|t| t.layout),
+                laid,
+                "{extra:?}: {stderr}"
+            );
+            if laid {
+                let sum: u32 = exchange
+                    .messages
+                    .iter()
+                    .map(|m| m.tokens.unwrap().value)
+                    .sum();
+                assert_eq!(Some(sum), exchange.counts.prompt_tokens.map(|p| p.value));
+            }
+        }
+        assert_eq!(
+            stderr.contains("2 records laid out as llama.cpp renders them"),
+            laid,
+            "{extra:?}: {stderr}"
+        );
+        let _ = std::fs::remove_file(&file);
+    }
+}

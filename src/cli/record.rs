@@ -45,6 +45,11 @@ pub struct CaptureArgs {
     /// Extra CA certificates (PEM) to trust for an https:// upstream.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
+    /// Don't ask a llama.cpp upstream for each request's token layout (`/apply-template` and
+    /// `/tokenize`, on the recorder's thread, never on the request path); without it, records
+    /// from llama.cpp carry the exact token count of each message.
+    #[arg(long)]
+    pub no_layout: bool,
 }
 
 impl CaptureArgs {
@@ -58,6 +63,7 @@ impl CaptureArgs {
             max_size: self.max_size,
             connect_timeout: self.connect_timeout,
             ca_file: self.ca_file.clone(),
+            layout: !self.no_layout,
         }
     }
 }
@@ -108,6 +114,7 @@ pub fn run(args: RecordArgs) -> u8 {
         path,
         listen,
         upstream,
+        layout,
         ..
     } = capture;
     let recorder_stats = recorder.stats();
@@ -173,6 +180,9 @@ pub fn run(args: RecordArgs) -> u8 {
             ),
         }
     );
+    if let Some(line) = layout.and_then(|l| l.summary()) {
+        prefixscope::stderr_line!("prefixscope: {line}");
+    }
     let refused = [
         (
             summary.rejected,

@@ -33,6 +33,12 @@ pub fn run(args: WatchArgs) -> u8 {
     for notice in capture.notices() {
         prefixscope::stderr_line!("prefixscope: {notice}");
     }
+    let layout = capture.layout.clone();
+    let say_layout = move || {
+        if let Some(line) = layout.as_ref().and_then(|l| l.summary()) {
+            prefixscope::stderr_line!("prefixscope: {line}");
+        }
+    };
     if !std::io::stdout().is_terminal() {
         prefixscope::stderr_line!(
             "prefixscope: proxy http://{} -> {}, recording to {}; stdout is not a terminal, so one line per record. Ctrl-C stops.",
@@ -41,6 +47,7 @@ pub fn run(args: WatchArgs) -> u8 {
             capture.path.display()
         );
         let written = watch_headless(capture, records_rx, std::io::stdout(), &shutdown);
+        say_layout();
         return report_written(&written, EXIT_OK);
     }
     let (result, written) = watch_screen(
@@ -56,6 +63,7 @@ pub fn run(args: WatchArgs) -> u8 {
         }
         Err(e) => fail(e),
     };
+    say_layout();
     report_written(&written, code)
 }
 

@@ -34,6 +34,8 @@ pub struct CaptureConfig {
     pub connect_timeout: u64,
     /// Extra CA certificates (PEM) for an https:// upstream.
     pub ca_file: Option<PathBuf>,
+    /// Lay each record out as a llama.cpp upstream renders it (`tokenize::LiveLayout`).
+    pub layout: bool,
 }
 
 /// A bound proxy and a running recorder, not yet serving.
@@ -46,6 +48,8 @@ pub struct Capture {
     pub upstream: Upstream,
     /// The descriptor limit, raised to the hard limit at the start.
     pub descriptors: Option<crate::proxy::DescriptorLimit>,
+    /// What the token layout did (None: off, or an upstream it cannot ask).
+    pub layout: Option<Arc<crate::tokenize::LiveLayoutStats>>,
 }
 
 impl Capture {
@@ -122,7 +126,17 @@ impl Capture {
             max_size: args.max_size,
             queue: None,
         };
-        let recorder = Recorder::start(recorder_config, consumers)
+        // The layout asks the upstream itself (plain http only), on the recorder's thread.
+        let live_layout = args
+            .layout
+            .then(|| crate::tokenize::LiveLayout::new(&upstream.url()))
+            .flatten();
+        let layout = live_layout.as_ref().map(|l| Arc::clone(&l.stats));
+        let enrich = live_layout.map(|mut live_layout| {
+            Box::new(move |record: &mut Record| live_layout.lay_out(record))
+                as crate::recorder::Enrich
+        });
+        let recorder = Recorder::start_enriched(recorder_config, consumers, enrich)
             .map_err(|e| Error::Unreadable(format!("cannot create {}: {e}", path.display())))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -162,6 +176,7 @@ impl Capture {
             listen,
             upstream,
             descriptors,
+            layout,
         })
     }
 }

@@ -109,6 +109,8 @@ impl Demo {
                 max_size: None,
                 connect_timeout: 10,
                 ca_file: None,
+                // The simulated server counts by its own words; it has no chat template to ask.
+                layout: false,
             },
             consumers,
         )?;

@@ -15,7 +15,10 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
+use std::time::Duration;
+
 use super::{Client, Endpoint};
+use crate::http1;
 use crate::normalize::{Api, chat_request, digest, exchange};
 use crate::record::{Record, TokenCounts};
 
@@ -40,129 +43,52 @@ pub(super) struct LayoutOutcome {
 /// Lays out every full-mode chat record without counts yet; records it lays out get
 /// `TokenCounts { layout: true, .. }`.
 pub(super) async fn lay_out_all(endpoint: &Endpoint, records: &mut [Record]) -> LayoutOutcome {
-    let mut client = Client {
-        endpoint,
-        sender: None,
-        requests: 0,
-    };
+    let mut client = Client::new(endpoint, super::REQUEST_TIMEOUT);
     let mut outcome = LayoutOutcome::default();
     // The same request twice (a retry, a replayed file) is rendered once.
-    let mut known: HashMap<u64, Option<Laid>> = HashMap::new();
+    let mut known: HashMap<u64, Laid> = HashMap::new();
     let mut failures = 0u64;
     let mut last_failure = String::new();
     let mut first_unlocated = String::new();
+    let mut first_mismatched = String::new();
     for record in records.iter_mut() {
-        let api = Api::from_path(&record.request.path);
-        if !api.is_chat() || record.request.digest.is_some() || record.tokens.is_some() {
-            continue;
-        }
-        let Some(body) = record.request.body.as_ref() else {
-            continue;
-        };
-        let (Some((messages, tools)), Some(request_digest)) =
-            (chat_request(api, body), digest::request_digest(api, body))
-        else {
-            continue;
-        };
-        if messages.is_empty() {
-            continue;
-        }
-        let key = xxhash_rust::xxh3::xxh3_64(
-            json!({ "messages": messages, "tools": tools })
-                .to_string()
-                .as_bytes(),
-        );
-        let laid = match known.get(&key) {
-            Some(laid) => laid.clone(),
-            None => {
-                let laid = match lay_out(&mut client, &messages, &tools).await {
-                    Ok(laid) => {
-                        outcome.available = true;
-                        Some(laid)
-                    }
-                    Err(LayoutFailure::Unreachable(e)) => {
-                        outcome.unreachable = Some(e);
-                        break;
-                    }
-                    // Not a llama.cpp that renders: the messages' own counts follow.
-                    Err(LayoutFailure::NoEndpoint) if !outcome.available => break,
-                    Err(failure) => {
-                        failures += 1;
-                        last_failure = match failure {
-                            LayoutFailure::Refused(why) => why,
-                            _ => "/apply-template answered 404".to_string(),
-                        };
-                        if !outcome.available && failures >= super::MAX_EARLY_FAILURES {
-                            break;
-                        }
-                        None
-                    }
-                };
-                known.insert(key, laid.clone());
-                laid
+        match lay_out_record(&mut client, record, &mut known).await {
+            Ok(Verdict::LaidOut) => {
+                outcome.available = true;
+                outcome.laid_out += 1;
             }
-        };
-        let (prompt, message_counts, tool_counts) = match laid {
-            Some(Laid::Counts {
-                prompt,
-                messages,
-                tools,
-            }) => (prompt, messages, tools),
-            Some(Laid::Unlocated(message)) => {
+            Ok(Verdict::Mismatched(which)) => {
+                outcome.available = true;
+                if outcome.mismatched == 0 {
+                    first_mismatched = which;
+                }
+                outcome.mismatched += 1;
+            }
+            Ok(Verdict::Unlocated(which)) => {
+                outcome.available = true;
                 if outcome.unlocated == 0 {
-                    first_unlocated = match message {
-                        Some(k) => format!(
-                            "record {}, message {k} ({})",
-                            record.id,
-                            messages[k]["role"].as_str().unwrap_or("?")
-                        ),
-                        None => format!("record {}, its tools", record.id),
-                    };
+                    first_unlocated = which;
                 }
                 outcome.unlocated += 1;
-                continue;
             }
-            None => continue,
-        };
-        let counts = TokenCounts {
-            messages: request_digest
-                .messages
-                .iter()
-                .map(|m| m.hash.clone())
-                .zip(message_counts)
-                .collect(),
-            tools: request_digest
-                .tools
-                .iter()
-                .map(|t| t.hash.clone())
-                .zip(tool_counts)
-                .collect(),
-            layout: true,
-        };
-        // The counts must add up to the rendered prompt (two equal messages in one request
-        // share a hash, and a count) and to what the server counted for this very request.
-        let keyed: u64 = request_digest
-            .messages
-            .iter()
-            .filter_map(|m| counts.messages.get(&m.hash))
-            .chain(
-                request_digest
-                    .tools
-                    .iter()
-                    .filter_map(|t| counts.tools.get(&t.hash)),
-            )
-            .map(|&n| u64::from(n))
-            .sum();
-        let server = exchange::normalize(record)
-            .ok()
-            .and_then(|x| x.counts.prompt_tokens)
-            .map(|m| m.value);
-        if keyed != u64::from(prompt) || server.is_some_and(|s| s != prompt) {
-            outcome.mismatched += 1;
-            continue;
+            Ok(Verdict::Skipped) => {}
+            Err(LayoutFailure::Unreachable(e)) if client.requests <= 1 => {
+                outcome.unreachable = Some(e);
+                break;
+            }
+            // Not a llama.cpp that renders: the messages' own counts follow.
+            Err(LayoutFailure::NoEndpoint) if !outcome.available => break,
+            Err(failure) => {
+                failures += 1;
+                last_failure = match failure {
+                    LayoutFailure::Refused(why) | LayoutFailure::Unreachable(why) => why,
+                    LayoutFailure::NoEndpoint => "/apply-template answered 404".to_string(),
+                };
+                if !outcome.available && failures >= super::MAX_EARLY_FAILURES {
+                    break;
+                }
+            }
         }
-        record.tokens = Some(counts);
-        outcome.laid_out += 1;
     }
     if failures > 0 {
         outcome.warnings.push(format!(
@@ -171,7 +97,7 @@ pub(super) async fn lay_out_all(endpoint: &Endpoint, records: &mut [Record]) -> 
     }
     if outcome.mismatched > 0 {
         outcome.warnings.push(format!(
-            "{} rendered requests did not add up to the server's prompt count (rendered from a converted form, or another template): they keep the messages' own counts",
+            "{} rendered requests did not add up to the server's prompt count (first: {first_mismatched}; rendered from a converted form, or another template): they keep the messages' own counts",
             outcome.mismatched
         ));
     }
@@ -183,6 +109,119 @@ pub(super) async fn lay_out_all(endpoint: &Endpoint, records: &mut [Record]) -> 
     }
     outcome.requests = client.requests;
     outcome
+}
+
+/// What became of one record.
+enum Verdict {
+    LaidOut,
+    /// Rendered, but not adding up to the server's prompt count (what the two were).
+    Mismatched(String),
+    /// Rendered, but a message (named) is not in the rendered prompt.
+    Unlocated(String),
+    /// Not a full-mode chat request, or counted already.
+    Skipped,
+}
+
+/// Lays out one record (a request rendered before, by `known`, is not rendered again) and
+/// stores its counts when they add up to the rendered prompt and to the server's count.
+async fn lay_out_record(
+    client: &mut Client<'_>,
+    record: &mut Record,
+    known: &mut HashMap<u64, Laid>,
+) -> Result<Verdict, LayoutFailure> {
+    let api = Api::from_path(&record.request.path);
+    if !api.is_chat() || record.request.digest.is_some() || record.tokens.is_some() {
+        return Ok(Verdict::Skipped);
+    }
+    let Some(body) = record.request.body.as_ref() else {
+        return Ok(Verdict::Skipped);
+    };
+    let (Some((messages, tools)), Some(request_digest)) =
+        (chat_request(api, body), digest::request_digest(api, body))
+    else {
+        return Ok(Verdict::Skipped);
+    };
+    if messages.is_empty() {
+        return Ok(Verdict::Skipped);
+    }
+    let messages = as_rendered(api, &messages);
+    let key = xxhash_rust::xxh3::xxh3_64(
+        json!({ "messages": messages, "tools": tools })
+            .to_string()
+            .as_bytes(),
+    );
+    let laid = match known.get(&key) {
+        Some(laid) => laid.clone(),
+        None => {
+            let laid = lay_out(client, &messages, &tools).await?;
+            known.insert(key, laid.clone());
+            laid
+        }
+    };
+    let (prompt, message_counts, tool_counts) = match laid {
+        Laid::Counts {
+            prompt,
+            messages,
+            tools,
+        } => (prompt, messages, tools),
+        Laid::Unlocated(message) => {
+            return Ok(Verdict::Unlocated(match message {
+                Some(k) => format!(
+                    "record {}, message {k} ({})",
+                    record.id,
+                    messages[k]["role"].as_str().unwrap_or("?")
+                ),
+                None => format!("record {}, its tools", record.id),
+            }));
+        }
+    };
+    let counts = TokenCounts {
+        messages: request_digest
+            .messages
+            .iter()
+            .map(|m| m.hash.clone())
+            .zip(message_counts)
+            .collect(),
+        tools: request_digest
+            .tools
+            .iter()
+            .map(|t| t.hash.clone())
+            .zip(tool_counts)
+            .collect(),
+        layout: true,
+    };
+    // The counts must add up to the rendered prompt (two equal messages in one request share a
+    // hash, and a count) and to what the server counted for this very request.
+    let keyed: u64 = request_digest
+        .messages
+        .iter()
+        .filter_map(|m| counts.messages.get(&m.hash))
+        .chain(
+            request_digest
+                .tools
+                .iter()
+                .filter_map(|t| counts.tools.get(&t.hash)),
+        )
+        .map(|&n| u64::from(n))
+        .sum();
+    let server = exchange::normalize(record)
+        .ok()
+        .and_then(|x| x.counts.prompt_tokens)
+        .map(|m| m.value);
+    if keyed != u64::from(prompt) || server.is_some_and(|s| s != prompt) {
+        return Ok(Verdict::Mismatched(format!(
+            "record {}: rendered {prompt} tokens, the server counted {}{}",
+            record.id,
+            server.map_or("nothing".to_string(), |s| s.to_string()),
+            if keyed == u64::from(prompt) {
+                String::new()
+            } else {
+                format!(", {keyed} by message")
+            }
+        )));
+    }
+    record.tokens = Some(counts);
+    Ok(Verdict::LaidOut)
 }
 
 #[derive(Clone)]
@@ -252,6 +291,26 @@ async fn lay_out(
         messages: counts,
         tools: tool_counts,
     })
+}
+
+/// The messages as the server hands them to its template. llama.cpp's conversion of the
+/// Anthropic API joins the system blocks into one string with nothing between them (measured on
+/// Claude Code's three-block system prompt: 3,112 tokens as the server counted, 3,114 with the
+/// blocks as text parts, which the template joins with newlines).
+fn as_rendered(api: Api, messages: &[Value]) -> Vec<Value> {
+    let mut messages = messages.to_vec();
+    if api == Api::AnthropicMessages {
+        for message in messages.iter_mut().filter(|m| m["role"] == "system") {
+            if let Some(parts) = message.get("content").and_then(Value::as_array) {
+                let joined: String = parts
+                    .iter()
+                    .filter_map(|part| part.get("text").and_then(Value::as_str))
+                    .collect();
+                message["content"] = Value::String(joined);
+            }
+        }
+    }
+    messages
 }
 
 /// A tool in the chat API's function shape: as it is, or an Anthropic tool's (`input_schema`).
@@ -419,6 +478,144 @@ pub(super) fn split(prompt: &str, pieces: &[usize], messages: &[Value]) -> Resul
         .windows(2)
         .map(|w| u32::try_from(w[1].saturating_sub(w[0])).unwrap_or(u32::MAX))
         .collect())
+}
+
+/// What `LiveLayout` did, for the summary at exit.
+#[derive(Debug, Default)]
+pub struct LiveLayoutStats {
+    pub laid_out: std::sync::atomic::AtomicU64,
+    /// Rendered but left to estimates (did not add up to the server's count, or a message was
+    /// not found in the rendered prompt).
+    pub not_laid_out: std::sync::atomic::AtomicU64,
+    /// Why the layout stopped, once it did (no `/apply-template`, the server stopped answering).
+    pub stopped: std::sync::Mutex<Option<String>>,
+}
+
+impl LiveLayoutStats {
+    /// One line for the end of `record` and `watch`, or None when nothing was tried.
+    pub fn summary(&self) -> Option<String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (laid, not) = (self.laid_out.load(Relaxed), self.not_laid_out.load(Relaxed));
+        let stopped = self.stopped.lock().ok().and_then(|s| s.clone());
+        if laid == 0 && not == 0 && stopped.is_none() {
+            return None;
+        }
+        let mut line = format!(
+            "{} laid out as llama.cpp renders them",
+            crate::units::plural(laid, "record")
+        );
+        if not > 0 {
+            line.push_str(&format!(", {not} left to estimates"));
+        }
+        if let Some(why) = stopped {
+            line.push_str(&format!("; layout stopped: {why}"));
+        }
+        Some(line)
+    }
+}
+
+/// Consecutive failures after which the live layout stops asking.
+const LIVE_MAX_FAILURES: u32 = 3;
+/// The live layout waits at most this long for one answer: the recorder's thread waits on it.
+const LIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Distinct requests remembered (a retry is not rendered twice); forgotten all at once past it.
+const LIVE_KNOWN: usize = 4096;
+
+/// `record` and `watch`: each chat record whose response shows a llama.cpp upstream (`timings`,
+/// a `.gguf` model) is laid out on the recorder's thread as it is recorded, before it is written
+/// and before the live engine reads it, so the screen and a later `analyze` of the file agree.
+/// Never on the proxy's request path; after `LIVE_MAX_FAILURES` failures in a row, or a server
+/// without `/apply-template`, it stops asking and says why.
+pub struct LiveLayout {
+    endpoint: Endpoint,
+    runtime: tokio::runtime::Runtime,
+    sender: Option<http1::Sender>,
+    known: HashMap<u64, Laid>,
+    failures: u32,
+    stopped: bool,
+    pub stats: std::sync::Arc<LiveLayoutStats>,
+}
+
+impl LiveLayout {
+    /// None for an upstream the tokenizer cannot reach (https) or a runtime that cannot start.
+    pub fn new(upstream_url: &str) -> Option<LiveLayout> {
+        let endpoint = Endpoint::parse(upstream_url).ok()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        Some(LiveLayout {
+            endpoint,
+            runtime,
+            sender: None,
+            known: HashMap::new(),
+            failures: 0,
+            stopped: false,
+            stats: std::sync::Arc::default(),
+        })
+    }
+
+    pub fn lay_out(&mut self, record: &mut Record) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.stopped || !from_llama_cpp(record) {
+            return;
+        }
+        if self.known.len() > LIVE_KNOWN {
+            self.known.clear();
+        }
+        let mut client = Client {
+            endpoint: &self.endpoint,
+            sender: self.sender.take(),
+            requests: 0,
+            timeout: LIVE_TIMEOUT,
+        };
+        let verdict = self
+            .runtime
+            .block_on(lay_out_record(&mut client, record, &mut self.known));
+        self.sender = client.sender.take();
+        let stop = |why: String, stats: &LiveLayoutStats| {
+            if let Ok(mut stopped) = stats.stopped.lock() {
+                *stopped = Some(why);
+            }
+        };
+        match verdict {
+            Ok(Verdict::LaidOut) => {
+                self.failures = 0;
+                self.stats.laid_out.fetch_add(1, Relaxed);
+            }
+            Ok(Verdict::Mismatched(_) | Verdict::Unlocated(_)) => {
+                self.failures = 0;
+                self.stats.not_laid_out.fetch_add(1, Relaxed);
+            }
+            Ok(Verdict::Skipped) => {}
+            Err(LayoutFailure::NoEndpoint) => {
+                self.stopped = true;
+                stop("the server has no /apply-template".into(), &self.stats);
+            }
+            Err(LayoutFailure::Unreachable(why) | LayoutFailure::Refused(why)) => {
+                self.failures += 1;
+                self.stats.not_laid_out.fetch_add(1, Relaxed);
+                if self.failures >= LIVE_MAX_FAILURES {
+                    self.stopped = true;
+                    stop(
+                        format!("{} failures in a row (last: {why})", self.failures),
+                        &self.stats,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The response says the server is llama.cpp.
+fn from_llama_cpp(record: &Record) -> bool {
+    record
+        .response
+        .as_ref()
+        .and_then(|r| r.body.as_ref())
+        .is_some_and(|body| {
+            crate::input::server_counts(body).server == Some(crate::input::ServerKind::LlamaCpp)
+        })
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ use serde_json::{Value, json};
 
 mod layout;
 
+pub use layout::{LiveLayout, LiveLayoutStats};
+
 use crate::http1;
 use crate::normalize::{Api, digest};
 use crate::record::{self, Record, TokenCounts, hash};
@@ -315,11 +317,7 @@ fn count_all(endpoint: &Endpoint, model: &str, texts: &[Text]) -> Outcome {
         }
     };
     runtime.block_on(async {
-        let mut client = Client {
-            endpoint,
-            sender: None,
-            requests: 0,
-        };
+        let mut client = Client::new(endpoint, REQUEST_TIMEOUT);
         let mut outcome = Outcome::default();
         let mut flavor = None;
         let mut failed = 0u64;
@@ -492,9 +490,20 @@ struct Client<'a> {
     endpoint: &'a Endpoint,
     sender: Option<http1::Sender>,
     requests: u64,
+    /// How long one answer may take.
+    timeout: Duration,
 }
 
-impl Client<'_> {
+impl<'a> Client<'a> {
+    fn new(endpoint: &'a Endpoint, timeout: Duration) -> Client<'a> {
+        Client {
+            endpoint,
+            sender: None,
+            requests: 0,
+            timeout,
+        }
+    }
+
     async fn post(&mut self, path: &str, body: &Value) -> Result<(u16, Value), String> {
         let bytes = Bytes::from(body.to_string());
         self.requests += 1;
@@ -524,7 +533,7 @@ impl Client<'_> {
                 let body = response.into_body().collect().await?.to_bytes();
                 Ok::<_, hyper::Error>((status, body))
             };
-            match tokio::time::timeout(REQUEST_TIMEOUT, sent).await {
+            match tokio::time::timeout(self.timeout, sent).await {
                 Ok(Ok((status, body))) => {
                     let reply = serde_json::from_slice(&body).unwrap_or(Value::Null);
                     return Ok((status, reply));
@@ -539,7 +548,7 @@ impl Client<'_> {
                 }
                 Err(_) => {
                     self.sender = None;
-                    return Err(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs()));
+                    return Err(format!("no answer within {} s", self.timeout.as_secs()));
                 }
             }
         }
