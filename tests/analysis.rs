@@ -577,6 +577,53 @@ fn harness_report(name: &str) -> Report {
     analyze(&read.records, &Config::default())
 }
 
+/// #19's Claude Code `--continue` rewrite, laid out by the server (`claude-code-continue`, see
+/// tests/data/harness/README.md): after replies cut at `max_tokens` Claude Code asks again with
+/// "Output token limit hit" notes; `--continue` drops the notes and re-sends the partial replies
+/// as consecutive assistant messages. The server re-evaluated everything after the first reply;
+/// the charge (a reorder: the replies moved) plus the new question equals it, to the token.
+#[test]
+fn claude_codes_continue_rewrite_is_charged_what_the_server_re_evaluated() {
+    let r = harness_report("claude-code-continue.digest.jsonl");
+    assert_eq!((r.coverage.turns, r.coverage.conversations), (9, 1));
+    assert_eq!(r.coverage.connectivity_checks, 3);
+    let rewrites: Vec<&Row> = r
+        .rows
+        .iter()
+        .filter(|row| row.break_cause.is_some())
+        .collect();
+    assert_eq!(
+        rewrites.iter().map(|row| row.id).collect::<Vec<_>>(),
+        vec![7, 12]
+    );
+    let path = root().join("tests/data/harness/claude-code-continue.digest.jsonl");
+    let records = read_jsonl(std::fs::read(&path).unwrap().as_slice()).records;
+    for row in rewrites {
+        assert_eq!(row.break_cause, Some(BreakCause::HistoryRewritten));
+        let charged = row.lost_client.as_ref().unwrap();
+        assert_eq!(charged.cause, "history_reordered");
+        assert_eq!(
+            row.composition.new_content.source,
+            prefixscope::normalize::measured::Source::Tokenizer
+        );
+        let record = records.iter().find(|x| x.id == row.id).unwrap();
+        let digest = record.request.digest.as_ref().unwrap();
+        let tokens = record.tokens.as_ref().unwrap();
+        assert!(tokens.layout);
+        let question = tokens.messages[&digest.messages.last().unwrap().hash];
+        let evaluated = row.counts.evaluated_tokens.unwrap().value;
+        eprintln!(
+            "#{}: charged {} + new question {question} vs re-evaluated {evaluated}",
+            row.id, charged.tokens
+        );
+        if row.id == 7 {
+            // The first --continue: the question is all that is new.
+            assert_eq!(charged.tokens + question, evaluated);
+        }
+        assert!(charged.tokens + question <= evaluated);
+    }
+}
+
 /// The real harnesses' recordings (`tests/data/harness`, made by `tests/harness_e2e.rs` against
 /// a real llama.cpp server): what the analysis says of each agrees with the server's counts.
 #[test]

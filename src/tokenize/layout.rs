@@ -175,13 +175,32 @@ async fn lay_out_record(
             }));
         }
     };
+    // Counts are kept by hash: a message sent twice in one request (Claude Code repeats its
+    // "Output token limit hit" note) gets its first count both times, and the difference moves
+    // to the message after it, so every boundary but that one stays where the server has it.
+    let mut by_hash: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    let mut carry: i64 = 0;
+    for (message, &count) in request_digest.messages.iter().zip(&message_counts) {
+        let count = i64::from(count) + carry;
+        match by_hash.get(&message.hash) {
+            Some(&first) => carry = count - i64::from(first),
+            None => {
+                carry = 0;
+                by_hash.insert(message.hash.clone(), u32::try_from(count).unwrap_or(0));
+                if count < 0 {
+                    carry = count;
+                }
+            }
+        }
+    }
+    if carry != 0 {
+        return Ok(Verdict::Mismatched(format!(
+            "record {}: a repeated message's counts cannot be kept by hash",
+            record.id
+        )));
+    }
     let counts = TokenCounts {
-        messages: request_digest
-            .messages
-            .iter()
-            .map(|m| m.hash.clone())
-            .zip(message_counts)
-            .collect(),
+        messages: by_hash,
         tools: request_digest
             .tools
             .iter()
@@ -419,7 +438,8 @@ async fn tokenize(client: &mut Client<'_>, prompt: &str) -> Result<Vec<usize>, L
 /// What marks where a message's content starts in the rendered prompt: the first words of its
 /// text (the template may trim it), or else the name of its first tool call.
 enum Needle {
-    Text(String),
+    /// The first words, and the whole (trimmed) text.
+    Text(String, String),
     /// Tool calls, tool results without text, empty content: templates may not render them.
     Optional(Option<String>),
 }
@@ -432,7 +452,7 @@ fn needle(message: &Value) -> Needle {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
-        return Needle::Text(text[..end].trim_end().to_string());
+        return Needle::Text(text[..end].trim_end().to_string(), text.to_string());
     }
     Needle::Optional(
         message
@@ -453,7 +473,17 @@ pub(super) fn split(prompt: &str, pieces: &[usize], messages: &[Value]) -> Resul
     for (k, message) in messages.iter().enumerate() {
         let rest = prompt.get(cursor..).ok_or(k)?;
         let (at, length) = match needle(message) {
-            Needle::Text(text) => (rest.find(&text).ok_or(k)?, text.len()),
+            // Past the whole text where the template wrote it as it is, so a later message
+            // that quotes it (a model repeating its system prompt) is not found inside it.
+            Needle::Text(start, whole) => {
+                let at = rest.find(&start).ok_or(k)?;
+                let length = if rest[at..].starts_with(&whole) {
+                    whole.len()
+                } else {
+                    start.len()
+                };
+                (at, length)
+            }
             Needle::Optional(Some(name)) => rest.find(&name).map_or((0, 0), |at| (at, name.len())),
             Needle::Optional(None) => (0, 0),
         };
@@ -680,6 +710,18 @@ mod tests {
             json!({"role": "user", "content": "b"}),
         ];
         assert_eq!(split(&prompt, &lengths, &messages), Err(1));
+    }
+
+    #[test]
+    fn a_reply_quoting_an_earlier_message_is_found_after_it() {
+        // The assistant repeats the start of the system message: it is looked for past the
+        // system message's whole text.
+        let (prompt, lengths) = pieces(&["S", ": ", "Quote me", " please", "|", "Quote me"]);
+        let messages = [
+            json!({"role": "system", "content": "S: Quote me please"}),
+            json!({"role": "assistant", "content": "Quote me"}),
+        ];
+        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![5, 1]));
     }
 
     #[test]
