@@ -301,8 +301,10 @@ fn watch_keeps_serving_and_recording_when_the_upstream_claims_2_pow_63_prompt_to
         r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9223372036854775808,"completion_tokens":1},"timings":{"cache_n":18446744073709551615,"prompt_n":3}}"#,
     );
     let listen = free_port();
+    // `timings` say llama.cpp: without --no-layout, watch would also ask this fake for each
+    // request's layout (and count its refusals), which is not what is tested here.
     let command = format!(
-        "{BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; echo EXITED $?; sleep 60"
+        "{BIN} watch --no-layout --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; echo EXITED $?; sleep 60"
     );
     let tmux = Tmux::start("hostile-watch", &command);
     tmux.wait_for(&["Conversations"]);
