@@ -44,6 +44,9 @@ pub struct RecorderStats {
     /// Records written without their bodies: with them the line would pass
     /// `limits::MAX_LINE_BYTES`, which no reader takes.
     pub bodies_dropped: AtomicU64,
+    /// Records the enrichment (the token layout) was skipped for because captures were
+    /// waiting: it must never make the queue fill and the proxy wait.
+    pub not_enriched: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     pub files: Mutex<Vec<PathBuf>>,
 }
@@ -98,6 +101,10 @@ impl<B> CaptureSender<B> {
 /// token layout of `tokenize::LiveLayout`): the record in full, digested after it if the mode
 /// says so.
 pub type Enrich = Box<dyn FnMut(&mut Record) + Send>;
+
+/// Captures waiting past which the enrichment is skipped (counted in `not_enriched`), well below
+/// the queue's size, so the work it does on the recorder's thread never holds the proxy back.
+pub const ENRICH_BACKLOG: usize = 32;
 
 impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
     /// Opens the first file (mode 0600: recordings hold prompts) and starts the thread.
@@ -179,8 +186,12 @@ fn run<B: AsRef<[u8]>>(
     consumers: Vec<Sender<Arc<Record>>>,
     stats: Arc<RecorderStats>,
 ) {
-    for capture in receiver {
-        let record = match enrich.as_mut() {
+    for capture in receiver.iter() {
+        let behind = receiver.len() > ENRICH_BACKLOG;
+        if behind && enrich.is_some() {
+            stats.not_enriched.fetch_add(1, Ordering::Relaxed);
+        }
+        let record = match enrich.as_mut().filter(|_| !behind) {
             Some(enrich) => {
                 let mut record = build_record(capture, BodyMode::Full);
                 enrich(&mut record);
@@ -448,6 +459,43 @@ mod tests {
                 0o600
             );
         }
+    }
+
+    #[test]
+    fn enrichment_runs_on_each_record_and_is_skipped_while_captures_wait() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (hold, held) = crossbeam_channel::bounded::<()>(0);
+        let (started, first_started) = crossbeam_channel::bounded::<()>(1);
+        let enrich: Enrich = Box::new(move |record: &mut Record| {
+            if record.id == 1 {
+                // The first record's enrichment is slow: the others pile up meanwhile.
+                let _ = started.send(());
+                let _ = held.recv();
+            }
+            record.tokens = Some(crate::record::TokenCounts::default());
+        });
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start_enriched(RecorderConfig::default(), vec![tx], Some(enrich)).unwrap();
+        let sender = recorder.sender();
+        let waiting = ENRICH_BACKLOG as u64 + 10;
+        sender.send_blocking(capture(1));
+        first_started.recv().unwrap();
+        for id in 2..=1 + waiting {
+            sender.send_blocking(capture(id));
+        }
+        let _ = hold.send(());
+        drop(sender);
+        let stats = recorder.finish();
+        let records: Vec<Arc<Record>> = rx.try_iter().collect();
+        assert_eq!(records.len() as u64, 1 + waiting);
+        let enriched = records.iter().filter(|r| r.tokens.is_some()).count() as u64;
+        let skipped = stats.not_enriched.load(Ordering::Relaxed);
+        assert!(records[0].tokens.is_some());
+        assert_eq!(enriched + skipped, 1 + waiting);
+        // Those that found more than ENRICH_BACKLOG waiting behind them went unenriched; the
+        // last ones, with the queue drained, were enriched again.
+        assert!(skipped >= waiting - ENRICH_BACKLOG as u64 - 1, "{skipped}");
+        assert!(records.last().is_some_and(|r| r.tokens.is_some()));
     }
 
     #[test]

@@ -497,17 +497,8 @@ async fn claude_code_three_turns_through_record() {
             "#{}: {tokens:?}",
             record.id
         );
-        let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
-        let messages: u32 = exchange
-            .messages
-            .iter()
-            .map(|m| m.tokens.unwrap().value)
-            .sum();
-        let tools: u32 = exchange.tools.iter().map(|t| t.tokens.unwrap().value).sum();
-        assert_eq!(
-            Some(messages + tools),
-            exchange.counts.prompt_tokens.map(|p| p.value)
-        );
+        let (messages, tools, prompt) = support::token_sums(record);
+        assert_eq!(Some(messages + tools), prompt);
         assert_eq!(tools, 0, "#{}", record.id);
     }
     let laid_out = analyze(&full_file);

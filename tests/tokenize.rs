@@ -463,13 +463,8 @@ async fn the_real_llama_cpp_lays_out_a_real_recording_as_it_renders_it() {
             continue;
         };
         assert!(record.tokens.as_ref().is_some_and(|t| t.layout));
-        let messages: u32 = exchange
-            .messages
-            .iter()
-            .map(|m| m.tokens.unwrap().value)
-            .sum();
-        let tools: u32 = exchange.tools.iter().map(|t| t.tokens.unwrap().value).sum();
-        let prompt = exchange.counts.prompt_tokens.unwrap().value;
+        let (messages, tools, prompt) = token_sums(record);
+        let prompt = prompt.unwrap();
         eprintln!(
             "record {} ({}, {} messages): messages {messages} + tools {tools} = server prompt {prompt}",
             record.id,
@@ -632,7 +627,6 @@ async fn record_lays_out_what_a_real_llama_cpp_serves() {
         let records = read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
         assert_eq!(records.len(), 2, "{extra:?}: {stderr}");
         for record in &records {
-            let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
             let tokens = record.tokens.as_ref();
             assert_eq!(
                 tokens.is_some_and(|t| t.layout),
@@ -640,12 +634,8 @@ async fn record_lays_out_what_a_real_llama_cpp_serves() {
                 "{extra:?}: {stderr}"
             );
             if laid {
-                let sum: u32 = exchange
-                    .messages
-                    .iter()
-                    .map(|m| m.tokens.unwrap().value)
-                    .sum();
-                assert_eq!(Some(sum), exchange.counts.prompt_tokens.map(|p| p.value));
+                let (messages, tools, prompt) = token_sums(record);
+                assert_eq!(Some(messages + tools), prompt);
             }
         }
         assert_eq!(

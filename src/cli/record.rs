@@ -183,6 +183,12 @@ pub fn run(args: RecordArgs) -> u8 {
     if let Some(line) = layout.and_then(|l| l.summary()) {
         prefixscope::stderr_line!("prefixscope: {line}");
     }
+    let not_laid_out = recorder_stats.not_enriched.load(Ordering::Relaxed);
+    if not_laid_out > 0 {
+        prefixscope::stderr_line!(
+            "prefixscope: {not_laid_out} records not laid out: captures were waiting (the layout never holds the proxy back)"
+        );
+    }
     let refused = [
         (
             summary.rejected,

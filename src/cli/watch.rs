@@ -69,6 +69,12 @@ pub fn run(args: WatchArgs) -> u8 {
 
 /// What was written, on stderr; exit 1 when every record failed to write.
 fn report_written(written: &prefixscope::session::capture::Written, code: u8) -> u8 {
+    if written.not_laid_out > 0 {
+        prefixscope::stderr_line!(
+            "prefixscope: {} records not laid out: captures were waiting (the layout never holds the proxy back)",
+            written.not_laid_out
+        );
+    }
     prefixscope::stderr_line!(
         "prefixscope: {} written to {}{}",
         prefixscope::units::plural(written.records, "record"),

@@ -355,6 +355,8 @@ pub struct Written {
     pub failed: u64,
     pub last_error: Option<String>,
     pub path: PathBuf,
+    /// Records not laid out because captures were waiting (`RecorderStats::not_enriched`).
+    pub not_laid_out: u64,
 }
 
 impl Written {
@@ -364,6 +366,7 @@ impl Written {
             failed: stats.write_errors.load(Ordering::Relaxed),
             last_error: stats.last_error(),
             path,
+            not_laid_out: stats.not_enriched.load(Ordering::Relaxed),
         }
     }
 

@@ -279,3 +279,23 @@ pub async fn send(
     client.ready().await.expect("the connection stays open");
     client.send_request(request).await.expect("a response")
 }
+
+/// What a record's token counts add up to, by message and by tool, with the server's prompt
+/// count beside them (a laid-out record's two sums equal the third).
+pub fn token_sums(record: &Record) -> (u32, u32, Option<u32>) {
+    let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
+    let sum = |counts: Vec<Option<u32>>| counts.into_iter().map(|n| n.unwrap()).sum::<u32>();
+    (
+        sum(exchange
+            .messages
+            .iter()
+            .map(|m| m.tokens.map(|t| t.value))
+            .collect()),
+        sum(exchange
+            .tools
+            .iter()
+            .map(|t| t.tokens.map(|t| t.value))
+            .collect()),
+        exchange.counts.prompt_tokens.map(|p| p.value),
+    )
+}
