@@ -712,6 +712,10 @@ fn system_prompt_fix(before: &str, after: &str) -> String {
     }
 }
 
+/// Messages moved or inserted within the history, with what the harnesses seen doing it can
+/// change.
+const MOVED_MESSAGES_FIX: &str = "messages were moved or inserted within the history: keep it append-only, in the order it was sent (aider: --restore-chat-history puts the earlier exchange before its files message; Claude Code: replies cut at max_tokens are re-sent on --continue without their resume notes, so give replies room with CLAUDE_CODE_MAX_OUTPUT_TOKENS)";
+
 /// The one table of fixes, by finding (and, for a prefix break, by its cause).
 pub fn fix(finding: &Finding) -> Fix {
     let client = |change: String| Fix {
@@ -737,11 +741,14 @@ pub fn fix(finding: &Finding) -> Fix {
             "tools_changed" => client(
                 "tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation".into(),
             ),
-            "history_rewritten" if finding.evidence.get("reordered").is_some() => client(
-                "messages were moved or inserted within the history (aider's --restore-chat-history puts the earlier exchange before its files message): keep the history append-only, in the order it was sent".into(),
-            ),
+            // A turn's own loss says `history_reordered`; a finding keeps llmp's cause and
+            // says `reordered` in its evidence.
+            "history_reordered" => client(MOVED_MESSAGES_FIX.into()),
+            "history_rewritten" if finding.evidence.get("reordered").is_some() => {
+                client(MOVED_MESSAGES_FIX.into())
+            }
             cause if cause.contains("reorder") => client(
-                "the same tools or messages came in another order: keep their order stable (build the tool array once, in one order, for every request)".into(),
+                "the same tools came in another order: keep their order stable (build the tool array once, in one order, for every request)".into(),
             ),
             _ => client(
                 "earlier messages were rewritten: append to the history instead of editing it (compact rarely, and all at once)".into(),
@@ -837,6 +844,17 @@ mod fix_tests {
             json!({"break_cause": "tools_changed"}),
         );
         assert!(fix(&tools).change.contains("keep the tool array stable"));
+        // A turn's reorder (its loss cause) and a finding's (llmp's cause, "reordered" in the
+        // evidence) get the one fix about messages, with what aider and Claude Code can change.
+        for moved in [
+            json!({"break_cause": "history_reordered"}),
+            json!({"break_cause": "history_rewritten", "reordered": 2}),
+        ] {
+            let change = fix(&finding(FindingKind::PrefixBreak, moved)).change;
+            assert!(change.contains("append-only"), "{change}");
+            assert!(change.contains("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), "{change}");
+            assert!(!change.contains("tool array"), "{change}");
+        }
         let others = fix(&finding(FindingKind::OtherConversationEviction, json!({})));
         assert_eq!(others.owner, "setup");
         assert!(others.levers.contains(&Lever::CacheRam));
