@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use prefixscope::record::{ExchangeError, Record, read_jsonl};
+use prefixscope::record::{Record, read_jsonl};
 
 fn read(file: &Path) -> Vec<Record> {
     let file = std::fs::File::open(file).unwrap();
@@ -291,18 +291,10 @@ fn check(who: &str, file: &Path, chat_path: &str, chat_requests: usize, analysed
     let records = read(file);
     for r in &records {
         // Codex drops the connection as soon as `response.completed` arrives, before llama.cpp
-        // ends the stream: recorded as client_disconnected, with the whole response merged.
-        let closed_after_completion = r.error == Some(ExchangeError::ClientDisconnected)
-            && r.request.path == "/v1/responses"
-            && r.response
-                .as_ref()
-                .and_then(|r| r.body.as_ref())
-                .is_some_and(|b| b["status"] == "completed");
-        if closed_after_completion {
-            eprintln!(
-                "{who}: #{} client_disconnected after response.completed",
-                r.id
-            );
+        // ends the stream, and aider sometimes at `finish_reason`: recorded as
+        // client_disconnected, with the whole response merged, and analysed.
+        if prefixscope::normalize::exchange::closed_after_completion(r) {
+            eprintln!("{who}: #{} client_disconnected after the reply ended", r.id);
         } else {
             assert!(r.error.is_none(), "{who}: #{} failed: {:?}", r.id, r.error);
         }

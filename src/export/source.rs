@@ -225,18 +225,6 @@ fn reply_of(output: &Output) -> (Reply, u64) {
     )
 }
 
-/// Anthropic tool definitions in the OpenAI function form the chat replay sends.
-fn openai_tool(tool: &Value) -> Value {
-    if tool.get("function").is_some() || tool.get("input_schema").is_none() {
-        return tool.clone();
-    }
-    json!({"type": "function", "function": {
-        "name": tool.get("name").cloned().unwrap_or(Value::Null),
-        "description": tool.get("description").cloned().unwrap_or(Value::Null),
-        "parameters": tool.get("input_schema").cloned().unwrap_or(Value::Null),
-    }})
-}
-
 /// The messages, reply and tools of a full request, in chat form.
 fn content_of(api: Api, body: &Value, response: Option<&Value>) -> Content {
     let input_messages = match api {
@@ -256,7 +244,7 @@ fn content_of(api: Api, body: &Value, response: Option<&Value>) -> Content {
     let tools: Vec<Value> = match api {
         Api::AnthropicMessages => anthropic::chat_tools(body)
             .iter()
-            .map(openai_tool)
+            .map(anthropic::function_tool)
             .collect(),
         Api::OpenaiResponses => crate::normalize::responses::chat_tools(body),
         _ => body

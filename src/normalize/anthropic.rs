@@ -35,6 +35,28 @@ pub fn chat_tools(body: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// An Anthropic tool definition (`name`, `description`, `input_schema`) in the chat API's
+/// function form, as llama.cpp converts it; any other tool as it is. A missing description
+/// stays missing.
+pub fn function_tool(tool: &Value) -> Value {
+    if tool.get("function").is_some() || tool.get("input_schema").is_none() {
+        return tool.clone();
+    }
+    let mut function = serde_json::Map::new();
+    function.insert(
+        "name".into(),
+        tool.get("name").cloned().unwrap_or(Value::Null),
+    );
+    if let Some(description) = tool.get("description") {
+        function.insert("description".into(), description.clone());
+    }
+    function.insert(
+        "parameters".into(),
+        tool.get("input_schema").cloned().unwrap_or(Value::Null),
+    );
+    serde_json::json!({"type": "function", "function": Value::Object(function)})
+}
+
 /// A (merged) response's reply as a chat message: text parts, `thinking`, tool calls.
 pub fn chat_reply(body: &Value) -> Value {
     let mut text = Vec::new();

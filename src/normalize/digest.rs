@@ -40,18 +40,21 @@ pub fn apply_digest(record: &mut Record) {
 
 /// `None` when the body has no `messages` array.
 pub fn request_digest(api: Api, body: &Value) -> Option<RequestDigest> {
-    digest_request(api, body, true)
+    let chat = super::chat_request(api, body)?;
+    Some(request_digest_of(api, body, &chat, true))
 }
 
-/// The request's digest with `messages` left empty, for a caller that digests them itself.
-pub fn request_digest_without_messages(api: Api, body: &Value) -> Option<RequestDigest> {
-    digest_request(api, body, false)
-}
-
-fn digest_request(api: Api, body: &Value, with_messages: bool) -> Option<RequestDigest> {
-    let (messages, tools) = super::chat_request(api, body)?;
-    let (tools_hash, tools) = tools_digest(&tools);
-    Some(RequestDigest {
+/// The request's digest from its chat form (`normalize::chat_request` of the same body), for a
+/// caller that needs the chat form too and converts it once; without `with_messages`,
+/// `messages` is left empty for a caller that digests them itself.
+pub fn request_digest_of(
+    api: Api,
+    body: &Value,
+    (messages, tools): &super::ChatRequest<'_>,
+    with_messages: bool,
+) -> RequestDigest {
+    let (tools_hash, tools) = tools_digest(tools);
+    RequestDigest {
         model: str_field(body, "model"),
         params: params(api, body),
         messages: if with_messages {
@@ -61,7 +64,7 @@ fn digest_request(api: Api, body: &Value, with_messages: bool) -> Option<Request
         },
         tools,
         tools_hash,
-    })
+    }
 }
 
 /// Top-level strings a digest keeps: ids, names and states the server sets, never text it

@@ -102,15 +102,25 @@ fn session_id(record: &Record) -> Option<String> {
         .cloned()
 }
 
-/// Codex hangs up as soon as the Responses stream says `response.completed`, before the server
-/// ends the stream: the exchange is whole, the error only the client's haste.
-fn closed_after_completion(record: &Record) -> bool {
+/// A client that hung up once the reply had ended, before the server closed the stream: the
+/// exchange is whole, the error only the client's haste. Codex hangs up at the Responses
+/// stream's `response.completed`; aider (litellm) sometimes at the chat chunk that carries
+/// `finish_reason`, before `[DONE]`. The end is the Responses `status: completed`, a chat
+/// choice's `finish_reason`, or Anthropic's `stop_reason` (the last two kept by a digest only as
+/// Anthropic's top-level `stop_reason`).
+pub fn closed_after_completion(record: &Record) -> bool {
+    let ended = |v: &Value| {
+        v.get("status").and_then(Value::as_str) == Some("completed")
+            || v.get("stop_reason").is_some_and(|r| !r.is_null())
+            || v.pointer("/choices/0/finish_reason")
+                .is_some_and(|r| !r.is_null())
+    };
     record.error == Some(crate::record::ExchangeError::ClientDisconnected)
         && record.response.as_ref().is_some_and(|response| {
-            let status = |v: &Value| v.get("status").and_then(Value::as_str) == Some("completed");
-            response.body.as_ref().is_some_and(status)
+            response.body.as_ref().is_some_and(ended)
                 || response.digest.as_ref().is_some_and(|d| {
                     d.usage.get("status").and_then(Value::as_str) == Some("completed")
+                        || d.usage.get("stop_reason").is_some_and(|r| !r.is_null())
                 })
         })
 }
@@ -224,10 +234,9 @@ fn request_parts(
         return Ok((digest.clone(), None));
     }
     let body = record.request.body.as_ref().ok_or(SkipReason::Unparsed)?;
-    let mut digest =
-        digest::request_digest_without_messages(api, body).ok_or(SkipReason::Unparsed)?;
-    let (messages, _) = super::chat_request(api, body).ok_or(SkipReason::Unparsed)?;
-    let (digests, texts) = messages.iter().map(digest::message_digest_and_text).unzip();
+    let chat = super::chat_request(api, body).ok_or(SkipReason::Unparsed)?;
+    let mut digest = digest::request_digest_of(api, body, &chat, false);
+    let (digests, texts) = chat.0.iter().map(digest::message_digest_and_text).unzip();
     digest.messages = digests;
     Ok((digest, Some(texts)))
 }
@@ -366,6 +375,38 @@ mod tests {
             value,
             source: Source::Server,
         })
+    }
+
+    #[test]
+    fn a_client_that_hung_up_after_the_reply_ended_left_a_whole_exchange() {
+        let record = |body: Value| -> Record {
+            serde_json::from_value(json!({"v": 1, "id": 1, "conn": 1, "t_start_ms": 0,
+                "t_first_byte_ms": null, "t_end_ms": 0,
+                "request": {"method": "POST", "path": "/v1/chat/completions", "headers": {},
+                    "body_bytes": 0, "body": null, "body_text": null, "digest": null},
+                "response": {"status": 200, "headers": {}, "stream": null, "chunks": null,
+                    "bad_chunks": null, "body_bytes": 0, "truncated": false, "body": body,
+                    "body_text": null, "digest": null},
+                "error": "client_disconnected", "tokens": null}))
+            .unwrap()
+        };
+        let ended = [
+            json!({"status": "completed"}),
+            json!({"choices": [{"finish_reason": "stop"}]}),
+            json!({"stop_reason": "end_turn"}),
+        ];
+        assert!(
+            ended
+                .into_iter()
+                .all(|b| closed_after_completion(&record(b)))
+        );
+        // Cut off mid-reply: not whole.
+        let cut = [
+            json!({"status": "in_progress"}),
+            json!({"choices": [{"finish_reason": null}]}),
+            json!({"stop_reason": null}),
+        ];
+        assert!(!cut.into_iter().any(|b| closed_after_completion(&record(b))));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use super::{Client, Endpoint};
 use crate::http1;
-use crate::normalize::{Api, chat_request, digest, exchange};
+use crate::normalize::{Api, chat_request, digest};
 use crate::record::{Record, TokenCounts};
 
 /// What the layout pass did.
@@ -136,20 +136,22 @@ async fn lay_out_record(
     let Some(body) = record.request.body.as_ref() else {
         return Ok(Verdict::Skipped);
     };
-    let (Some((messages, tools)), Some(request_digest)) =
-        (chat_request(api, body), digest::request_digest(api, body))
-    else {
+    let Some(chat) = chat_request(api, body) else {
         return Ok(Verdict::Skipped);
     };
+    let request_digest = digest::request_digest_of(api, body, &chat, true);
+    let (messages, tools) = chat;
     if messages.is_empty() {
         return Ok(Verdict::Skipped);
     }
     let messages = as_rendered(api, &messages);
-    let key = xxhash_rust::xxh3::xxh3_64(
-        json!({ "messages": messages, "tools": tools })
-            .to_string()
-            .as_bytes(),
-    );
+    // The request, by the hashes of what renders (the API shapes it the same way every time).
+    let key = {
+        let mut hashes = vec![api.as_str()];
+        hashes.extend(request_digest.messages.iter().map(|m| m.hash.as_str()));
+        hashes.extend(request_digest.tools.iter().map(|t| t.hash.as_str()));
+        xxhash_rust::xxh3::xxh3_64(hashes.join(" ").as_bytes())
+    };
     let laid = match known.get(&key) {
         Some(laid) => laid.clone(),
         None => {
@@ -209,34 +211,18 @@ async fn lay_out_record(
             .collect(),
         layout: true,
     };
-    // The counts must add up to the rendered prompt (two equal messages in one request share a
-    // hash, and a count) and to what the server counted for this very request.
-    let keyed: u64 = request_digest
-        .messages
-        .iter()
-        .filter_map(|m| counts.messages.get(&m.hash))
-        .chain(
-            request_digest
-                .tools
-                .iter()
-                .filter_map(|t| counts.tools.get(&t.hash)),
-        )
-        .map(|&n| u64::from(n))
-        .sum();
-    let server = exchange::normalize(record)
-        .ok()
-        .and_then(|x| x.counts.prompt_tokens)
-        .map(|m| m.value);
-    if keyed != u64::from(prompt) || server.is_some_and(|s| s != prompt) {
+    // By construction they add up to the rendered prompt; they must also add up to what the
+    // server counted for this very request.
+    let server = record
+        .response
+        .as_ref()
+        .and_then(|r| r.body.as_ref())
+        .and_then(|body| crate::input::server_counts(body).prompt_tokens);
+    if server.is_some_and(|s| s != u64::from(prompt)) {
         return Ok(Verdict::Mismatched(format!(
-            "record {}: rendered {prompt} tokens, the server counted {}{}",
+            "record {}: rendered {prompt} tokens, the server counted {}",
             record.id,
-            server.map_or("nothing".to_string(), |s| s.to_string()),
-            if keyed == u64::from(prompt) {
-                String::new()
-            } else {
-                format!(", {keyed} by message")
-            }
+            server.unwrap_or_default()
         )));
     }
     record.tokens = Some(counts);
@@ -332,17 +318,13 @@ fn as_rendered(api: Api, messages: &[Value]) -> Vec<Value> {
     messages
 }
 
-/// A tool in the chat API's function shape: as it is, or an Anthropic tool's (`input_schema`).
+/// A tool in the chat API's function shape (an Anthropic tool converted as llama.cpp converts
+/// it), or None for a tool that is not a function.
 fn as_function_tool(tool: &Value) -> Option<Value> {
     match tool.get("type").and_then(Value::as_str) {
         Some("function") => Some(tool.clone()),
-        None | Some("custom") => {
-            let mut function =
-                json!({ "name": tool.get("name")?, "parameters": tool.get("input_schema")? });
-            if let Some(description) = tool.get("description") {
-                function["description"] = description.clone();
-            }
-            Some(json!({ "type": "function", "function": function }))
+        None | Some("custom") if tool.get("input_schema").is_some() => {
+            Some(crate::normalize::anthropic::function_tool(tool))
         }
         _ => None,
     }

@@ -205,8 +205,9 @@ struct Collected {
 
 /// The request's messages (chat form) and tools, with the digest that hashes them.
 fn parts(api: Api, body: &Value) -> Option<(record::RequestDigest, Vec<Value>, Vec<Value>)> {
-    let digest = digest::request_digest(api, body)?;
-    let (messages, tools) = crate::normalize::chat_request(api, body)?;
+    let chat = crate::normalize::chat_request(api, body)?;
+    let digest = digest::request_digest_of(api, body, &chat, true);
+    let (messages, tools) = chat;
     Some((digest, messages.into_owned(), tools.into_owned()))
 }
 
