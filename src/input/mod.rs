@@ -495,7 +495,7 @@ pub fn bounded_prompt_tokens(
 }
 
 pub fn server_counts(body: &Value) -> ServerCounts {
-    const COUNTERS: [&str; 12] = [
+    const COUNTERS: [&str; 15] = [
         "/timings/cache_n",
         "/timings/prompt_n",
         "/timings/predicted_n",
@@ -507,7 +507,10 @@ pub fn server_counts(body: &Value) -> ServerCounts {
         "/usage/cache_creation_input_tokens",
         "/usage/input_tokens_details/cached_tokens",
         "/prompt_eval_count",
+        "/prompt_eval_cached_count",
         "/eval_count",
+        "/prompt_progress/total",
+        "/prompt_progress/cache",
     ];
     let implausible = COUNTERS.iter().find_map(|pointer| {
         let value = body.pointer(pointer).and_then(Value::as_u64)?;
@@ -533,12 +536,15 @@ pub fn server_counts(body: &Value) -> ServerCounts {
                     + number("/usage/cache_creation_input_tokens").unwrap_or(0),
             )
         })
-        .or_else(|| number("/prompt_eval_count"));
+        .or_else(|| number("/prompt_eval_count"))
+        .or_else(|| number("/prompt_progress/total"));
     // The Responses API: input_tokens is the whole prompt, cached_tokens the reused part.
     let reused_tokens = cache_n
         .or_else(|| number("/usage/prompt_tokens_details/cached_tokens"))
         .or_else(|| number("/usage/input_tokens_details/cached_tokens"))
-        .or(cache_read);
+        .or(cache_read)
+        .or_else(|| number("/prompt_eval_cached_count"))
+        .or_else(|| number("/prompt_progress/cache"));
     let output_tokens = number("/usage/completion_tokens")
         .or_else(|| number("/usage/output_tokens"))
         .or_else(|| number("/timings/predicted_n"))

@@ -87,11 +87,11 @@ const KEPT_STRINGS: [&str; 12] = [
 ];
 
 /// Objects a digest keeps with their numbers only (nested objects too): the server's counters.
-const COUNTER_OBJECTS: [&str; 2] = ["usage", "timings"];
+const COUNTER_OBJECTS: [&str; 3] = ["usage", "timings", "prompt_progress"];
 
 /// The server's counters and ids, and the reply's sizes: top-level numbers, booleans, nulls
 /// (`created`, Ollama's `prompt_eval_count`, `eval_count`, `*_duration`, `done`), the numbers
-/// of `usage` and `timings`, and the strings of `KEPT_STRINGS`. Nothing else: arrays
+/// of `usage`, `timings` and llama.cpp's streamed `prompt_progress`, and the strings of `KEPT_STRINGS`. Nothing else: arrays
 /// (`prompt_logprobs`, Ollama's `context` token ids) and other objects (`__verbose`) may hold
 /// the prompt or the reply.
 pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {

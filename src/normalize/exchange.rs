@@ -300,16 +300,22 @@ fn server_ms(fields: &Value, pointer: &str, divisor: f64) -> Option<Measured<f64
 }
 
 /// llama.cpp: `timings` wins over `cached_tokens` because it comes with `prompt_n` and
-/// `prompt_ms`; vLLM-style servers give `usage` only.
+/// `prompt_ms`, and a stream asked with `return_progress` ends its `prompt_progress` with the
+/// whole prompt (`total`, `cache`, `time_ms`) when no `timings` came; vLLM
+/// (`--enable-prompt-tokens-details`), SGLang (`--enable-cache-report`) and Ollama's
+/// OpenAI-compatible API give `usage` only; LM Studio gives no reuse at all (not measured).
 fn openai_counts(fields: &Value) -> Counts {
+    let progress = |key: &str| server_tokens(fields, &format!("/prompt_progress/{key}"));
     Counts {
-        prompt_tokens: server_tokens(fields, "/usage/prompt_tokens"),
+        prompt_tokens: server_tokens(fields, "/usage/prompt_tokens").or_else(|| progress("total")),
         completion_tokens: server_tokens(fields, "/usage/completion_tokens")
             .or_else(|| server_tokens(fields, "/timings/predicted_n")),
         reused_tokens: server_tokens(fields, "/timings/cache_n")
-            .or_else(|| server_tokens(fields, "/usage/prompt_tokens_details/cached_tokens")),
+            .or_else(|| server_tokens(fields, "/usage/prompt_tokens_details/cached_tokens"))
+            .or_else(|| progress("cache")),
         evaluated_tokens: server_tokens(fields, "/timings/prompt_n"),
-        prefill_ms: server_ms(fields, "/timings/prompt_ms", 1.0),
+        prefill_ms: server_ms(fields, "/timings/prompt_ms", 1.0)
+            .or_else(|| server_ms(fields, "/prompt_progress/time_ms", 1.0)),
         decode_ms: server_ms(fields, "/timings/predicted_ms", 1.0),
         load_ms: None,
     }
@@ -330,13 +336,15 @@ fn responses_counts(fields: &Value) -> Counts {
     }
 }
 
-/// Ollama's `prompt_eval_count` is the whole prompt, cached or not: no reuse is reported.
+/// Ollama's `prompt_eval_count` is the whole prompt, cached or not (0.32 reported 459 on two
+/// identical requests); since 0.33 `prompt_eval_cached_count` says how much of it came from the
+/// prefix cache. Without it no reuse is reported.
 fn ollama_counts(fields: &Value) -> Counts {
     const NANOS_PER_MS: f64 = 1e6;
     Counts {
         prompt_tokens: server_tokens(fields, "/prompt_eval_count"),
         completion_tokens: server_tokens(fields, "/eval_count"),
-        reused_tokens: None,
+        reused_tokens: server_tokens(fields, "/prompt_eval_cached_count"),
         evaluated_tokens: None,
         prefill_ms: server_ms(fields, "/prompt_eval_duration", NANOS_PER_MS),
         decode_ms: server_ms(fields, "/eval_duration", NANOS_PER_MS),

@@ -28,33 +28,14 @@ fn model(record: &Record) -> Option<String> {
     record.request.digest.as_ref().and_then(|d| d.model.clone())
 }
 
-/// A counter as the server reported it; one past every context window (`limits`) is not a
-/// count, and reads as not reported.
-fn number(fields: &Value, pointer: &str) -> Option<u64> {
-    fields
-        .pointer(pointer)
-        .and_then(Value::as_u64)
-        .and_then(crate::limits::plausible_tokens)
-}
-
-/// (prompt tokens, reused tokens) as the server reported them.
+/// (prompt tokens, reused tokens) as the server reported them (`input::server_counts`, the
+/// one reader of every server's counters outside the analysis).
 pub fn prompt_and_reused(record: &Record) -> (Option<u64>, Option<u64>) {
-    let Some(f) = server_fields(record) else {
+    let Some(fields) = server_fields(record) else {
         return (None, None);
     };
-    let anthropic_input = number(&f, "/usage/input_tokens").map(|input| {
-        input
-            + number(&f, "/usage/cache_read_input_tokens").unwrap_or(0)
-            + number(&f, "/usage/cache_creation_input_tokens").unwrap_or(0)
-    });
-    let prompt = number(&f, "/usage/prompt_tokens")
-        .or(anthropic_input)
-        .or_else(|| number(&f, "/prompt_eval_count"))
-        .or_else(|| Some(number(&f, "/timings/cache_n")? + number(&f, "/timings/prompt_n")?));
-    let reused = number(&f, "/timings/cache_n")
-        .or_else(|| number(&f, "/usage/prompt_tokens_details/cached_tokens"))
-        .or_else(|| number(&f, "/usage/cache_read_input_tokens"));
-    (prompt, reused)
+    let counts = crate::input::server_counts(&fields);
+    (counts.prompt_tokens, counts.reused_tokens)
 }
 
 /// One line for a person; control characters in recorded text are escaped (`text`).
