@@ -746,3 +746,72 @@ fn the_harness_ceilings_bound_what_the_server_reused() {
         );
     }
 }
+
+fn named_causes(name: &str) -> (Report, String) {
+    let path = root().join("tests/data/named-causes").join(name);
+    let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    assert!(read.bad_lines.is_empty());
+    let report = analyze(&read.records, &Config::default());
+    let summary = report.summary();
+    (report, summary)
+}
+
+/// Claude Code's attribution line (`cch=` changes on every request) is named as its own cause
+/// beside llmp's `system_changed`, with the fix in the finding, in JSON and in the text.
+#[test]
+fn claude_codes_attribution_header_is_named_with_its_fix() {
+    let (report, summary) = named_causes("claude-code-attribution.jsonl");
+    let broken: Vec<&Row> = report.rows.iter().filter(|r| r.turn > Some(1)).collect();
+    assert_eq!(broken.len(), 3);
+    for row in &broken {
+        assert_eq!(
+            row.break_cause,
+            Some(BreakCause::SystemChanged),
+            "llmp's cause stays"
+        );
+        assert_eq!(row.client_cause.as_deref(), Some("attribution_header"));
+    }
+    let json = serde_json::to_value(&report).unwrap();
+    let finding = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["evidence"]["client_cause"] == "attribution_header")
+        .expect("a finding naming the attribution header");
+    assert_eq!(finding["fix"]["owner"], "client");
+    assert!(
+        finding["fix"]["change"]
+            .as_str()
+            .unwrap()
+            .contains("CLAUDE_CODE_ATTRIBUTION_HEADER=0")
+    );
+    assert_eq!(json["rows"][1]["client_cause"], "attribution_header");
+    assert!(
+        summary.contains("fix (client): Claude Code's attribution header (x-anthropic-billing-header … cch=) changes on every request: set CLAUDE_CODE_ATTRIBUTION_HEADER=0"),
+        "{summary}"
+    );
+}
+
+/// The same tools in another order are `tools_reordered`, apart from tools added or removed,
+/// and the fix says to keep their order.
+#[test]
+fn reordered_tools_are_named_apart_from_added_ones() {
+    let (report, summary) = named_causes("tools-reordered.jsonl");
+    let third = report.rows.iter().find(|r| r.id == 3).unwrap();
+    assert_eq!(third.break_cause, Some(BreakCause::ToolsChanged));
+    assert_eq!(third.client_cause.as_deref(), Some("tools_reordered"));
+    assert!(third.lost_client.as_ref().is_some_and(|l| l.tokens > 1_000));
+    let location = third.break_location.as_ref().unwrap();
+    assert!(location.tools_added.is_empty() && location.tools_removed.is_empty());
+    assert!(
+        report
+            .rows
+            .iter()
+            .filter(|r| r.id != 3)
+            .all(|r| r.client_cause.is_none())
+    );
+    assert!(
+        summary.contains("fix (client): the same tools came in another order"),
+        "{summary}"
+    );
+}

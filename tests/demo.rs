@@ -70,6 +70,7 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
         seed: flag("--seed").map_or(3, |s| s.parse().unwrap()),
         out: Some(out.clone()),
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        swa_full: extra.contains(&"--swa-full"),
     };
     let outcome = session::demo::Demo::start(config, Vec::new())
         .unwrap()
@@ -209,6 +210,54 @@ fn compaction_is_named() {
     let run = demo("compaction", &[]);
     assert_eq!(count(&run.events, EventKind::Compaction), 2);
     assert_named(&run, true);
+}
+
+/// A sliding-window model re-evaluates every prompt once its slot holds more than the window:
+/// each of those re-prefills is named the engine's (a sliding-window cache, with the fix
+/// `--swa-full`), none the client's; the same traffic with `--swa-full` names none.
+#[test]
+fn a_sliding_window_models_re_prefills_are_the_engines_and_swa_full_has_none() {
+    use prefixscope::analysis::engine_cause::EngineKind;
+    let run = demo("swa", &[]);
+    let forced = count(&run.events, EventKind::EngineForced);
+    assert_eq!(forced, run.log.requests.len() - 1, "{:#?}", run.events);
+    assert_named(&run, true);
+    assert!(run.report.rows.iter().all(|r| r.lost_client.is_none()));
+    let engine: Vec<_> = run
+        .report
+        .rows
+        .iter()
+        .filter_map(|r| r.engine_cause.as_ref())
+        .collect();
+    assert_eq!(engine.len(), forced);
+    assert!(engine.iter().all(|e| e.kind == EngineKind::SlidingWindow));
+    let finding = run
+        .report
+        .findings
+        .iter()
+        .find(|f| f.evidence["engine_cause"] == "sliding_window")
+        .expect("a server cache finding naming the sliding window");
+    let fix = finding.fix.as_ref().expect("the finding carries its fix");
+    assert_eq!(fix.owner, "server");
+    assert!(fix.change.contains("--swa-full"), "{}", fix.change);
+    let summary = run.report.summary();
+    assert!(
+        summary.contains(&format!(
+            "not the client's doing; likely sliding-window cache on {forced}"
+        )),
+        "{summary}"
+    );
+    assert!(summary.contains("fix (server): "), "{summary}");
+
+    let full = demo("swa", &["--swa-full"]);
+    assert_eq!(full.log.requests.len(), run.log.requests.len());
+    assert!(full.events.is_empty(), "{:#?}", full.events);
+    assert_named(&full, true);
+    assert!(
+        full.report.rows.iter().all(|r| r.engine_cause.is_none()
+            && r.lost_external.is_none()
+            && r.lost_client.is_none())
+    );
 }
 
 /// Tokens evaluated, and lost to other conversations.

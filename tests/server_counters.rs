@@ -151,7 +151,9 @@ fn ollama_with_cached_counts_gives_measured_reuse_and_loss() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("reuse reported on 6 of 6 turns"), "{text}");
     assert!(
-        text.contains("by cause: system prompt changes 90 ms (639 tokens) · side-calls 32 ms (530 tokens)"),
+        text.contains(
+            "by cause: system prompt changes 90 ms (639 tokens) · side-calls 32 ms (530 tokens)"
+        ),
         "{text}"
     );
     // The real recording without the field: nothing measured, and said so.

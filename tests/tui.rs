@@ -1084,6 +1084,7 @@ fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() 
         seed: 3,
         out: Some(out.clone()),
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        swa_full: false,
     };
     let outcome = Demo::start(config, Vec::new())
         .unwrap()

@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::Config;
+use super::client_cause;
+use super::engine_cause::EngineKind;
 use super::ids::{ById, IntMap};
 use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, Shape, ToolUsage};
 use crate::normalize::measured::{Measured, Source};
@@ -20,6 +22,16 @@ pub struct Finding {
     pub context_tokens: Option<u32>,
     pub confidence: Confidence,
     pub evidence: serde_json::Value,
+    /// prefixscope: what to change (`fix`), in the report as in the TUI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<FixNote>,
+}
+
+/// A fix as reports carry it: whose doing, and the change in words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FixNote {
+    pub owner: String,
+    pub change: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -139,6 +151,13 @@ pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) 
         config.thresholds.tool_schema_tokens,
     ));
     findings.sort_by(order);
+    for finding in &mut findings {
+        let Fix { owner, change, .. } = fix(finding);
+        finding.fix = Some(FixNote {
+            owner: owner.to_string(),
+            change,
+        });
+    }
     findings
 }
 
@@ -154,6 +173,7 @@ fn loss_finding(
         evidence.insert("untimed_rows".into(), Value::from(sum.untimed));
     }
     Finding {
+        fix: None,
         kind,
         model: Some(model.to_string()),
         client: client.map(str::to_string),
@@ -274,6 +294,21 @@ fn prefix_breaks(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
         if reordered > 0 {
             evidence["reordered"] = json!(reordered);
         }
+        // prefixscope: the named cause most of them show (`client_cause`), with how many.
+        let mut named: BTreeMap<&str, usize> = BTreeMap::new();
+        for name in broken
+            .iter()
+            .filter_map(|r| r.row().client_cause.as_deref())
+        {
+            *named.entry(name).or_default() += 1;
+        }
+        if let Some((name, rows)) = named
+            .iter()
+            .max_by_key(|(name, n)| (**n, std::cmp::Reverse(**name)))
+        {
+            evidence["client_cause"] = json!(name);
+            evidence["client_cause_rows"] = json!(rows);
+        }
         findings.push(loss_finding(
             FindingKind::PrefixBreak,
             (model, Some(client)),
@@ -302,13 +337,27 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
             for loss in hit.iter().filter_map(|r| r.external_loss()) {
                 sum.add(loss);
             }
+            // prefixscope: the engine's likely mechanism, the one most of these rows show.
+            let mut engines: BTreeMap<EngineKind, (usize, &str)> = BTreeMap::new();
+            for cause in hit.iter().filter_map(|r| r.row().engine_cause.as_ref()) {
+                engines.entry(cause.kind).or_insert((0, &cause.evidence)).0 += 1;
+            }
+            let mut evidence = json!({ "kind": kind });
+            if let Some((engine, (rows, example))) = engines
+                .iter()
+                .max_by_key(|(kind, (n, _))| (*n, std::cmp::Reverse(**kind)))
+            {
+                evidence["engine_cause"] = json!(engine.name());
+                evidence["engine_rows"] = json!(rows);
+                evidence["engine_evidence"] = json!(example);
+            }
             Some(loss_finding(
                 FindingKind::ServerCacheLoss,
                 (model, None),
                 hit.iter().map(|r| r.id).collect(),
                 hit.len(),
                 sum,
-                object(json!({ "kind": kind })),
+                object(evidence),
             ))
         })
         .collect()
@@ -460,6 +509,7 @@ fn large_system_prompt(
     let largest = over.iter().map(|r| r.composition.system.value).max()?;
     let exact = over.iter().all(|r| server_sized(r));
     Some(Finding {
+        fix: None,
         kind: FindingKind::LargeSystemPrompt,
         model: Some(model.to_string()),
         client: Some(client.to_string()),
@@ -523,6 +573,7 @@ fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Find
         let dropped = exact && tool.schema_tokens == 0;
         if tool.called == 0 && tool.offered > 0 && !dropped {
             findings.push(Finding {
+                fix: None,
                 kind: FindingKind::UnusedTool,
                 model: None,
                 client: Some(tool.client.clone()),
@@ -536,6 +587,7 @@ fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Find
         }
         if tool.schema_tokens > threshold {
             findings.push(Finding {
+                fix: None,
                 kind: FindingKind::LargeToolSchema,
                 model: None,
                 client: Some(tool.client.clone()),
@@ -680,41 +732,27 @@ fn evidence_text<'a>(finding: &'a Finding, key: &str) -> &'a str {
         .unwrap_or("")
 }
 
-/// Claude Code's attribution line (`x-anthropic-billing-header: … cch=…`), which changes on every
-/// request at the start of its system prompt.
-fn is_claude_code_billing(text: &str) -> bool {
-    text.contains("x-anthropic-billing-header") || text.contains("cch=")
-}
-
-/// A date or time in the changed text (`2026-03-14`, `Monday`, `12:01`).
-fn looks_like_date(text: &str) -> bool {
-    const DAYS: [&str; 7] = [
-        "Monday",
-        "Tuesday",
-        "Wednesday",
-        "Thursday",
-        "Friday",
-        "Saturday",
-        "Sunday",
-    ];
-    let digits = text.chars().filter(char::is_ascii_digit).count();
-    DAYS.iter().any(|d| text.contains(d))
-        || (digits >= 4 && (text.contains('-') || text.contains(':') || text.contains('/')))
-}
-
 fn system_prompt_fix(before: &str, after: &str) -> String {
-    if is_claude_code_billing(before) || is_claude_code_billing(after) {
-        "Claude Code's attribution header (x-anthropic-billing-header … cch=) changes on every request: set CLAUDE_CODE_ATTRIBUTION_HEADER=0".into()
-    } else if looks_like_date(before) || looks_like_date(after) {
-        "a date or time in the system prompt: move it after the stable part (the end of the system prompt, or the latest user message)".into()
-    } else {
-        "a changing value (a date, a request id, a nonce) in the system prompt: move it after the stable part, or drop it".into()
-    }
+    client_cause::of_system_change(before, after)
+        .and_then(client_cause::fix)
+        .unwrap_or("a changing value (a date, a request id, a nonce) in the system prompt: move it after the stable part, or drop it")
+        .into()
 }
 
 /// Messages moved or inserted within the history, with what the harnesses seen doing it can
 /// change.
 const MOVED_MESSAGES_FIX: &str = "messages were moved or inserted within the history: keep it append-only, in the order it was sent (aider: --restore-chat-history puts the earlier exchange before its files message; Claude Code: replies cut at max_tokens are re-sent on --continue without their resume notes, so give replies room with CLAUDE_CODE_MAX_OUTPUT_TOKENS)";
+
+pub(crate) fn engine_kind(name: &str) -> EngineKind {
+    [
+        EngineKind::SlidingWindow,
+        EngineKind::RecurrentMemory,
+        EngineKind::ModelReload,
+    ]
+    .into_iter()
+    .find(|kind| kind.name() == name)
+    .unwrap_or(EngineKind::Unexplained)
+}
 
 /// The one table of fixes, by finding (and, for a prefix break, by its cause).
 pub fn fix(finding: &Finding) -> Fix {
@@ -733,13 +771,18 @@ pub fn fix(finding: &Finding) -> Fix {
             evidence_text(finding, "before"),
             evidence_text(finding, "after"),
         )),
+        FindingKind::PrefixBreak if client_cause::fix(evidence_text(finding, "client_cause")).is_some() => {
+            client(client_cause::fix(evidence_text(finding, "client_cause")).unwrap_or_default().into())
+        }
         FindingKind::PrefixBreak => match evidence_text(finding, "break_cause") {
             "system_changed" => client(system_prompt_fix(
                 evidence_text(finding, "before"),
                 evidence_text(finding, "after"),
             )),
             "tools_changed" => client(
-                "tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation".into(),
+                client_cause::fix(evidence_text(finding, "client_cause"))
+                    .unwrap_or("tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation")
+                    .into(),
             ),
             // A turn's own loss says `history_reordered`; a finding keeps llmp's cause and
             // says `reordered` in its evidence.
@@ -747,9 +790,6 @@ pub fn fix(finding: &Finding) -> Fix {
             "history_rewritten" if finding.evidence.get("reordered").is_some() => {
                 client(MOVED_MESSAGES_FIX.into())
             }
-            cause if cause.contains("reorder") => client(
-                "the same tools came in another order: keep their order stable (build the tool array once, in one order, for every request)".into(),
-            ),
             _ => client(
                 "earlier messages were rewritten: append to the history instead of editing it (compact rarely, and all at once)".into(),
             ),
@@ -771,7 +811,9 @@ pub fn fix(finding: &Finding) -> Fix {
         },
         FindingKind::ServerCacheLoss => Fix {
             owner: "server",
-            change: "the server dropped or trimmed a cached prefix although the prompt matched: the server's doing (a context shift, a sliding-window cache, a restart), not the client's".into(),
+            change: engine_kind(evidence_text(finding, "engine_cause"))
+                .fix()
+                .into(),
             levers: Vec::new(),
         },
         FindingKind::UnusedTool => client(format!(
@@ -811,6 +853,7 @@ mod fix_tests {
 
     fn finding(kind: FindingKind, evidence: Value) -> Finding {
         Finding {
+            fix: None,
             kind,
             model: None,
             client: None,

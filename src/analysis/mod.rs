@@ -5,7 +5,9 @@
 //! figures agree with llmp's on the same recordings; prefixscope's extensions are marked where
 //! they are made.
 
+pub mod client_cause;
 pub mod engine;
+pub mod engine_cause;
 pub mod findings;
 pub mod harness;
 pub mod ids;

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::REPORT_VERSION;
 use super::Skipped;
+use super::engine_cause::EngineKind;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
 use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::Api;
@@ -314,7 +315,7 @@ fn composition<R: Priced>(rows: &[R]) -> CompositionTotals {
     totals
 }
 
-impl<R> Report<R> {
+impl<R: Priced> Report<R> {
     pub fn summary(&self) -> String {
         self.summary_with(&self.findings)
     }
@@ -402,6 +403,9 @@ impl<R> Report<R> {
                     confidence_label(finding.confidence),
                     label(finding)
                 ));
+                if let Some(fix) = &finding.fix {
+                    lines.push(format!("      fix ({}): {}", fix.owner, fix.change));
+                }
             }
             if findings.len() > SUMMARY_FINDINGS {
                 lines.push(format!(
@@ -450,11 +454,30 @@ impl<R> Report<R> {
                 }
             }
         }
+        // prefixscope: the mechanisms the rows show, most turns first.
+        let mut engines: BTreeMap<EngineKind, u64> = BTreeMap::new();
+        for row in &self.rows {
+            if let Some(cause) = &row.rated().row().engine_cause {
+                *engines.entry(cause.kind).or_default() += 1;
+            }
+        }
+        let mut engines: Vec<(EngineKind, u64)> = engines.into_iter().collect();
+        engines.sort_by_key(|&(kind, n)| (std::cmp::Reverse(n), kind));
+        let likely = engines
+            .iter()
+            .filter(|(kind, _)| *kind != EngineKind::Unexplained)
+            .map(|(kind, n)| format!("{} on {n}", kind.label()))
+            .collect::<Vec<_>>();
         (rows > 0).then(|| {
             format!(
-                "  the server itself dropped cached prefixes on {} (prompt unchanged, nothing in between): {}, not the client's doing",
+                "  the server itself dropped cached prefixes on {} (prompt unchanged, nothing in between): {}, not the client's doing{}",
                 plural(rows, "turn"),
-                size(tokens, ms)
+                size(tokens, ms),
+                if likely.is_empty() {
+                    String::new()
+                } else {
+                    format!("; likely {}", likely.join(", "))
+                }
             )
         })
     }
@@ -541,9 +564,13 @@ pub fn label(finding: &Finding) -> String {
             )
         }
         FindingKind::ServerCacheLoss => format!(
-            "{} on {} ({model}){lost}",
+            "{} on {} ({model}){}{lost}",
             cause_label_plural(&text("kind")),
-            plural(finding.rows.len() as u64, "turn")
+            plural(finding.rows.len() as u64, "turn"),
+            match super::findings::engine_kind(&text("engine_cause")) {
+                EngineKind::Unexplained => String::new(),
+                kind => format!(", the engine's {}", kind.label()),
+            }
         ),
         FindingKind::OtherConversationEviction => format!(
             "cache lost to other conversations on {} ({model}){lost}",

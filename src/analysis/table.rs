@@ -40,6 +40,13 @@ pub struct Row {
     pub break_location: Option<BreakLocation>,
     /// prefixscope: the request that most likely evicted this turn's prefix.
     pub evicted_by: Option<EvictedBy>,
+    /// prefixscope: the break's cause by name where it is one users know (`client_cause`):
+    /// Claude Code's attribution header, a date in the system prompt, tools reordered, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cause: Option<String>,
+    /// prefixscope: for a `server_*` loss, the engine's mechanism and its evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_cause: Option<super::engine_cause::EngineCause>,
 }
 
 /// Where a break is: the first differing message and, in full mode, the first differing
@@ -378,6 +385,8 @@ pub(super) struct Link {
     /// Messages were moved or inserted at the break: the message there was sent elsewhere
     /// before, or the one that was there is sent later.
     reordered: bool,
+    /// prefixscope: the break's named cause (`client_cause`).
+    named: Option<&'static str>,
 }
 
 pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
@@ -500,6 +509,8 @@ pub(super) fn base_row(
         loss_measured: false,
         break_location: None,
         evicted_by: None,
+        client_cause: None,
+        engine_cause: None,
     }
 }
 
@@ -872,6 +883,7 @@ pub(super) fn link(
             compaction: false,
             seen_before: prefix_tokens,
             reordered: false,
+            named: None,
         };
     }
     if prev.tools_hash != cur.tools_hash {
@@ -901,6 +913,10 @@ pub(super) fn link(
             compaction: false,
             seen_before: already_sent(prev, cur, cw, false) + moved_or_replied(prev, cur, cw),
             reordered: false,
+            named: Some(super::client_cause::of_tools_change(
+                &prev.tools,
+                &cur.tools,
+            )),
         };
     }
     let overlap = prev.messages.len().min(cur.messages.len());
@@ -948,6 +964,13 @@ pub(super) fn link(
         (prefix_tokens, false)
     };
     let location = break_cause.map(|_| locate(prev, cur, k));
+    let named = match (break_cause, &location) {
+        (Some(BreakCause::SystemChanged), Some(l)) => super::client_cause::of_system_change(
+            l.before.as_deref().unwrap_or(""),
+            l.after.as_deref().unwrap_or(""),
+        ),
+        _ => None,
+    };
     Link {
         location,
         prefix_len: k,
@@ -956,6 +979,7 @@ pub(super) fn link(
         compaction,
         seen_before,
         reordered,
+        named,
     }
 }
 
@@ -1165,6 +1189,7 @@ pub(super) fn apply_link(
 ) {
     row.prefix_tokens = Some(round(link.prefix_tokens));
     row.break_cause = link.break_cause;
+    row.client_cause = link.named.map(str::to_string);
     row.compaction = link.compaction;
     row.composition = composition(x, w, link.prefix_len);
 
@@ -1263,6 +1288,19 @@ pub(super) fn apply_link(
     };
     if let Some(cause) = external_cause {
         row.lost_external = loss(cause, external);
+    }
+    if let Some(lost) = row
+        .lost_external
+        .as_ref()
+        .filter(|l| l.cause.starts_with("server_"))
+    {
+        row.engine_cause = Some(super::engine_cause::engine_cause(
+            x.served_model.as_deref().unwrap_or(&row.model),
+            &lost.cause,
+            round(reused),
+            counts.prompt_tokens.map_or(0, |p| p.value),
+            counts.load_ms.map(|m| m.value),
+        ));
     }
 }
 
@@ -1573,6 +1611,7 @@ mod tests {
             t_end_ms: t + 100,
             api: Api::OpenaiChat,
             model: "m".into(),
+            served_model: None,
             user_agent: Some("agent/1".into()),
             session_id: None,
             messages,

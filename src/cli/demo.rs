@@ -26,7 +26,8 @@ pub enum OnOff {
 pub struct DemoArgs {
     /// What the agents do: mixed (a coding agent with a subagent, side-calls, a date change, a
     /// new tool and a compaction, next to a reviewer), side-calls, parallel (four agents),
-    /// volatile-system (a nonce in front of the system prompt), compaction.
+    /// volatile-system (a nonce in front of the system prompt), compaction, swa (one agent on
+    /// a sliding-window model: every loss is the engine's).
     #[arg(long, default_value = "mixed", value_parser = SCENARIOS)]
     scenario: String,
     /// The server's slots (`-np`), 1 to 64; default 2 for mixed, 1 otherwise.
@@ -42,6 +43,10 @@ pub struct DemoArgs {
     /// The same seed gives the same requests in the same order.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Give a sliding-window model (`--scenario swa`) a full-size cache, as llama-server's own
+    /// `--swa-full` does.
+    #[arg(long)]
+    swa_full: bool,
     /// Keep the recording in this file (by default it goes to a temporary file, removed at the end).
     #[arg(short, long)]
     out: Option<PathBuf>,
@@ -66,6 +71,7 @@ pub fn run(args: DemoArgs) -> u8 {
         seed: args.seed,
         out: args.out.clone(),
         listen: args.listen,
+        swa_full: args.swa_full,
     };
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<std::sync::Arc<Record>>();
     let headless = args.headless || !std::io::stdout().is_terminal();

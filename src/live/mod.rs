@@ -287,6 +287,7 @@ pub fn uncovered<R: crate::analysis::Priced>(
                         row.model.clone(),
                         loss.cause.clone(),
                         Finding {
+                            fix: None,
                             kind,
                             model: Some(row.model.clone()),
                             client: None,

@@ -365,7 +365,16 @@ impl View {
                 })
             });
             if let Some(cause) = client_cause {
-                breaks.push(fact(&cause, r.client_loss(), location(r)));
+                // The cause users know it by, where it has a name (`analysis::client_cause`).
+                let named = r
+                    .client_cause
+                    .as_deref()
+                    .and_then(crate::analysis::client_cause::label);
+                let place = match named {
+                    Some(named) => format!("{named}: {}", location(r)),
+                    None => location(r),
+                };
+                breaks.push(fact(&cause, r.client_loss(), place));
             }
             if let Some(external) = &r.lost_external {
                 let place = match &r.evicted_by {
@@ -375,7 +384,10 @@ impl View {
                         aliases.of(&by.client),
                         cause_label(&by.kind)
                     ),
-                    None => String::new(),
+                    // The engine's own: its likely mechanism (`analysis::engine_cause`).
+                    None => r.engine_cause.as_ref().map_or_else(String::new, |engine| {
+                        format!("the engine's: {}", engine.kind.label())
+                    }),
                 };
                 breaks.push(fact(&external.cause, r.external_loss(), place));
             }

@@ -29,6 +29,9 @@ pub struct Exchange {
     pub t_end_ms: i64,
     pub api: Api,
     pub model: String,
+    /// The model the server says it ran (llama.cpp: the model file's path), when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
     pub user_agent: Option<String>,
     /// The harness's session or conversation id (`SESSION_ID_HEADERS`), when it sends one:
     /// requests with different ids are never one conversation.
@@ -158,6 +161,11 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
     let (fields, output) = response_digest.map_or((Value::Null, Output::default()), |digest| {
         (Value::Object(digest.usage), digest.output)
     });
+    let served_model = fields
+        .get("model")
+        .and_then(Value::as_str)
+        .filter(|m| !m.is_empty())
+        .map(|m| m.chars().take(MAX_MODEL_CHARS).collect::<String>());
     let server = match api {
         Api::OllamaChat => ollama_counts(&fields),
         Api::AnthropicMessages => anthropic_counts(&fields),
@@ -210,6 +218,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         t_end_ms: record.t_end_ms,
         api,
         model: request.model.unwrap_or_default(),
+        served_model,
         user_agent: record.request.headers.get("user-agent").cloned(),
         session_id: session_id(record),
         messages,
@@ -221,6 +230,10 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         ok,
     })
 }
+
+/// A served model name longer than this is cut (a path is rarely longer; a hostile server's
+/// could be megabytes).
+const MAX_MODEL_CHARS: usize = 256;
 
 /// Each message's text, in order (shared with equal texts of other requests).
 type MessageTexts = Vec<Arc<str>>;

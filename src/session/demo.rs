@@ -11,7 +11,7 @@ use super::Error;
 use super::capture::{Capture, CaptureConfig};
 use crate::analysis::{self, Config, Report};
 use crate::record::{Record, read_jsonl};
-use crate::sim::agents::{default_slots, run_scenario};
+use crate::sim::agents::{default_slots, run_scenario, scenario_model};
 use crate::sim::script::{Check, RunLog, ScriptEvent, check, evictions};
 use crate::sim::server::{SimConfig, SimServer, Speed};
 
@@ -42,6 +42,9 @@ pub struct DemoConfig {
     pub out: Option<PathBuf>,
     /// Where the proxy listens (port 0: any free port).
     pub listen: SocketAddr,
+    /// A sliding-window model (`swa` scenario) gets a full-size cache, as llama-server's
+    /// `--swa-full` gives it: no forced re-prefills.
+    pub swa_full: bool,
 }
 
 /// A demo ready to run: the simulated server bound, the proxy bound, the recorder running.
@@ -117,18 +120,29 @@ impl Demo {
         let speed = Arc::new(Speed::new(config.speed));
         let mut sim_config = SimConfig::new(slots, config.cache_ram);
         sim_config.seed = config.seed;
+        let model = scenario_model(&config.scenario);
+        if let Some((name, window)) = model {
+            sim_config.model = name.to_string();
+            sim_config.kv.swa_window = (!config.swa_full).then_some(window);
+        }
         let sim = {
             let _entered = capture.runtime.enter();
             SimServer::from_std(sim_listener, sim_config, Arc::clone(&speed))
                 .map_err(|e| Error::Unreadable(format!("cannot start the simulated server: {e}")))?
         };
-        let setting = format!(
+        let mut setting = format!(
             "simulated llama-server: scenario {}, {slots} slot{}, cache-ram {}, seed {}",
             config.scenario,
             if slots == 1 { "" } else { "s" },
             if config.cache_ram { "on" } else { "off" },
             config.seed
         );
+        if let Some((name, window)) = model {
+            setting.push_str(&match config.swa_full {
+                false => format!(", {name} (sliding window {window} tokens)"),
+                true => format!(", {name} with --swa-full"),
+            });
+        }
         Ok(Demo {
             config,
             slots,

@@ -24,13 +24,29 @@ use super::script::{EventKind, RequestLog, RunLog, ScriptEvent};
 use super::server::Speed;
 use crate::http1::{self, ConnectError};
 
-pub const SCENARIOS: [&str; 5] = [
+pub const SCENARIOS: [&str; 6] = [
     "mixed",
     "side-calls",
     "parallel",
     "volatile-system",
     "compaction",
+    "swa",
 ];
+
+/// A scenario's own model, when it needs one: `swa` runs a Gemma 3–style model whose
+/// sliding-window cache (`kv::KvConfig::swa_window`) forces full re-prefills the client did not
+/// cause.
+pub fn scenario_model(scenario: &str) -> Option<(&'static str, usize)> {
+    match scenario {
+        "swa" => Some(("sim-gemma-3-4b-it-q4_k_m.gguf", SWA_WINDOW)),
+        _ => None,
+    }
+}
+
+/// The `swa` scenario's window, in the simulated server's tokens (words and marks, fewer
+/// than a real tokenizer's): its first prompt is past it already (Gemma 3's window is 1,024
+/// tokens, Gemma 2's 4,096, gpt-oss's 128).
+pub const SWA_WINDOW: usize = 512;
 
 pub fn default_slots(scenario: &str) -> usize {
     match scenario {
@@ -548,6 +564,15 @@ fn scripts(scenario: &str) -> Result<Vec<Script>, String> {
             script.verbose = 4;
             vec![script]
         }
+        // One agent with the slot to itself and a prompt that only grows: every loss is the
+        // engine's.
+        "swa" => vec![coder(vec![
+            User("Where does the config parser handle missing keys? Use grep to find it."),
+            User("Make the missing-key error name the key and the line number."),
+            User("Add a test for an empty value with edit_file."),
+            User("Run the tests with run_tests."),
+            User("Summarise what changed."),
+        ])],
         other => {
             return Err(format!(
                 "unknown scenario {other:?} (one of: {})",

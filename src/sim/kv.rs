@@ -1,6 +1,7 @@
 //! The KV-cache model of a simulated llama-server, pure: slots each holding a token prefix,
 //! slot choice by longest common prefix else least recently used, an optional host-memory
-//! prompt cache (`--cache-ram`), and the rule that at least one prompt token is evaluated.
+//! prompt cache (`--cache-ram`), a sliding-window model's cache (nothing reusable once a slot
+//! holds more than the window), and the rule that at least one prompt token is evaluated.
 //!
 //! What llama.cpp does (server-context.cpp, as of the builds in `../shared/tools/llama-server`):
 //! an idle slot whose cached tokens share more than `slot_prompt_similarity` (0.1) of the new
@@ -23,6 +24,9 @@ pub struct KvConfig {
     /// How many tokens the host cache holds before it drops its least recently used prompts.
     pub cache_ram_tokens: usize,
     pub slot_prompt_similarity: f64,
+    /// A sliding-window attention model's window, in tokens (`None`: full attention, or
+    /// llama-server's `--swa-full`).
+    pub swa_window: Option<usize>,
 }
 
 impl KvConfig {
@@ -32,6 +36,7 @@ impl KvConfig {
             cache_ram,
             cache_ram_tokens: 4_000_000,
             slot_prompt_similarity: SLOT_PROMPT_SIMILARITY,
+            swa_window: None,
         }
     }
 }
@@ -56,6 +61,9 @@ pub struct Served {
     pub restored: bool,
     /// The request whose prompt the slot held before (after a restore: the restored one's).
     pub replaced: Option<u64>,
+    /// The shared prefix was there but the sliding window made it unusable: the engine
+    /// re-evaluated the whole prompt.
+    pub forced: bool,
 }
 
 /// What the server did for one chat request: the ground truth tests compare the analysis with.
@@ -165,6 +173,18 @@ impl KvCache {
                 self.slots[slot] = leaving;
             }
         }
+        // With a sliding window, the window layers keep only the last `window` positions of
+        // what the slot holds, and a slot holds its reply too, which the next prompt re-renders
+        // (so never matches to the end): past the window nothing is reusable, and llama.cpp
+        // re-processes the whole prompt (without context checkpoints, or before they existed).
+        let forced = shared > 0
+            && self
+                .config
+                .swa_window
+                .is_some_and(|window| self.slots[slot].tokens.len() > window);
+        if forced {
+            shared = 0;
+        }
         // llama.cpp evaluates at least one token, to have logits to sample from.
         let cache_n = shared.min(prompt.len().saturating_sub(1));
         let held = &mut self.slots[slot];
@@ -178,6 +198,7 @@ impl KvCache {
             prompt_n: prompt.len() - cache_n,
             restored,
             replaced,
+            forced,
         }
     }
 
@@ -236,6 +257,26 @@ mod tests {
         // The same prompt again: everything but the last token.
         let again = kv.serve(0, &longer, 3);
         assert_eq!((again.cache_n, again.prompt_n), (149, 1));
+    }
+
+    #[test]
+    fn a_sliding_window_reuses_nothing_once_the_slot_holds_more_than_the_window() {
+        let mut config = KvConfig::new(1, false);
+        config.swa_window = Some(120);
+        let mut kv = KvCache::new(config);
+        kv.serve(0, &toks(0..100), 1);
+        // Within the window: reused as on any model.
+        let second = kv.serve(0, &toks(0..150), 2);
+        assert_eq!((second.cache_n, second.forced), (100, false));
+        // The slot now holds 150 > 120: the continued prompt is evaluated whole.
+        let third = kv.serve(0, &toks(0..200), 3);
+        assert_eq!(
+            (third.cache_n, third.prompt_n, third.forced),
+            (0, 200, true)
+        );
+        assert_eq!(third.replaced, Some(2), "nothing else used the slot");
+        // A prompt sharing nothing is not forced: there was nothing to reuse.
+        assert!(!kv.serve(0, &toks(1000..1300), 4).forced);
     }
 
     #[test]

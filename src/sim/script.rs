@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::kv::ServedLog;
+use crate::analysis::engine_cause::EngineKind;
 use crate::analysis::{BreakCause, Cause, Report, Row, RowKind};
 use crate::record::Record;
 
@@ -21,6 +22,9 @@ pub enum EventKind {
     Compaction,
     /// The turn's cached prefix was pushed out of the server by other requests (`evictors`).
     Evicted,
+    /// The turn's prefix was still in its slot, but the engine could not use it (a sliding
+    /// window): nobody else's doing.
+    EngineForced,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -66,7 +70,9 @@ pub struct RunLog {
 
 /// The evictions the server's log shows: a turn whose previous turn's prompt was no longer in
 /// the slot it got (nor restored from host memory), with the requests that had run on that
-/// slot in between. Turns whose prompt broke on purpose are left out (their break is the cause).
+/// slot in between; and the engine's own re-prefills: the prompt was still there and the
+/// sliding window made it unusable. Turns whose prompt broke on purpose are left out (their
+/// break is the cause).
 pub fn evictions(log: &RunLog, served: &[ServedLog]) -> Vec<ScriptEvent> {
     let by_id: BTreeMap<&str, &ServedLog> =
         served.iter().map(|s| (s.response_id.as_str(), s)).collect();
@@ -87,6 +93,16 @@ pub fn evictions(log: &RunLog, served: &[ServedLog]) -> Vec<ScriptEvent> {
             continue;
         };
         if cur.served.replaced == Some(prev.number) {
+            if cur.served.forced {
+                out.push(ScriptEvent {
+                    kind: EventKind::EngineForced,
+                    order: request.order,
+                    response_id: request.response_id.clone(),
+                    agent: request.agent.clone(),
+                    evictors: Vec::new(),
+                    share: Some(prev.prompt_tokens as f64 / cur.prompt_tokens.max(1) as f64),
+                });
+            }
             continue;
         }
         // Who used the previous turn's slot since: those pushed its prompt out.
@@ -163,6 +179,7 @@ impl EventKind {
             EventKind::ToolsChanged => "tools_changed",
             EventKind::Compaction => "compaction",
             EventKind::Evicted => "evicted",
+            EventKind::EngineForced => "engine_forced",
         }
     }
 }
@@ -236,6 +253,19 @@ pub fn check(
                     let minor = event.share.is_some_and(|s| s < MINOR_EVICTION_SHARE);
                     kind_ok || (minor && row.cause.is_none())
                 }
+                // The engine's, and named as a sliding window; none of it the client's.
+                EventKind::EngineForced => {
+                    evicted_rows.insert(row.id);
+                    row.lost_client.is_none()
+                        && row
+                            .lost_external
+                            .as_ref()
+                            .is_some_and(|l| l.cause.starts_with("server_"))
+                        && row
+                            .engine_cause
+                            .as_ref()
+                            .is_some_and(|e| e.kind == EngineKind::SlidingWindow)
+                }
             };
             EventCheck {
                 event: event.clone(),
@@ -272,7 +302,7 @@ pub fn check(
 
 fn describe(row: &Row) -> String {
     format!(
-        "kind {:?}, break {:?}, compaction {}, cause {:?}, lost {:?}/{:?}, evicted by {:?}",
+        "kind {:?}, break {:?}, compaction {}, cause {:?}, lost {:?}/{:?}, evicted by {:?}, engine {:?}",
         row.kind,
         row.break_cause,
         row.compaction,
@@ -280,6 +310,7 @@ fn describe(row: &Row) -> String {
         row.lost_client.as_ref().map(|l| (&l.cause, l.tokens)),
         row.lost_external.as_ref().map(|l| (&l.cause, l.tokens)),
         row.evicted_by.as_ref().map(|e| (e.row, &e.kind)),
+        row.engine_cause.as_ref().map(|e| e.kind),
     )
 }
 

@@ -186,6 +186,7 @@ fn finding_of_turn(row: &Row, cause: &str) -> Finding {
         _ => FindingKind::ServerCacheLoss,
     };
     Finding {
+        fix: None,
         kind,
         model: Some(row.model.clone()),
         client: Some(row.client.clone()),
@@ -198,6 +199,8 @@ fn finding_of_turn(row: &Row, cause: &str) -> Finding {
             "break_cause": cause,
             "before": location.and_then(|l| l.before.clone()),
             "after": location.and_then(|l| l.after.clone()),
+            "engine_cause": row.engine_cause.as_ref().map(|e| e.kind.name()),
+            "client_cause": row.client_cause,
         }),
     }
 }
