@@ -363,6 +363,67 @@ fn whatif_predicts_the_real_servers_losses() {
     assert!(!on.assumptions.is_empty());
 }
 
+/// The replay with the server's own settings reproduces what the real llama.cpp reused on every
+/// request of the checked-in recordings (the calibration `whatif` prints), and, run on the
+/// records that had ended when a request started, it predicted the evictions that request
+/// caused: "a request of conversation 4 would take slot 0 from conversation 1".
+#[test]
+fn the_slot_replay_matches_the_real_servers_reuse_and_predicts_its_evictions() {
+    use prefixscope::sim::residency::residency;
+    for (name, slots, cache_ram, requests) in [
+        ("parallel-nocache", 1, false, 23),
+        ("parallel", 1, true, 23),
+        ("session", 4, true, 8),
+    ] {
+        let records = recording(&format!("{name}.jsonl"));
+        let report = analysis::analyze(&records, &Config::default());
+        let r = residency(&records, &report, slots, cache_ram);
+        let (compared, agreed) = r
+            .calibration
+            .iter()
+            .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
+        assert_eq!(
+            (compared, agreed),
+            (requests, requests),
+            "{name}: {:?}",
+            r.disagreements
+        );
+        assert_eq!(r.holders.len(), slots);
+    }
+    // Each turn, replayed with only the requests that had started by then (the slot choice
+    // reads requests; responses only scale the sim's tokens to the server's): the replay found
+    // it evicted, by the request the analysis names afterwards from the server's counts.
+    let records = recording("parallel-nocache.jsonl");
+    let report = analysis::analyze(&records, &Config::default());
+    let (mut evictions, mut predicted) = (0, 0);
+    for turn in &report.rows {
+        let Some(by) = turn
+            .evicted_by
+            .as_ref()
+            .filter(|_| turn.cause == Some(analysis::Cause::OtherConversation))
+        else {
+            continue;
+        };
+        evictions += 1;
+        let started = records.iter().find(|r| r.id == turn.id).unwrap().t_start_ms;
+        let known: Vec<Record> = records
+            .iter()
+            .filter(|r| r.t_start_ms <= started)
+            .cloned()
+            .collect();
+        let then = residency(
+            &known,
+            &analysis::analyze(&known, &Config::default()),
+            1,
+            false,
+        );
+        if then.evicted.contains(&(turn.id, by.row)) {
+            predicted += 1;
+        }
+    }
+    assert_eq!((predicted, evictions), (15, 15), "predicted of evicted");
+}
+
 #[test]
 fn whatif_command_says_what_it_assumed() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

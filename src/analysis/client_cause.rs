@@ -128,7 +128,10 @@ mod tests {
             of_tools_change(&before, &[a.clone(), tool("grep", "h3")]),
             TOOLS_SCHEMA_CHANGED
         );
-        assert_eq!(of_tools_change(&before, std::slice::from_ref(&a)), TOOLS_ADDED_REMOVED);
+        assert_eq!(
+            of_tools_change(&before, std::slice::from_ref(&a)),
+            TOOLS_ADDED_REMOVED
+        );
         assert_eq!(
             of_tools_change(&before, &[a, b, tool("web", "h4")]),
             TOOLS_ADDED_REMOVED

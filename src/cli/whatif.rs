@@ -8,7 +8,9 @@ use clap::Args;
 
 use super::demo::OnOff;
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
-use prefixscope::sim::whatif::{Totals, WhatIf, what_if};
+use prefixscope::analysis::{Config, analyze};
+use prefixscope::sim::residency::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
+use prefixscope::sim::whatif::{Totals, WhatIf, what_if_given};
 use prefixscope::units::thousands;
 
 #[derive(Args)]
@@ -35,13 +37,75 @@ pub fn run(args: WhatIfArgs) -> u8 {
     let Some(read) = read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
     };
-    let result = what_if(&read.records, args.slots, args.cache_ram == OnOff::On);
+    let cache_ram = args.cache_ram == OnOff::On;
+    let recorded = analyze(&read.records, &Config::default());
+    let result = what_if_given(&read.records, args.slots, cache_ram, &recorded);
+    let slots = residency(&read.records, &recorded, args.slots, cache_ram);
     if args.json {
-        super::print_json(&serde_json::to_string_pretty(&result).unwrap_or_default());
+        let mut value = serde_json::to_value(&result).unwrap_or_default();
+        value["residency"] = serde_json::to_value(&slots).unwrap_or_default();
+        super::print_json(&serde_json::to_string_pretty(&value).unwrap_or_default());
     } else {
-        super::print_stdout(&render(&result));
+        let mut text = render(&result);
+        text.push_str(&render_residency(&slots));
+        super::print_stdout(&text);
     }
     EXIT_OK
+}
+
+/// How far the replay is to be trusted with these settings, and who holds the cache at the end.
+fn render_residency(r: &Residency) -> String {
+    let mut out = String::new();
+    let (compared, agreed) = r
+        .calibration
+        .iter()
+        .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
+    if compared == 0 {
+        out.push_str("calibration: not measured (no request with the server's reuse count)\n");
+    } else {
+        let models: Vec<String> = r
+            .calibration
+            .iter()
+            .map(|m| format!("{} {}/{}", m.model, m.agreed, m.compared))
+            .collect();
+        out.push_str(&format!(
+            "calibration: with these settings the simulation's reuse matched the server's on {agreed} of {compared} requests (within {AGREE_TOKENS} tokens or {:.0}% of the prompt; {}): if these are the server's own settings, that is how far the rest is to be trusted\n",
+            AGREE_SHARE * 100.0,
+            models.join(", ")
+        ));
+    }
+    let who = |h: &Holder| match h.conversation {
+        Some(c) => format!("conversation {c} ({}), #{}", h.client, h.record),
+        None => format!("#{} ({}, no conversation)", h.record, h.client),
+    };
+    for (slot, holder) in r.holders.iter().enumerate() {
+        out.push_str(&format!(
+            "slot {slot} at the end: {}\n",
+            holder.as_ref().map_or("empty".into(), who)
+        ));
+    }
+    if r.cache_ram {
+        out.push_str(&format!(
+            "host cache at the end: {} prompt{}\n",
+            r.host_prompts,
+            if r.host_prompts == 1 { "" } else { "s" }
+        ));
+    }
+    for next in &r.next_evictions {
+        out.push_str(&format!(
+            "next: a request of conversation {} ({}) would take slot {} from {}{}\n",
+            next.conversation,
+            next.client,
+            next.slot,
+            who(&next.evicts),
+            if next.saved_to_host {
+                " (saved to host memory)"
+            } else {
+                ""
+            }
+        ));
+    }
+    out
 }
 
 fn render(w: &WhatIf) -> String {

@@ -90,6 +90,53 @@ impl Totals {
     }
 }
 
+/// The chat requests a replay can use (llama.cpp's `timings` ride on OpenAI-style chat
+/// responses, and each needs the server's prompt count), with their record's index.
+pub(super) fn replayable(records: &[Record]) -> Vec<(usize, Exchange)> {
+    records
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| normalize(r).ok().map(|x| (i, x)))
+        .filter(|(_, x)| {
+            x.ok && x.api == Api::OpenaiChat && x.counts.prompt_tokens.is_some_and(|p| p.value > 0)
+        })
+        .collect()
+}
+
+/// Replays `exchanges` on a simulated cache with `slots` and `cache_ram`, in the order they
+/// reached the server, each holding a slot for its recorded duration (queued when all are
+/// busy); `served` sees each request (record index, exchange, its sim prompt, what the cache
+/// did, the reuse scaled back to the server's own count). Returns the cache as it ends.
+pub(super) fn replay(
+    exchanges: &[(usize, Exchange)],
+    slots: usize,
+    cache_ram: bool,
+    tokens_per_char: f64,
+    mut served: impl FnMut(usize, &Exchange, &[Token], super::kv::Served, u32),
+) -> KvCache {
+    let mut order: Vec<&(usize, Exchange)> = exchanges.iter().collect();
+    order.sort_by_key(|(_, x)| (x.t_start_ms, x.id));
+    let mut kv = KvCache::new(KvConfig::new(slots, cache_ram));
+    let mut free_at = vec![i64::MIN; kv.slot_count()];
+    for (index, x) in order {
+        let prompt = prompt_tokens(x, tokens_per_char);
+        // Wait for a slot if all are busy, as llama-server queues the request.
+        let earliest = free_at.iter().copied().min().unwrap_or(i64::MIN);
+        let start = x.t_start_ms.max(earliest);
+        let slot = kv
+            .choose_slot(&prompt, |i| free_at[i] <= start)
+            .unwrap_or(0);
+        free_at[slot] = start + (x.t_end_ms - x.t_start_ms).max(0);
+        let result = kv.serve(slot, &prompt, x.id);
+        let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
+        let scale = f64::from(server_prompt) / prompt.len().max(1) as f64;
+        let reused =
+            ((result.cache_n as f64 * scale).round() as u32).min(server_prompt.saturating_sub(1));
+        served(*index, x, &prompt, result, reused);
+    }
+    kv
+}
+
 /// The simulated server's counts for one request, in the server's tokens.
 struct Predicted {
     reused: u32,
@@ -110,57 +157,39 @@ pub fn what_if_given(
     cache_ram: bool,
     recorded: &Report,
 ) -> WhatIf {
-    let exchanges: Vec<(usize, Exchange)> = records
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| normalize(r).ok().map(|x| (i, x)))
-        // llama.cpp's `timings` ride on OpenAI-style chat responses.
-        .filter(|(_, x)| {
-            x.ok && x.api == Api::OpenaiChat && x.counts.prompt_tokens.is_some_and(|p| p.value > 0)
-        })
-        .collect();
+    let exchanges = replayable(records);
     let tokens_per_char = tokens_per_char(exchanges.iter().map(|(_, x)| x));
     let rate = prefill_rate(exchanges.iter().map(|(_, x)| x));
 
-    let mut order: Vec<&(usize, Exchange)> = exchanges.iter().collect();
-    order.sort_by_key(|(_, x)| (x.t_start_ms, x.id));
-    let mut kv = KvCache::new(KvConfig::new(slots, cache_ram));
-    let mut free_at = vec![i64::MIN; kv.slot_count()];
     let mut predicted: Vec<Option<Predicted>> = (0..records.len()).map(|_| None).collect();
     let mut requests = Vec::new();
-    for (index, x) in order {
-        let prompt = prompt_tokens(x, tokens_per_char);
-        // Wait for a slot if all are busy, as llama-server queues the request.
-        let earliest = free_at.iter().copied().min().unwrap_or(i64::MIN);
-        let start = x.t_start_ms.max(earliest);
-        let slot = kv
-            .choose_slot(&prompt, |i| free_at[i] <= start)
-            .unwrap_or(0);
-        free_at[slot] = start + (x.t_end_ms - x.t_start_ms).max(0);
-        let served = kv.serve(slot, &prompt, x.id);
-        let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
-        let scale = f64::from(server_prompt) / prompt.len().max(1) as f64;
-        let reused =
-            ((served.cache_n as f64 * scale).round() as u32).min(server_prompt.saturating_sub(1));
-        let evaluated = server_prompt - reused;
-        requests.push(RequestWhatIf {
-            id: x.id,
-            prompt_tokens: server_prompt,
-            recorded_reused: x.counts.reused_tokens.map(|m| m.value),
-            predicted_reused: reused,
-            slot,
-            restored: served.restored,
-        });
-        let prefill_ms = match rate {
-            Some(rate) => f64::from(evaluated) * rate,
-            None => x.counts.prefill_ms.map_or(0.0, |m| m.value),
-        };
-        predicted[*index] = Some(Predicted {
-            reused,
-            evaluated,
-            prefill_ms,
-        });
-    }
+    let kv = replay(
+        &exchanges,
+        slots,
+        cache_ram,
+        tokens_per_char,
+        |index, x, _, served, reused| {
+            let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
+            let evaluated = server_prompt - reused;
+            requests.push(RequestWhatIf {
+                id: x.id,
+                prompt_tokens: server_prompt,
+                recorded_reused: x.counts.reused_tokens.map(|m| m.value),
+                predicted_reused: reused,
+                slot: served.slot,
+                restored: served.restored,
+            });
+            let prefill_ms = match rate {
+                Some(rate) => f64::from(evaluated) * rate,
+                None => x.counts.prefill_ms.map_or(0.0, |m| m.value),
+            };
+            predicted[index] = Some(Predicted {
+                reused,
+                evaluated,
+                prefill_ms,
+            });
+        },
+    );
     let replayed = requests.len();
     let rewritten: Vec<Record> = records
         .iter()
@@ -205,7 +234,7 @@ fn assumptions(tokens_per_char: f64, rate: Option<f64>) -> Vec<String> {
 }
 
 /// Σ prompt tokens (less the template's) / Σ characters of messages and tools.
-fn tokens_per_char<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> f64 {
+pub(super) fn tokens_per_char<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> f64 {
     let (mut tokens, mut chars) = (0.0, 0.0);
     for x in exchanges {
         let template = (x.messages.len() * TOKENS_PER_MESSAGE + GENERATION_PROMPT_TOKENS) as f64;
