@@ -237,3 +237,131 @@ async fn a_real_conversation_through_a_real_llama_cpp_server() {
         records.len()
     );
 }
+
+/// The real server's slot (the one whose `id_task` moved in `/slots`) after a request.
+async fn slot_that_ran(upstream: SocketAddr, before: &mut Vec<Option<i64>>) -> Option<usize> {
+    let mut c = client(upstream).await;
+    let request = hyper::Request::get("/slots")
+        .header("host", "x")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let response = send(&mut c, request).await;
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let slots: Vec<Value> = serde_json::from_slice(&bytes).unwrap();
+    let now: Vec<Option<i64>> = slots.iter().map(|s| s["id_task"].as_i64()).collect();
+    let moved = (0..now.len()).find(|&i| now.get(i) != before.get(i));
+    *before = now;
+    moved
+}
+
+/// Three agents take turns on a real llama.cpp with two slots and no host cache: the slot
+/// replay (`sim::residency`, what `whatif` prints) with the server's settings picks the slot
+/// the server's own `/slots` shows ran each request, predicts what it reused (the calibration),
+/// and names each eviction from the requests alone, before the evicted request's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_agents_on_two_slots_match_the_slot_replay() {
+    use prefixscope::analysis::{Config, analyze};
+    use prefixscope::sim::residency::residency;
+    use prefixscope::sim::whatif::what_if_given;
+    let config = support::llama::Config {
+        slots: 2,
+        ctx_per_slot: 2048,
+        env: vec![("PREFIXSCOPE_LLAMA_CACHE_RAM", "0".into())],
+    };
+    let Some((_server, upstream)) =
+        support::llama::start_server_with("three_agents_on_two_slots", &config).await
+    else {
+        return;
+    };
+    let proxy = start_proxy(upstream, "llama-slots", Options::default()).await;
+    let agents = [
+        (
+            "coder",
+            "You are a coding agent in a Rust repository. Read files before you change them, keep every change minimal, and say what you did in one sentence.",
+        ),
+        (
+            "reviewer",
+            "You review pull requests for a payments team. Point out missing tests, unclear names and unhandled errors, most important first, in short bullet points.",
+        ),
+        (
+            "writer",
+            "You write release notes for a command-line tool. Use plain words, one line per change, grouped under Added, Changed and Fixed, newest first.",
+        ),
+    ];
+    let questions = [
+        "Start with the first file.",
+        "Now the second one.",
+        "What is left?",
+        "Summarise in one line.",
+    ];
+    let mut histories: Vec<Vec<Value>> = agents
+        .iter()
+        .map(|(_, system)| vec![json!({"role": "system", "content": system})])
+        .collect();
+    let mut before = Vec::new();
+    slot_that_ran(upstream, &mut before).await;
+    let mut real_slots = Vec::new();
+    for question in questions {
+        for (agent, history) in agents.iter().zip(histories.iter_mut()) {
+            history.push(json!({"role": "user", "content": format!("{question} ({})", agent.0)}));
+            let body =
+                json!({"model": "smollm2", "max_tokens": 8, "temperature": 0, "messages": history});
+            let bytes = exchange(proxy.addr, "/v1/chat/completions", &body).await;
+            let reply = serde_json::from_slice::<Value>(&bytes).unwrap()["choices"][0]["message"]
+                ["content"]
+                .as_str()
+                .unwrap_or("ok")
+                .to_string();
+            history.push(json!({"role": "assistant", "content": reply}));
+            real_slots.push(slot_that_ran(upstream, &mut before).await);
+        }
+    }
+    let records = proxy.stop().await;
+    let chat: Vec<Record> = records
+        .into_iter()
+        .filter(|r| r.request.path == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chat.len(), 12);
+    let report = analyze(&chat, &Config::default());
+    let replay = what_if_given(&chat, 2, false, &report);
+    let predicted_slots: Vec<Option<usize>> =
+        replay.requests.iter().map(|r| Some(r.slot)).collect();
+    assert_eq!(
+        predicted_slots, real_slots,
+        "the slots the server's /slots shows"
+    );
+    let slots = residency(&chat, &report, 2, false);
+    let (compared, agreed) = slots
+        .calibration
+        .iter()
+        .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
+    eprintln!(
+        "calibration: {agreed} of {compared}; disagreements (id, server, sim): {:?}; evicted: {:?}",
+        slots.disagreements, slots.evicted
+    );
+    assert_eq!(compared, 12);
+    assert!(
+        agreed >= 11,
+        "{agreed} of {compared}: {:?}",
+        slots.disagreements
+    );
+    // Each eviction, from the requests that had started by then.
+    assert!(!slots.evicted.is_empty());
+    for &(victim, by) in &slots.evicted {
+        let started = chat.iter().find(|r| r.id == victim).unwrap().t_start_ms;
+        let known: Vec<Record> = chat
+            .iter()
+            .filter(|r| r.t_start_ms <= started)
+            .cloned()
+            .collect();
+        let then = residency(&known, &analyze(&known, &Config::default()), 2, false);
+        assert!(then.evicted.contains(&(victim, by)), "#{victim} by #{by}");
+        let row = report.rows.iter().find(|r| r.id == victim).unwrap();
+        let reused = row.counts.reused_tokens.map_or(0, |m| m.value);
+        let prompt = row.counts.prompt_tokens.map_or(0, |m| m.value);
+        assert!(
+            reused * 2 < prompt,
+            "#{victim} reused {reused} of {prompt}: not evicted"
+        );
+    }
+}

@@ -137,7 +137,10 @@ impl KvCache {
                 return Some(slot);
             }
         }
-        candidates().min_by_key(|&i| (self.slots[i].last_used, i))
+        // Least recently used; among equals (slots never used) the last: a real llama-server
+        // with two idle slots runs its first request on slot 1 (`/slots`,
+        // `tests/llama_e2e.rs`), and the 4-slot sample in `../shared` shows slot 3 used first.
+        candidates().min_by_key(|&i| (self.slots[i].last_used, std::cmp::Reverse(i)))
     }
 
     /// Serves `prompt` (request number `request`) on `slot`: restores from the host cache when
@@ -322,16 +325,17 @@ mod tests {
         let mut kv = KvCache::new(KvConfig::new(3, false));
         let a = toks(0..100);
         let b = toks(500..600);
-        assert_eq!(kv.choose_slot(&a, |_| true), Some(0));
-        kv.serve(0, &a, 1);
+        // Never-used slots tie: the last goes first, as on the real server.
+        assert_eq!(kv.choose_slot(&a, |_| true), Some(2));
+        kv.serve(2, &a, 1);
         assert_eq!(kv.choose_slot(&b, |_| true), Some(1));
         kv.serve(1, &b, 2);
         let a2 = toks(0..130);
-        assert_eq!(kv.choose_slot(&a2, |_| true), Some(0));
+        assert_eq!(kv.choose_slot(&a2, |_| true), Some(2));
         // Busy slots are skipped; a prompt sharing little goes to the least recently used.
-        assert_eq!(kv.choose_slot(&a2, |i| i != 0), Some(2));
+        assert_eq!(kv.choose_slot(&a2, |i| i != 2), Some(0));
         let mostly_new: Vec<Token> = [0].into_iter().chain(5000..5100).collect();
-        assert_eq!(kv.choose_slot(&mostly_new, |_| true), Some(2));
+        assert_eq!(kv.choose_slot(&mostly_new, |_| true), Some(0));
         assert_eq!(kv.choose_slot(&a2, |_| false), None);
     }
 }

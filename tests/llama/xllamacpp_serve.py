@@ -12,6 +12,7 @@
 #                                stops by itself, and a harness that meets max_tokens retries
 #   PREFIXSCOPE_LLAMA_THREADS    CPU threads; 1 is several times faster than 2 when other work
 #                                shares the two cores (llama.cpp's threads wait on each other)
+#   PREFIXSCOPE_LLAMA_CACHE_RAM  the host-memory prompt cache in MiB (--cache-ram; 0 turns it off)
 # Origin: ../shared/tools/llama-server/xllamacpp_serve.py, with the slot count made a parameter.
 import os, sys, signal, threading
 import xllamacpp as xlc
@@ -40,6 +41,8 @@ if os.environ.get("PREFIXSCOPE_LLAMA_GRAMMAR"):
     )
 if os.environ.get("PREFIXSCOPE_LLAMA_THREADS"):
     p.cpuparams.n_threads = p.cpuparams_batch.n_threads = int(os.environ["PREFIXSCOPE_LLAMA_THREADS"])
+if os.environ.get("PREFIXSCOPE_LLAMA_CACHE_RAM"):
+    p.cache_ram_mib = int(os.environ["PREFIXSCOPE_LLAMA_CACHE_RAM"])
 p.endpoint_metrics = True
 p.endpoint_slots = True
 s = xlc.Server(p)
