@@ -815,3 +815,47 @@ fn reordered_tools_are_named_apart_from_added_ones() {
         "{summary}"
     );
 }
+
+/// A client that sends earlier replies back without their `reasoning_content`: llmp's
+/// message identities match (they leave reasoning out), the server re-evaluates nearly all of
+/// it; llmp calls that `server_empty`, and it stays so in `time.by_cause`, but prefixscope names
+/// it the client's (`client_cause` `reasoning_changed`, its own finding and fix), with no
+/// engine cause guessed.
+#[test]
+fn reasoning_sent_back_changed_is_the_clients_not_the_servers() {
+    let (report, summary) = named_causes("reasoning-dropped.jsonl");
+    let third = report.rows.iter().find(|r| r.id == 3).unwrap();
+    assert_eq!(third.break_cause, None, "llmp sees no break");
+    assert_eq!(
+        third.lost_external.as_ref().map(|l| l.cause.as_str()),
+        Some("server_empty"),
+        "llmp's cause stays"
+    );
+    assert_eq!(third.client_cause.as_deref(), Some("reasoning_changed"));
+    assert_eq!(third.engine_cause, None);
+    assert!(report.time.by_cause.contains_key("server_empty"));
+    assert!(
+        !report
+            .findings
+            .iter()
+            .any(|f| f.kind == prefixscope::analysis::FindingKind::ServerCacheLoss)
+    );
+    let finding = report
+        .findings
+        .iter()
+        .find(|f| f.kind == prefixscope::analysis::FindingKind::ReasoningChanged)
+        .expect("its own finding");
+    assert_eq!(finding.rows, vec![3]);
+    assert_eq!(finding.lost_tokens, Some(274));
+    assert!(
+        summary.contains(
+            "the client sent earlier replies' reasoning back changed on 1 turn: 548 ms (274 tokens)"
+        ),
+        "{summary}"
+    );
+    assert!(!summary.contains("the server itself"), "{summary}");
+    assert!(
+        summary.contains("fix (client): earlier replies' reasoning was dropped"),
+        "{summary}"
+    );
+}

@@ -1,11 +1,12 @@
 //! prefixscope: the client causes users keep reporting, named beside llmp's `break_cause`
 //! (which keeps llmp's meaning): Claude Code's attribution header, a date in the system prompt,
 //! the same tools in another order (an MCP server reconnecting) apart from tools added, removed
-//! or re-described. Each has its own fix. Pure.
+//! or re-described, earlier replies' reasoning dropped or changed when sent back. Each has its
+//! own fix. Pure.
 
 use std::collections::BTreeSet;
 
-use crate::normalize::exchange::ToolDef;
+use crate::normalize::exchange::{Msg, ToolDef};
 
 /// Claude Code's `x-anthropic-billing-header: … cch=…;` line at the front of its system prompt.
 pub const ATTRIBUTION_HEADER: &str = "attribution_header";
@@ -17,6 +18,19 @@ pub const TOOLS_REORDERED: &str = "tools_reordered";
 pub const TOOLS_SCHEMA_CHANGED: &str = "tools_schema_changed";
 /// Tools added or removed.
 pub const TOOLS_ADDED_REMOVED: &str = "tools_added_removed";
+/// An earlier reply's reasoning was dropped or changed when sent back (its identity, llmp's,
+/// leaves reasoning out, so llmp sees no break; a template that renders it does).
+pub const REASONING_CHANGED: &str = "reasoning_changed";
+
+/// Whether a message of the matched prefix (`upto`) came back with another reasoning than the
+/// previous request sent with it.
+pub fn reasoning_changed(before: &[Msg], after: &[Msg], upto: usize) -> bool {
+    before
+        .iter()
+        .zip(after)
+        .take(upto)
+        .any(|(a, b)| a.reasoning_chars > 0 && a.reasoning_chars != b.reasoning_chars)
+}
 
 /// Claude Code's attribution line (`x-anthropic-billing-header: … cch=…`), which changes on every
 /// request at the start of its system prompt.
@@ -87,6 +101,9 @@ pub fn fix(cause: &str) -> Option<&'static str> {
         TOOLS_ADDED_REMOVED => {
             "tools were added or removed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation"
         }
+        REASONING_CHANGED => {
+            "earlier replies' reasoning was dropped or changed when sent back, and the server's template renders it: send each reply's reasoning back as it came (reasoning_content, thinking blocks), or serve a template that leaves earlier turns' reasoning out"
+        }
         _ => return None,
     })
 }
@@ -99,6 +116,7 @@ pub fn label(cause: &str) -> Option<&'static str> {
         TOOLS_REORDERED => "tools reordered",
         TOOLS_SCHEMA_CHANGED => "tool schema changed",
         TOOLS_ADDED_REMOVED => "tools added/removed",
+        REASONING_CHANGED => "reasoning re-sent changed",
         _ => return None,
     })
 }
@@ -159,6 +177,7 @@ mod tests {
             TOOLS_REORDERED,
             TOOLS_SCHEMA_CHANGED,
             TOOLS_ADDED_REMOVED,
+            REASONING_CHANGED,
         ] {
             assert!(fix(cause).is_some() && label(cause).is_some(), "{cause}");
         }

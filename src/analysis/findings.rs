@@ -47,6 +47,9 @@ pub enum FindingKind {
     LargeSystemPrompt,
     /// prefixscope: a span of the system prompt that changes on most turns of a client.
     VolatileSystemPrompt,
+    /// prefixscope: `server_*` losses after the client sent earlier replies' reasoning back
+    /// changed (`client_cause` `reasoning_changed`): the client's, not the server's.
+    ReasoningChanged,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -136,6 +139,7 @@ pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) 
         for client in clients {
             let mine: &[Rated] = by_client.get(&(model, client)).map_or(&[], Vec::as_slice);
             findings.extend(prefix_breaks(model, client, mine));
+            findings.extend(reasoning_changed(model, client, mine));
             findings.extend(volatile_system_prompt(model, client, mine));
             findings.extend(large_system_prompt(
                 model,
@@ -329,6 +333,8 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
                 .iter()
                 .copied()
                 .filter(|r| r.lost_external.as_ref().is_some_and(|l| l.cause == kind))
+                // prefixscope: the client's doing, its own finding (`reasoning_changed`).
+                .filter(|r| !changed_reasoning(r))
                 .collect();
             if hit.len() < MIN_ROWS {
                 return None;
@@ -361,6 +367,35 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
             ))
         })
         .collect()
+}
+
+fn changed_reasoning(row: &Rated) -> bool {
+    row.row().client_cause.as_deref() == Some(client_cause::REASONING_CHANGED)
+}
+
+/// prefixscope: a client's turns whose server-side loss followed its changing the reasoning of
+/// earlier replies as it sent them back.
+fn reasoning_changed(model: &str, client: &str, rows: &[Rated]) -> Option<Finding> {
+    let hit: Vec<Rated> = rows
+        .iter()
+        .copied()
+        .filter(|r| changed_reasoning(r) && r.lost_external.is_some())
+        .collect();
+    if hit.is_empty() {
+        return None;
+    }
+    let mut sum = LossSum::default();
+    for loss in hit.iter().filter_map(|r| r.external_loss()) {
+        sum.add(loss);
+    }
+    Some(loss_finding(
+        FindingKind::ReasoningChanged,
+        (model, Some(client)),
+        hit.iter().map(|r| r.id).collect(),
+        hit.iter().filter(|r| r.loss_measured).count(),
+        sum,
+        object(json!({ "client_cause": client_cause::REASONING_CHANGED })),
+    ))
 }
 
 fn other_conversation_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Option<Finding> {
@@ -827,6 +862,11 @@ pub fn fix(finding: &Finding) -> Fix {
         FindingKind::LargeSystemPrompt => {
             client("shorten the system prompt, or move rarely used instructions out of it".into())
         }
+        FindingKind::ReasoningChanged => client(
+            client_cause::fix(client_cause::REASONING_CHANGED)
+                .unwrap_or_default()
+                .into(),
+        ),
     }
 }
 

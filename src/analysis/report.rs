@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::REPORT_VERSION;
 use super::Skipped;
+use super::client_cause;
 use super::engine_cause::EngineKind;
 use super::findings::{Confidence, Finding, FindingKind, add_ms};
 use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
@@ -387,9 +388,9 @@ impl<R: Priced> Report<R> {
                 .collect();
             lines.push(format!("  by cause: {}", top.join(" · ")));
         }
-        if let Some(line) = self.server_line() {
-            lines.push(line);
-        }
+        let (server, reasoning) = self.server_line_parts();
+        lines.extend(server);
+        lines.extend(reasoning);
         lines.push(self.coverage_line());
         if !findings.is_empty() {
             lines.push("findings:".into());
@@ -441,23 +442,37 @@ impl<R: Priced> Report<R> {
 
     /// Engine versus client: losses on turns whose prompt matched and where nothing ran in
     /// between are the server's, and the summary says so in words.
-    fn server_line(&self) -> Option<String> {
-        let mut tokens = 0u64;
-        let mut ms = None;
-        let mut rows = 0u64;
-        for (cause, total) in &self.time.by_cause {
-            if cause.starts_with("server_") {
-                tokens += total.tokens;
-                rows += u64::from(total.rows);
-                if let Some(m) = total.ms {
-                    ms = Some(add_ms(ms, m));
-                }
-            }
+    /// Engine versus client on llmp's `server_*` losses: the server's own (with the mechanism
+    /// its rows show), and apart those that followed the client changing the reasoning it sent
+    /// back (`client_cause` `reasoning_changed`: the client's, whatever llmp calls them).
+    fn server_line_parts(&self) -> (Option<String>, Option<String>) {
+        #[derive(Default)]
+        struct Sum {
+            rows: u64,
+            tokens: u64,
+            ms: Option<Measured<f64>>,
         }
-        // prefixscope: the mechanisms the rows show, most turns first.
+        let (mut engine, mut reasoning) = (Sum::default(), Sum::default());
         let mut engines: BTreeMap<EngineKind, u64> = BTreeMap::new();
-        for row in &self.rows {
-            if let Some(cause) = &row.rated().row().engine_cause {
+        for rated in self.rows.iter().map(Priced::rated) {
+            let Some((loss, ms)) = rated.external_loss() else {
+                continue;
+            };
+            if !loss.cause.starts_with("server_") {
+                continue;
+            }
+            let row = rated.row();
+            let sum = if row.client_cause.as_deref() == Some(client_cause::REASONING_CHANGED) {
+                &mut reasoning
+            } else {
+                &mut engine
+            };
+            sum.rows += 1;
+            sum.tokens += u64::from(loss.tokens);
+            if let Some(m) = ms {
+                sum.ms = Some(add_ms(sum.ms, m));
+            }
+            if let Some(cause) = &row.engine_cause {
                 *engines.entry(cause.kind).or_default() += 1;
             }
         }
@@ -468,18 +483,26 @@ impl<R: Priced> Report<R> {
             .filter(|(kind, _)| *kind != EngineKind::Unexplained)
             .map(|(kind, n)| format!("{} on {n}", kind.label()))
             .collect::<Vec<_>>();
-        (rows > 0).then(|| {
+        let server = (engine.rows > 0).then(|| {
             format!(
                 "  the server itself dropped cached prefixes on {} (prompt unchanged, nothing in between): {}, not the client's doing{}",
-                plural(rows, "turn"),
-                size(tokens, ms),
+                plural(engine.rows, "turn"),
+                size(engine.tokens, engine.ms),
                 if likely.is_empty() {
                     String::new()
                 } else {
                     format!("; likely {}", likely.join(", "))
                 }
             )
-        })
+        });
+        let client = (reasoning.rows > 0).then(|| {
+            format!(
+                "  the client sent earlier replies' reasoning back changed on {}: {} re-evaluated, the client's doing though the messages matched",
+                plural(reasoning.rows, "turn"),
+                size(reasoning.tokens, reasoning.ms)
+            )
+        });
+        (server, client)
     }
 
     fn coverage_line(&self) -> String {
@@ -613,6 +636,10 @@ pub fn label(finding: &Finding) -> String {
             "system prompt of {model} is {} tokens ({context} over {})",
             thousands(number("system_tokens")),
             number("threshold")
+        ),
+        FindingKind::ReasoningChanged => format!(
+            "earlier replies' reasoning sent back changed on {} ({model}){lost}",
+            plural(finding.rows.len() as u64, "turn")
         ),
     }
 }

@@ -883,7 +883,8 @@ pub(super) fn link(
             compaction: false,
             seen_before: prefix_tokens,
             reordered: false,
-            named: None,
+            named: super::client_cause::reasoning_changed(&prev.messages, &cur.messages, k)
+                .then_some(super::client_cause::REASONING_CHANGED),
         };
     }
     if prev.tools_hash != cur.tools_hash {
@@ -970,7 +971,11 @@ pub(super) fn link(
             l.after.as_deref().unwrap_or(""),
         ),
         _ => None,
-    };
+    }
+    .or_else(|| {
+        super::client_cause::reasoning_changed(&prev.messages, &cur.messages, k)
+            .then_some(super::client_cause::REASONING_CHANGED)
+    });
     Link {
         location,
         prefix_len: k,
@@ -1289,10 +1294,14 @@ pub(super) fn apply_link(
     if let Some(cause) = external_cause {
         row.lost_external = loss(cause, external);
     }
+    // A server_* loss after the client changed the reasoning it sent back is the client's
+    // (`client_cause`), whatever llmp's cause says: no engine cause is guessed for it.
+    let client_changed_reasoning =
+        row.client_cause.as_deref() == Some(super::client_cause::REASONING_CHANGED);
     if let Some(lost) = row
         .lost_external
         .as_ref()
-        .filter(|l| l.cause.starts_with("server_"))
+        .filter(|l| l.cause.starts_with("server_") && !client_changed_reasoning)
     {
         row.engine_cause = Some(super::engine_cause::engine_cause(
             x.served_model.as_deref().unwrap_or(&row.model),
@@ -1592,6 +1601,7 @@ mod tests {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_chars: 0,
         }
     }
 

@@ -1352,5 +1352,6 @@ pub fn advice_cause(finding: &Finding) -> &str {
         FindingKind::UnusedTool => "unused tool",
         FindingKind::LargeToolSchema => "large tool schema",
         FindingKind::LargeSystemPrompt => "large system prompt",
+        FindingKind::ReasoningChanged => "reasoning_changed",
     }
 }

@@ -105,7 +105,11 @@ fn push_message(message: &Value, out: &mut Vec<Value>) {
     };
     let mut parts: Vec<Value> = Vec::new();
     let mut calls: Vec<Value> = Vec::new();
-    let flush = |parts: &mut Vec<Value>, calls: &mut Vec<Value>, out: &mut Vec<Value>| {
+    let mut thinking = String::new();
+    let flush = |parts: &mut Vec<Value>,
+                 calls: &mut Vec<Value>,
+                 thinking: &mut String,
+                 out: &mut Vec<Value>| {
         if parts.is_empty() && calls.is_empty() {
             return;
         }
@@ -115,25 +119,36 @@ fn push_message(message: &Value, out: &mut Vec<Value>) {
         if !calls.is_empty() {
             m.insert("tool_calls".into(), Value::Array(std::mem::take(calls)));
         }
+        // Not part of the message's identity; kept so a changed reasoning can be named.
+        if !thinking.is_empty() {
+            m.insert("thinking".into(), Value::from(std::mem::take(thinking)));
+        }
         out.push(Value::Object(m));
     };
     for block in blocks {
         match block.get("type").and_then(Value::as_str) {
             Some("tool_use") => calls.push(tool_call(block)),
             Some("tool_result") => {
-                flush(&mut parts, &mut calls, out);
+                flush(&mut parts, &mut calls, &mut thinking, out);
                 out.push(json!({
                     "role": "tool",
                     "tool_call_id": block.get("tool_use_id").cloned().unwrap_or(Value::Null),
                     "content": without_cache_control(block.get("content").unwrap_or(&Value::Null)),
                 }));
             }
-            // Thinking is the model's, re-sent for the server's benefit; it is not a message.
-            Some("thinking") | Some("redacted_thinking") => {}
+            // Thinking is the model's, re-sent for the server's benefit; it is not a message
+            // of its own, and not part of the message's identity.
+            Some("thinking") => thinking.push_str(
+                block
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+            ),
+            Some("redacted_thinking") => {}
             _ => parts.push(without_cache_control(block)),
         }
     }
-    flush(&mut parts, &mut calls, out);
+    flush(&mut parts, &mut calls, &mut thinking, out);
 }
 
 fn tool_call(block: &Value) -> Value {

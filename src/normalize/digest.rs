@@ -158,8 +158,14 @@ pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
     let role = str_field(message, "role").unwrap_or_default();
     let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
     let tool_call_id = str_field(message, "tool_call_id");
+    let reasoning = ["reasoning_content", "reasoning", "thinking"]
+        .iter()
+        .find_map(|key| message.get(*key).and_then(Value::as_str))
+        .unwrap_or_default();
     let mut hasher = Xxh3::new();
     hasher.update(b"message");
+    // The memo's key only: two messages that differ in their reasoning alone have one identity.
+    hash::feed_bytes(reasoning.as_bytes(), &mut hasher);
     hash::feed_bytes(role.as_bytes(), &mut hasher);
     hash::feed_structure(message.get("content").unwrap_or(&Value::Null), &mut hasher);
     hash::feed_structure(raw_tool_calls(message).unwrap_or(&Value::Null), &mut hasher);
@@ -195,6 +201,7 @@ pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
             tool_calls: tool_calls(message),
             tool_call_id,
             name,
+            reasoning_chars: char_count(reasoning),
         };
         memo.messages
             .insert(key, (digest.clone(), Arc::clone(&text)));
@@ -508,6 +515,21 @@ fn str_field(value: &Value, key: &str) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn reasoning_is_counted_beside_the_identity_not_in_it() {
+        let with = json!({"role": "assistant", "content": "In src/config.rs.", "reasoning_content": "Look in config."});
+        let without = json!({"role": "assistant", "content": "In src/config.rs."});
+        // Both orders, so the memo cannot hand one the other's digest.
+        let (a, b) = (message_digest(&with), message_digest(&without));
+        let (b2, a2) = (message_digest(&without), message_digest(&with));
+        assert_eq!(
+            (a.hash.clone(), a.identity.clone()),
+            (b.hash.clone(), b.identity.clone())
+        );
+        assert_eq!((a.reasoning_chars, b.reasoning_chars), (15, 0));
+        assert_eq!((a2.reasoning_chars, b2.reasoning_chars), (15, 0));
+    }
 
     #[test]
     fn identity_ignores_key_order_and_empty_tool_calls() {

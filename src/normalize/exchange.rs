@@ -62,6 +62,9 @@ pub struct Msg {
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// Characters of the reasoning sent back with it (`MessageDigest::reasoning_chars`).
+    #[serde(default)]
+    pub reasoning_chars: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,6 +200,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
             chars: message.chars,
             head: message.head,
             tail: message.tail,
+            reasoning_chars: message.reasoning_chars,
             tool_calls: message.tool_calls,
             tool_call_id: message.tool_call_id,
             name: message.name,

@@ -118,6 +118,15 @@ pub struct MessageDigest {
     /// every message these rules leave unchanged): `hash` is the identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// prefixscope: characters of the reasoning the client sent back with the message
+    /// (`reasoning_content`, `reasoning`, Ollama's and Anthropic's `thinking`), which the
+    /// identity leaves out but a template may render. Absent: none (or an older recording).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub reasoning_chars: u32,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

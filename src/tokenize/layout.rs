@@ -305,6 +305,13 @@ async fn lay_out(
 fn as_rendered(api: Api, messages: &[Value]) -> Vec<Value> {
     let mut messages = messages.to_vec();
     if api == Api::AnthropicMessages {
+        // The chat form keeps thinking blocks' text (`thinking`) to name a changed reasoning;
+        // what the server renders of them is not known here, so they are sent as before.
+        for message in &mut messages {
+            if let Some(object) = message.as_object_mut() {
+                object.remove("thinking");
+            }
+        }
         for message in messages.iter_mut().filter(|m| m["role"] == "system") {
             if let Some(parts) = message.get("content").and_then(Value::as_array) {
                 let joined: String = parts

@@ -58,3 +58,42 @@ session("tools-reordered.jsonl",
         lambda i: [{"type": "text", "text": SYSTEM}],
         lambda i: TOOLS if i < 3 else [TOOLS[2], TOOLS[0], TOOLS[1]],
         lambda i: 0 if i in (1, 3) else prompt_of(i - 1))
+
+
+def chat_record(i, t, req, resp):
+    body, rbody = json.dumps(req), json.dumps(resp)
+    return {"v": 1, "id": i, "conn": 1, "t_start_ms": t, "t_first_byte_ms": t + 400, "t_end_ms": t + 900,
+            "request": {"method": "POST", "path": "/v1/chat/completions", "headers": {"content-length": str(len(body)), "content-type": "application/json", "user-agent": "OpenAI/Python 2.20.0"}, "body_bytes": len(body), "body": req, "body_text": None, "digest": None},
+            "response": {"status": 200, "headers": {"content-type": "application/json"}, "stream": None, "chunks": None, "bad_chunks": None, "body_bytes": len(rbody), "truncated": False, "body": resp, "body_text": None, "digest": None},
+            "error": None, "tokens": None}
+
+
+# A client that sends its replies back with their reasoning_content on the next turn, and
+# without it on the one after: the messages' identities match (llmp's leave reasoning out),
+# the server's template renders the reasoning, and it keeps only the system prompt.
+def reasoning_session(name):
+    system = {"role": "system", "content": "You are a careful coding assistant. " * 20}
+    turns = [("Where is the config parsed?", "In src/config.rs.", "The user asks where the config is parsed; the parser lives in src/config.rs, so answer that."),
+             ("And the errors?", "In src/error.rs.", "Errors are defined in src/error.rs; name the file."),
+             ("Thanks, anything else?", "No.", "Nothing else to add.")]
+    prompts, cached = [180, 260, 330], [0, 250, 40]
+    out, history, t = [], [system], 1796160000000
+    for i, ((q, a, r), prompt, reuse) in enumerate(zip(turns, prompts, cached), start=1):
+        history.append({"role": "user", "content": q})
+        req = {"model": "qwen3", "messages": [dict(m) for m in history]}
+        resp = {"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1796160000 + i, "model": "/models/Qwen3-8B-Q4_K_M.gguf",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": a, "reasoning_content": r}}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": 30, "total_tokens": prompt + 30},
+                "timings": {"cache_n": reuse, "prompt_n": prompt - reuse, "prompt_ms": (prompt - reuse) * 2.0, "predicted_n": 30, "predicted_ms": 600.0}}
+        out.append(chat_record(i, t, req, resp))
+        history.append({"role": "assistant", "content": a, "reasoning_content": r})
+        # From the third request on the client sends earlier replies without their reasoning.
+        if i == 2:
+            for m in history:
+                m.pop("reasoning_content", None)
+        t += 20000
+    with open(name, "w") as f:
+        f.write("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in out))
+
+
+reasoning_session("reasoning-dropped.jsonl")
