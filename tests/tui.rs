@@ -1377,6 +1377,24 @@ fn the_capacity_view_is_whatif_at_every_setting() {
     // The one-slot server without the host cache is what the recording shows (0% reused).
     let one = view.lines().find(|l| l.contains("│-np 1 ")).unwrap();
     assert!(one.contains("8,759") && one.contains('◀'), "{view}");
+    // Who holds the slot now: the replay at the marked setting (the recording does not say
+    // the server's), its calibration the one `prefixscope whatif` prints for it.
+    let report =
+        prefixscope::analysis::analyze(&records, &prefixscope::analysis::Config::default());
+    let slots = prefixscope::sim::residency::residency(&records, &report, 1, false);
+    let (compared, agreed) = slots
+        .calibration
+        .iter()
+        .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
+    assert_eq!((compared, agreed), (23, 23));
+    for line in [
+        "slots now, replayed at -np 1 --cache-ram off (the setting nearest what the server reported (its own not known))".to_string(),
+        format!("calibration: the replay matched the server's reuse on {agreed} of {compared} requests"),
+        format!("slot 0  c{} ", slots.holders[0].as_ref().unwrap().conversation.unwrap()),
+    ] {
+        assert!(view.contains(&line), "{line}\n{view}");
+    }
+    assert!(view.contains("next: a request of c"), "{view}");
     for (width, height) in [(120, 40), (80, 24)] {
         let styled_view = screen_with(name, width, height, &keys, Theme { color: true }, styled);
         check_golden(

@@ -81,6 +81,7 @@ pub fn run(args: ReplayArgs) -> u8 {
         trace_block_size,
         speed: (!args.instant).then_some(args.speed),
         switches: screen_switches(!args.no_mouse),
+        server_settings: None,
     };
     let feed = Feed {
         records: None,

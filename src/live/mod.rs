@@ -478,6 +478,8 @@ pub struct Snapshot {
     findings: std::sync::OnceLock<Vec<Finding>>,
     /// The simulated server's savings (when asked: the findings view, the source's end).
     pub predictions: Arc<Predictions>,
+    /// Who holds the server's slots now (the capacity view open, llama.cpp's chat traffic).
+    pub slots: Arc<Option<SlotView>>,
     advice: std::sync::OnceLock<Vec<Advice>>,
 }
 
@@ -759,6 +761,28 @@ pub struct Engine {
     /// The last predictions, how many records they were worked out over, and whether at every
     /// setting.
     predicted: Option<(u64, bool, Arc<Predictions>)>,
+    /// The server's own slots and host cache, when known (the simulated server's; a probe's).
+    server_settings: Option<ServerSettings>,
+    /// The last slot residency and how many records it was worked out over.
+    resided: Option<(u64, Arc<Option<SlotView>>)>,
+}
+
+/// The server's settings the slot residency is replayed with, and where they come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    pub slots: usize,
+    pub cache_ram: bool,
+    /// `the simulated server's`, `the server's /props (host cache assumed on, its default)`.
+    pub source: String,
+}
+
+/// Who holds the server's cache now (`sim::residency` over the records so far), with the
+/// settings it was replayed with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotView {
+    pub residency: crate::sim::residency::Residency,
+    /// Where the settings come from; the nearest setting's, when the server's are unknown.
+    pub source: String,
 }
 
 fn live_simulator(block_size: u32) -> LiveSimulator {
@@ -826,6 +850,8 @@ impl Engine {
             advice: false,
             capacity: false,
             predicted: None,
+            server_settings: None,
+            resided: None,
         }
     }
 
@@ -1025,6 +1051,11 @@ impl Engine {
         } else {
             Arc::new(Predictions::NotAsked)
         };
+        let slots = if self.capacity {
+            self.slot_view(&predictions)
+        } else {
+            Arc::new(None)
+        };
         let snapshot = Snapshot {
             generation: self.generation,
             requests: self.requests,
@@ -1048,6 +1079,7 @@ impl Engine {
             config: self.config.clone(),
             findings: std::sync::OnceLock::new(),
             predictions,
+            slots,
             advice: std::sync::OnceLock::new(),
         };
         if asked {
@@ -1055,6 +1087,58 @@ impl Engine {
             snapshot.advice();
         }
         snapshot
+    }
+
+    /// The server's own slots and host cache, for the slot residency of the capacity view.
+    pub fn set_server_settings(&mut self, settings: Option<ServerSettings>) {
+        if self.server_settings != settings {
+            self.server_settings = settings;
+            self.resided = None;
+        }
+    }
+
+    /// Who holds the slots now: the records so far replayed with the server's settings, or,
+    /// unknown, with the setting whose prediction is nearest what the server reported (said).
+    /// Worked out again only when records came since.
+    fn slot_view(&mut self, predictions: &Predictions) -> Arc<Option<SlotView>> {
+        if let Some((seen, view)) = &self.resided
+            && *seen == self.records_seen
+        {
+            return Arc::clone(view);
+        }
+        let settings = self.server_settings.clone().or_else(|| match predictions {
+            Predictions::Ready(all) => all
+                .iter()
+                .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens))
+                .map(|p| {
+                    let (slots, cache_ram) = p.lever.settings();
+                    ServerSettings {
+                        slots,
+                        cache_ram,
+                        source: "the setting nearest what the server reported (its own not known)"
+                            .into(),
+                    }
+                }),
+            _ => None,
+        });
+        let view = Arc::new(match (settings, predictions) {
+            (Some(settings), Predictions::Ready(_)) => {
+                let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
+                let report = crate::analysis::analyze(&records, &Config::default());
+                Some(SlotView {
+                    residency: crate::sim::residency::residency(
+                        &records,
+                        &report,
+                        settings.slots,
+                        settings.cache_ram,
+                    ),
+                    source: settings.source,
+                })
+            }
+            _ => None,
+        });
+        self.resided = Some((self.records_seen, Arc::clone(&view)));
+        view
     }
 
     /// The simulated server's savings over the records so far, worked out again only when

@@ -365,16 +365,7 @@ impl View {
                 })
             });
             if let Some(cause) = client_cause {
-                // The cause users know it by, where it has a name (`analysis::client_cause`).
-                let named = r
-                    .client_cause
-                    .as_deref()
-                    .and_then(crate::analysis::client_cause::label);
-                let place = match named {
-                    Some(named) => format!("{named}: {}", location(r)),
-                    None => location(r),
-                };
-                breaks.push(fact(&cause, r.client_loss(), place));
+                breaks.push(fact(&cause, r.client_loss(), location(r)));
             }
             if let Some(external) = &r.lost_external {
                 let place = match &r.evicted_by {

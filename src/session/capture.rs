@@ -420,6 +420,7 @@ pub fn watch_screen(
         trace_block_size: None,
         speed: None,
         switches,
+        server_settings: None,
     };
     // The recorder's consumer channel goes straight into the live engine.
     let feed = Feed {

@@ -278,6 +278,11 @@ pub fn run_screen(
         trace_block_size: None,
         speed: Some(speed),
         switches,
+        server_settings: Some(crate::live::ServerSettings {
+            slots: demo.slots,
+            cache_ram: demo.config.cache_ram,
+            source: "the simulated server's own settings".into(),
+        }),
     };
     let feed = Feed {
         records: Some(records),

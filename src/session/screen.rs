@@ -27,6 +27,9 @@ pub struct ScreenConfig {
     /// Replay speed (`None` live).
     pub speed: Option<f64>,
     pub switches: Switches,
+    /// The server's slots and host cache, when known: the capacity view's slot residency is
+    /// replayed with them (else with the setting nearest what the server reported, said).
+    pub server_settings: Option<crate::live::ServerSettings>,
 }
 
 /// What the person (and the tests) choose about the screen itself.
@@ -163,6 +166,7 @@ fn run_app(
         Some(block_size) => Engine::with_block_size(Config::default(), block_size),
         None => Engine::new(Config::default()),
     };
+    engine.set_server_settings(view.server_settings.clone());
     let first = Arc::new(engine.snapshot());
     let publish = {
         let events = events.clone();

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::kv::Token;
 use super::whatif::{replay, replayable, tokens_per_char};
-use crate::analysis::Report;
+use crate::analysis::{Priced, Report};
 use crate::record::Record;
 
 /// A prediction agrees with the server when it is within this many tokens of what the server
@@ -77,11 +77,19 @@ pub fn agrees(prompt: u32, recorded: u32, predicted: u32) -> bool {
 
 /// `records` replayed with the server's settings; `report` is their analysis (for the
 /// conversations and clients of each request).
-pub fn residency(records: &[Record], report: &Report, slots: usize, cache_ram: bool) -> Residency {
+pub fn residency<R: Priced>(
+    records: &[Record],
+    report: &Report<R>,
+    slots: usize,
+    cache_ram: bool,
+) -> Residency {
     let rows: BTreeMap<u64, (Option<u32>, &str)> = report
         .rows
         .iter()
-        .map(|r| (r.id, (r.conversation, r.client.as_str())))
+        .map(|r| {
+            let r = r.rated().row();
+            (r.id, (r.conversation, r.client.as_str()))
+        })
         .collect();
     let holder = |record: u64| {
         let (conversation, client) = rows.get(&record).copied().unwrap_or((None, ""));

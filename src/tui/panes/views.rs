@@ -497,6 +497,21 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             cause_label(&by.kind)
         )));
     }
+    // The cause by the name users know it (`client_cause`), and the engine's, with its evidence.
+    if let Some(named) = row
+        .client_cause
+        .as_deref()
+        .and_then(crate::analysis::client_cause::label)
+    {
+        lines.push(Line::raw(format!("the client's: {named}")));
+    }
+    if let Some(engine) = &row.engine_cause {
+        lines.push(Line::raw(format!(
+            "the engine's, likely: {}: {}",
+            engine.kind.label(),
+            engine.evidence
+        )));
+    }
     if let Some((cause, fix, savings)) = turn_fix(snapshot, &row) {
         lines.push(Line::from(vec![
             Span::styled("fix: ", theme.title()),
@@ -985,6 +1000,94 @@ pub fn capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
         "-np: llama-server's slots (one conversation's cache each); --cache-ram: its host-memory prompt cache, unbounded here",
         theme.dim(),
     ));
+    lines.extend(slot_lines(app, theme));
+    lines
+}
+
+/// Who holds each slot now, as the replay with the server's settings has it, how often that
+/// replay matched what the server reported, and what each conversation's next request would
+/// evict: a reconstruction, said as one.
+fn slot_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
+    let Some(view) = &*app.snapshot.slots else {
+        return Vec::new();
+    };
+    let r = &view.residency;
+    let aliases = &app.view().aliases;
+    let who = |conversation: Option<u32>, client: &str, record: u64| match conversation {
+        Some(c) => format!("c{c} {} (#{record})", aliases.of(client)),
+        None => format!("#{record} {} (no conversation)", aliases.of(client)),
+    };
+    let mut lines = vec![
+        Line::raw(String::new()),
+        Line::styled(
+            format!(
+                "slots now, replayed at -np {} --cache-ram {} ({})",
+                r.slots,
+                if r.cache_ram { "on" } else { "off" },
+                view.source
+            ),
+            theme.title(),
+        ),
+    ];
+    for (slot, holder) in r.holders.iter().enumerate() {
+        lines.push(Line::raw(format!(
+            "  slot {slot}  {}",
+            holder.as_ref().map_or("empty".to_string(), |h| who(
+                h.conversation,
+                &h.client,
+                h.record
+            ))
+        )));
+    }
+    if r.cache_ram {
+        lines.push(Line::raw(format!(
+            "  host cache  {}",
+            plural(r.host_prompts as u64, "prompt")
+        )));
+    }
+    let (compared, agreed) = r
+        .calibration
+        .iter()
+        .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
+    lines.push(Line::styled(
+        if compared == 0 {
+            "  calibration: not measured (no request with the server's reuse count)".to_string()
+        } else {
+            let disagreed: Vec<String> = r
+                .disagreements
+                .iter()
+                .take(6)
+                .map(|(id, _, _)| format!("#{id}"))
+                .collect();
+            format!(
+                "  calibration: the replay matched the server's reuse on {agreed} of {compared} requests{}",
+                if disagreed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; not on {}", disagreed.join(" "))
+                }
+            )
+        },
+        theme.dim(),
+    ));
+    for next in r.next_evictions.iter().take(4) {
+        lines.push(Line::raw(format!(
+            "  next: a request of c{} {} takes slot {} from {}{}",
+            next.conversation,
+            aliases.of(&next.client),
+            next.slot,
+            who(
+                next.evicts.conversation,
+                &next.evicts.client,
+                next.evicts.record
+            ),
+            if next.saved_to_host {
+                ", saved to host memory"
+            } else {
+                ""
+            }
+        )));
+    }
     lines
 }
 
