@@ -1877,3 +1877,80 @@ fn the_help_stops_at_its_last_page() {
     assert_ne!(up, bottom);
     assert!(up.contains("help: keys, cells, figures"), "{up}");
 }
+
+/// Issue #14: on the sliding-window demo the break list names every forced re-prefill the
+/// engine's, the header's loss is `analyze`'s, and the findings view gives the server's fix.
+#[test]
+fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
+    use prefixscope::session::demo::{Demo, DemoConfig};
+    let config = DemoConfig {
+        scenario: "swa".into(),
+        slots: None,
+        cache_ram: false,
+        speed: 1000.0,
+        seed: 3,
+        out: None,
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        swa_full: false,
+    };
+    let outcome = Demo::start(config, Vec::new())
+        .unwrap()
+        .run_to_end(std::future::pending())
+        .unwrap();
+    let report = prefixscope::analysis::analyze(&outcome.records, &Config::default());
+    let mut engine = Engine::for_records(Config::default(), &outcome.records);
+    for record in outcome.records {
+        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    }
+    engine.push(Input::SourceDone);
+    let control = EngineControl(RefCell::new(engine));
+    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
+    let mut app = App::new(
+        Source::Replay {
+            files: "swa demo".into(),
+        },
+        Arc::new(Engine::new(Config::default()).snapshot()),
+    );
+    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
+    let clock = FixedClock(NOW_MS);
+    let mut screens = Vec::new();
+    for event in [Event::Snapshot(snapshot), key('f')] {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        sender.send(event).unwrap();
+        drop(sender);
+        run(
+            &mut terminal,
+            &mut app,
+            &receiver,
+            &clock,
+            &control,
+            &Theme::plain(),
+        )
+        .unwrap();
+        screens.push(text(terminal.backend()));
+    }
+    let (main, findings) = (&screens[0], &screens[1]);
+    let forced = report
+        .rows
+        .iter()
+        .filter(|r| r.engine_cause.is_some())
+        .count();
+    assert!(forced >= 4, "{forced}");
+    assert_eq!(
+        main.matches("the engine's: sliding-window cache").count(),
+        forced.min(main.matches("server emptied cache").count()),
+        "{main}"
+    );
+    assert!(
+        main.contains("the engine's: sliding-window cache"),
+        "{main}"
+    );
+    assert!(
+        main.contains(&format!(
+            "lost {} tokens",
+            prefixscope::units::thousands(report.time.lost_tokens)
+        )),
+        "{main}"
+    );
+    assert!(findings.contains("--swa-full"), "{findings}");
+}
