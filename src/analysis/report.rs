@@ -51,6 +51,14 @@ pub struct Coverage {
     /// check the server is up.
     #[serde(default)]
     pub connectivity_checks: u64,
+    /// prefixscope: records of prefixscope's own requests to the server (`probe: true`), not
+    /// counted in `records` or anywhere else. Absent when there were none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub probes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -114,6 +122,8 @@ pub(crate) struct Input<'a> {
     pub span: Option<(i64, i64)>,
     pub analysed: u64,
     pub skipped: &'a [Skipped],
+    /// Probe records, left out of everything above.
+    pub probes: u64,
 }
 
 pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
@@ -158,6 +168,7 @@ fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
     let mut coverage = Coverage {
         records: input.records,
         analysed: input.analysed,
+        probes: input.probes,
         ..Coverage::default()
     };
     for skipped in input.skipped {

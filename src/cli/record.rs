@@ -50,9 +50,14 @@ pub struct CaptureArgs {
     /// from llama.cpp carry the exact token count of each message.
     #[arg(long)]
     pub no_layout: bool,
+    /// Don't ask the server what it is (GET /props, /slots, /health, /metrics, /v1/models,
+    /// /api/ps: once at the start of `record`, every 5 s in `watch`; recorded as probe records).
+    #[arg(long)]
+    pub no_probe: bool,
 }
 
 impl CaptureArgs {
+    /// `record`'s: the server probed once at the start (`watch` asks on and on).
     pub fn config(&self) -> CaptureConfig {
         CaptureConfig {
             upstream: self.upstream.clone(),
@@ -64,6 +69,11 @@ impl CaptureArgs {
             connect_timeout: self.connect_timeout,
             ca_file: self.ca_file.clone(),
             layout: !self.no_layout,
+            probe: if self.no_probe {
+                prefixscope::probe::poll::Schedule::Off
+            } else {
+                prefixscope::probe::poll::Schedule::Once
+            },
         }
     }
 }

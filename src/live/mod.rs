@@ -472,6 +472,11 @@ pub struct Snapshot {
     pub build_us: u64,
     /// How long the oldest input in it waited to be published (µs): queued, pushed, built.
     pub waited_us: u64,
+    /// What the server's probes said (`probe`), folded from the probe records so far: the same
+    /// in `watch` and in a replay of its recording.
+    pub server: crate::probe::ServerInfo,
+    /// Probe records received (never counted in `requests`).
+    pub probes: u64,
     /// What the findings are worked out with, and them once they were.
     config: Config,
     findings: std::sync::OnceLock<Vec<Finding>>,
@@ -598,6 +603,10 @@ impl Snapshot {
             out.push_str(&line);
             out.push('\n');
         }
+        if self.probes > 0 {
+            out.push_str(&self.server.line());
+            out.push('\n');
+        }
         let fixes = self.fix_lines();
         if !fixes.is_empty() {
             out.push_str("fixes (savings predicted by the simulated llama-server):\n");
@@ -661,6 +670,19 @@ impl Snapshot {
             object.insert("snapshot_version".into(), SNAPSHOT_VERSION.into());
             object.insert("requests_received".into(), self.requests.into());
             object.insert("requests_simulated".into(), self.simulated.into());
+            object.insert(
+                "server".into(),
+                serde_json::json!({
+                    "line": self.server.line(),
+                    "kind": self.server.kind().map(crate::probe::ServerKind::name),
+                    "model": self.server.model(),
+                    "n_ctx": self.server.n_ctx(),
+                    "total_slots": self.server.total_slots(),
+                    "busy_slots": self.server.busy_slots(),
+                    "slots": self.server.slots.as_ref().map(|s| &s.slots),
+                    "probes": self.probes,
+                }),
+            );
             object.insert(
                 "not_simulated".into(),
                 self.not_simulated
@@ -751,6 +773,9 @@ pub struct Engine {
     /// Records kept for the what-if (up to `MAX_WHATIF_RECORDS`), and how many came in all.
     records: Vec<Arc<Record>>,
     records_seen: u64,
+    /// What the probe records said, and how many came.
+    server: crate::probe::ServerInfo,
+    probes: u64,
     /// The findings view is open.
     advice: bool,
     /// The capacity view is open: every setting, not only the fixes' levers.
@@ -822,6 +847,8 @@ impl Engine {
             generation: 0,
             records: Vec::new(),
             records_seen: 0,
+            server: crate::probe::ServerInfo::default(),
+            probes: 0,
             advice: false,
             capacity: false,
             predicted: None,
@@ -832,6 +859,18 @@ impl Engine {
     /// end of the source): the runner then publishes a snapshot at once.
     pub fn push(&mut self, input: Input) -> bool {
         match input {
+            Input::Record(record, arrived_ms) if record.probe => {
+                // Our own request to the server: its reading, never traffic. Its id only moves
+                // the simulation's order on (the proxy numbers probes with the exchanges).
+                self.analyzer.push(&record);
+                self.server.apply_record(&record);
+                self.probes += 1;
+                if self.next_id.is_some_and(|next| record.id >= next) {
+                    self.waiting.insert(record.id, (None, arrived_ms));
+                    self.release(false);
+                }
+                false
+            }
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
                 self.records_seen += 1;
@@ -1044,6 +1083,8 @@ impl Engine {
             },
             build_us: 0,
             waited_us: 0,
+            server: self.server.clone(),
+            probes: self.probes,
             config: self.config.clone(),
             findings: std::sync::OnceLock::new(),
             predictions,

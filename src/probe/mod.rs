@@ -578,12 +578,16 @@ pub fn answer_of_record(record: &Record) -> Option<(Endpoint, Answer)> {
         return None;
     }
     let endpoint = Endpoint::from_path(&record.request.path)?;
-    if let Some(error) = record.error {
-        let why = match error {
-            ExchangeError::Timeout => format!("{}: no answer in time", endpoint.path()),
-            other => format!("{}: {}", endpoint.path(), other.as_str()),
-        };
-        return Some((endpoint, Answer::Unreachable(why)));
+    match record.error {
+        Some(ExchangeError::Timeout) => {
+            let why = format!("{}: no answer in time", endpoint.path());
+            return Some((endpoint, Answer::Unavailable(why)));
+        }
+        Some(other) => {
+            let why = format!("{}: {}", endpoint.path(), other.as_str());
+            return Some((endpoint, Answer::Unreachable(why)));
+        }
+        None => {}
     }
     let Some(response) = record.response.as_ref() else {
         return Some((
@@ -801,6 +805,49 @@ impl ServerInfo {
     }
 }
 
+/// One probe's answer in a few words, for the line of its record (`records`, `record`'s status).
+pub fn describe(answer: &Answer) -> String {
+    let reading = match answer {
+        Answer::Read(reading) => reading,
+        Answer::Unavailable(why) => return format!("not available: {why}"),
+        Answer::Unreachable(why) => return format!("unreachable: {why}"),
+    };
+    let mut info = ServerInfo::default();
+    info.apply(reading.endpoint(), Answer::Read(reading.clone()));
+    match reading {
+        Reading::Props(_) | Reading::Models(_) | Reading::OllamaPs(_) => info
+            .line()
+            .strip_prefix("server: ")
+            .unwrap_or_default()
+            .to_string(),
+        Reading::Slots(_) => {
+            let texts = info.slot_texts();
+            format!(
+                "{}: {}",
+                crate::units::plural(texts.len() as u64, "slot"),
+                texts.join(", ")
+            )
+        }
+        Reading::Health(h) => format!("health {}", h.status),
+        Reading::Metrics(m) => {
+            let named = [
+                ("prompt_tokens_total", m.prompt_tokens_total),
+                ("prompt_tokens_cached_total", m.prompt_tokens_cached_total),
+                ("requests_processing", m.requests_processing),
+                ("kv_cache_usage_ratio", m.kv_cache_usage_ratio),
+                ("prefix_cache_hits", m.prefix_cache_hits),
+                ("prefix_cache_queries", m.prefix_cache_queries),
+                ("cache_hit_rate", m.cache_hit_rate),
+            ];
+            let said: Vec<String> = named
+                .iter()
+                .filter_map(|(name, v)| v.map(|v| format!("{name} {v}")))
+                .collect();
+            format!("metrics: {}", said.join(", "))
+        }
+    }
+}
+
 /// The file name of a model path (`models/SmolLM2.gguf` → `SmolLM2.gguf`).
 fn model_name(model: &str) -> &str {
     model.rsplit('/').next().unwrap_or(model)
@@ -818,14 +865,9 @@ pub fn probe_capture<B>(
 ) -> Capture<B> {
     let headers = BTreeMap::from([("user-agent".to_string(), USER_AGENT.to_string())]);
     let (response, error) = match (answer, status) {
-        (Answer::Unreachable(why), _) => {
-            let error = if why.contains("no answer in") {
-                ExchangeError::Timeout
-            } else {
-                ExchangeError::UpstreamUnreachable
-            };
-            (None, Some(error))
-        }
+        (Answer::Unreachable(_), _) => (None, Some(ExchangeError::UpstreamUnreachable)),
+        // The path did not answer (in time, or whole): not asked again.
+        (Answer::Unavailable(_), None) => (None, Some(ExchangeError::Timeout)),
         (answer, status) => {
             let body = match answer {
                 Answer::Read(reading) => serde_json::to_vec(reading).unwrap_or_default(),
@@ -888,6 +930,9 @@ impl Changes {
         self.last.remove(&endpoint);
     }
 }
+
+#[cfg(feature = "net")]
+pub mod poll;
 
 #[cfg(test)]
 mod tests;

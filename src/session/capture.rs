@@ -36,6 +36,8 @@ pub struct CaptureConfig {
     pub ca_file: Option<PathBuf>,
     /// Lay each record out as a llama.cpp upstream renders it (`tokenize::LiveLayout`).
     pub layout: bool,
+    /// Ask the upstream what it is (`probe::poll`): once (`record`), or on and on (`watch`).
+    pub probe: crate::probe::poll::Schedule,
 }
 
 /// A bound proxy and a running recorder, not yet serving.
@@ -168,6 +170,15 @@ impl Capture {
             };
             stats.note_upstream_at_start(outcome);
         });
+        // The server's own word on what it is, off the request path; recorded through the
+        // recorder like an exchange, marked `probe`.
+        let poller = crate::probe::poll::Poller {
+            upstream: upstream.clone(),
+            captures: recorder.sender(),
+            ids: proxy.ids(),
+            schedule: args.probe,
+        };
+        runtime.spawn(poller.run());
         Ok(Capture {
             runtime,
             proxy,

@@ -111,6 +111,8 @@ impl Demo {
                 ca_file: None,
                 // The simulated server counts by its own words; it has no chat template to ask.
                 layout: false,
+                // The simulated server answers `/props` as llama-server does.
+                probe: crate::probe::poll::Schedule::Watch,
             },
             consumers,
         )?;

@@ -85,6 +85,15 @@ pub fn record_line(record: &Record) -> String {
         (None, None) => line.push_str("  no response"),
     }
     line.push_str(&format!("  {seconds:.2}s"));
+    if record.probe {
+        // prefixscope's own request to the server: what it said, not traffic.
+        let said = crate::probe::answer_of_record(record).map_or_else(
+            || "not read".to_string(),
+            |(_, a)| crate::probe::describe(&a),
+        );
+        line.push_str(&format!("  probe: {said}"));
+        return crate::text::printable_line(&line).into_owned();
+    }
     if Api::from_path(&record.request.path).is_chat() {
         if let Some(model) = model(record) {
             line.push_str(&format!("  {model}"));
