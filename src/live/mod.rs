@@ -122,6 +122,9 @@ impl Measured {
         let mut first_id: Option<u64> = None;
         for record in records {
             let record = record.borrow();
+            if record.probe {
+                continue;
+            }
             crate::input::recording::observe_record(record, &mut evidence);
             first_id = Some(first_id.map_or(record.id, |f| f.min(record.id)));
         }
@@ -859,16 +862,12 @@ impl Engine {
     /// end of the source): the runner then publishes a snapshot at once.
     pub fn push(&mut self, input: Input) -> bool {
         match input {
-            Input::Record(record, arrived_ms) if record.probe => {
-                // Our own request to the server: its reading, never traffic. Its id only moves
-                // the simulation's order on (the proxy numbers probes with the exchanges).
+            Input::Record(record, _) if record.probe => {
+                // Our own request to the server: its reading, never traffic (its id is of the
+                // probes' own range, so the simulation's order of ids is the exchanges').
                 self.analyzer.push(&record);
                 self.server.apply_record(&record);
                 self.probes += 1;
-                if self.next_id.is_some_and(|next| record.id >= next) {
-                    self.waiting.insert(record.id, (None, arrived_ms));
-                    self.release(false);
-                }
                 false
             }
             Input::Record(record, arrived_ms) => {

@@ -26,6 +26,9 @@ pub const MAX_PROBE_SLOTS: usize = 256;
 pub const MAX_PROBE_MODELS: usize = 16;
 /// Characters kept of a model name, build or status string.
 pub const MAX_PROBE_TEXT_CHARS: usize = 160;
+/// Probe records are numbered from here (2^48 + 0, + 1…), apart from the exchanges' 1, 2, 3…:
+/// probing never renumbers the traffic, and ids stay unique in a recording.
+pub const PROBE_ID_BASE: u64 = 1 << 48;
 /// Bytes of a probe's answer read at most; past it the answer is not read (unavailable).
 pub const MAX_PROBE_BODY_BYTES: usize = 1 << 20;
 
@@ -583,10 +586,8 @@ pub fn answer_of_record(record: &Record) -> Option<(Endpoint, Answer)> {
             let why = format!("{}: no answer in time", endpoint.path());
             return Some((endpoint, Answer::Unavailable(why)));
         }
-        Some(other) => {
-            let why = format!("{}: {}", endpoint.path(), other.as_str());
-            return Some((endpoint, Answer::Unreachable(why)));
-        }
+        // The reason (the OS's) is not in the record: the server did not take the connection.
+        Some(_) => return Some((endpoint, Answer::Unreachable("no connection".into()))),
         None => {}
     }
     let Some(response) = record.response.as_ref() else {

@@ -1,6 +1,9 @@
 //! The edge that asks: GET requests to the upstream on a task of the capture's runtime, never on
 //! the proxy's request path, each answer read by the pure `probe` and recorded (through the
-//! recorder, numbered with the exchanges) only when it changed. Feature `net`.
+//! recorder) only when it changed. Feature `net`.
+//!
+//! Probe records have ids of their own (`PROBE_ID_BASE` on), so the exchanges' ids are the
+//! same with or without probing.
 //!
 //! What a monitoring client would send and nothing else: `GET` only (never Ollama's `POST
 //! /api/show`), our own user agent, a 2 s limit per request. A path that answers 404, 405, an
@@ -9,7 +12,6 @@
 //! other word.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -45,9 +47,27 @@ pub enum Schedule {
 pub struct Poller {
     pub upstream: Upstream,
     pub captures: CaptureSender<Bytes>,
-    /// The proxy's record ids: a probe takes the next one, so ids stay unique in the file.
-    pub ids: Arc<AtomicU64>,
+    /// The next probe record's id (from `PROBE_ID_BASE`).
+    pub next_id: AtomicU64,
     pub schedule: Schedule,
+    /// `watch`'s pause between rounds (`PROBE_INTERVAL`) and after a round that found the
+    /// upstream down (`PROBE_BACKOFF`); tests shorten them.
+    pub interval: Duration,
+    pub backoff: Duration,
+}
+
+impl Poller {
+    /// A poller at the session's pace (`PROBE_INTERVAL`, `PROBE_BACKOFF`).
+    pub fn new(upstream: Upstream, captures: CaptureSender<Bytes>, schedule: Schedule) -> Poller {
+        Poller {
+            upstream,
+            captures,
+            next_id: AtomicU64::new(super::PROBE_ID_BASE),
+            schedule,
+            interval: PROBE_INTERVAL,
+            backoff: PROBE_BACKOFF,
+        }
+    }
 }
 
 enum Failure {
@@ -76,8 +96,8 @@ impl Poller {
         loop {
             let down = self.round(endpoints, &mut changes, &mut unavailable).await;
             let pause = match (self.schedule, down) {
-                (Schedule::Watch, true) => PROBE_BACKOFF,
-                (Schedule::Watch, false) => PROBE_INTERVAL,
+                (Schedule::Watch, true) => self.backoff,
+                (Schedule::Watch, false) => self.interval,
                 _ => return,
             };
             tokio::time::sleep(pause).await;
@@ -136,7 +156,7 @@ impl Poller {
         answer: &Answer,
         changes: &mut Changes,
     ) {
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let capture = probe_capture(id, (started, crate::proxy::now_ms()), path, status, answer);
         // Never wait for the recorder: a probe that finds it busy is recorded next time.
         if self.captures.try_send(capture).is_some() {

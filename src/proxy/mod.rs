@@ -168,9 +168,7 @@ pub(crate) struct Shared {
     pub max_body: usize,
     pub connect_timeout: Duration,
     pub captures: CaptureSender<Bytes>,
-    /// Shared with the server probe (`probe::poll`), which numbers its records with the
-    /// exchanges so ids stay unique in a recording.
-    pub next_id: Arc<AtomicU64>,
+    pub next_id: AtomicU64,
     pub stats: Arc<ProxyStats>,
 }
 
@@ -201,7 +199,7 @@ impl Proxy {
             max_body: config.max_body,
             connect_timeout: config.connect_timeout,
             captures,
-            next_id: Arc::new(AtomicU64::new(1)),
+            next_id: AtomicU64::new(1),
             stats: Arc::new(ProxyStats::default()),
         });
         Ok(Proxy {
@@ -217,12 +215,6 @@ impl Proxy {
 
     pub fn stats(&self) -> Arc<ProxyStats> {
         Arc::clone(&self.shared.stats)
-    }
-
-    /// The record ids this proxy hands out (the next one), for others that record through its
-    /// recorder.
-    pub fn ids(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.shared.next_id)
     }
 
     /// Serves until `shutdown` resolves, then stops accepting, lets the exchanges under way

@@ -52,6 +52,9 @@ pub struct Capture {
     pub descriptors: Option<crate::proxy::DescriptorLimit>,
     /// What the token layout did (None: off, or an upstream it cannot ask).
     pub layout: Option<Arc<crate::tokenize::LiveLayoutStats>>,
+    /// The server probe's task (`probe::poll`): it ends with the runtime, or earlier when a
+    /// session stops the upstream itself (the demo), so no probe finds it gone.
+    pub probe: tokio::task::AbortHandle,
 }
 
 impl Capture {
@@ -172,13 +175,9 @@ impl Capture {
         });
         // The server's own word on what it is, off the request path; recorded through the
         // recorder like an exchange, marked `probe`.
-        let poller = crate::probe::poll::Poller {
-            upstream: upstream.clone(),
-            captures: recorder.sender(),
-            ids: proxy.ids(),
-            schedule: args.probe,
-        };
-        runtime.spawn(poller.run());
+        let poller =
+            crate::probe::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
+        let probe = runtime.spawn(poller.run()).abort_handle();
         Ok(Capture {
             runtime,
             proxy,
@@ -188,6 +187,7 @@ impl Capture {
             upstream,
             descriptors,
             layout,
+            probe,
         })
     }
 }

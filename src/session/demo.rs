@@ -57,8 +57,10 @@ pub struct Demo {
 
 /// What a demo run to its end did, and what the analysis made of it.
 pub struct DemoOutcome {
-    /// The recording, as written.
+    /// The recording's exchanges, as written (its probe records apart: `probes`).
     pub records: Vec<Record>,
+    /// The recording's probe records (`probe`), in file order.
+    pub probes: Vec<Record>,
     pub report: Report,
     pub log: RunLog,
     /// The script's events and the evictions from the server's log.
@@ -153,6 +155,7 @@ impl Demo {
             recorder,
             path,
             listen,
+            probe,
             ..
         } = self.capture;
         let handle = self.sim.handle();
@@ -173,6 +176,7 @@ impl Demo {
             };
             let _ = stop_proxy.send(());
             let _ = proxy_task.await;
+            probe.abort();
             let _ = stop_sim.send(());
             let _ = sim_task.await;
             (log, handle.log())
@@ -188,11 +192,14 @@ impl Demo {
             let _ = std::fs::remove_file(&path);
         }
         let report = analysis::analyze(&records, &Config::default());
+        let (probes, records): (Vec<Record>, Vec<Record>) =
+            records.into_iter().partition(|r| r.probe);
         let mut events = log.events.clone();
         events.extend(evictions(&log, &served));
         let checked = check(&report, &records, &log, &events, self.slots == 1);
         Ok(DemoOutcome {
             records,
+            probes,
             report,
             log,
             events,
