@@ -523,6 +523,13 @@ async fn record_against_the_simulated_server_records_its_props_and_the_traffic_i
                 && l.contains("s  llama.cpp · sim-coder-7b-q4_k_m.gguf · n_ctx 32,768 · 2 slots")),
         "{stderr}"
     );
+    // The exit line says what the server is.
+    assert!(
+        stderr.contains(
+            "prefixscope: server: llama.cpp · sim-coder-7b-q4_k_m.gguf · n_ctx 32,768 · 2 slots\n"
+        ),
+        "{stderr}"
+    );
     let report = analysis::analyze(&exchanges, &Config::default());
     let mut all = exchanges.clone();
     all.extend(probes.iter().cloned());
