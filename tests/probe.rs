@@ -114,7 +114,7 @@ async fn the_simulated_llama_server_is_probed_and_only_changes_are_recorded() {
     assert!(server.unavailable.contains(&Endpoint::Metrics));
     assert_eq!(
         server.line(),
-        "server: llama.cpp · sim-coder-7b-q4_k_m.gguf · n_ctx 32,768 · 3 slots (0 busy)"
+        "server: llama.cpp · 3 slots (0 busy) · n_ctx 32,768 · sim-coder-7b-q4_k_m.gguf"
     );
     // `record`'s set, once: no /slots, no /metrics.
     let once = poll(
@@ -314,7 +314,7 @@ fn probes_interleaved_leave_the_analysis_and_the_live_engine_unchanged() {
         assert!(
             b.server
                 .line()
-                .starts_with("server: llama.cpp · SmolLM2-135M-Instruct.Q4_1.gguf · n_ctx 2,048 · 4 slots (0 busy)"),
+                .starts_with("server: llama.cpp · 4 slots (0 busy) · n_ctx 2,048 · SmolLM2-135M-Instruct.Q4_1.gguf"),
             "{}",
             b.server.line()
         );
@@ -352,7 +352,7 @@ fn analyze_records_and_profile_of_a_file_with_probes() {
     assert_eq!(a, b);
     // records: probes listed as probes, counted apart.
     let text = run(&["records", probed_path.to_str().unwrap()]);
-    let said = "s  llama.cpp · SmolLM2-135M-Instruct.Q4_1.gguf · n_ctx 2,048 · 4 slots";
+    let said = "s  llama.cpp · 4 slots · n_ctx 2,048 · SmolLM2-135M-Instruct.Q4_1.gguf";
     assert!(
         text.lines()
             .any(|l| l.starts_with("probe GET /props  200  ") && l.ends_with(&said)),
@@ -520,13 +520,13 @@ async fn record_against_the_simulated_server_records_its_props_and_the_traffic_i
         stderr
             .lines()
             .any(|l| l.starts_with("probe GET /props  200  ")
-                && l.contains("s  llama.cpp · sim-coder-7b-q4_k_m.gguf · n_ctx 32,768 · 2 slots")),
+                && l.contains("s  llama.cpp · 2 slots · n_ctx 32,768 · sim-coder-7b-q4_k_m.gguf")),
         "{stderr}"
     );
     // The exit line says what the server is.
     assert!(
         stderr.contains(
-            "prefixscope: server: llama.cpp · sim-coder-7b-q4_k_m.gguf · n_ctx 32,768 · 2 slots\n"
+            "prefixscope: server: llama.cpp · 2 slots · n_ctx 32,768 · sim-coder-7b-q4_k_m.gguf\n"
         ),
         "{stderr}"
     );

@@ -743,7 +743,8 @@ impl ServerInfo {
         Some(slots.slots.iter().filter(|s| s.is_processing).count())
     }
 
-    /// The server line: what it is, or what is not known. Never a zero for "not said".
+    /// The server line: what it is (kind, slots, context, model), or what is not known. Never a
+    /// zero for "not said".
     pub fn line(&self) -> String {
         if self.answers == 0 {
             return "server: not probed".to_string();
@@ -757,12 +758,6 @@ impl ServerInfo {
             "server: {}",
             self.kind().map_or("unknown kind", ServerKind::name)
         )];
-        if let Some(model) = self.model() {
-            parts.push(model_name(model).to_string());
-        }
-        if let Some(n_ctx) = self.n_ctx() {
-            parts.push(format!("n_ctx {}", crate::units::thousands(n_ctx)));
-        }
         match (self.total_slots(), self.busy_slots()) {
             (Some(n), Some(busy)) => parts.push(format!(
                 "{} ({busy} busy)",
@@ -770,6 +765,13 @@ impl ServerInfo {
             )),
             (Some(n), None) => parts.push(crate::units::plural(n as u64, "slot")),
             (None, _) => {}
+        }
+        if let Some(n_ctx) = self.n_ctx() {
+            parts.push(format!("n_ctx {}", crate::units::thousands(n_ctx)));
+        }
+        // The model last: its name is the longest part, and a narrow pane cuts the end.
+        if let Some(model) = self.model() {
+            parts.push(model_name(model).to_string());
         }
         if let Some(window) = self.props.as_ref().and_then(|p| p.sliding_window) {
             parts.push(format!("SWA {}", crate::units::thousands(window)));

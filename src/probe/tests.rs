@@ -104,7 +104,7 @@ fn real_llama_cpp_props_slots_health_metrics_and_models() {
     assert_eq!(info.busy_slots(), Some(0));
     assert_eq!(
         info.line(),
-        "server: llama.cpp · SmolLM2-135M-Instruct.Q4_1.gguf · n_ctx 2,048 · 4 slots (0 busy)"
+        "server: llama.cpp · 4 slots (0 busy) · n_ctx 2,048 · SmolLM2-135M-Instruct.Q4_1.gguf"
     );
     assert_eq!(info.slot_texts()[3], "3 idle (task 99)");
 }
@@ -132,7 +132,7 @@ fn documented_ollama_ps() {
     assert_eq!(info.model(), Some("qwen2.5:0.5b"));
     assert_eq!(info.n_ctx(), Some(2048));
     assert_eq!(info.total_slots(), None);
-    assert_eq!(info.line(), "server: Ollama · qwen2.5:0.5b · n_ctx 2,048");
+    assert_eq!(info.line(), "server: Ollama · n_ctx 2,048 · qwen2.5:0.5b");
     // Nothing loaded: Ollama still, with no model.
     let idle = info_of(&[(Endpoint::OllamaPs, 200, r#"{"models":[]}"#)]);
     assert_eq!(idle.kind(), Some(ServerKind::Ollama));
@@ -157,7 +157,7 @@ fn documented_vllm_and_sglang_models_and_metrics() {
     let metrics = info.metrics.clone().unwrap();
     assert_eq!(metrics.prefix_cache_hits, Some(1200.0));
     assert_eq!(metrics.prefix_cache_queries, Some(2000.0));
-    assert_eq!(info.line(), "server: vLLM · Qwen3-8B · n_ctx 8,192");
+    assert_eq!(info.line(), "server: vLLM · n_ctx 8,192 · Qwen3-8B");
     // Older vLLM: without `_total`.
     let Some(Reading::Metrics(old)) = parse_metrics("vllm:prefix_cache_hits 5\n") else {
         panic!()
@@ -268,7 +268,7 @@ fn unknown_and_unreachable_are_said_never_zeros() {
     let no_slots = info_of(&[(Endpoint::Props, 200, PROPS), (Endpoint::Slots, 501, "{}")]);
     assert_eq!(
         no_slots.line(),
-        "server: llama.cpp · SmolLM2-135M-Instruct.Q4_1.gguf · n_ctx 2,048 · 4 slots · /slots not available"
+        "server: llama.cpp · 4 slots · n_ctx 2,048 · SmolLM2-135M-Instruct.Q4_1.gguf · /slots not available"
     );
 }
 
