@@ -350,6 +350,17 @@ fn analyze_records_and_profile_of_a_file_with_probes() {
     assert_eq!(a["rows"], b["rows"]);
     assert_eq!(a["time"], b["time"]);
     assert_eq!(a, b);
+    // analyze's coverage line says them apart from the records.
+    let text = run(&["analyze", probed_path.to_str().unwrap()]);
+    assert!(
+        text.contains(&format!(
+            "coverage: {} of {} records analysed (1 not chat), {} probes of the server not counted;",
+            a["coverage"]["analysed"],
+            plain.len(),
+            probed.len() - plain.len()
+        )),
+        "{text}"
+    );
     // records: probes listed as probes, counted apart.
     let text = run(&["records", probed_path.to_str().unwrap()]);
     let said = "s  llama.cpp · 4 slots · n_ctx 2,048 · SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -501,6 +501,13 @@ impl<R> Report<R> {
         if c.bad_lines > 0 {
             line.push_str(&format!(", {}", plural(c.bad_lines, "bad line")));
         }
+        if c.probes > 0 {
+            // Counted apart from the records, which are the traffic's.
+            line.push_str(&format!(
+                ", {} of the server not counted",
+                plural(c.probes, "probe")
+            ));
+        }
         if c.turns > 0 {
             line.push_str(&format!(
                 "; reuse reported on {} of {}, timing on {}",
