@@ -36,6 +36,9 @@ pub struct Capture<B = Vec<u8>> {
     pub request_body: Option<B>,
     pub response: Option<ResponseCapture>,
     pub error: Option<ExchangeError>,
+    /// A probe of the upstream (`probe::poll`), not the traffic: its response body (the reading,
+    /// JSON) is kept whatever the path and the mode, and the record is marked `probe`.
+    pub probe: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -64,7 +67,8 @@ pub fn stream_kind_of(content_type: &str) -> Option<StreamKind> {
 
 pub fn build_record<B: AsRef<[u8]>>(capture: Capture<B>, mode: BodyMode) -> Record {
     let api = Api::from_path(&capture.path);
-    let keep = api.keeps_bodies();
+    let probe = capture.probe;
+    let keep = api.keeps_bodies() || probe;
     let too_large = capture.request_body.is_none() && capture.request_body_bytes > 0;
     let (body, body_text) = match (&capture.request_body, keep) {
         (Some(bytes), true) => stored_body(bytes.as_ref()),
@@ -136,8 +140,10 @@ pub fn build_record<B: AsRef<[u8]>>(capture: Capture<B>, mode: BodyMode) -> Reco
         response,
         error,
         tokens: None,
+        probe,
     };
-    if mode == BodyMode::Digest {
+    // A probe's body is our own reading (no prompt text), kept in digest mode too.
+    if mode == BodyMode::Digest && !probe {
         apply_digest(&mut record);
     }
     record
@@ -174,6 +180,7 @@ mod tests {
             request_body: Some(request.to_vec()),
             response,
             error: None,
+            probe: false,
         }
     }
 

@@ -37,6 +37,7 @@ pub mod live;
 pub mod normalize;
 pub mod output_file;
 pub mod privacy;
+pub mod probe;
 pub mod record;
 pub mod recorder;
 pub mod session;

@@ -415,6 +415,7 @@ mod tests {
             request_body: Some(Vec::new()),
             response: None,
             error: None,
+            probe: false,
         }
     }
 

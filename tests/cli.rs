@@ -98,6 +98,8 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// `record` without its server probe: these tests count the traffic's records (`tests/probe.rs`
+/// runs `record` and `watch` with it).
 fn spawn_record(upstream: SocketAddr, port: u16, extra: &[&str]) -> Child {
     let mut args = vec![
         "record".to_string(),
@@ -105,6 +107,7 @@ fn spawn_record(upstream: SocketAddr, port: u16, extra: &[&str]) -> Child {
         format!("http://{upstream}"),
         "--listen".into(),
         format!("127.0.0.1:{port}"),
+        "--no-probe".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     Command::new(BIN)

@@ -80,7 +80,17 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
     // The recording on disk is what was analysed.
     let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
     assert!(read.bad_lines.is_empty());
-    assert_eq!(read.records, outcome.records);
+    let (probes, exchanges): (Vec<_>, Vec<_>) = read.records.iter().cloned().partition(|r| r.probe);
+    assert_eq!(exchanges, outcome.records);
+    assert_eq!(probes.len(), outcome.probes.len());
+    // The demo's watch probes the simulated server: its /props says its slots.
+    let mut server = prefixscope::probe::ServerInfo::default();
+    for probe in &probes {
+        server.apply_record(probe);
+    }
+    let slots = config_slots(extra, scenario);
+    assert_eq!(server.total_slots(), Some(slots), "{}", server.line());
+    assert_eq!(outcome.report.coverage.probes, probes.len() as u64);
     assert_eq!(
         outcome.report,
         analysis::analyze(&read.records, &Config::default())
@@ -91,6 +101,14 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
         log: outcome.log,
         events: outcome.events,
     }
+}
+
+/// The slots a demo run was given (`--slots`), or its scenario's default.
+fn config_slots(extra: &[&str], scenario: &str) -> usize {
+    extra.iter().position(|a| *a == "--slots").map_or_else(
+        || prefixscope::sim::agents::default_slots(scenario),
+        |i| extra[i + 1].parse().unwrap(),
+    )
 }
 
 fn count(events: &[ScriptEvent], kind: EventKind) -> usize {

@@ -194,7 +194,9 @@ impl Recording {
             .port();
         let _ = std::fs::remove_file(&file);
         let child = Command::new(BIN)
-            .args(["record", "--upstream", upstream, "--listen"])
+            // Without the server probe: `check` counts the harness's records (tests/probe.rs and
+            // llama_e2e.rs probe the servers).
+            .args(["record", "--no-probe", "--upstream", upstream, "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("-o")
             .arg(&file)

@@ -365,3 +365,63 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
         );
     }
 }
+
+/// The probe reads a real llama.cpp server (xllamacpp, two slots): `/props`' `total_slots` and
+/// `/slots`' count are the server's, and a request changes a slot's `id_task`, which is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_reads_a_real_llama_cpp_servers_props_and_slots() {
+    use prefixscope::probe::poll::{Poller, Schedule};
+    use prefixscope::probe::{Endpoint, ServerInfo, ServerKind};
+    let config = support::llama::Config {
+        slots: 2,
+        ..support::llama::Config::default()
+    };
+    let Some((_server, upstream)) =
+        support::llama::start_server_with("llama_e2e probe", &config).await
+    else {
+        return;
+    };
+    let (records_tx, records_rx) = crossbeam_channel::unbounded();
+    let recorder: prefixscope::recorder::Recorder<bytes::Bytes> =
+        prefixscope::recorder::Recorder::start(Default::default(), vec![records_tx]).unwrap();
+    let mut poller = Poller::new(
+        prefixscope::proxy::Upstream::parse(&format!("http://{upstream}")).unwrap(),
+        recorder.sender(),
+        Schedule::Watch,
+    );
+    poller.interval = std::time::Duration::from_millis(200);
+    let task = tokio::spawn(poller.run());
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let body = json!({"model": "smollm2", "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": "Say hi."}]});
+    let _ = exchange(upstream, "/v1/chat/completions", &body).await;
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    task.abort();
+    let _ = task.await;
+    tokio::task::spawn_blocking(move || recorder.finish())
+        .await
+        .unwrap();
+    let records: Vec<_> = records_rx.try_iter().collect();
+    let mut server = ServerInfo::default();
+    for record in &records {
+        assert!(server.apply_record(record));
+    }
+    eprintln!("the real server: {}", server.line());
+    assert_eq!(server.kind(), Some(ServerKind::LlamaCpp));
+    assert_eq!(server.props.as_ref().and_then(|p| p.total_slots), Some(2));
+    assert_eq!(server.slots.as_ref().map(|s| s.slots.len()), Some(2));
+    assert!(server.props.as_ref().is_some_and(|p| p.n_ctx.is_some()));
+    // The request took a slot: its task is in the last /slots recorded, a change after the first.
+    let slots_recorded: Vec<_> = records
+        .iter()
+        .filter(|r| r.request.path == Endpoint::Slots.path())
+        .collect();
+    assert!(slots_recorded.len() >= 2, "{}", slots_recorded.len());
+    assert!(
+        server
+            .slots
+            .as_ref()
+            .is_some_and(|s| s.slots.iter().any(|slot| slot.id_task.is_some())),
+        "{server:?}"
+    );
+}

@@ -61,6 +61,7 @@ fn capture(fixture: &Fixture) -> Capture {
             truncated: false,
         }),
         error: None,
+        probe: false,
     }
 }
 

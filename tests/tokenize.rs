@@ -586,7 +586,14 @@ async fn record_lays_out_what_a_real_llama_cpp_serves() {
             .unwrap()
             .port();
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prefixscope"))
-            .args(["record", "-q", "--upstream", &format!("http://{upstream}")])
+            // Without the server probe: the test counts the traffic's records.
+            .args([
+                "record",
+                "-q",
+                "--no-probe",
+                "--upstream",
+                &format!("http://{upstream}"),
+            ])
             .args(["--listen", &format!("127.0.0.1:{port}"), "-o"])
             .arg(&file)
             .args(extra)

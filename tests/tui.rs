@@ -1388,7 +1388,7 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
     assert_eq!((compared, agreed), (23, 23));
     for line in [
-        "slots now, replayed at -np 1 --cache-ram off (the setting nearest what the server reported (its own not known))".to_string(),
+        "who holds each slot, replayed at -np 1 --cache-ram off (nearest what the server reported; its own not known)".to_string(),
         format!("calibration: the replay matched the server's reuse on {agreed} of {compared} requests"),
         format!("slot 0  c{} ", slots.holders[0].as_ref().unwrap().conversation.unwrap()),
     ] {

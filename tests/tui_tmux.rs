@@ -304,7 +304,7 @@ fn watch_keeps_serving_and_recording_when_the_upstream_claims_2_pow_63_prompt_to
     // `timings` say llama.cpp: without --no-layout, watch would also ask this fake for each
     // request's layout (and count its refusals), which is not what is tested here.
     let command = format!(
-        "{BIN} watch --no-layout --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; echo EXITED $?; sleep 60"
+        "{BIN} watch --no-probe --no-layout --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; echo EXITED $?; sleep 60"
     );
     let tmux = Tmux::start("hostile-watch", &command);
     tmux.wait_for(&["Conversations"]);
@@ -384,7 +384,7 @@ fn watch_answers_and_records_the_exchange_in_flight_on_sigterm_sigint_and_sighup
         );
         let listen = free_port();
         let command = format!(
-            "echo BEFORE THE TUI; {BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; {AFTER}"
+            "echo BEFORE THE TUI; {BIN} watch --no-probe --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; {AFTER}"
         );
         let tmux = Tmux::start(&format!("watch-sig{signal}"), &command);
         tmux.wait_for(&["Conversations"]);
@@ -573,7 +573,7 @@ fn watch_says_at_once_whether_the_upstream_answers() {
     let down = free_port();
     let listen = free_port();
     let command = format!(
-        "{BIN} watch --upstream http://127.0.0.1:{down} --listen 127.0.0.1:{listen} -o rec.jsonl; sleep 60"
+        "{BIN} watch --no-probe --upstream http://127.0.0.1:{down} --listen 127.0.0.1:{listen} -o rec.jsonl; sleep 60"
     );
     let tmux = Tmux::start("upstream-down", &command);
     tmux.wait_for(&["UPSTREAM DOWN", &format!("at start, 127.0.0.1:{down}")]);
@@ -593,7 +593,7 @@ fn watch_says_at_once_whether_the_upstream_answers() {
     let (upstream, _served) = fake_upstream(r#"{"object":"list","data":[]}"#);
     let listen = free_port();
     let command = format!(
-        "{BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; sleep 60"
+        "{BIN} watch --no-probe --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; sleep 60"
     );
     let tmux = Tmux::start("upstream-up", &command);
     tmux.wait_for(&["0 req", "upstream ok"]);
@@ -616,7 +616,7 @@ fn watch_shuts_down_as_q_does_when_its_terminal_disappears() {
     let tmux = Tmux::start(
         "watch-lost-terminal",
         &format!(
-            "{BIN} watch --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; {AFTER}"
+            "{BIN} watch --no-probe --upstream http://127.0.0.1:{upstream} --listen 127.0.0.1:{listen} -o rec.jsonl; {AFTER}"
         ),
     );
     tmux.wait_for(&["Conversations"]);

@@ -263,6 +263,8 @@ fn is_subset(a: &[u32], b: &[u32]) -> bool {
 pub struct Analyzer {
     config: Config,
     records: u64,
+    /// Probe records pushed (never counted in `records`).
+    probes: u64,
     span: Option<(i64, i64)>,
     skipped: Vec<Skipped>,
     xs: Vec<Exchange>,
@@ -342,6 +344,7 @@ impl Analyzer {
         Analyzer {
             config,
             records: 0,
+            probes: 0,
             span: None,
             skipped: Vec::new(),
             xs: Vec::new(),
@@ -378,6 +381,16 @@ impl Analyzer {
 
     /// Adds one record (in any order) and re-derives what it changed.
     pub fn push(&mut self, record: &Record) -> Update {
+        // Our own requests to the server (`probe`): not traffic, counted apart so every figure
+        // of the traffic is what it is without them.
+        if record.probe {
+            self.probes += 1;
+            return Update {
+                row: None,
+                skipped: None,
+                rederived: Vec::new(),
+            };
+        }
         self.count(record);
         let x = match normalize(record) {
             Ok(x) => x,
@@ -465,6 +478,7 @@ impl Analyzer {
             span: self.span,
             analysed: self.xs.len() as u64,
             skipped: &self.skipped,
+            probes: self.probes,
         };
         let globals = report::Globals {
             clients,

@@ -76,9 +76,10 @@ pub struct Skipped {
     pub connectivity_check: bool,
 }
 
+/// Probe records (`record.probe`) are not traffic: neither an exchange nor a skipped one.
 pub fn normalize_all(records: &[Record]) -> Normalized {
     let mut normalized = Normalized::default();
-    for record in records {
+    for record in records.iter().filter(|r| !r.probe) {
         match normalize(record) {
             Ok(exchange) => normalized.exchanges.push(exchange),
             Err(reason) => normalized.skipped.push(Skipped {
@@ -106,6 +107,9 @@ pub fn find<R: Priced>(report: &report::Report<R>, config: &Config) -> Vec<Findi
 /// The same analysis done the straightforward way (llmp's algorithm, quadratic in the requests
 /// of a model): the oracle the engine is tested against.
 pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
+    let (probes, traffic): (Vec<&Record>, Vec<&Record>) = records.iter().partition(|r| r.probe);
+    let records: Vec<Record> = traffic.into_iter().cloned().collect();
+    let records = records.as_slice();
     let normalized = normalize_all(records);
     let table = table::build(&normalized.exchanges, config);
     let findings = findings::find(&table.rows, &table.tools, config);
@@ -114,6 +118,7 @@ pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
         span: report::span(records),
         analysed: normalized.exchanges.len() as u64,
         skipped: &normalized.skipped,
+        probes: probes.len() as u64,
     };
     let globals = report::Globals {
         clients: table.clients,

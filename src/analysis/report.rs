@@ -53,6 +53,14 @@ pub struct Coverage {
     /// check the server is up.
     #[serde(default)]
     pub connectivity_checks: u64,
+    /// prefixscope: records of prefixscope's own requests to the server (`probe: true`), not
+    /// counted in `records` or anywhere else. Absent when there were none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub probes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -116,6 +124,8 @@ pub(crate) struct Input<'a> {
     pub span: Option<(i64, i64)>,
     pub analysed: u64,
     pub skipped: &'a [Skipped],
+    /// Probe records, left out of everything above.
+    pub probes: u64,
 }
 
 pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
@@ -160,6 +170,7 @@ fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
     let mut coverage = Coverage {
         records: input.records,
         analysed: input.analysed,
+        probes: input.probes,
         ..Coverage::default()
     };
     for skipped in input.skipped {
@@ -535,6 +546,13 @@ impl<R: Priced> Report<R> {
         }
         if c.bad_lines > 0 {
             line.push_str(&format!(", {}", plural(c.bad_lines, "bad line")));
+        }
+        if c.probes > 0 {
+            // Counted apart from the records, which are the traffic's.
+            line.push_str(&format!(
+                ", {} of the server not counted",
+                plural(c.probes, "probe")
+            ));
         }
         if c.turns > 0 {
             line.push_str(&format!(

@@ -50,9 +50,14 @@ pub struct CaptureArgs {
     /// from llama.cpp carry the exact token count of each message.
     #[arg(long)]
     pub no_layout: bool,
+    /// Don't ask the server what it is (GET /props, /slots, /health, /metrics, /v1/models,
+    /// /api/ps: once at the start of `record`, every 5 s in `watch`; recorded as probe records).
+    #[arg(long)]
+    pub no_probe: bool,
 }
 
 impl CaptureArgs {
+    /// `record`'s: the server probed once at the start (`watch` asks on and on).
     pub fn config(&self) -> CaptureConfig {
         CaptureConfig {
             upstream: self.upstream.clone(),
@@ -64,6 +69,11 @@ impl CaptureArgs {
             connect_timeout: self.connect_timeout,
             ca_file: self.ca_file.clone(),
             layout: !self.no_layout,
+            probe: if self.no_probe {
+                prefixscope::probe::poll::Schedule::Off
+            } else {
+                prefixscope::probe::poll::Schedule::Once
+            },
         }
     }
 }
@@ -146,7 +156,7 @@ pub fn run(args: RecordArgs) -> u8 {
     runtime.block_on(proxy.run(stop_on_signal(&shutdown, Arc::clone(&proxy_stats))));
     drop(runtime);
     let recorder_stats = recorder.finish();
-    let _ = status_thread.join();
+    let server = status_thread.join().unwrap_or_default();
 
     let summary = RecordSummary {
         exchanges: proxy_stats.exchanges.load(Ordering::Relaxed),
@@ -182,6 +192,12 @@ pub fn run(args: RecordArgs) -> u8 {
     );
     if let Some(line) = layout.and_then(|l| l.summary()) {
         prefixscope::stderr_line!("prefixscope: {line}");
+    }
+    if server.answers > 0 {
+        prefixscope::stderr_line!(
+            "prefixscope: {}",
+            prefixscope::text::printable_line(&server.line())
+        );
     }
     let not_laid_out = recorder_stats.not_enriched.load(Ordering::Relaxed);
     if not_laid_out > 0 {
@@ -223,7 +239,9 @@ fn print_status(
     stats: Arc<RecorderStats>,
     proxy: Arc<prefixscope::proxy::ProxyStats>,
     quiet: bool,
-) {
+) -> prefixscope::probe::ServerInfo {
+    // What the server's probes said, for the exit line (said even with -q).
+    let mut server = prefixscope::probe::ServerInfo::default();
     let mut errors_seen = 0;
     let mut dropped_seen = 0;
     let (mut rejected_seen, mut accept_seen, mut upstream_seen) = (0, 0, 0);
@@ -234,10 +252,11 @@ fn print_status(
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
         };
-        if let Some(record) = &record
-            && !quiet
-        {
-            prefixscope::stderr_line!("{}", record_line(record));
+        if let Some(record) = &record {
+            server.apply_record(record);
+            if !quiet {
+                prefixscope::stderr_line!("{}", record_line(record));
+            }
         }
         let failures = proxy.upstream_failures.load(Ordering::Relaxed);
         if failures > upstream_seen {
@@ -285,4 +304,5 @@ fn print_status(
             );
         }
     }
+    server
 }

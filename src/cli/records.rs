@@ -29,6 +29,9 @@ pub struct RecordsArgs {
 struct Summary {
     files: Vec<super::RecordingFile>,
     records: usize,
+    /// prefixscope's own requests to the server (`probe`), listed, counted apart from `records`.
+    #[serde(skip_serializing_if = "is_zero")]
+    probes: usize,
     bad_lines: usize,
     by_api: BTreeMap<&'static str, usize>,
     by_path: BTreeMap<String, usize>,
@@ -90,7 +93,8 @@ fn summarize(records: &[Record], files: Vec<super::RecordingFile>) -> Summary {
     let mut s = Summary {
         bad_lines: files.iter().map(|f| f.bad_lines.len()).sum(),
         files,
-        records: records.len(),
+        records: records.iter().filter(|r| !r.probe).count(),
+        probes: records.iter().filter(|r| r.probe).count(),
         by_api: BTreeMap::new(),
         by_path: BTreeMap::new(),
         errors: BTreeMap::new(),
@@ -101,7 +105,7 @@ fn summarize(records: &[Record], files: Vec<super::RecordingFile>) -> Summary {
         truncated: 0,
         user_agents: BTreeMap::new(),
     };
-    for r in records {
+    for r in records.iter().filter(|r| !r.probe) {
         *s.by_api
             .entry(Api::from_path(&r.request.path).as_str())
             .or_default() += 1;
@@ -141,6 +145,12 @@ fn text_summary(s: &Summary) -> String {
         s.files.len(),
         s.bad_lines
     );
+    if s.probes > 0 {
+        out.push_str(&format!(
+            " ({} of prefixscope's probes of the server beside them)",
+            s.probes
+        ));
+    }
     out.push_str(&format!("\napis: {}", join_map(&s.by_api)));
     out.push_str(&format!("\nclients: {}", join_map(&s.user_agents)));
     out.push_str(&format!(
@@ -157,6 +167,10 @@ fn text_summary(s: &Summary) -> String {
         s.truncated
     ));
     out
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn join_map<K: std::fmt::Display>(m: &BTreeMap<K, usize>) -> String {

@@ -26,7 +26,11 @@ pub struct WatchArgs {
 pub fn run(args: WatchArgs) -> u8 {
     let shutdown = Shutdown::listen();
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
-    let capture = match Capture::start(&args.capture.config(), vec![records_tx]) {
+    let mut config = args.capture.config();
+    if !args.capture.no_probe {
+        config.probe = prefixscope::probe::poll::Schedule::Watch;
+    }
+    let capture = match Capture::start(&config, vec![records_tx]) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
     };

@@ -117,6 +117,9 @@ pub struct FileReport {
     /// How this input's prompts were cut into blocks, and why (recordings and gateway logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_model: Option<BlockModelChoice>,
+    /// Probe records (prefixscope's own requests to the server): not requests, not skipped.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub probes: u64,
 }
 
 /// The engine behind the traffic, as its responses show it; it picks the default block size.
@@ -279,6 +282,7 @@ impl FileReport {
             bad_value_count: 0,
             bad_values: Vec::new(),
             block_model: None,
+            probes: 0,
         }
     }
 

@@ -158,6 +158,11 @@ pub fn live_request(
 /// The prompt and the figures of one record, or `None` (counted in `report`) when it holds no
 /// prompt to simulate. Exports read records one at a time through this too.
 pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
+    // prefixscope's own request to the server (`probe`): not traffic, counted apart.
+    if record.probe {
+        report.probes += 1;
+        return None;
+    }
     let api = Api::from_path(&record.request.path);
     if !renders(api) {
         report.skip("not a prompt API");

@@ -122,6 +122,9 @@ impl Measured {
         let mut first_id: Option<u64> = None;
         for record in records {
             let record = record.borrow();
+            if record.probe {
+                continue;
+            }
             crate::input::recording::observe_record(record, &mut evidence);
             first_id = Some(first_id.map_or(record.id, |f| f.min(record.id)));
         }
@@ -473,6 +476,11 @@ pub struct Snapshot {
     pub build_us: u64,
     /// How long the oldest input in it waited to be published (µs): queued, pushed, built.
     pub waited_us: u64,
+    /// What the server's probes said (`probe`), folded from the probe records so far: the same
+    /// in `watch` and in a replay of its recording.
+    pub server: crate::probe::ServerInfo,
+    /// Probe records received (never counted in `requests`).
+    pub probes: u64,
     /// What the findings are worked out with, and them once they were.
     config: Config,
     findings: std::sync::OnceLock<Vec<Finding>>,
@@ -601,6 +609,10 @@ impl Snapshot {
             out.push_str(&line);
             out.push('\n');
         }
+        if self.probes > 0 {
+            out.push_str(&self.server.line());
+            out.push('\n');
+        }
         let fixes = self.fix_lines();
         if !fixes.is_empty() {
             out.push_str("fixes (savings predicted by the simulated llama-server):\n");
@@ -664,6 +676,19 @@ impl Snapshot {
             object.insert("snapshot_version".into(), SNAPSHOT_VERSION.into());
             object.insert("requests_received".into(), self.requests.into());
             object.insert("requests_simulated".into(), self.simulated.into());
+            object.insert(
+                "server".into(),
+                serde_json::json!({
+                    "line": self.server.line(),
+                    "kind": self.server.kind().map(crate::probe::ServerKind::name),
+                    "model": self.server.model(),
+                    "n_ctx": self.server.n_ctx(),
+                    "total_slots": self.server.total_slots(),
+                    "busy_slots": self.server.busy_slots(),
+                    "slots": self.server.slots.as_ref().map(|s| &s.slots),
+                    "probes": self.probes,
+                }),
+            );
             object.insert(
                 "not_simulated".into(),
                 self.not_simulated
@@ -754,6 +779,9 @@ pub struct Engine {
     /// Records kept for the what-if (up to `MAX_WHATIF_RECORDS`), and how many came in all.
     records: Vec<Arc<Record>>,
     records_seen: u64,
+    /// What the probe records said, and how many came.
+    server: crate::probe::ServerInfo,
+    probes: u64,
     /// The findings view is open.
     advice: bool,
     /// The capacity view is open: every setting, not only the fixes' levers.
@@ -763,8 +791,8 @@ pub struct Engine {
     predicted: Option<(u64, bool, Arc<Predictions>)>,
     /// The server's own slots and host cache, when known (the simulated server's; a probe's).
     server_settings: Option<ServerSettings>,
-    /// The last slot residency and how many records it was worked out over.
-    resided: Option<(u64, Arc<Option<SlotView>>)>,
+    /// The last slot residency, how many records and which settings it was worked out with.
+    resided: Option<(u64, Option<ServerSettings>, Arc<Option<SlotView>>)>,
 }
 
 /// The server's settings the slot residency is replayed with, and where they come from.
@@ -847,6 +875,8 @@ impl Engine {
             generation: 0,
             records: Vec::new(),
             records_seen: 0,
+            server: crate::probe::ServerInfo::default(),
+            probes: 0,
             advice: false,
             capacity: false,
             predicted: None,
@@ -859,6 +889,14 @@ impl Engine {
     /// end of the source): the runner then publishes a snapshot at once.
     pub fn push(&mut self, input: Input) -> bool {
         match input {
+            Input::Record(record, _) if record.probe => {
+                // Our own request to the server: its reading, never traffic (its id is of the
+                // probes' own range, so the simulation's order of ids is the exchanges').
+                self.analyzer.push(&record);
+                self.server.apply_record(&record);
+                self.probes += 1;
+                false
+            }
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
                 self.records_seen += 1;
@@ -1076,6 +1114,8 @@ impl Engine {
             },
             build_us: 0,
             waited_us: 0,
+            server: self.server.clone(),
+            probes: self.probes,
             config: self.config.clone(),
             findings: std::sync::OnceLock::new(),
             predictions,
@@ -1101,26 +1141,38 @@ impl Engine {
     /// unknown, with the setting whose prediction is nearest what the server reported (said).
     /// Worked out again only when records came since.
     fn slot_view(&mut self, predictions: &Predictions) -> Arc<Option<SlotView>> {
-        if let Some((seen, view)) = &self.resided
+        // The server's own slot count from its probes (`/props`, `/slots`); llama-server's
+        // host cache is on by default (8 GiB) and /props does not say, so it is assumed, said.
+        let probed = self.server.total_slots().map(|slots| ServerSettings {
+            slots,
+            cache_ram: true,
+            source: "the server's slot count from its /props; its host cache assumed on, llama-server's default".into(),
+        });
+        let settings = self
+            .server_settings
+            .clone()
+            .or(probed)
+            .or_else(|| match predictions {
+                Predictions::Ready(all) => all
+                    .iter()
+                    .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens))
+                    .map(|p| {
+                        let (slots, cache_ram) = p.lever.settings();
+                        ServerSettings {
+                            slots,
+                            cache_ram,
+                            source: "nearest what the server reported; its own not known".into(),
+                        }
+                    }),
+                _ => None,
+            });
+        if let Some((seen, used, view)) = &self.resided
             && *seen == self.records_seen
+            && *used == settings
         {
             return Arc::clone(view);
         }
-        let settings = self.server_settings.clone().or_else(|| match predictions {
-            Predictions::Ready(all) => all
-                .iter()
-                .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens))
-                .map(|p| {
-                    let (slots, cache_ram) = p.lever.settings();
-                    ServerSettings {
-                        slots,
-                        cache_ram,
-                        source: "the setting nearest what the server reported (its own not known)"
-                            .into(),
-                    }
-                }),
-            _ => None,
-        });
+        let used = settings.clone();
         let view = Arc::new(match (settings, predictions) {
             (Some(settings), Predictions::Ready(_)) => {
                 let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
@@ -1137,7 +1189,7 @@ impl Engine {
             }
             _ => None,
         });
-        self.resided = Some((self.records_seen, Arc::clone(&view)));
+        self.resided = Some((self.records_seen, used, Arc::clone(&view)));
         view
     }
 

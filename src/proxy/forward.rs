@@ -204,6 +204,7 @@ pub(crate) async fn forward(
             request_body: None,
             response: None,
             error: None,
+            probe: false,
         }),
         connection: Arc::clone(&connection),
         streamed: None,

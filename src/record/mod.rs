@@ -29,6 +29,12 @@ pub struct Record {
     pub response: Option<ResponseRecord>,
     pub error: Option<ExchangeError>,
     pub tokens: Option<TokenCounts>,
+    /// prefixscope: a request prefixscope itself sent to the upstream to learn what it is
+    /// (`probe::poll`: `/props`, `/slots`…), its response body the reading kept. Not an exchange
+    /// of the traffic: every analysis skips it and counts it. Absent on every other record, so
+    /// llmp's recordings and ours without probes read and write back unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub probe: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -36,6 +36,8 @@ pub struct CaptureConfig {
     pub ca_file: Option<PathBuf>,
     /// Lay each record out as a llama.cpp upstream renders it (`tokenize::LiveLayout`).
     pub layout: bool,
+    /// Ask the upstream what it is (`probe::poll`): once (`record`), or on and on (`watch`).
+    pub probe: crate::probe::poll::Schedule,
 }
 
 /// A bound proxy and a running recorder, not yet serving.
@@ -50,6 +52,9 @@ pub struct Capture {
     pub descriptors: Option<crate::proxy::DescriptorLimit>,
     /// What the token layout did (None: off, or an upstream it cannot ask).
     pub layout: Option<Arc<crate::tokenize::LiveLayoutStats>>,
+    /// The server probe's task (`probe::poll`): it ends with the runtime, or earlier when a
+    /// session stops the upstream itself (the demo), so no probe finds it gone.
+    pub probe: tokio::task::AbortHandle,
 }
 
 impl Capture {
@@ -168,6 +173,11 @@ impl Capture {
             };
             stats.note_upstream_at_start(outcome);
         });
+        // The server's own word on what it is, off the request path; recorded through the
+        // recorder like an exchange, marked `probe`.
+        let poller =
+            crate::probe::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
+        let probe = runtime.spawn(poller.run()).abort_handle();
         Ok(Capture {
             runtime,
             proxy,
@@ -177,6 +187,7 @@ impl Capture {
             upstream,
             descriptors,
             layout,
+            probe,
         })
     }
 }

@@ -60,8 +60,10 @@ pub struct Demo {
 
 /// What a demo run to its end did, and what the analysis made of it.
 pub struct DemoOutcome {
-    /// The recording, as written.
+    /// The recording's exchanges, as written (its probe records apart: `probes`).
     pub records: Vec<Record>,
+    /// The recording's probe records (`probe`), in file order.
+    pub probes: Vec<Record>,
     pub report: Report,
     pub log: RunLog,
     /// The script's events and the evictions from the server's log.
@@ -114,6 +116,8 @@ impl Demo {
                 ca_file: None,
                 // The simulated server counts by its own words; it has no chat template to ask.
                 layout: false,
+                // The simulated server answers `/props` as llama-server does.
+                probe: crate::probe::poll::Schedule::Watch,
             },
             consumers,
         )?;
@@ -165,6 +169,7 @@ impl Demo {
             recorder,
             path,
             listen,
+            probe,
             ..
         } = self.capture;
         let handle = self.sim.handle();
@@ -185,6 +190,7 @@ impl Demo {
             };
             let _ = stop_proxy.send(());
             let _ = proxy_task.await;
+            probe.abort();
             let _ = stop_sim.send(());
             let _ = sim_task.await;
             (log, handle.log())
@@ -200,11 +206,14 @@ impl Demo {
             let _ = std::fs::remove_file(&path);
         }
         let report = analysis::analyze(&records, &Config::default());
+        let (probes, records): (Vec<Record>, Vec<Record>) =
+            records.into_iter().partition(|r| r.probe);
         let mut events = log.events.clone();
         events.extend(evictions(&log, &served));
         let checked = check(&report, &records, &log, &events, self.slots == 1);
         Ok(DemoOutcome {
             records,
+            probes,
             report,
             log,
             events,

@@ -42,9 +42,14 @@ pub fn prompt_and_reused(record: &Record) -> (Option<u64>, Option<u64>) {
 pub fn record_line(record: &Record) -> String {
     let seconds = (record.t_end_ms - record.t_start_ms).max(0) as f64 / 1000.0;
     // Recordings made before redaction (or by other tools) may still hold query credentials.
+    // A probe's id is of the probes' own range (2^48 on): `probe` says more than its number.
+    let id = if record.probe {
+        "probe".to_string()
+    } else {
+        format!("#{}", record.id)
+    };
     let mut line = format!(
-        "#{} {} {}",
-        record.id,
+        "{id} {} {}",
         record.request.method,
         crate::privacy::redact_query(&record.request.path)
     );
@@ -66,6 +71,15 @@ pub fn record_line(record: &Record) -> String {
         (None, None) => line.push_str("  no response"),
     }
     line.push_str(&format!("  {seconds:.2}s"));
+    if record.probe {
+        // prefixscope's own request to the server: what it said, not traffic.
+        let said = crate::probe::answer_of_record(record).map_or_else(
+            || "not read".to_string(),
+            |(_, a)| crate::probe::describe(&a),
+        );
+        line.push_str(&format!("  {said}"));
+        return crate::text::printable_line(&line).into_owned();
+    }
     if Api::from_path(&record.request.path).is_chat() {
         if let Some(model) = model(record) {
             line.push_str(&format!("  {model}"));

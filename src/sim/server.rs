@@ -1,5 +1,5 @@
 //! The simulated llama-server's HTTP edge (tokio + hyper, HTTP/1.1): `/v1/chat/completions`
-//! (streamed or not), `/tokenize`, `/health`, `/v1/models`, `/slots`. The decisions are the
+//! (streamed or not), `/tokenize`, `/health`, `/v1/models`, `/slots`, `/props`. The decisions are the
 //! pure modules' (`kv`, `text`, `model`); this file only queues, sleeps and writes JSON.
 //!
 //! Like llama-server, at most `slots` requests run at once; the others wait in arrival order
@@ -225,6 +225,7 @@ async fn route(shared: Arc<Shared>, request: Request<Incoming>) -> Response<SimB
             json_response(StatusCode::OK, &models(&shared.config))
         }
         (Method::GET, "/slots") => json_response(StatusCode::OK, &slots(&shared)),
+        (Method::GET, "/props") => json_response(StatusCode::OK, &props(&shared.config)),
         (Method::POST, "/tokenize") => match read_json(request).await {
             Ok(body) => json_response(StatusCode::OK, &tokenize_response(&body)),
             Err(e) => e,
@@ -273,10 +274,36 @@ fn models(config: &SimConfig) -> Value {
     })
 }
 
+/// `GET /props` in llama-server's shape (`props.json` of the samples), its settings the
+/// simulated server's own; no chat template text (the stand-in tokenizer renders ChatML).
+fn props(config: &SimConfig) -> Value {
+    let path = format!("models/{}", config.model);
+    json!({
+        "default_generation_settings": {"n_ctx": config.n_ctx, "params": {"n_predict": -1}},
+        "total_slots": config.kv.slots.max(1),
+        "model_alias": path,
+        "model_path": path,
+        "modalities": {"vision": false, "video": false, "audio": false},
+        "endpoint_slots": true,
+        "endpoint_props": false,
+        "endpoint_metrics": false,
+        "chat_template": "",
+        "build_info": "prefixscope-sim",
+        "is_sleeping": false
+    })
+}
+
 fn slots(shared: &Shared) -> Value {
     let Ok(state) = shared.state.lock() else {
         return json!([]);
     };
+    // Each slot's last task, as llama-server's `id_task` (-1: none yet).
+    let mut last_task = vec![-1i64; state.kv.slot_count()];
+    for served in &state.log {
+        if let Some(task) = last_task.get_mut(served.served.slot) {
+            *task = i64::try_from(served.number).unwrap_or(i64::MAX);
+        }
+    }
     (0..state.kv.slot_count())
         .map(|i| {
             json!({
@@ -284,7 +311,7 @@ fn slots(shared: &Shared) -> Value {
                 "n_ctx": shared.config.n_ctx,
                 "speculative": false,
                 "is_processing": state.busy.get(i).copied().unwrap_or(false),
-                "id_task": -1,
+                "id_task": last_task.get(i).copied().unwrap_or(-1),
                 "n_prompt_tokens": state.kv.slot_tokens(i),
                 "next_token": [{"has_next_token": false, "has_new_line": false,
                                 "n_remain": -1, "n_decoded": 0}]

@@ -37,7 +37,8 @@ pub struct WhatIf {
     pub cache_ram: bool,
     /// Requests replayed (chat requests with the server's prompt token count).
     pub replayed: usize,
-    /// Records left as they were (not chat, failed, or no token count from the server).
+    /// Records left as they were (not chat, failed, or no token count from the server); probe
+    /// records are not counted.
     pub not_replayed: usize,
     pub tokens_per_char: f64,
     pub prefill_ms_per_token: Option<f64>,
@@ -205,7 +206,8 @@ pub fn what_if_given(
         slots: kv.slot_count(),
         cache_ram,
         replayed,
-        not_replayed: records.len() - replayed,
+        // prefixscope's probe records are not traffic: neither replayed nor left out.
+        not_replayed: records.iter().filter(|r| !r.probe).count() - replayed,
         tokens_per_char,
         prefill_ms_per_token: rate,
         assumptions: assumptions(tokens_per_char, rate),

@@ -1446,6 +1446,7 @@ impl<'a> Sim<'a> {
             response: Some(response),
             error: None,
             tokens: None,
+            probe: false,
         };
         (record, t_end)
     }

@@ -16,6 +16,16 @@ use crate::tui::ui::empty;
 type CurvePoint = (String, f64, f64, Option<f64>);
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    // What the server says it is (its probes, live or recorded), above what the cache did:
+    // "server: not probed" when nothing was asked, never a zero.
+    let [server, area] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
+    frame.render_widget(
+        Paragraph::new(Line::styled(
+            fit(&app.snapshot.server.line(), area.width as usize),
+            theme.dim(),
+        )),
+        server,
+    );
     let Some(curve) = &app.view().curve else {
         empty(frame, area, "cache simulation: waiting for requests", theme);
         return;

@@ -897,6 +897,21 @@ pub fn finding_rows_lines<'a>(
 /// simulated llama-server at `-np` 1/2/4/8 × `--cache-ram` off/on, each `prefixscope whatif FILE
 /// --slots N --cache-ram …` on the same records, beside what the real server reported.
 pub fn capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
+    // The real server's settings as it says them (its probes), then the simulated ones.
+    let server = &app.snapshot.server;
+    let mut said = vec![Line::styled(server.line(), theme.dim())];
+    let slots = server.slot_texts();
+    if !slots.is_empty() {
+        said.push(Line::styled(
+            format!("slots now: {}", slots.join(" · ")),
+            theme.dim(),
+        ));
+    }
+    said.extend(simulated_capacity_lines(app, theme));
+    said
+}
+
+fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
     let predictions = &app.snapshot.predictions;
     let Predictions::Ready(all) = &**predictions else {
         let why = match &**predictions {
@@ -1021,7 +1036,7 @@ fn slot_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
         Line::raw(String::new()),
         Line::styled(
             format!(
-                "slots now, replayed at -np {} --cache-ram {} ({})",
+                "who holds each slot, replayed at -np {} --cache-ram {} ({})",
                 r.slots,
                 if r.cache_ram { "on" } else { "off" },
                 view.source
