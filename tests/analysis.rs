@@ -859,3 +859,86 @@ fn reasoning_sent_back_changed_is_the_clients_not_the_servers() {
         "{summary}"
     );
 }
+
+/// Issue #14: what the server's own probes saw between two turns explains its loss: found
+/// down (a restart), or the prompt filling the slot's context (`/slots` `n_ctx`); without such
+/// a probe the cause stays the one from the model's name (Gemma: a sliding window). The batch
+/// engine, the reference and an engine fed in another order (the probe last) agree.
+#[test]
+fn the_servers_probes_explain_its_own_losses() {
+    use prefixscope::analysis::Analyzer;
+    use prefixscope::analysis::engine_cause::EngineKind;
+    use prefixscope::capture::{BodyMode, build_record};
+    use prefixscope::probe::{Answer, Reading, Slot, Slots, probe_capture};
+    let mut records = load("llmp/llama.cpp/session");
+    records.truncate(2);
+    let second = records[1].response.as_mut().unwrap().body.as_mut().unwrap();
+    let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    second["timings"]["cache_n"] = serde_json::json!(5);
+    second["timings"]["prompt_n"] = serde_json::json!(prompt - 5);
+    second["usage"]["prompt_tokens_details"]["cached_tokens"] = serde_json::json!(5);
+    let between = (records[0].t_end_ms + records[1].t_start_ms) / 2;
+    let probe = |path: &str, answer: Answer| {
+        build_record(
+            probe_capture::<Vec<u8>>(1 << 48, (between - 5, between), path, Some(200), &answer),
+            BodyMode::Full,
+        )
+    };
+    let down = probe("/health", Answer::Unreachable("no connection".into()));
+    let full = probe(
+        "/slots",
+        Answer::Read(Reading::Slots(Slots {
+            slots: vec![Slot {
+                id: 0,
+                id_task: Some(7),
+                is_processing: false,
+                n_ctx: Some(prompt),
+            }],
+        })),
+    );
+    let engine_of = |records: &[Record]| -> Vec<Option<EngineKind>> {
+        let batch = analyze(records, &Config::default());
+        let reference = prefixscope::analysis::analyze_reference(records, &Config::default());
+        let mut live = Analyzer::new(Config::default());
+        let mut completion_order: Vec<&Record> = records.iter().collect();
+        completion_order.sort_by_key(|r| std::cmp::Reverse(r.probe));
+        completion_order.reverse();
+        for record in completion_order {
+            live.push(record);
+        }
+        let live = live.report();
+        let kinds = |r: &Report| -> Vec<Option<EngineKind>> {
+            r.rows
+                .iter()
+                .map(|row| row.engine_cause.as_ref().map(|e| e.kind))
+                .collect()
+        };
+        assert_eq!(kinds(&batch), kinds(&reference));
+        assert_eq!(batch.rows, live.rows, "the probe last, the same rows");
+        kinds(&batch)
+    };
+    assert_eq!(
+        engine_of(&records),
+        vec![None, Some(EngineKind::SlidingWindow)]
+    );
+    let mut with_down = records.clone();
+    with_down.push(down);
+    assert_eq!(engine_of(&with_down), vec![None, Some(EngineKind::Restart)]);
+    let mut with_full = records.clone();
+    with_full.push(full);
+    assert_eq!(
+        engine_of(&with_full),
+        vec![None, Some(EngineKind::ContextShift)]
+    );
+    let report = analyze(&with_full, &Config::default());
+    let evidence = &report.rows[1].engine_cause.as_ref().unwrap().evidence;
+    assert!(
+        evidence.contains(&format!("fills the slot's context ({prompt}")),
+        "{evidence}"
+    );
+    assert!(
+        report.summary().contains("likely context full on 1"),
+        "{}",
+        report.summary()
+    );
+}

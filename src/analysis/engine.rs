@@ -265,6 +265,8 @@ pub struct Analyzer {
     records: u64,
     /// Probe records pushed (never counted in `records`).
     probes: u64,
+    /// What the probes said happened to the server, in time (engine causes at report time).
+    server_events: super::server_events::ServerEvents,
     span: Option<(i64, i64)>,
     skipped: Vec<Skipped>,
     xs: Vec<Exchange>,
@@ -345,6 +347,7 @@ impl Analyzer {
             config,
             records: 0,
             probes: 0,
+            server_events: super::server_events::ServerEvents::default(),
             span: None,
             skipped: Vec::new(),
             xs: Vec::new(),
@@ -385,6 +388,7 @@ impl Analyzer {
         // of the traffic is what it is without them.
         if record.probe {
             self.probes += 1;
+            self.server_events.push(record);
             return Update {
                 row: None,
                 skipped: None,
@@ -461,6 +465,7 @@ impl Analyzer {
     pub fn live_report(&mut self) -> Report<SharedRow> {
         let labels = self.labels();
         self.apply(&labels);
+        self.refine_engine_causes();
         let tools = self.tool_usage(&labels);
         let clients = self.clients(&labels);
         let bulk = self.bulk_rates();
@@ -637,6 +642,31 @@ impl Analyzer {
                 evictor_client,
                 ..applied
             };
+        }
+    }
+
+    /// The engine causes the probes explain (`server_events`), written into the rows that
+    /// have one to refine (copied, if a report still holds them). At report time, from every
+    /// probe known then, as the batch analysis does.
+    fn refine_engine_causes(&mut self) {
+        if self.server_events.is_empty() {
+            return;
+        }
+        let candidates: Vec<usize> = (0..self.rows.len())
+            .filter(|&i| self.rows[i].engine_base.is_some())
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let started: std::collections::HashMap<u64, i64> =
+            self.xs.iter().map(|x| (x.id, x.t_start_ms)).collect();
+        for i in candidates {
+            if let Some(cause) =
+                super::server_events::explained(&self.rows[i], &started, &self.server_events)
+                && self.rows[i].engine_cause.as_ref() != Some(&cause)
+            {
+                Arc::make_mut(&mut self.rows[i]).engine_cause = Some(cause);
+            }
         }
     }
 

@@ -17,8 +17,13 @@ pub enum EngineKind {
     SlidingWindow,
     /// Hybrid or recurrent memory (Mamba, RWKV, …): one state per slot that cannot roll back.
     RecurrentMemory,
-    /// The server loaded the model again before this request (Ollama's `load_duration`).
+    /// The server loaded the model again before this request (Ollama's `load_duration`, or
+    /// another model in its `/props` between the turns).
     ModelReload,
+    /// The server's probes found it down or loading between the turns.
+    Restart,
+    /// The prompt filled the slot's context (`n_ctx` from the server's probes).
+    ContextShift,
     /// No evidence names it: a restart, the server's own eviction, or a cache it cannot reuse.
     Unexplained,
 }
@@ -29,6 +34,8 @@ impl EngineKind {
             EngineKind::SlidingWindow => "sliding_window",
             EngineKind::RecurrentMemory => "recurrent_memory",
             EngineKind::ModelReload => "model_reload",
+            EngineKind::Restart => "restart",
+            EngineKind::ContextShift => "context_shift",
             EngineKind::Unexplained => "unexplained",
         }
     }
@@ -39,6 +46,8 @@ impl EngineKind {
             EngineKind::SlidingWindow => "sliding-window cache",
             EngineKind::RecurrentMemory => "recurrent memory",
             EngineKind::ModelReload => "model reloaded",
+            EngineKind::Restart => "server restarted",
+            EngineKind::ContextShift => "context full",
             EngineKind::Unexplained => "server dropped it",
         }
     }
@@ -54,6 +63,12 @@ impl EngineKind {
             }
             EngineKind::ModelReload => {
                 "the server loaded the model again: keep it loaded (Ollama: keep_alive, OLLAMA_KEEP_ALIVE=-1; no more models than OLLAMA_MAX_LOADED_MODELS)"
+            }
+            EngineKind::Restart => {
+                "the server went down or reloaded between the turns and its cache with it: keep it running (llama-server's --slot-save-path can save and restore slots across a restart)"
+            }
+            EngineKind::ContextShift => {
+                "the prompt fills the slot's context, so the server shifts or truncates it: give each slot more context (-c, fewer -np), or compact the conversation before it fills"
             }
             EngineKind::Unexplained => {
                 "the server dropped or trimmed a cached prefix although the prompt matched: the server's doing (a context shift, a sliding-window cache, a restart), not the client's"

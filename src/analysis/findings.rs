@@ -783,6 +783,8 @@ pub(crate) fn engine_kind(name: &str) -> EngineKind {
         EngineKind::SlidingWindow,
         EngineKind::RecurrentMemory,
         EngineKind::ModelReload,
+        EngineKind::Restart,
+        EngineKind::ContextShift,
     ]
     .into_iter()
     .find(|kind| kind.name() == name)

@@ -12,6 +12,7 @@ pub mod findings;
 pub mod harness;
 pub mod ids;
 pub mod report;
+pub mod server_events;
 pub mod table;
 
 use serde::{Deserialize, Serialize};
@@ -111,7 +112,11 @@ pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
     let records: Vec<Record> = traffic.into_iter().cloned().collect();
     let records = records.as_slice();
     let normalized = normalize_all(records);
-    let table = table::build(&normalized.exchanges, config);
+    let mut table = table::build(&normalized.exchanges, config);
+    server_events::refine(
+        &mut table.rows,
+        &server_events::ServerEvents::of_records(probes.iter().copied()),
+    );
     let findings = findings::find(&table.rows, &table.tools, config);
     let input = report::Input {
         records: records.len() as u64,

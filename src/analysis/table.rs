@@ -47,6 +47,10 @@ pub struct Row {
     /// prefixscope: for a `server_*` loss, the engine's mechanism and its evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_cause: Option<super::engine_cause::EngineCause>,
+    /// The engine cause from the request and response alone, before the probes refine it
+    /// (`server_events`): what a refinement falls back to when the probes stop explaining it.
+    #[serde(skip)]
+    pub engine_base: Option<super::engine_cause::EngineCause>,
 }
 
 /// Where a break is: the first differing message and, in full mode, the first differing
@@ -511,6 +515,7 @@ pub(super) fn base_row(
         evicted_by: None,
         client_cause: None,
         engine_cause: None,
+        engine_base: None,
     }
 }
 
@@ -1303,13 +1308,14 @@ pub(super) fn apply_link(
         .as_ref()
         .filter(|l| l.cause.starts_with("server_") && !client_changed_reasoning)
     {
-        row.engine_cause = Some(super::engine_cause::engine_cause(
+        row.engine_base = Some(super::engine_cause::engine_cause(
             x.served_model.as_deref().unwrap_or(&row.model),
             &lost.cause,
             round(reused),
             counts.prompt_tokens.map_or(0, |p| p.value),
             counts.load_ms.map(|m| m.value),
         ));
+        row.engine_cause = row.engine_base.clone();
     }
 }
 

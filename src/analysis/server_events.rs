@@ -1,0 +1,160 @@
+//! prefixscope: what the server's own probes (`probe` records) say happened to it, in time:
+//! down or loading, the model it serves, its slots' context. A `server_*` loss that such an
+//! event explains gets that engine cause instead of a guess from the model's name: a restart,
+//! a model swap, a context shift. Worked out when a report is made, from the probes known
+//! then, so a live report and a batch one of the same records agree. Pure.
+
+use super::engine_cause::{EngineCause, EngineKind};
+use super::table::Row;
+use crate::probe::{Answer, Reading, answer_of_record};
+use crate::record::Record;
+
+/// A prompt this close to the slot's context fills it: llama.cpp shifts (or truncates) the
+/// context, and the cached prefix is no longer the prompt's.
+pub const CONTEXT_FULL_SHARE: f64 = 0.9;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    /// Nothing answered, or `/health` said it was loading or failing.
+    Down(String),
+    /// The model `/props` named (only `/props`: `/v1/models` names the same model otherwise).
+    Model(String),
+    /// A slot's context, in tokens (`/slots` `n_ctx`, else `/props`').
+    Context(u64),
+}
+
+/// The probes' events, in time (each at its answer's end).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerEvents {
+    events: Vec<(i64, Event)>,
+}
+
+impl ServerEvents {
+    pub fn of_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> ServerEvents {
+        let mut events = ServerEvents::default();
+        for record in records {
+            events.push(record);
+        }
+        events
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// A probe record's events (none for any other record), kept in time order.
+    pub fn push(&mut self, record: &Record) {
+        let Some((_, answer)) = answer_of_record(record) else {
+            return;
+        };
+        let at = record.t_end_ms;
+        let mut add = |event: Event| {
+            let i = self.events.partition_point(|(t, _)| *t <= at);
+            self.events.insert(i, (at, event));
+        };
+        match answer {
+            Answer::Unreachable(why) => add(Event::Down(why)),
+            Answer::Unavailable(_) => {}
+            Answer::Read(Reading::Health(h)) if h.status != "ok" => {
+                add(Event::Down(format!("/health said {}", h.status)))
+            }
+            Answer::Read(Reading::Props(p)) => {
+                if let Some(model) = p.model {
+                    add(Event::Model(model));
+                }
+                if let Some(n) = p.n_ctx {
+                    add(Event::Context(n));
+                }
+            }
+            Answer::Read(Reading::Slots(s)) => {
+                if let Some(n) = s
+                    .slots
+                    .iter()
+                    .filter_map(|slot| slot.n_ctx)
+                    .filter(|&n| n > 0)
+                    .min()
+                {
+                    add(Event::Context(n));
+                }
+            }
+            Answer::Read(_) => {}
+        }
+    }
+
+    /// The engine cause the probes show for `row`'s `server_*` loss, whose conversation's
+    /// previous turn started at `since_ms`; `None` when they show nothing.
+    pub fn explain(&self, row: &Row, since_ms: i64) -> Option<EngineCause> {
+        let until = row.t_start_ms;
+        let between = || {
+            self.events
+                .iter()
+                .filter(move |(t, _)| *t > since_ms && *t < until)
+        };
+        if let Some((t, Event::Down(why))) = between().find(|(_, e)| matches!(e, Event::Down(_))) {
+            return Some(EngineCause {
+                kind: EngineKind::Restart,
+                evidence: format!(
+                    "the server's probe found it down {:.1} s before this turn ({why}), after the turn before: its cache went with it",
+                    (until - t) as f64 / 1000.0
+                ),
+            });
+        }
+        let model_at = |end: i64| {
+            self.events.iter().rev().find_map(|(t, e)| match e {
+                Event::Model(m) if *t <= end => Some(m.as_str()),
+                _ => None,
+            })
+        };
+        if let (Some(before), Some(after)) = (model_at(since_ms), model_at(until))
+            && before != after
+        {
+            return Some(EngineCause {
+                kind: EngineKind::ModelReload,
+                evidence: format!(
+                    "the server's model changed from {before} to {after} between the turns (its /props)"
+                ),
+            });
+        }
+        let context = self.events.iter().rev().find_map(|(t, e)| match e {
+            Event::Context(n) if *t <= until => Some(*n),
+            _ => None,
+        });
+        let prompt = row.counts.prompt_tokens.map(|p| u64::from(p.value))?;
+        let n_ctx = context?;
+        (prompt as f64 >= CONTEXT_FULL_SHARE * n_ctx as f64).then(|| EngineCause {
+            kind: EngineKind::ContextShift,
+            evidence: format!(
+                "the prompt ({prompt} tokens) fills the slot's context ({n_ctx}, the server's probe): llama.cpp shifts or truncates it, and the cache no longer matches"
+            ),
+        })
+    }
+}
+
+/// Refines the engine causes of `rows` with what the probes show (rows in start order; the
+/// previous turn of each found by id).
+pub fn refine(rows: &mut [Row], events: &ServerEvents) {
+    if events.is_empty() {
+        return;
+    }
+    let started: std::collections::HashMap<u64, i64> =
+        rows.iter().map(|r| (r.id, r.t_start_ms)).collect();
+    for row in rows.iter_mut() {
+        if let Some(cause) = explained(row, &started, events) {
+            row.engine_cause = Some(cause);
+        }
+    }
+}
+
+/// A row's engine cause with what the probes show: theirs where they explain the loss, else
+/// the one from the request and response (`Row::engine_base`). `None` for a row without one.
+pub fn explained(
+    row: &Row,
+    started: &std::collections::HashMap<u64, i64>,
+    events: &ServerEvents,
+) -> Option<EngineCause> {
+    let base = row.engine_base.as_ref()?;
+    row.linked_to
+        .and_then(|linked| started.get(&linked))
+        .and_then(|since| events.explain(row, *since))
+        .or_else(|| Some(base.clone()))
+}
