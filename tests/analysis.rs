@@ -942,3 +942,84 @@ fn the_servers_probes_explain_its_own_losses() {
         report.summary()
     );
 }
+
+/// Issue #14: an earlier turn the chat template renders anew (the server's own layout counts
+/// the same message with other tokens once it is no longer the last) is the cause llmp cannot
+/// see: `template_rerendered`, its own line, finding and fix, and no engine cause guessed.
+#[test]
+fn an_earlier_turn_rendered_anew_is_named_from_the_servers_layout() {
+    use prefixscope::normalize::digest::message_digest;
+    use prefixscope::record::TokenCounts;
+    let system = serde_json::json!({"role": "system", "content": "You are a careful assistant. ".repeat(12)});
+    let turn = |n: usize| serde_json::json!({"role": "user", "content": format!("question {n}")});
+    let reply =
+        |n: usize| serde_json::json!({"role": "assistant", "content": format!("answer {n}")});
+    let histories = [
+        vec![system.clone(), turn(1)],
+        vec![system.clone(), turn(1), reply(1), turn(2)],
+        vec![
+            system.clone(),
+            turn(1),
+            reply(1),
+            turn(2),
+            reply(2),
+            turn(3),
+        ],
+    ];
+    // The first reply weighs 30 tokens while it is the last assistant turn, 22 after (its
+    // reasoning dropped by the template); everything else keeps its count.
+    let weights = [
+        vec![100, 10],
+        vec![100, 10, 30, 10],
+        vec![100, 10, 22, 30, 10],
+    ];
+    let reused = [0u32, 149, 110];
+    let records: Vec<Record> = histories
+        .iter()
+        .zip(&weights)
+        .zip(reused)
+        .enumerate()
+        .map(|(i, ((messages, weights), reused))| {
+            let id = i as u64 + 1;
+            let prompt: u32 = weights.iter().sum::<u32>() + 1;
+            let tokens = TokenCounts {
+                messages: messages
+                    .iter()
+                    .zip(weights)
+                    .map(|(m, w)| (message_digest(m).hash, *w))
+                    .collect(),
+                tools: Default::default(),
+                layout: true,
+            };
+            let line = serde_json::json!({
+                "v": 1, "id": id, "conn": 1, "t_start_ms": 10_000 * id, "t_first_byte_ms": 10_000 * id + 50, "t_end_ms": 10_000 * id + 900,
+                "request": {"method": "POST", "path": "/v1/chat/completions", "headers": {"user-agent": "agent/1"}, "body_bytes": 1,
+                    "body": {"model": "qwen3", "messages": messages}, "body_text": null, "digest": null},
+                "response": {"status": 200, "headers": {}, "stream": null, "chunks": null, "bad_chunks": null, "body_bytes": 1, "truncated": false,
+                    "body": {"model": "/models/Qwen3-8B-Q4_K_M.gguf", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+                        "timings": {"cache_n": reused, "prompt_n": prompt - reused, "prompt_ms": f64::from(prompt - reused) * 2.0, "predicted_n": 1, "predicted_ms": 5.0}},
+                    "body_text": null, "digest": null},
+                "error": null, "tokens": tokens});
+            serde_json::from_value(line).unwrap()
+        })
+        .collect();
+    let report = analyze(&records, &Config::default());
+    let third = &report.rows[2];
+    assert_eq!(third.break_cause, None, "llmp sees no break");
+    assert_eq!(third.client_cause.as_deref(), Some("template_rerendered"));
+    assert_eq!(third.engine_cause, None);
+    assert!(report.rows[1].client_cause.is_none());
+    let finding = report
+        .findings
+        .iter()
+        .find(|f| f.kind == prefixscope::analysis::FindingKind::TemplateRerendered)
+        .expect("its own finding");
+    assert_eq!(finding.rows, vec![3]);
+    assert_eq!(finding.fix.as_ref().unwrap().owner, "setup");
+    let summary = report.summary();
+    assert!(
+        summary.contains("the chat template rendered earlier turns anew on 1 turn"),
+        "{summary}"
+    );
+    assert!(!summary.contains("the server itself"), "{summary}");
+}

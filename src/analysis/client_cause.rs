@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::normalize::exchange::{Msg, ToolDef};
+use crate::normalize::measured::Source;
 
 /// Claude Code's `x-anthropic-billing-header: … cch=…;` line at the front of its system prompt.
 pub const ATTRIBUTION_HEADER: &str = "attribution_header";
@@ -21,6 +22,31 @@ pub const TOOLS_ADDED_REMOVED: &str = "tools_added_removed";
 /// An earlier reply's reasoning was dropped or changed when sent back (its identity, llmp's,
 /// leaves reasoning out, so llmp sees no break; a template that renders it does).
 pub const REASONING_CHANGED: &str = "reasoning_changed";
+
+/// An identical message of the matched prefix now weighs other tokens in the server's own
+/// layout (`tokenize::layout`): the chat template renders earlier turns differently once they
+/// are not the last (Qwen3's drops their reasoning), so the server cannot reuse them.
+pub const TEMPLATE_RERENDERED: &str = "template_rerendered";
+
+/// Causes llmp cannot see (its identities match) that make a `server_*` loss the client's.
+pub fn unseen_by_llmp(cause: &str) -> bool {
+    cause == REASONING_CHANGED || cause == TEMPLATE_RERENDERED
+}
+
+/// Whether an identical message of the matched prefix (`upto`) weighs other tokenizer counts
+/// now than in the previous request (equal text tokenizes alike, so the template made it).
+/// Only messages whose next message matched too: a layout's message runs to the next one's
+/// content, so the previous request's last message carried the generation prompt.
+pub fn template_rerendered(before: &[Msg], after: &[Msg], upto: usize) -> bool {
+    before
+        .iter()
+        .zip(after)
+        .take(upto.saturating_sub(1))
+        .any(|(a, b)| {
+            matches!((a.tokens, b.tokens), (Some(x), Some(y))
+            if x.source == Source::Tokenizer && y.source == Source::Tokenizer && x.value != y.value)
+        })
+}
 
 /// Whether a message of the matched prefix (`upto`) came back with another reasoning than the
 /// previous request sent with it.
@@ -104,6 +130,9 @@ pub fn fix(cause: &str) -> Option<&'static str> {
         REASONING_CHANGED => {
             "earlier replies' reasoning was dropped or changed when sent back, and the server's template renders it: send each reply's reasoning back as it came (reasoning_content, thinking blocks), or serve a template that leaves earlier turns' reasoning out"
         }
+        TEMPLATE_RERENDERED => {
+            "the chat template renders earlier turns differently once they are no longer the last (the server's own layout counts them anew), so their cache is lost every turn: serve a template that renders history as it rendered it (llama-server --chat-template-file), or send history the way the template renders it"
+        }
         _ => return None,
     })
 }
@@ -117,6 +146,7 @@ pub fn label(cause: &str) -> Option<&'static str> {
         TOOLS_SCHEMA_CHANGED => "tool schema changed",
         TOOLS_ADDED_REMOVED => "tools added/removed",
         REASONING_CHANGED => "reasoning re-sent changed",
+        TEMPLATE_RERENDERED => "earlier turns re-rendered",
         _ => return None,
     })
 }
@@ -178,6 +208,7 @@ mod tests {
             TOOLS_SCHEMA_CHANGED,
             TOOLS_ADDED_REMOVED,
             REASONING_CHANGED,
+            TEMPLATE_RERENDERED,
         ] {
             assert!(fix(cause).is_some() && label(cause).is_some(), "{cause}");
         }

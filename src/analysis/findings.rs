@@ -50,6 +50,9 @@ pub enum FindingKind {
     /// prefixscope: `server_*` losses after the client sent earlier replies' reasoning back
     /// changed (`client_cause` `reasoning_changed`): the client's, not the server's.
     ReasoningChanged,
+    /// prefixscope: `server_*` losses after the template rendered earlier turns anew
+    /// (`client_cause` `template_rerendered`).
+    TemplateRerendered,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -139,7 +142,7 @@ pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) 
         for client in clients {
             let mine: &[Rated] = by_client.get(&(model, client)).map_or(&[], Vec::as_slice);
             findings.extend(prefix_breaks(model, client, mine));
-            findings.extend(reasoning_changed(model, client, mine));
+            findings.extend(unseen_changes(model, client, mine));
             findings.extend(volatile_system_prompt(model, client, mine));
             findings.extend(large_system_prompt(
                 model,
@@ -334,7 +337,7 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
                 .copied()
                 .filter(|r| r.lost_external.as_ref().is_some_and(|l| l.cause == kind))
                 // prefixscope: the client's doing, its own finding (`reasoning_changed`).
-                .filter(|r| !changed_reasoning(r))
+                .filter(|r| !unseen_client_cause(r))
                 .collect();
             if hit.len() < MIN_ROWS {
                 return None;
@@ -369,33 +372,53 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
         .collect()
 }
 
-fn changed_reasoning(row: &Rated) -> bool {
-    row.row().client_cause.as_deref() == Some(client_cause::REASONING_CHANGED)
+/// prefixscope: a loss llmp files as the server's that a cause it cannot see made the
+/// client's (`client_cause::unseen_by_llmp`).
+fn unseen_client_cause(row: &Rated) -> bool {
+    row.row()
+        .client_cause
+        .as_deref()
+        .is_some_and(client_cause::unseen_by_llmp)
 }
 
-/// prefixscope: a client's turns whose server-side loss followed its changing the reasoning of
-/// earlier replies as it sent them back.
-fn reasoning_changed(model: &str, client: &str, rows: &[Rated]) -> Option<Finding> {
-    let hit: Vec<Rated> = rows
-        .iter()
-        .copied()
-        .filter(|r| changed_reasoning(r) && r.lost_external.is_some())
-        .collect();
-    if hit.is_empty() {
-        return None;
-    }
-    let mut sum = LossSum::default();
-    for loss in hit.iter().filter_map(|r| r.external_loss()) {
-        sum.add(loss);
-    }
-    Some(loss_finding(
-        FindingKind::ReasoningChanged,
-        (model, Some(client)),
-        hit.iter().map(|r| r.id).collect(),
-        hit.iter().filter(|r| r.loss_measured).count(),
-        sum,
-        object(json!({ "client_cause": client_cause::REASONING_CHANGED })),
-    ))
+/// prefixscope: a client's turns whose server-side loss followed a change llmp cannot see:
+/// the reasoning of earlier replies sent back changed (`reasoning_changed`), or the template
+/// rendering earlier turns anew (`template_rerendered`).
+fn unseen_changes(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
+    [
+        (
+            client_cause::REASONING_CHANGED,
+            FindingKind::ReasoningChanged,
+        ),
+        (
+            client_cause::TEMPLATE_RERENDERED,
+            FindingKind::TemplateRerendered,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(cause, kind)| {
+        let hit: Vec<Rated> = rows
+            .iter()
+            .copied()
+            .filter(|r| r.row().client_cause.as_deref() == Some(cause) && r.lost_external.is_some())
+            .collect();
+        if hit.is_empty() {
+            return None;
+        }
+        let mut sum = LossSum::default();
+        for loss in hit.iter().filter_map(|r| r.external_loss()) {
+            sum.add(loss);
+        }
+        Some(loss_finding(
+            kind,
+            (model, Some(client)),
+            hit.iter().map(|r| r.id).collect(),
+            hit.iter().filter(|r| r.loss_measured).count(),
+            sum,
+            object(json!({ "client_cause": cause })),
+        ))
+    })
+    .collect()
 }
 
 fn other_conversation_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Option<Finding> {
@@ -869,6 +892,13 @@ pub fn fix(finding: &Finding) -> Fix {
                 .unwrap_or_default()
                 .into(),
         ),
+        FindingKind::TemplateRerendered => Fix {
+            owner: "setup",
+            change: client_cause::fix(client_cause::TEMPLATE_RERENDERED)
+                .unwrap_or_default()
+                .into(),
+            levers: Vec::new(),
+        },
     }
 }
 

@@ -399,9 +399,7 @@ impl<R: Priced> Report<R> {
                 .collect();
             lines.push(format!("  by cause: {}", top.join(" · ")));
         }
-        let (server, reasoning) = self.server_line_parts();
-        lines.extend(server);
-        lines.extend(reasoning);
+        lines.extend(self.server_lines());
         lines.push(self.coverage_line());
         if !findings.is_empty() {
             lines.push("findings:".into());
@@ -451,19 +449,18 @@ impl<R: Priced> Report<R> {
         }
     }
 
-    /// Engine versus client: losses on turns whose prompt matched and where nothing ran in
-    /// between are the server's, and the summary says so in words.
     /// Engine versus client on llmp's `server_*` losses: the server's own (with the mechanism
-    /// its rows show), and apart those that followed the client changing the reasoning it sent
-    /// back (`client_cause` `reasoning_changed`: the client's, whatever llmp calls them).
-    fn server_line_parts(&self) -> (Option<String>, Option<String>) {
+    /// its rows show), and apart those a change llmp cannot see made the client's
+    /// (`client_cause::unseen_by_llmp`: reasoning sent back changed, earlier turns re-rendered).
+    fn server_lines(&self) -> Vec<String> {
         #[derive(Default)]
         struct Sum {
             rows: u64,
             tokens: u64,
             ms: Option<Measured<f64>>,
         }
-        let (mut engine, mut reasoning) = (Sum::default(), Sum::default());
+        let (mut engine, mut reasoning, mut template) =
+            (Sum::default(), Sum::default(), Sum::default());
         let mut engines: BTreeMap<EngineKind, u64> = BTreeMap::new();
         for rated in self.rows.iter().map(Priced::rated) {
             let Some((loss, ms)) = rated.external_loss() else {
@@ -473,10 +470,10 @@ impl<R: Priced> Report<R> {
                 continue;
             }
             let row = rated.row();
-            let sum = if row.client_cause.as_deref() == Some(client_cause::REASONING_CHANGED) {
-                &mut reasoning
-            } else {
-                &mut engine
+            let sum = match row.client_cause.as_deref() {
+                Some(client_cause::REASONING_CHANGED) => &mut reasoning,
+                Some(client_cause::TEMPLATE_RERENDERED) => &mut template,
+                _ => &mut engine,
             };
             sum.rows += 1;
             sum.tokens += u64::from(loss.tokens);
@@ -494,8 +491,9 @@ impl<R: Priced> Report<R> {
             .filter(|(kind, _)| *kind != EngineKind::Unexplained)
             .map(|(kind, n)| format!("{} on {n}", kind.label()))
             .collect::<Vec<_>>();
-        let server = (engine.rows > 0).then(|| {
-            format!(
+        let mut lines = Vec::new();
+        if engine.rows > 0 {
+            lines.push(format!(
                 "  the server itself dropped cached prefixes on {} (prompt unchanged, nothing in between): {}, not the client's doing{}",
                 plural(engine.rows, "turn"),
                 size(engine.tokens, engine.ms),
@@ -504,16 +502,23 @@ impl<R: Priced> Report<R> {
                 } else {
                     format!("; likely {}", likely.join(", "))
                 }
-            )
-        });
-        let client = (reasoning.rows > 0).then(|| {
-            format!(
+            ));
+        }
+        if reasoning.rows > 0 {
+            lines.push(format!(
                 "  the client sent earlier replies' reasoning back changed on {}: {} re-evaluated, the client's doing though the messages matched",
                 plural(reasoning.rows, "turn"),
                 size(reasoning.tokens, reasoning.ms)
-            )
-        });
-        (server, client)
+            ));
+        }
+        if template.rows > 0 {
+            lines.push(format!(
+                "  the chat template rendered earlier turns anew on {}: {} re-evaluated, though the messages matched (the server's own layout counts them anew)",
+                plural(template.rows, "turn"),
+                size(template.tokens, template.ms)
+            ));
+        }
+        lines
     }
 
     fn coverage_line(&self) -> String {
@@ -657,6 +662,10 @@ pub fn label(finding: &Finding) -> String {
         ),
         FindingKind::ReasoningChanged => format!(
             "earlier replies' reasoning sent back changed on {} ({model}){lost}",
+            plural(finding.rows.len() as u64, "turn")
+        ),
+        FindingKind::TemplateRerendered => format!(
+            "the template rendered earlier turns anew on {} ({model}){lost}",
             plural(finding.rows.len() as u64, "turn")
         ),
     }

@@ -888,8 +888,7 @@ pub(super) fn link(
             compaction: false,
             seen_before: prefix_tokens,
             reordered: false,
-            named: super::client_cause::reasoning_changed(&prev.messages, &cur.messages, k)
-                .then_some(super::client_cause::REASONING_CHANGED),
+            named: unseen_cause(prev, cur, k),
         };
     }
     if prev.tools_hash != cur.tools_hash {
@@ -977,10 +976,7 @@ pub(super) fn link(
         ),
         _ => None,
     }
-    .or_else(|| {
-        super::client_cause::reasoning_changed(&prev.messages, &cur.messages, k)
-            .then_some(super::client_cause::REASONING_CHANGED)
-    });
+    .or_else(|| unseen_cause(prev, cur, k));
     Link {
         location,
         prefix_len: k,
@@ -990,6 +986,21 @@ pub(super) fn link(
         seen_before,
         reordered,
         named,
+    }
+}
+
+/// prefixscope: what changed in the first `k` messages that llmp's identities cannot see: the
+/// reasoning sent back with them, or how the server's template renders them.
+fn unseen_cause(prev: &Exchange, cur: &Exchange, k: usize) -> Option<&'static str> {
+    use super::client_cause::{
+        REASONING_CHANGED, TEMPLATE_RERENDERED, reasoning_changed, template_rerendered,
+    };
+    if reasoning_changed(&prev.messages, &cur.messages, k) {
+        Some(REASONING_CHANGED)
+    } else if template_rerendered(&prev.messages, &cur.messages, k) {
+        Some(TEMPLATE_RERENDERED)
+    } else {
+        None
     }
 }
 
@@ -1301,8 +1312,10 @@ pub(super) fn apply_link(
     }
     // A server_* loss after the client changed the reasoning it sent back is the client's
     // (`client_cause`), whatever llmp's cause says: no engine cause is guessed for it.
-    let client_changed_reasoning =
-        row.client_cause.as_deref() == Some(super::client_cause::REASONING_CHANGED);
+    let client_changed_reasoning = row
+        .client_cause
+        .as_deref()
+        .is_some_and(super::client_cause::unseen_by_llmp);
     if let Some(lost) = row
         .lost_external
         .as_ref()

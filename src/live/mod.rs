@@ -1489,5 +1489,6 @@ pub fn advice_cause(finding: &Finding) -> &str {
         FindingKind::LargeToolSchema => "large tool schema",
         FindingKind::LargeSystemPrompt => "large system prompt",
         FindingKind::ReasoningChanged => "reasoning_changed",
+        FindingKind::TemplateRerendered => "template_rerendered",
     }
 }
