@@ -33,9 +33,11 @@
 #   6. Prints a table and the checks against the aims.
 #
 # Environment knobs (defaults are the documented benchmark): DURATION=10 WARMUP=2 CONNS=64
-# THREADS=2 ROUNDS=3 QUIET_WAIT=900 RETRIES=3 OTHER_MAX_PCT=10 STEAL_MAX_PCT=5 KEEP=0 (1 keeps the recordings;
+# THREADS=2 ROUNDS=3 QUIET_WAIT=900 RETRIES=3 OTHER_MAX_PCT=10 STEAL_MAX_PCT=5 PS_FLAGS= (extra flags for
+# `prefixscope record`, e.g. --no-probe) KEEP=0 (1 keeps the recordings;
 # the wrk logs, proxy logs and results.tsv are always kept in the work dir, printed at the end).
 set -euo pipefail
+PS_FLAGS=${PS_FLAGS:-}
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DURATION=${DURATION:-10}
@@ -327,7 +329,7 @@ for mode in json sse; do
     LLMP_OUT="$WORK/llmp-$mode.jsonl"
     rm -f "$PS_OUT" "$LLMP_OUT" "${PS_OUT%.jsonl}".[0-9]*.jsonl
     "$PS_BIN" record --upstream "http://127.0.0.1:$UPSTREAM_PORT" --listen "127.0.0.1:$PORT_PS" \
-        -o "$PS_OUT" --quiet >"$WORK/prefixscope-$mode.log" 2>&1 &
+        -o "$PS_OUT" --quiet $PS_FLAGS >"$WORK/prefixscope-$mode.log" 2>&1 &
     PS_PID=$!
     PIDS+=("$PS_PID")
     "$LLMP_BIN" proxy --upstream "127.0.0.1:$UPSTREAM_PORT" --listen "127.0.0.1:$PORT_LLMP" \
@@ -372,7 +374,8 @@ for mode in json sse; do
         records=0 ok=0 disc=0
         for f in "$out" "${out%.jsonl}".[0-9]*.jsonl; do # --max-size rotation would add rec.N.jsonl
             [ -f "$f" ] || continue
-            records=$((records + $(wc -l <"$f")))
+            # The server's probes (`"probe":true`, prefixscope's own GETs) are not traffic.
+            records=$((records + $(grep -vc '"probe":true' "$f" || true)))
             ok=$((ok + $(grep -c '"response":{"status":200,' "$f" || true)))
             disc=$((disc + $(grep -c '"error":"client_disconnected"' "$f" || true)))
         done
