@@ -395,10 +395,9 @@ fn every_eviction_names_the_request_that_most_likely_caused_it() {
     assert_eq!(named, 16);
 }
 
-/// Two turns: the second continues the first exactly, nothing runs in between, and the server
-/// reports (almost) no reuse: the server's loss, never the client's.
-#[test]
-fn a_cold_server_on_an_unchanged_prefix_is_charged_to_the_server() {
+/// The real llama.cpp session's first two turns, the server made to reuse 5 tokens of the
+/// second (which continues the first exactly), and that prompt's tokens.
+fn cold_second_turn() -> (Vec<Record>, u64) {
     let mut records = load("llmp/llama.cpp/session");
     records.truncate(2);
     let second = records[1].response.as_mut().unwrap().body.as_mut().unwrap();
@@ -406,6 +405,14 @@ fn a_cold_server_on_an_unchanged_prefix_is_charged_to_the_server() {
     second["timings"]["cache_n"] = serde_json::json!(5);
     second["timings"]["prompt_n"] = serde_json::json!(prompt - 5);
     second["usage"]["prompt_tokens_details"]["cached_tokens"] = serde_json::json!(5);
+    (records, prompt)
+}
+
+/// Two turns: the second continues the first exactly, nothing runs in between, and the server
+/// reports (almost) no reuse: the server's loss, never the client's.
+#[test]
+fn a_cold_server_on_an_unchanged_prefix_is_charged_to_the_server() {
+    let (records, _) = cold_second_turn();
     let r = analyze(&records, &Config::default());
     let row = &r.rows[1];
     assert_eq!((row.break_cause, row.lost_client.as_ref()), (None, None));
@@ -870,13 +877,7 @@ fn the_servers_probes_explain_its_own_losses() {
     use prefixscope::analysis::engine_cause::EngineKind;
     use prefixscope::capture::{BodyMode, build_record};
     use prefixscope::probe::{Answer, Reading, Slot, Slots, probe_capture};
-    let mut records = load("llmp/llama.cpp/session");
-    records.truncate(2);
-    let second = records[1].response.as_mut().unwrap().body.as_mut().unwrap();
-    let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
-    second["timings"]["cache_n"] = serde_json::json!(5);
-    second["timings"]["prompt_n"] = serde_json::json!(prompt - 5);
-    second["usage"]["prompt_tokens_details"]["cached_tokens"] = serde_json::json!(5);
+    let (records, prompt) = cold_second_turn();
     let between = (records[0].t_end_ms + records[1].t_start_ms) / 2;
     let probe = |path: &str, answer: Answer| {
         build_record(

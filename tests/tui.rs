@@ -1067,22 +1067,17 @@ fn the_findings_view_gives_the_fix_and_whatifs_saving() {
     );
 }
 
-/// Issue #13: on the volatile-system demo the findings view names the changing span of the
-/// system prompt, where it is, and the fix.
-#[test]
-fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() {
+/// A demo scenario run to its end (×1000, seed 3): its records, the real app's 120×40 screens
+/// after the engine's last snapshot and after `then`, and the engine that made them.
+fn demo_screens(scenario: &str, then: Event) -> (Vec<Record>, Vec<String>, EngineControl) {
     use prefixscope::session::demo::{Demo, DemoConfig};
-    let dir = std::env::temp_dir().join(format!("prefixscope-tui-volatile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("rec.jsonl");
-    let _ = std::fs::remove_file(&out);
     let config = DemoConfig {
-        scenario: "volatile-system".into(),
+        scenario: scenario.into(),
         slots: None,
         cache_ram: false,
         speed: 1000.0,
         seed: 3,
-        out: Some(out.clone()),
+        out: None,
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: false,
     };
@@ -1091,25 +1086,22 @@ fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() 
         .run_to_end(std::future::pending())
         .unwrap();
     let mut engine = Engine::for_records(Config::default(), &outcome.records);
-    // Every lost token is in one entry of the findings view: they sum to `analyze`'s total.
-    let total = prefixscope::analysis::analyze(&outcome.records, &Config::default())
-        .time
-        .lost_tokens;
-    for record in outcome.records {
-        engine.push(Input::Record(Arc::new(record), NOW_MS));
+    for record in &outcome.records {
+        engine.push(Input::Record(Arc::new(record.clone()), NOW_MS));
     }
     engine.push(Input::SourceDone);
     let control = EngineControl(RefCell::new(engine));
     let snapshot = Arc::new(control.0.borrow_mut().snapshot());
     let mut app = App::new(
         Source::Replay {
-            files: "volatile-system demo".into(),
+            files: format!("{scenario} demo"),
         },
         Arc::new(Engine::new(Config::default()).snapshot()),
     );
     let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
     let clock = FixedClock(NOW_MS);
-    for event in [Event::Snapshot(snapshot), key('f')] {
+    let mut screens = Vec::new();
+    for event in [Event::Snapshot(snapshot), then] {
         let (sender, receiver) = crossbeam_channel::unbounded();
         sender.send(event).unwrap();
         drop(sender);
@@ -1122,9 +1114,21 @@ fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() 
             &Theme::plain(),
         )
         .unwrap();
+        screens.push(text(terminal.backend()));
     }
-    let screen = text(terminal.backend());
-    let _ = std::fs::remove_dir_all(&dir);
+    (outcome.records, screens, control)
+}
+
+/// Issue #13: on the volatile-system demo the findings view names the changing span of the
+/// system prompt, where it is, and the fix.
+#[test]
+fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() {
+    let (records, screens, control) = demo_screens("volatile-system", key('f'));
+    // Every lost token is in one entry of the findings view: they sum to `analyze`'s total.
+    let total = prefixscope::analysis::analyze(&records, &Config::default())
+        .time
+        .lost_tokens;
+    let screen = &screens[1];
     assert!(screen.contains("1. system prompt changes"), "{screen}");
     assert!(
         screen.contains("at character 24 of the system prompt"),
@@ -1882,53 +1886,8 @@ fn the_help_stops_at_its_last_page() {
 /// engine's, the header's loss is `analyze`'s, and the findings view gives the server's fix.
 #[test]
 fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
-    use prefixscope::session::demo::{Demo, DemoConfig};
-    let config = DemoConfig {
-        scenario: "swa".into(),
-        slots: None,
-        cache_ram: false,
-        speed: 1000.0,
-        seed: 3,
-        out: None,
-        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        swa_full: false,
-    };
-    let outcome = Demo::start(config, Vec::new())
-        .unwrap()
-        .run_to_end(std::future::pending())
-        .unwrap();
-    let report = prefixscope::analysis::analyze(&outcome.records, &Config::default());
-    let mut engine = Engine::for_records(Config::default(), &outcome.records);
-    for record in outcome.records {
-        engine.push(Input::Record(Arc::new(record), NOW_MS));
-    }
-    engine.push(Input::SourceDone);
-    let control = EngineControl(RefCell::new(engine));
-    let snapshot = Arc::new(control.0.borrow_mut().snapshot());
-    let mut app = App::new(
-        Source::Replay {
-            files: "swa demo".into(),
-        },
-        Arc::new(Engine::new(Config::default()).snapshot()),
-    );
-    let mut terminal = Terminal::new(TestBackend::new(120, 40)).unwrap();
-    let clock = FixedClock(NOW_MS);
-    let mut screens = Vec::new();
-    for event in [Event::Snapshot(snapshot), key('f')] {
-        let (sender, receiver) = crossbeam_channel::unbounded();
-        sender.send(event).unwrap();
-        drop(sender);
-        run(
-            &mut terminal,
-            &mut app,
-            &receiver,
-            &clock,
-            &control,
-            &Theme::plain(),
-        )
-        .unwrap();
-        screens.push(text(terminal.backend()));
-    }
+    let (records, screens, _) = demo_screens("swa", key('f'));
+    let report = prefixscope::analysis::analyze(&records, &Config::default());
     let (main, findings) = (&screens[0], &screens[1]);
     let forced = report
         .rows
