@@ -801,17 +801,9 @@ fn system_prompt_fix(before: &str, after: &str) -> String {
 /// change.
 const MOVED_MESSAGES_FIX: &str = "messages were moved or inserted within the history: keep it append-only, in the order it was sent (aider: --restore-chat-history puts the earlier exchange before its files message; Claude Code: replies cut at max_tokens are re-sent on --continue without their resume notes, so give replies room with CLAUDE_CODE_MAX_OUTPUT_TOKENS)";
 
+/// An engine kind from its name in a finding's evidence (serde's, the one `name` gives).
 pub(crate) fn engine_kind(name: &str) -> EngineKind {
-    [
-        EngineKind::SlidingWindow,
-        EngineKind::RecurrentMemory,
-        EngineKind::ModelReload,
-        EngineKind::Restart,
-        EngineKind::ContextShift,
-    ]
-    .into_iter()
-    .find(|kind| kind.name() == name)
-    .unwrap_or(EngineKind::Unexplained)
+    serde_json::from_value(Value::from(name)).unwrap_or(EngineKind::Unexplained)
 }
 
 /// The one table of fixes, by finding (and, for a prefix break, by its cause).

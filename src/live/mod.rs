@@ -222,6 +222,18 @@ pub enum Predictions {
 }
 
 impl Predictions {
+    /// The setting whose prediction is nearest what the server reported (a recording does not
+    /// say how its server was set up): the capacity view marks it, the slot view falls back
+    /// to it.
+    pub fn nearest(&self) -> Option<&Prediction> {
+        match self {
+            Predictions::Ready(all) => all
+                .iter()
+                .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens)),
+            _ => None,
+        }
+    }
+
     pub fn of(&self, lever: crate::analysis::findings::Lever) -> Option<&Prediction> {
         match self {
             Predictions::Ready(all) => all.iter().find(|p| p.lever == lever),
@@ -1148,24 +1160,16 @@ impl Engine {
             cache_ram: true,
             source: "the server's slot count from its /props; its host cache assumed on, llama-server's default".into(),
         });
-        let settings = self
-            .server_settings
-            .clone()
-            .or(probed)
-            .or_else(|| match predictions {
-                Predictions::Ready(all) => all
-                    .iter()
-                    .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens))
-                    .map(|p| {
-                        let (slots, cache_ram) = p.lever.settings();
-                        ServerSettings {
-                            slots,
-                            cache_ram,
-                            source: "nearest what the server reported; its own not known".into(),
-                        }
-                    }),
-                _ => None,
-            });
+        let settings = self.server_settings.clone().or(probed).or_else(|| {
+            predictions.nearest().map(|p| {
+                let (slots, cache_ram) = p.lever.settings();
+                ServerSettings {
+                    slots,
+                    cache_ram,
+                    source: "nearest what the server reported; its own not known".into(),
+                }
+            })
+        });
         if let Some((seen, used, view)) = &self.resided
             && *seen == self.records_seen
             && *used == settings

@@ -959,10 +959,7 @@ fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
     ];
     // The recording does not say how the server was set up: the setting whose prediction is
     // nearest what the server reported is marked.
-    let nearest = all
-        .iter()
-        .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens))
-        .map(|p| p.lever);
+    let nearest = predictions.nearest().map(|p| p.lever);
     lines.push(Line::styled(
         format!("{:<8}{:<32}{}", "", "--cache-ram off", "--cache-ram on"),
         theme.dim(),
