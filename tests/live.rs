@@ -5,6 +5,7 @@
 //! pause, redraws), so a key that stops working fails a test.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -523,5 +524,156 @@ fn a_missing_record_holds_the_cache_panes_back_at_most_thirty_seconds() {
             8.. => assert_eq!(simulated, chat(record.id), "after record {}", record.id),
             _ => {}
         }
+    }
+}
+
+/// The live engine fed a real llama.cpp recording as the proxy feeds it: each chat request
+/// at its start (no response yet) and its record at its end, in the order they happened, with
+/// the server's settings and the capacity view open. Returns, per request, what the slot view
+/// said at its start: the record whose prefix it evicts, if any, and the share of its prompt
+/// it reuses; and the engine at the end.
+fn predicted_at_start(
+    records: &[Record],
+    slots: usize,
+    cache_ram: bool,
+) -> (BTreeMap<u64, u64>, BTreeMap<u64, f64>, Engine) {
+    let mut engine = Engine::new(Config::default());
+    engine.set_server_settings(Some(live::ServerSettings {
+        slots,
+        cache_ram,
+        source: "the recording's server".into(),
+    }));
+    engine.push(Input::Command(Command::Capacity(true)));
+    let mut moments: Vec<(i64, bool, &Record)> = records
+        .iter()
+        .flat_map(|r| [(r.t_start_ms, false, r), (r.t_end_ms, true, r)])
+        .collect();
+    moments.sort_by_key(|(t, ended, r)| (*t, *ended, r.id));
+    let (mut evicts, mut reuse) = (BTreeMap::new(), BTreeMap::new());
+    for (t, ended, record) in moments {
+        if ended {
+            engine.push(Input::Record(Arc::new(record.clone()), t));
+            continue;
+        }
+        if record.request.path != "/v1/chat/completions" {
+            continue;
+        }
+        let mut start = record.clone();
+        start.response = None;
+        start.t_end_ms = start.t_start_ms;
+        engine.push(Input::Started(Arc::new(start)));
+        let snapshot = engine.snapshot();
+        let view = Option::as_ref(&snapshot.slots).expect("the slot view");
+        let me = view
+            .residency
+            .starting
+            .iter()
+            .find(|s| s.record == record.id)
+            .expect("the started request is predicted");
+        assert!(me.slot < slots, "#{}", record.id);
+        reuse.insert(record.id, me.reused_share);
+        if let Some(evicted) = &me.evicts {
+            evicts.insert(record.id, evicted.record);
+        }
+    }
+    (evicts, reuse, engine)
+}
+
+/// A request is predicted as it starts, before the server has answered: on a real llama.cpp
+/// recording (one slot, no host cache, four agents), every eviction the analysis later proves
+/// from the server's counts was foretold by the slot view at the start of a request that ran
+/// in between, and the turn that lost its prefix was said, at its start, to reuse little.
+#[test]
+fn the_live_engine_predicts_each_eviction_when_its_request_starts() {
+    let records = file_order("llmp/llama.cpp/parallel-nocache.jsonl");
+    let (predicted, reuse_at_start, mut engine) = predicted_at_start(&records, 1, false);
+    let report = analyze(&records, &Config::default());
+    // (the turn that found its prefix gone, its conversation, the request that evicted it)
+    let evicted: Vec<(u64, Option<u32>, u64)> = report
+        .rows
+        .iter()
+        .filter(|r| r.cause == Some(prefixscope::analysis::Cause::OtherConversation))
+        .filter_map(|r| {
+            r.evicted_by
+                .as_ref()
+                .map(|by| (r.id, r.conversation, by.row))
+        })
+        .collect();
+    eprintln!(
+        "predicted at start (request: the record whose prefix it evicts): {predicted:?}\nproved after (turn, its conversation, evicted by): {evicted:?}"
+    );
+    assert_eq!(evicted.len(), 15);
+    let conversation_of = |id: u64| report.rows.iter().find(|r| r.id == id)?.conversation;
+    for (turn, conversation, by) in &evicted {
+        // Its conversation's turn before it, and the request that took its prefix meanwhile:
+        // some request that started between them was said, at its start, to evict it.
+        let previous = report
+            .rows
+            .iter()
+            .filter(|r| r.id < *turn && r.conversation == *conversation)
+            .map(|r| r.id)
+            .max()
+            .unwrap();
+        let foretold = predicted
+            .range(previous + 1..=*by)
+            .any(|(_, victim)| conversation_of(*victim) == *conversation);
+        assert!(
+            foretold,
+            "#{turn} of c{conversation:?} (previous #{previous}), evicted by #{by}"
+        );
+        // And the turn itself was said to find little of its prompt in the slot.
+        assert!(
+            reuse_at_start[turn] < 0.5,
+            "#{turn}: {}",
+            reuse_at_start[turn]
+        );
+    }
+    // Once every record is in, nothing is in flight.
+    let snapshot = engine.snapshot();
+    assert!(
+        Option::as_ref(&snapshot.slots)
+            .unwrap()
+            .residency
+            .starting
+            .is_empty()
+    );
+}
+
+/// What the slot view says at a request's start is what the server then reports: the reuse
+/// predicted from the request alone agrees with the response's `cache_n` (within the
+/// calibration's tolerance) on every request of the real recordings, with their settings.
+#[test]
+fn the_reuse_predicted_at_a_requests_start_is_what_the_server_reports() {
+    for (name, slots, cache_ram) in [
+        ("parallel-nocache", 1, false),
+        ("parallel", 1, true),
+        ("session", 4, true),
+    ] {
+        let records = file_order(&format!("llmp/llama.cpp/{name}.jsonl"));
+        let (_, reuse_at_start, _) = predicted_at_start(&records, slots, cache_ram);
+        let report = analyze(&records, &Config::default());
+        let (mut compared, mut agreed) = (0, 0);
+        for row in &report.rows {
+            let (Some(reused), Some(prompt), Some(share)) = (
+                row.counts.reused_tokens,
+                row.counts.prompt_tokens,
+                reuse_at_start.get(&row.id),
+            ) else {
+                continue;
+            };
+            compared += 1;
+            let predicted = (share * f64::from(prompt.value)).round() as u32;
+            if prefixscope::sim::residency::agrees(prompt.value, reused.value, predicted) {
+                agreed += 1;
+            } else {
+                eprintln!(
+                    "{name} #{}: server {} of {}, predicted {predicted}",
+                    row.id, reused.value, prompt.value
+                );
+            }
+        }
+        eprintln!("{name}: predicted at start {agreed} of {compared}");
+        assert!(compared > 0);
+        assert_eq!(agreed, compared, "{name}");
     }
 }

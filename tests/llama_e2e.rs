@@ -258,6 +258,10 @@ async fn slot_that_ran(upstream: SocketAddr, before: &mut Vec<Option<i64>>) -> O
 /// replay (`sim::residency`, what `whatif` prints) with the server's settings picks the slot
 /// the server's own `/slots` shows ran each request, predicts what it reused (the calibration),
 /// and names each eviction from the requests alone, before the evicted request's response.
+/// The live engine `watch` runs, fed each request by the proxy at its start (while the server
+/// works on it) and its record at its end, says in its slot view which slot the request takes
+/// and whose prefix it evicts before the server answers: the slot is the one `/slots` then
+/// shows, and an eviction it foretells is one the server's `cache_n` then proves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_on_two_slots_match_the_slot_replay() {
     use prefixscope::analysis::{Config, analyze};
@@ -273,7 +277,23 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
     else {
         return;
     };
-    let proxy = start_proxy(upstream, "llama-slots", Options::default()).await;
+    let (starts_tx, starts) = crossbeam_channel::unbounded();
+    let options = Options {
+        request_starts: Some(starts_tx),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "llama-slots", options).await;
+    let mut engine = prefixscope::live::Engine::new(Config::default());
+    engine.set_server_settings(Some(prefixscope::live::ServerSettings {
+        slots: 2,
+        cache_ram: false,
+        source: "the test server's".into(),
+    }));
+    engine.push(prefixscope::live::Input::Command(
+        prefixscope::live::Command::Capacity(true),
+    ));
+    // Per request, what the slot view said at its start: (record id, slot, evicted record).
+    let mut at_start: Vec<(u64, usize, Option<u64>)> = Vec::new();
     let agents = [
         (
             "coder",
@@ -306,7 +326,40 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
             history.push(json!({"role": "user", "content": format!("{question} ({})", agent.0)}));
             let body =
                 json!({"model": "smollm2", "max_tokens": 8, "temperature": 0, "messages": history});
-            let bytes = exchange(proxy.addr, "/v1/chat/completions", &body).await;
+            let answer = {
+                let (addr, body) = (proxy.addr, body.clone());
+                tokio::spawn(async move { exchange(addr, "/v1/chat/completions", &body).await })
+            };
+            // The proxy hands the request over as it sends it on; the engine predicts from it.
+            let start = {
+                let starts = starts.clone();
+                tokio::task::spawn_blocking(move || {
+                    starts.recv_timeout(std::time::Duration::from_secs(30))
+                })
+                .await
+                .unwrap()
+                .expect("the request's start")
+            };
+            let start =
+                prefixscope::capture::build_record(start, prefixscope::capture::BodyMode::Full);
+            engine.push(prefixscope::live::Input::Started(std::sync::Arc::new(
+                start.clone(),
+            )));
+            let snapshot = engine.snapshot();
+            let predicted = Option::as_ref(&snapshot.slots)
+                .and_then(|v| {
+                    v.residency
+                        .starting
+                        .iter()
+                        .find(|s| s.record == start.id)
+                        .cloned()
+                })
+                .expect("the slot view predicts the started request");
+            at_start.push((start.id, predicted.slot, predicted.evicts.map(|h| h.record)));
+            let bytes = answer.await.unwrap();
+            let record = proxy.next_record().await;
+            assert_eq!(record.id, start.id);
+            engine.push(prefixscope::live::Input::Record(record, 0));
             let reply = serde_json::from_slice::<Value>(&bytes).unwrap()["choices"][0]["message"]
                 ["content"]
                 .as_str()
@@ -317,6 +370,51 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
         }
     }
     let records = proxy.stop().await;
+    // What the slot view said at each start is what the server did.
+    let slots_at_start: Vec<Option<usize>> =
+        at_start.iter().map(|(_, slot, _)| Some(*slot)).collect();
+    assert_eq!(
+        slots_at_start, real_slots,
+        "the slot view at each start and the server's /slots"
+    );
+    let foretold: Vec<(u64, u64)> = at_start
+        .iter()
+        .filter_map(|(id, _, evicted)| evicted.map(|e| (*id, e)))
+        .collect();
+    eprintln!(
+        "evictions foretold at the evicting request's start (request, evicted record): {foretold:?}"
+    );
+    let chat_report = analyze(&records, &Config::default());
+    // Which agent sent each request (the test's own bookkeeping: they take turns in order).
+    let agent_of = |id: u64| {
+        at_start
+            .iter()
+            .position(|(i, _, _)| *i == id)
+            .map(|n| n % 3)
+    };
+    let (mut proved, mut provable) = (0, 0);
+    for &(by, victim) in &foretold {
+        // The victim's agent's next request after `by` found its prefix gone: the server
+        // reused less than half its prompt.
+        let next = chat_report
+            .rows
+            .iter()
+            .find(|r| r.id > by && agent_of(r.id) == agent_of(victim));
+        if let Some(row) = next {
+            provable += 1;
+            let reused = row.counts.reused_tokens.map_or(0, |m| m.value);
+            let prompt = row.counts.prompt_tokens.map_or(0, |m| m.value);
+            if reused * 2 < prompt {
+                proved += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{proved} of {} foretold evictions proved by the next turn's cache_n ({provable} had a next turn)",
+        foretold.len()
+    );
+    assert!(proved >= 1, "{foretold:?}");
+    assert_eq!(proved, provable, "{foretold:?}");
     let chat: Vec<Record> = records
         .into_iter()
         .filter(|r| r.request.path == "/v1/chat/completions")

@@ -855,3 +855,65 @@ async fn session_headers_are_recorded_by_allowlist_with_id_shaped_values_only() 
         assert!(!recorded.contains_key(name), "{name}: {recorded:?}");
     }
 }
+
+/// A request is handed over at its start, whole, before the upstream has answered (the live
+/// slot predictions read it); a channel nobody empties drops starts and counts them, and
+/// never holds a request back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_announced_at_its_start_and_a_full_channel_never_holds_it_back() {
+    let gate: Arc<Mutex<Option<oneshot::Receiver<()>>>> = Arc::default();
+    let (open_gate, gate_rx) = oneshot::channel();
+    *gate.lock().unwrap() = Some(gate_rx);
+    let upstream = {
+        let gate = Arc::clone(&gate);
+        fake_upstream(handler(move |_req| {
+            let gate = gate.lock().unwrap().take();
+            async move {
+                if let Some(gate) = gate {
+                    let _ = gate.await;
+                }
+                Response::new(full(r#"{"choices":[]}"#))
+            }
+        }))
+        .await
+    };
+    let (starts_tx, starts) = crossbeam_channel::bounded(1);
+    let options = Options {
+        request_starts: Some(starts_tx),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "starts", options).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut first = client(proxy.addr).await;
+    let answered = tokio::spawn(async move { first.send_request(post(CHAT, body)).await });
+    let start = tokio::task::spawn_blocking(move || {
+        let start = starts.recv_timeout(Duration::from_secs(10));
+        (start, starts)
+    });
+    let (start, starts) = start.await.unwrap();
+    let start = start.expect("the start arrives while the upstream holds the response");
+    assert!(!answered.is_finished());
+    assert_eq!(start.path, CHAT);
+    assert_eq!(start.request_body.as_deref(), Some(body.as_bytes()));
+    assert!(start.response.is_none());
+    open_gate.send(()).unwrap();
+    assert_eq!(answered.await.unwrap().unwrap().status(), 200);
+    // The channel holds one start and nobody takes it: the others are dropped and counted.
+    for _ in 0..3 {
+        let response = client(proxy.addr)
+            .await
+            .send_request(post(CHAT, body))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(
+        proxy
+            .stats
+            .starts_dropped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    assert_eq!(starts.len(), 1);
+    assert_eq!(proxy.stop().await.len(), 4);
+}

@@ -65,7 +65,18 @@ fn screen_with(
     theme: Theme,
     read: fn(&TestBackend) -> String,
 ) -> String {
-    let control = engine_of(name);
+    screen_on(engine_of(name), name, (width, height), then, theme, read)
+}
+
+/// `screen_with` on an engine fed as the test needs.
+fn screen_on(
+    control: EngineControl,
+    name: &str,
+    (width, height): (u16, u16),
+    then: &[Event],
+    theme: Theme,
+    read: fn(&TestBackend) -> String,
+) -> String {
     let (sender, receiver) = crossbeam_channel::unbounded();
     let snapshot = Arc::new(control.0.borrow_mut().snapshot());
     let mut app = App::new(
@@ -1912,4 +1923,68 @@ fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
         "{main}"
     );
     assert!(findings.contains("--swa-full"), "{findings}");
+}
+
+/// `watch` while a request is in flight: the proxy handed it over at its start, its record has
+/// not come, and the capacity view says where the server will run it and whose prefix it
+/// evicts, marked predicted, before the server answers; the line is what
+/// `sim::residency::residency_with_starts` works out for the same records (the path `whatif`
+/// prints), on screen at 120x40 and, scrolled, at 80x24.
+#[test]
+fn a_request_in_flight_is_predicted_in_the_capacity_view() {
+    use prefixscope::sim::residency::residency_with_starts;
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let records = completion_order(name);
+    let (done, last) = records.split_at(records.len() - 1);
+    let mut start = last[0].clone();
+    assert_eq!(start.request.path, "/v1/chat/completions");
+    start.response = None;
+    let settings = prefixscope::live::ServerSettings {
+        slots: 1,
+        cache_ram: false,
+        source: "the server's slot count from its /props".into(),
+    };
+    let fed = || {
+        let mut engine = Engine::for_records(Config::default(), done);
+        engine.set_server_settings(Some(settings.clone()));
+        for record in done {
+            engine.push(Input::Record(Arc::new(record.clone()), NOW_MS));
+        }
+        engine.push(Input::Started(Arc::new(start.clone())));
+        EngineControl(RefCell::new(engine))
+    };
+    let report = prefixscope::analysis::analyze(done, &Config::default());
+    let headless = residency_with_starts(done, &report, std::slice::from_ref(&start), 1, false);
+    let predicted = &headless.starting[0];
+    let evicts = predicted.evicts.as_ref().expect("it evicts the slot's holder");
+    let keys = [
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Tab),
+        special(KeyCode::Enter),
+    ];
+    let view = screen_on(fed(), name, (120, 40), &keys, Theme::plain(), text);
+    let line = match predicted.conversation {
+        Some(c) => format!("in flight: #{} of c{c} ", start.id),
+        None => format!("in flight: #{} of ", start.id),
+    };
+    let shown = view
+        .lines()
+        .find(|l| l.contains(&line))
+        .unwrap_or_else(|| panic!("{line}\n{view}"));
+    for part in [
+        "→ slot 0, evicting ".to_string(),
+        format!("(#{})", evicts.record),
+        format!("(predicted; reuses {:.0}%)", predicted.reused_share * 100.0),
+    ] {
+        assert!(shown.contains(&part), "{part}\n{shown}");
+    }
+    // Not lost to the host: marked as a warning.
+    let styled_view = screen_on(fed(), name, (120, 40), &keys, Theme { color: true }, styled);
+    check_golden("parallel-nocache.in-flight.120x40.styled.txt", &styled_view);
+    // At 80x24 the view scrolls to it.
+    let mut small_keys = keys.to_vec();
+    small_keys.extend([special(KeyCode::End)]);
+    let small = screen_on(fed(), name, (80, 24), &small_keys, Theme::plain(), text);
+    assert!(small.contains(&format!("in flight: #{}", start.id)), "{small}");
 }

@@ -74,6 +74,8 @@ impl CaptureArgs {
             } else {
                 prefixscope::probe::poll::Schedule::Once
             },
+            // `watch`'s screen asks for them; `record` has no one to predict for.
+            announce_starts: false,
         }
     }
 }

@@ -30,6 +30,7 @@ pub fn run(args: WatchArgs) -> u8 {
     if !args.capture.no_probe {
         config.probe = prefixscope::probe::poll::Schedule::Watch;
     }
+    config.announce_starts = std::io::stdout().is_terminal();
     let capture = match Capture::start(&config, vec![records_tx]) {
         Ok(capture) => capture,
         Err(e) => return fail(e),

@@ -9,6 +9,7 @@
 
 pub mod view;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -95,6 +96,9 @@ const ARRIVAL_WINDOW_S: i64 = 60;
 pub enum Input {
     /// One exchange, from the proxy's recorder or a replayed file, and when it arrived (ms).
     Record(Arc<Record>, i64),
+    /// A request the proxy has just sent on, its response not in yet (no response in the
+    /// record): what it will do to the server's slots is predicted until its record comes.
+    Started(Arc<Record>),
     /// One request of a trace or gateway log (no messages: only the cache panes use it).
     Request(Arc<Request>, i64),
     /// The source has no more (a replay's end).
@@ -803,8 +807,26 @@ pub struct Engine {
     predicted: Option<(u64, bool, Arc<Predictions>)>,
     /// The server's own slots and host cache, when known (the simulated server's; a probe's).
     server_settings: Option<ServerSettings>,
-    /// The last slot residency, how many records and which settings it was worked out with.
-    resided: Option<(u64, Option<ServerSettings>, Arc<Option<SlotView>>)>,
+    /// The last slot residency and what it was worked out with.
+    resided: Option<(SlotViewInputs, Arc<Option<SlotView>>)>,
+    /// Requests started whose record has not come (at most `MAX_STARTING`), and the ids of the
+    /// latest records (a start that comes after its record is not in flight).
+    starting: BTreeMap<u64, Arc<Record>>,
+    recently_done: std::collections::VecDeque<u64>,
+}
+
+/// Started requests kept for the slot predictions: more than a server has slots for.
+const MAX_STARTING: usize = 64;
+/// Record ids remembered to tell a late start from a request in flight.
+const RECENTLY_DONE: usize = 256;
+
+/// What a slot residency was worked out with: how many records, which settings and which
+/// started requests (it is worked out again when any of them changes).
+#[derive(Debug, Clone, PartialEq)]
+struct SlotViewInputs {
+    records_seen: u64,
+    settings: Option<ServerSettings>,
+    starting: Vec<u64>,
 }
 
 /// The server's settings the slot residency is replayed with, and where they come from.
@@ -894,6 +916,8 @@ impl Engine {
             predicted: None,
             server_settings: None,
             resided: None,
+            starting: BTreeMap::new(),
+            recently_done: std::collections::VecDeque::new(),
         }
     }
 
@@ -909,9 +933,23 @@ impl Engine {
                 self.probes += 1;
                 false
             }
+            Input::Started(record) => {
+                if !record.probe && !self.recently_done.contains(&record.id) {
+                    self.starting.insert(record.id, record);
+                    while self.starting.len() > MAX_STARTING {
+                        self.starting.pop_first();
+                    }
+                }
+                false
+            }
             Input::Record(record, arrived_ms) => {
                 self.analyzer.push(&record);
                 self.records_seen += 1;
+                self.starting.remove(&record.id);
+                self.recently_done.push_back(record.id);
+                if self.recently_done.len() > RECENTLY_DONE {
+                    self.recently_done.pop_front();
+                }
                 if self.records_seen as usize <= MAX_WHATIF_RECORDS {
                     self.records.push(Arc::clone(&record));
                 } else if !self.records.is_empty() {
@@ -1170,21 +1208,27 @@ impl Engine {
                 }
             })
         });
-        if let Some((seen, used, view)) = &self.resided
-            && *seen == self.records_seen
-            && *used == settings
+        let inputs = SlotViewInputs {
+            records_seen: self.records_seen,
+            settings: settings.clone(),
+            starting: self.starting.keys().copied().collect(),
+        };
+        if let Some((used, view)) = &self.resided
+            && *used == inputs
         {
             return Arc::clone(view);
         }
-        let used = settings.clone();
         let view = Arc::new(match (settings, predictions) {
-            (Some(settings), Predictions::Ready(_)) => {
+            // Past the records kept, a replay would be of part of the traffic: none.
+            (Some(settings), _) if self.records_seen as usize <= self.records.len() => {
                 let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
                 let report = crate::analysis::analyze(&records, &Config::default());
+                let starting: Vec<Record> = self.starting.values().map(|r| (**r).clone()).collect();
                 Some(SlotView {
-                    residency: crate::sim::residency::residency(
+                    residency: crate::sim::residency::residency_with_starts(
                         &records,
                         &report,
+                        &starting,
                         settings.slots,
                         settings.cache_ram,
                     ),
@@ -1193,7 +1237,7 @@ impl Engine {
             }
             _ => None,
         });
-        self.resided = Some((self.records_seen, used, Arc::clone(&view)));
+        self.resided = Some((inputs, Arc::clone(&view)));
         view
     }
 

@@ -246,6 +246,7 @@ pub(crate) async fn forward(
             if let Some(capture) = flight.capture_mut() {
                 capture.request_body_bytes = body.len() as u64;
                 capture.request_body = Some(body.clone());
+                announce_start(&shared, capture);
             }
             Full::new(body).map_err(|never| match never {}).boxed()
         }
@@ -311,6 +312,18 @@ pub(crate) async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     let body = RecordingBody::new(incoming, flight, shared.max_body);
     Response::from_parts(parts, body.boxed())
+}
+
+/// The request, whole, to whoever predicts what it will do (`ProxyConfig::request_starts`),
+/// before it goes upstream (no response yet): its head cloned, its body a shared handle;
+/// never waited for.
+fn announce_start(shared: &Shared, capture: &Capture<Bytes>) {
+    // Disconnected: nobody reads them any more (a headless run), nothing lost.
+    if let Some(starts) = &shared.request_starts
+        && let Err(crossbeam_channel::TrySendError::Full(_)) = starts.try_send(capture.clone())
+    {
+        shared.stats.starts_dropped.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 enum RequestBody {

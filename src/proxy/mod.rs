@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
+use crate::capture::Capture;
 use crate::recorder::CaptureSender;
 pub use upstream::Upstream;
 
@@ -51,6 +52,10 @@ pub struct ProxyConfig {
     /// How long a client may take to send a request head, and how long a kept-alive
     /// connection may wait for its next request (`DEFAULT_HEADER_TIMEOUT`).
     pub header_timeout: Duration,
+    /// Where each request goes as soon as its body is read, before the upstream answers (the
+    /// live engine predicts what it will do to the server's slots). Never waited on: a full
+    /// channel drops the start (counted in `ProxyStats::starts_dropped`).
+    pub request_starts: Option<crossbeam_channel::Sender<Capture<Bytes>>>,
 }
 
 impl ProxyConfig {
@@ -62,6 +67,7 @@ impl ProxyConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             extra_ca_pem: None,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
+            request_starts: None,
         }
     }
 }
@@ -92,6 +98,8 @@ pub struct ProxyStats {
     /// Connections that could not be accepted (out of descriptors, mostly), and why.
     pub accept_errors: AtomicU64,
     pub last_accept_error: std::sync::Mutex<Option<String>>,
+    /// Request starts not handed to `ProxyConfig::request_starts` (its channel was full).
+    pub starts_dropped: AtomicU64,
     idle: Notify,
 }
 
@@ -168,6 +176,7 @@ pub(crate) struct Shared {
     pub max_body: usize,
     pub connect_timeout: Duration,
     pub captures: CaptureSender<Bytes>,
+    pub request_starts: Option<crossbeam_channel::Sender<Capture<Bytes>>>,
     pub next_id: AtomicU64,
     pub stats: Arc<ProxyStats>,
 }
@@ -199,6 +208,7 @@ impl Proxy {
             max_body: config.max_body,
             connect_timeout: config.connect_timeout,
             captures,
+            request_starts: config.request_starts,
             next_id: AtomicU64::new(1),
             stats: Arc::new(ProxyStats::default()),
         });

@@ -38,6 +38,8 @@ pub struct CaptureConfig {
     pub layout: bool,
     /// Ask the upstream what it is (`probe::poll`): once (`record`), or on and on (`watch`).
     pub probe: crate::probe::poll::Schedule,
+    /// Hand each request over as it starts (`Capture::starts`), for the live slot predictions.
+    pub announce_starts: bool,
 }
 
 /// A bound proxy and a running recorder, not yet serving.
@@ -55,6 +57,43 @@ pub struct Capture {
     /// The server probe's task (`probe::poll`): it ends with the runtime, or earlier when a
     /// session stops the upstream itself (the demo), so no probe finds it gone.
     pub probe: tokio::task::AbortHandle,
+    /// Each request as it starts, when `announce_starts` asked for them.
+    pub starts: Option<RequestStarts>,
+}
+
+/// Requests as they start (the proxy's `request_starts`), and the mode their records are built
+/// in, the recording's.
+pub struct RequestStarts {
+    pub receiver: crossbeam_channel::Receiver<crate::capture::Capture<bytes::Bytes>>,
+    pub mode: BodyMode,
+}
+
+/// Starts waiting for the live engine at most; past it they are dropped and counted (a start
+/// only feeds a prediction, the record follows anyway).
+const STARTS_QUEUE: usize = 256;
+
+impl RequestStarts {
+    /// Hands each start's record to `push` (the live engine's input) until the proxy ends.
+    /// `push` must not block: the proxy never waits on a start.
+    pub fn forward(self, push: impl Fn(Arc<Record>)) {
+        let RequestStarts { receiver, mode } = self;
+        for capture in receiver {
+            push(Arc::new(crate::capture::build_record(capture, mode)));
+        }
+    }
+
+    /// `forward` into the live engine, as a screen's feeder.
+    #[cfg(feature = "tui")]
+    pub fn into_feeder(
+        self,
+    ) -> Box<dyn FnOnce(crossbeam_channel::Sender<crate::live::Input>) + Send> {
+        Box::new(move |inputs| {
+            self.forward(|record| {
+                // Full: the engine is behind; the record follows anyway.
+                let _ = inputs.try_send(crate::live::Input::Started(record));
+            });
+        })
+    }
 }
 
 impl Capture {
@@ -151,6 +190,11 @@ impl Capture {
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
         config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
+        let starts = args.announce_starts.then(|| {
+            let (sender, receiver) = crossbeam_channel::bounded(STARTS_QUEUE);
+            config.request_starts = Some(sender);
+            RequestStarts { receiver, mode }
+        });
         let descriptors = crate::proxy::raise_descriptor_limit();
         let proxy = runtime
             .block_on(Proxy::bind(config, recorder.sender()))
@@ -188,6 +232,7 @@ impl Capture {
             descriptors,
             layout,
             probe,
+            starts,
         })
     }
 }
@@ -253,6 +298,12 @@ impl LiveControl {
         let accept = self.proxy.accept_errors.load(Ordering::Relaxed);
         if accept > 0 {
             notes.push(format!("{accept} not accepted"));
+        }
+        let unpredicted = self.proxy.starts_dropped.load(Ordering::Relaxed);
+        if unpredicted > 0 {
+            notes.push(format!(
+                "{unpredicted} starts not predicted (the engine was behind)"
+            ));
         }
         notes
     }
@@ -408,6 +459,7 @@ pub fn watch_screen(
         path,
         listen,
         upstream,
+        starts,
         ..
     } = capture;
     let (events, receiver) = crossbeam_channel::unbounded();
@@ -436,7 +488,7 @@ pub fn watch_screen(
     // The recorder's consumer channel goes straight into the live engine.
     let feed = Feed {
         records: Some(records),
-        feeder: None,
+        feeder: starts.map(RequestStarts::into_feeder),
     };
     // Once the app quits: the proxy stops (answering what is in flight), the recorder writes
     // the last records and closes the engine's channel; the summary is the engine's snapshot

@@ -118,6 +118,8 @@ impl Demo {
                 layout: false,
                 // The simulated server answers `/props` as llama-server does.
                 probe: crate::probe::poll::Schedule::Watch,
+                // For the slot predictions on screen; a headless demo lets them go.
+                announce_starts: true,
             },
             consumers,
         )?;
@@ -244,6 +246,7 @@ pub fn run_screen(
         recorder,
         path,
         listen,
+        starts,
         ..
     } = demo.capture;
     let (events, receiver) = crossbeam_channel::unbounded();
@@ -295,7 +298,7 @@ pub fn run_screen(
     };
     let feed = Feed {
         records: Some(records),
-        feeder: None,
+        feeder: starts.map(super::capture::RequestStarts::into_feeder),
     };
     // As `watch`: the summary is the engine's snapshot after the last record was written.
     let (result, _) = run_screen_live(screen, events, receiver, feed, &control, shutdown, || {

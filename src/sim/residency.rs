@@ -2,7 +2,8 @@
 //! simulated llama-server with the server's own settings (`whatif::replay`: the same token
 //! model, slot choice and host cache), each request's predicted reuse checked against the
 //! `cache_n` the server reported (calibration, per model), the slot each conversation's prefix
-//! sits in at the end, and what the next request of each conversation would evict.
+//! sits in at the end, what the next request of each conversation would evict, and what each
+//! request that has started (its response not in yet) is doing to the slots now.
 //!
 //! It is a reconstruction, not a reading: llama.cpp's `/slots` says which task runs where, not
 //! whose prefix a slot holds. The calibration says how far to trust it.
@@ -12,9 +13,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::kv::Token;
-use super::whatif::{replay, replayable, tokens_per_char};
+use super::whatif::{GENERATION_PROMPT_TOKENS, prompt_tokens, replay, replayable, tokens_per_char};
 use crate::analysis::{Priced, Report};
-use crate::record::Record;
+use crate::normalize::Api;
+use crate::normalize::exchange::normalize;
+use crate::record::{Record, ResponseRecord};
 
 /// A prediction agrees with the server when it is within this many tokens of what the server
 /// reused, or within `AGREE_SHARE` of the prompt, whichever is larger (the sim weighs messages
@@ -41,6 +44,31 @@ pub struct Residency {
     pub evicted: Vec<(u64, u64)>,
     /// What each conversation's next request would do to another's prefix, had it come now.
     pub next_evictions: Vec<NextEviction>,
+    /// The requests that have started and not ended, in the order they started: where each
+    /// is predicted to run and whose prefix it evicts, before the server has answered.
+    pub starting: Vec<Starting>,
+}
+
+/// A request that has started, predicted from its body alone.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Starting {
+    pub record: u64,
+    /// The request it continues (its prompt, less the generation prompt, is where this one
+    /// starts), and that request's conversation, if any yet.
+    pub continues: Option<u64>,
+    pub conversation: Option<u32>,
+    pub client: String,
+    /// The slot llama-server gives it.
+    pub slot: usize,
+    /// Every slot was busy with a request that started before it: it waits for one, and the
+    /// slot is the one it would choose among all (the one freed first is not known).
+    pub queued: bool,
+    /// The share of its prompt the sim finds in that slot (or restores from the host cache).
+    pub reused_share: f64,
+    /// Another conversation's prefix the slot holds, which this request overwrites.
+    pub evicts: Option<Holder>,
+    /// With the host cache on, the evicted prompt is saved, not lost.
+    pub saved_to_host: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -83,14 +111,38 @@ pub fn residency<R: Priced>(
     slots: usize,
     cache_ram: bool,
 ) -> Residency {
-    let rows: BTreeMap<u64, (Option<u32>, &str)> = report
-        .rows
-        .iter()
-        .map(|r| {
-            let r = r.rated().row();
-            (r.id, (r.conversation, r.client.as_str()))
-        })
-        .collect();
+    residency_with_starts(records, report, &[], slots, cache_ram)
+}
+
+/// `residency`, and what each of `starting` (requests whose response has not come: records
+/// with no response) does when it reaches the server, in the order they started: each takes
+/// the slot llama-server would give it among those the ones before it left idle.
+pub fn residency_with_starts<R: Priced>(
+    records: &[Record],
+    report: &Report<R>,
+    starting: &[Record],
+    slots: usize,
+    cache_ram: bool,
+) -> Residency {
+    let mut rows: BTreeMap<u64, (Option<u32>, &str)> = BTreeMap::new();
+    // The turn each request continues (the analysis's link).
+    let mut links: BTreeMap<u64, u64> = BTreeMap::new();
+    for row in &report.rows {
+        let r = row.rated().row();
+        rows.insert(r.id, (r.conversation, r.client.as_str()));
+        if let Some(previous) = r.linked_to {
+            links.insert(r.id, previous);
+        }
+    }
+    // A conversation's first turn has its number once a second turn joins it.
+    for (&id, &previous) in &links {
+        let conversation = rows.get(&id).and_then(|(c, _)| *c);
+        if let (Some(conversation), Some(first)) = (conversation, rows.get_mut(&previous))
+            && first.0.is_none()
+        {
+            first.0 = Some(conversation);
+        }
+    }
     let holder = |record: u64| {
         let (conversation, client) = rows.get(&record).copied().unwrap_or((None, ""));
         Holder {
@@ -104,8 +156,10 @@ pub fn residency<R: Priced>(
     let mut calibration: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut disagreements = Vec::new();
     let mut holders: Vec<Option<u64>> = vec![None; slots.max(1)];
-    // Each conversation's latest prompt (the sim's tokens), to ask where its next would go.
+    // Each conversation's latest prompt (the sim's tokens), to ask where its next would go;
+    // and each chain of turns' latest, by its request (a first turn has no conversation yet).
     let mut latest: BTreeMap<u32, (u64, Vec<Token>)> = BTreeMap::new();
+    let mut chains: BTreeMap<u64, Vec<Token>> = BTreeMap::new();
     let mut evicted = Vec::new();
     let kv = replay(
         &exchanges,
@@ -117,13 +171,18 @@ pub fn residency<R: Priced>(
                 *slot = Some(x.id);
             }
             if let Some((Some(conversation), _)) = rows.get(&x.id) {
-                let previous = latest.insert(*conversation, (x.id, prompt.to_vec()));
-                // Its previous prompt was not what the slot (or the host cache) gave back.
-                if let (Some((previous, _)), Some(replaced)) = (previous, served.replaced)
-                    && replaced != previous
-                {
-                    evicted.push((x.id, replaced));
-                }
+                latest.insert(*conversation, (x.id, prompt.to_vec()));
+            }
+            let previous = links.get(&x.id).copied();
+            if let Some(previous) = previous {
+                chains.remove(&previous);
+            }
+            chains.insert(x.id, prompt.to_vec());
+            // Its previous turn's prompt was not what the slot (or the host cache) gave back.
+            if let (Some(previous), Some(replaced)) = (previous, served.replaced)
+                && replaced != previous
+            {
+                evicted.push((x.id, replaced));
             }
             if let (Some(recorded), Some(prompt)) = (x.counts.reused_tokens, x.counts.prompt_tokens)
             {
@@ -159,6 +218,14 @@ pub fn residency<R: Priced>(
             });
         }
     }
+    let starting = predict_starts(
+        starting,
+        kv.clone(),
+        &holders,
+        &chains,
+        &holder,
+        (ratio, cache_ram),
+    );
     let (host_prompts, host_tokens) = kv.host_cache();
     Residency {
         slots: kv.slot_count(),
@@ -177,7 +244,96 @@ pub fn residency<R: Priced>(
         disagreements,
         evicted,
         next_evictions,
+        starting,
     }
+}
+
+/// What the requests that have started do to the slots, on a copy of the replayed cache.
+fn predict_starts(
+    starting: &[Record],
+    mut kv: super::kv::KvCache,
+    holders: &[Option<Holder>],
+    chains: &BTreeMap<u64, Vec<Token>>,
+    holder_of: &dyn Fn(u64) -> Holder,
+    (tokens_per_char, cache_ram): (f64, bool),
+) -> Vec<Starting> {
+    let mut order: Vec<&Record> = starting.iter().collect();
+    order.sort_by_key(|r| (r.t_start_ms, r.id));
+    let mut holders: Vec<Option<Holder>> = holders.to_vec();
+    let mut busy = vec![false; holders.len()];
+    let mut predicted = Vec::new();
+    for record in order {
+        let Some(x) = request_only(record) else {
+            continue;
+        };
+        let prompt = prompt_tokens(&x, tokens_per_char);
+        // The turn whose prompt, less its generation prompt, this one extends (the longest).
+        let continued = chains
+            .iter()
+            .filter(|(_, previous)| {
+                let body = &previous[..previous.len().saturating_sub(GENERATION_PROMPT_TOKENS)];
+                !body.is_empty() && prompt.starts_with(body)
+            })
+            .max_by_key(|(_, previous)| previous.len())
+            .map(|(&id, _)| holder_of(id));
+        let continues = continued.as_ref().map(|h| h.record);
+        let conversation = continued.as_ref().and_then(|h| h.conversation);
+        let client = continued.map(|h| h.client).unwrap_or_default();
+        let idle = kv.choose_slot(&prompt, |i| !busy.get(i).copied().unwrap_or(true));
+        let Some(slot) = idle.or_else(|| kv.choose_slot(&prompt, |_| true)) else {
+            continue;
+        };
+        let served = kv.serve(slot, &prompt, record.id);
+        if let Some(busy) = busy.get_mut(slot) {
+            *busy = true;
+        }
+        let held = holders.get(slot).cloned().flatten();
+        let same_chain = |h: &Holder| {
+            Some(h.record) == continues
+                || (conversation.is_some() && h.conversation == conversation)
+        };
+        if let Some(holder) = holders.get_mut(slot) {
+            *holder = Some(Holder {
+                record: record.id,
+                conversation,
+                client: client.clone(),
+            });
+        }
+        predicted.push(Starting {
+            record: record.id,
+            continues,
+            conversation,
+            client,
+            slot,
+            queued: idle.is_none(),
+            reused_share: served.cache_n as f64 / prompt.len().max(1) as f64,
+            evicts: held.filter(|h| !same_chain(h)),
+            saved_to_host: cache_ram,
+        });
+    }
+    predicted
+}
+
+/// A started request's exchange from its body alone (no response yet: an empty 200 in its
+/// place, so the messages and tools are read as they will be once it ends).
+fn request_only(record: &Record) -> Option<crate::normalize::exchange::Exchange> {
+    let mut shadow = record.clone();
+    shadow.error = None;
+    shadow.response = Some(ResponseRecord {
+        status: 200,
+        headers: Default::default(),
+        stream: None,
+        chunks: None,
+        bad_chunks: None,
+        body_bytes: 0,
+        truncated: false,
+        body: None,
+        body_text: None,
+        digest: None,
+    });
+    normalize(&shadow)
+        .ok()
+        .filter(|x| x.api == Api::OpenaiChat && !x.messages.is_empty())
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::record::Record;
 /// Template tokens around each message (`<|im_start|>`, role, newline, `<|im_end|>`).
 const TOKENS_PER_MESSAGE: usize = 4;
 /// The generation prompt after the last message.
-const GENERATION_PROMPT_TOKENS: usize = 3;
+pub(super) const GENERATION_PROMPT_TOKENS: usize = 3;
 /// Requests with fewer evaluated tokens don't set the prefill rate (fixed costs dominate).
 const RATE_MIN_EVALUATED: u64 = 50;
 
@@ -270,7 +270,7 @@ fn prefill_rate<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> Option<f64
 
 /// The sim's prompt for a recorded request: leading system messages, the tool list, the other
 /// messages (as `render_chat` orders them), then the generation prompt.
-fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
+pub(super) fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
     let weigh = |chars: u32| (f64::from(chars) * tokens_per_char).round() as usize;
     let mut tokens = Vec::new();
     let leading_system = x.messages.iter().take_while(|m| m.role == "system").count();

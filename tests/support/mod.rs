@@ -115,6 +115,8 @@ pub struct Options {
     pub https_ca: Option<Vec<u8>>,
     pub host: String,
     pub header_timeout: Duration,
+    /// Where each request goes as it starts (`ProxyConfig::request_starts`).
+    pub request_starts: Option<crossbeam_channel::Sender<prefixscope::capture::Capture<Bytes>>>,
 }
 
 impl Default for Options {
@@ -128,6 +130,7 @@ impl Default for Options {
             https_ca: None,
             host: "127.0.0.1".into(),
             header_timeout: prefixscope::proxy::DEFAULT_HEADER_TIMEOUT,
+            request_starts: None,
         }
     }
 }
@@ -179,6 +182,7 @@ pub async fn start_proxy(upstream: SocketAddr, name: &str, options: Options) -> 
     config.connect_timeout = options.connect_timeout;
     config.extra_ca_pem = options.https_ca;
     config.header_timeout = options.header_timeout;
+    config.request_starts = options.request_starts;
     let proxy = Proxy::bind(config, recorder.sender()).await.unwrap();
     let addr = proxy.local_addr().unwrap();
     let stats = proxy.stats();

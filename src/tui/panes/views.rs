@@ -1082,6 +1082,40 @@ fn slot_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
         },
         theme.dim(),
     ));
+    // Requests in flight: predicted from their bodies as they started, before the server answered.
+    for start in r.starting.iter().take(4) {
+        let whose = match start.conversation {
+            Some(c) => format!("c{c} {}", aliases.of(&start.client)),
+            None => "a new conversation".to_string(),
+        };
+        let slot = if start.queued {
+            format!("waits, then slot {}", start.slot)
+        } else {
+            format!("slot {}", start.slot)
+        };
+        let place = match &start.evicts {
+            Some(evicts) => format!(
+                "{slot}, evicting {}{} (predicted; reuses {:.0}%)",
+                who(evicts.conversation, &evicts.client, evicts.record),
+                if start.saved_to_host {
+                    ", saved to host memory"
+                } else {
+                    ""
+                },
+                start.reused_share * 100.0
+            ),
+            None => format!(
+                "{slot} (predicted; reuses {:.0}%)",
+                start.reused_share * 100.0
+            ),
+        };
+        let line = format!("  in flight: #{} of {whose} → {place}", start.record);
+        lines.push(if start.evicts.is_some() && !start.saved_to_host {
+            Line::styled(line, theme.warn())
+        } else {
+            Line::raw(line)
+        });
+    }
     for next in r.next_evictions.iter().take(4) {
         lines.push(Line::raw(format!(
             "  next: a request of c{} {} takes slot {} from {}{}",
