@@ -549,3 +549,52 @@ async fn record_against_the_simulated_server_records_its_props_and_the_traffic_i
     with.coverage.probes = 0;
     assert_eq!(with, report);
 }
+
+/// The slot view is llama-server's: when the probes say the server is another engine (Ollama
+/// here, from its `/api/ps`), the capacity view's replay says it is what llama-server would
+/// hold, not a reading of that server's cache.
+#[test]
+fn the_slot_view_says_when_the_server_is_not_llama_cpp() {
+    let records = recording("parallel.jsonl");
+    let ps = br#"{"models":[{"name":"qwen3:8b","model":"qwen3:8b","size":6000000000,"size_vram":6000000000,"context_length":8192,"expires_at":"2026-12-02T01:00:00Z"}]}"#;
+    let answer = prefixscope::probe::read_answer(Endpoint::OllamaPs, 200, ps);
+    let start = records[0].t_start_ms;
+    let capture = prefixscope::probe::probe_capture::<Vec<u8>>(
+        prefixscope::probe::PROBE_ID_BASE,
+        (start - 2, start - 1),
+        Endpoint::OllamaPs.path(),
+        Some(200),
+        &answer,
+    );
+    let probe = prefixscope::capture::build_record(capture, prefixscope::capture::BodyMode::Full);
+    let slot_source = |probes: &[Record]| {
+        let all: Vec<Record> = probes.iter().chain(&records).cloned().collect();
+        let mut engine = prefixscope::live::Engine::for_records(Config::default(), &all);
+        engine.push(prefixscope::live::Input::Command(
+            prefixscope::live::Command::Capacity(true),
+        ));
+        for record in &all {
+            engine.push(prefixscope::live::Input::Record(
+                Arc::new(record.clone()),
+                record.t_end_ms,
+            ));
+        }
+        let snapshot = engine.snapshot();
+        assert_eq!(
+            snapshot.server.kind(),
+            (!probes.is_empty()).then_some(ServerKind::Ollama)
+        );
+        Option::as_ref(&snapshot.slots)
+            .map(|v| v.source.clone())
+            .unwrap()
+    };
+    let plain = slot_source(&[]);
+    assert_eq!(plain, "nearest what the server reported; its own not known");
+    let ollama = slot_source(&[probe]);
+    assert!(
+        ollama.ends_with(
+            "; the server is Ollama, whose cache is not llama-server's slots: as llama-server would hold it"
+        ),
+        "{ollama}"
+    );
+}

@@ -1198,13 +1198,25 @@ impl Engine {
             cache_ram: true,
             source: "the server's slot count from its /props; its host cache assumed on, llama-server's default".into(),
         });
+        // Another engine's slots are its own (Ollama's runner, vLLM's and SGLang's blocks):
+        // the replay is llama-server's, and says so.
+        let not_llama = self
+            .server
+            .kind()
+            .filter(|k| *k != crate::probe::ServerKind::LlamaCpp)
+            .map_or(String::new(), |k| {
+                format!(
+                    "; the server is {}, whose cache is not llama-server's slots: as llama-server would hold it",
+                    k.name()
+                )
+            });
         let settings = self.server_settings.clone().or(probed).or_else(|| {
             predictions.nearest().map(|p| {
                 let (slots, cache_ram) = p.lever.settings();
                 ServerSettings {
                     slots,
                     cache_ram,
-                    source: "nearest what the server reported; its own not known".into(),
+                    source: format!("nearest what the server reported; its own not known{not_llama}"),
                 }
             })
         });
