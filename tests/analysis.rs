@@ -1024,3 +1024,70 @@ fn an_earlier_turn_rendered_anew_is_named_from_the_servers_layout() {
     );
     assert!(!summary.contains("the server itself"), "{summary}");
 }
+
+/// Issue #14, the model's architecture from `/props`: a loss the response's model name
+/// (an alias) leaves unexplained is named the sliding window's when the server's `/props`
+/// names a Gemma file, or says the window itself; the batch, reference and live engines agree.
+#[test]
+fn the_model_props_names_explains_what_an_alias_hid() {
+    use prefixscope::analysis::engine_cause::EngineKind;
+    use prefixscope::capture::{BodyMode, build_record};
+    use prefixscope::probe::{Answer, Props, Reading, probe_capture};
+    let (mut records, _) = cold_second_turn();
+    for record in &mut records {
+        let body = record.response.as_mut().unwrap().body.as_mut().unwrap();
+        body["model"] = serde_json::json!("gpt-4o-mini");
+    }
+    let before = records[0].t_start_ms - 10;
+    let props = |props: Props| {
+        build_record(
+            probe_capture::<Vec<u8>>(
+                1 << 48,
+                (before - 5, before),
+                "/props",
+                Some(200),
+                &Answer::Read(Reading::Props(props)),
+            ),
+            BodyMode::Full,
+        )
+    };
+    let kind = |records: &[Record]| {
+        let batch = analyze(records, &Config::default());
+        let reference = prefixscope::analysis::analyze_reference(records, &Config::default());
+        let mut live = prefixscope::analysis::Analyzer::new(Config::default());
+        for record in records {
+            live.push(record);
+        }
+        assert_eq!(batch.rows, live.report().rows);
+        assert_eq!(batch.rows[1].engine_cause, reference.rows[1].engine_cause);
+        batch.rows[1].engine_cause.clone().unwrap()
+    };
+    assert_eq!(kind(&records).kind, EngineKind::Unexplained);
+    let mut named = records.clone();
+    named.push(props(Props {
+        model: Some("/models/gemma-3-4b-it-Q4_K_M.gguf".into()),
+        ..Props::default()
+    }));
+    let cause = kind(&named);
+    assert_eq!(cause.kind, EngineKind::SlidingWindow);
+    assert!(
+        cause.evidence.contains(
+            "from the model the server's /props names, /models/gemma-3-4b-it-Q4_K_M.gguf"
+        ),
+        "{}",
+        cause.evidence
+    );
+    let mut windowed = records.clone();
+    windowed.push(props(Props {
+        model: Some("/models/custom.gguf".into()),
+        sliding_window: Some(1024),
+        ..Props::default()
+    }));
+    let cause = kind(&windowed);
+    assert_eq!(cause.kind, EngineKind::SlidingWindow);
+    assert!(
+        cause.evidence.contains("1024-token sliding window"),
+        "{}",
+        cause.evidence
+    );
+}

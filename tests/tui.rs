@@ -1956,7 +1956,10 @@ fn a_request_in_flight_is_predicted_in_the_capacity_view() {
     let report = prefixscope::analysis::analyze(done, &Config::default());
     let headless = residency_with_starts(done, &report, std::slice::from_ref(&start), 1, false);
     let predicted = &headless.starting[0];
-    let evicts = predicted.evicts.as_ref().expect("it evicts the slot's holder");
+    let evicts = predicted
+        .evicts
+        .as_ref()
+        .expect("it evicts the slot's holder");
     let keys = [
         special(KeyCode::Tab),
         special(KeyCode::Tab),
@@ -1986,5 +1989,8 @@ fn a_request_in_flight_is_predicted_in_the_capacity_view() {
     let mut small_keys = keys.to_vec();
     small_keys.extend([special(KeyCode::End)]);
     let small = screen_on(fed(), name, (80, 24), &small_keys, Theme::plain(), text);
-    assert!(small.contains(&format!("in flight: #{}", start.id)), "{small}");
+    assert!(
+        small.contains(&format!("in flight: #{}", start.id)),
+        "{small}"
+    );
 }

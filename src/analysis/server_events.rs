@@ -21,6 +21,8 @@ enum Event {
     Model(String),
     /// A slot's context, in tokens (`/slots` `n_ctx`, else `/props`').
     Context(u64),
+    /// The sliding window `/props` says the model has, in tokens.
+    SlidingWindow(u64),
 }
 
 /// The probes' events, in time (each at its answer's end).
@@ -64,6 +66,9 @@ impl ServerEvents {
                 }
                 if let Some(n) = p.n_ctx {
                     add(Event::Context(n));
+                }
+                if let Some(n) = p.sliding_window.filter(|&n| n > 0) {
+                    add(Event::SlidingWindow(n));
                 }
             }
             Answer::Read(Reading::Slots(s)) => {
@@ -156,5 +161,46 @@ pub fn explained(
     row.linked_to
         .and_then(|linked| started.get(&linked))
         .and_then(|since| events.explain(row, *since))
+        .or_else(|| events.memory_from_props(row.t_start_ms, base))
         .or_else(|| Some(base.clone()))
+}
+
+impl ServerEvents {
+    /// A loss the request's own model name left unexplained, named from what `/props` said of
+    /// the server's model by `at`: a sliding window it reports, else the family its path
+    /// names where the response's name (an alias, `gpt-3.5-turbo`) did not.
+    fn memory_from_props(&self, at: i64, base: &EngineCause) -> Option<EngineCause> {
+        if base.kind != EngineKind::Unexplained {
+            return None;
+        }
+        let window = self.events.iter().rev().find_map(|(t, e)| match e {
+            Event::SlidingWindow(n) if *t <= at => Some(*n),
+            _ => None,
+        });
+        if let Some(window) = window {
+            return Some(EngineCause {
+                kind: EngineKind::SlidingWindow,
+                evidence: format!(
+                    "the server's /props says its model attends through a {window}-token sliding window: {}",
+                    base.evidence
+                ),
+            });
+        }
+        let model = self.events.iter().rev().find_map(|(t, e)| match e {
+            Event::Model(m) if *t <= at => Some(m.as_str()),
+            _ => None,
+        })?;
+        let (kind, family) = super::engine_cause::memory_of(model)?;
+        Some(EngineCause {
+            kind,
+            evidence: format!(
+                "{family} ({}, from the model the server's /props names, {model}): {}",
+                match kind {
+                    EngineKind::SlidingWindow => "sliding-window attention",
+                    _ => "hybrid or recurrent memory",
+                },
+                base.evidence
+            ),
+        })
+    }
 }

@@ -1216,7 +1216,9 @@ impl Engine {
                 ServerSettings {
                     slots,
                     cache_ram,
-                    source: format!("nearest what the server reported; its own not known{not_llama}"),
+                    source: format!(
+                        "nearest what the server reported; its own not known{not_llama}"
+                    ),
                 }
             })
         });
