@@ -1091,3 +1091,58 @@ fn the_model_props_names_explains_what_an_alias_hid() {
         cause.evidence
     );
 }
+
+/// Issue #14, `/slots` task ids: llama-server numbers its tasks from 0 at each start, so a
+/// task id lower between two turns than before them means the server restarted, though every
+/// probe answered: the loss is `restart`, with the ids as evidence.
+#[test]
+fn task_ids_going_back_in_slots_are_a_restart() {
+    use prefixscope::analysis::engine_cause::EngineKind;
+    use prefixscope::capture::{BodyMode, build_record};
+    use prefixscope::probe::{Answer, Reading, Slot, Slots, probe_capture};
+    let (records, _) = cold_second_turn();
+    let slots_at = |id: u64, at: i64, task: u64| {
+        build_record(
+            probe_capture::<Vec<u8>>(
+                id,
+                (at - 5, at),
+                "/slots",
+                Some(200),
+                &Answer::Read(Reading::Slots(Slots {
+                    slots: vec![Slot {
+                        id: 0,
+                        id_task: Some(task),
+                        is_processing: false,
+                        n_ctx: Some(100_000),
+                    }],
+                })),
+            ),
+            BodyMode::Full,
+        )
+    };
+    let between = (records[0].t_end_ms + records[1].t_start_ms) / 2;
+    let kind_with = |tasks: [u64; 2]| {
+        let mut all = records.clone();
+        all.push(slots_at(1 << 48, records[0].t_start_ms - 1_000, tasks[0]));
+        all.push(slots_at((1 << 48) + 1, between, tasks[1]));
+        let report = analyze(&all, &Config::default());
+        let live = {
+            let mut live = prefixscope::analysis::Analyzer::new(Config::default());
+            for record in all.iter().rev() {
+                live.push(record);
+            }
+            live.report()
+        };
+        assert_eq!(report.rows, live.rows);
+        report.rows[1].engine_cause.clone().unwrap()
+    };
+    let restarted = kind_with([41, 2]);
+    assert_eq!(restarted.kind, EngineKind::Restart);
+    assert!(
+        restarted.evidence.contains("went back from 41 to 2"),
+        "{}",
+        restarted.evidence
+    );
+    // Counting on: the name's guess stands (the session's model is a Gemma).
+    assert_eq!(kind_with([41, 57]).kind, EngineKind::SlidingWindow);
+}

@@ -23,6 +23,9 @@ enum Event {
     Context(u64),
     /// The sliding window `/props` says the model has, in tokens.
     SlidingWindow(u64),
+    /// The highest task id `/slots` showed: llama-server numbers tasks from 0 at each start,
+    /// so a lower one than before means it restarted.
+    Tasks(u64),
 }
 
 /// The probes' events, in time (each at its answer's end).
@@ -72,6 +75,9 @@ impl ServerEvents {
                 }
             }
             Answer::Read(Reading::Slots(s)) => {
+                if let Some(task) = s.slots.iter().filter_map(|slot| slot.id_task).max() {
+                    add(Event::Tasks(task));
+                }
                 if let Some(n) = s
                     .slots
                     .iter()
@@ -103,6 +109,27 @@ impl ServerEvents {
                     (until - t) as f64 / 1000.0
                 ),
             });
+        }
+        // The task counter went back between the turns: the server started anew.
+        let before = self.events.iter().rev().find_map(|(t, e)| match e {
+            Event::Tasks(n) if *t <= since_ms => Some(*n),
+            _ => None,
+        });
+        let mut highest = before;
+        for (_, event) in between() {
+            if let Event::Tasks(n) = event {
+                if let Some(high) = highest
+                    && *n < high
+                {
+                    return Some(EngineCause {
+                        kind: EngineKind::Restart,
+                        evidence: format!(
+                            "the server's task ids went back from {high} to {n} between the turns (its /slots): it started anew, and its cache with it"
+                        ),
+                    });
+                }
+                highest = Some(highest.map_or(*n, |h| h.max(*n)));
+            }
         }
         let model_at = |end: i64| {
             self.events.iter().rev().find_map(|(t, e)| match e {
