@@ -1140,7 +1140,7 @@ impl Engine {
             Arc::new(Predictions::NotAsked)
         };
         let slots = if self.capacity {
-            self.slot_view(&predictions)
+            self.slot_view(&predictions, &report)
         } else {
             Arc::new(None)
         };
@@ -1190,7 +1190,11 @@ impl Engine {
     /// Who holds the slots now: the records so far replayed with the server's settings, or,
     /// unknown, with the setting whose prediction is nearest what the server reported (said).
     /// Worked out again only when records came since.
-    fn slot_view(&mut self, predictions: &Predictions) -> Arc<Option<SlotView>> {
+    fn slot_view<R: crate::analysis::Priced>(
+        &mut self,
+        predictions: &Predictions,
+        report: &crate::analysis::Report<R>,
+    ) -> Arc<Option<SlotView>> {
         // The server's own slot count from its probes (`/props`, `/slots`); llama-server's
         // host cache is on by default (8 GiB) and /props does not say, so it is assumed, said.
         let probed = self.server.total_slots().map(|slots| ServerSettings {
@@ -1235,13 +1239,13 @@ impl Engine {
         let view = Arc::new(match (settings, predictions) {
             // Past the records kept, a replay would be of part of the traffic: none.
             (Some(settings), _) if self.records_seen as usize <= self.records.len() => {
-                let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
-                let report = crate::analysis::analyze(&records, &Config::default());
+                // The live report is the batch analysis of the same records (the engine's
+                // promise): its conversations and links, without analysing them again.
                 let starting: Vec<Record> = self.starting.values().map(|r| (**r).clone()).collect();
                 Some(SlotView {
                     residency: crate::sim::residency::residency_with_starts(
-                        &records,
-                        &report,
+                        &self.records,
+                        report,
                         &starting,
                         settings.slots,
                         settings.cache_ram,

@@ -117,8 +117,8 @@ pub fn residency<R: Priced>(
 /// `residency`, and what each of `starting` (requests whose response has not come: records
 /// with no response) does when it reaches the server, in the order they started: each takes
 /// the slot llama-server would give it among those the ones before it left idle.
-pub fn residency_with_starts<R: Priced>(
-    records: &[Record],
+pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
+    records: &[B],
     report: &Report<R>,
     starting: &[Record],
     slots: usize,

@@ -93,11 +93,11 @@ impl Totals {
 
 /// The chat requests a replay can use (llama.cpp's `timings` ride on OpenAI-style chat
 /// responses, and each needs the server's prompt count), with their record's index.
-pub(super) fn replayable(records: &[Record]) -> Vec<(usize, Exchange)> {
+pub(super) fn replayable<B: std::borrow::Borrow<Record>>(records: &[B]) -> Vec<(usize, Exchange)> {
     records
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| normalize(r).ok().map(|x| (i, x)))
+        .filter_map(|(i, r)| normalize(r.borrow()).ok().map(|x| (i, x)))
         .filter(|(_, x)| {
             x.ok && x.api == Api::OpenaiChat && x.counts.prompt_tokens.is_some_and(|p| p.value > 0)
         })
