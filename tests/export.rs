@@ -613,31 +613,50 @@ fn otel_carries_messages_and_the_servers_reuse_and_refuses_digests() {
     }
 }
 
+/// A gateway log exports as the recording a proxy would have written: conversations are the
+/// analysis's (a turn that re-sends the history continues it), not the session ids, which
+/// would join unrelated prompts of one user.
 #[test]
-fn gateway_logs_export_with_session_conversations() {
-    let body = |user: &str, text: &str| {
+fn gateway_logs_export_with_the_analysis_conversations() {
+    let message = |role: &str, text: &str| {
+        format!("{{\"\"role\"\":\"\"{role}\"\",\"\"content\"\":\"\"{text}\"\"}}")
+    };
+    let body = |user: &str, messages: &[String]| {
         format!(
-            "\"{{\"\"model\"\":\"\"glm-5\"\",\"\"user\"\":\"\"{user}\"\",\"\"messages\"\":[{{\"\"role\"\":\"\"user\"\",\"\"content\"\":\"\"{text}\"\"}}]}}\""
+            "\"{{\"\"model\"\":\"\"glm-5\"\",\"\"user\"\":\"\"{user}\"\",\"\"messages\"\":[{}]}}\"",
+            messages.join(",")
         )
     };
-    let usage = "\"{\"\"usage\"\":{\"\"prompt_tokens\"\":40,\"\"completion_tokens\"\":3}}\"";
+    let usage = "\"{\"\"usage\"\":{\"\"prompt_tokens\"\":40,\"\"completion_tokens\"\":3},\"\"choices\"\":[{\"\"message\"\":{\"\"role\"\":\"\"assistant\"\",\"\"content\"\":\"\"an answer\"\"}}]}\"";
+    let system = message(
+        "system",
+        &"You answer questions about the weather. ".repeat(8),
+    );
+    let first = [system.clone(), message("user", "first question")];
+    let second = [
+        system.clone(),
+        message("user", "first question"),
+        message("assistant", "an answer"),
+        message("user", "second question"),
+    ];
     let csv = format!(
         "timestamp,request_json,response_json,status_code\n\
          2,{},{usage},200\n\
-         1,{},,200\n\
+         1,{},{usage},200\n\
          3,not json,,200\n\
-         4,{},{usage},200\n",
-        body("alice", "second question"),
-        body("alice", "first question"),
-        body("bob", "other question"),
+         4,{},,200\n",
+        body("alice", &second),
+        body("alice", &first),
+        body("alice", &[message("user", "unrelated question")]),
     );
     let inputs = Memory(vec![("g.csv".into(), csv.into_bytes())]);
     let (text, summary) = exported(&inputs, Format::Csv, Target::Bailian);
     assert_eq!(summary.requests, 3);
     assert_eq!(summary.bad_rows.len(), 1);
-    assert_eq!(summary.output_estimated, 1, "the row without a response");
+    assert_eq!(summary.bad_rows[0].row.line, 4);
+    assert_eq!(summary.conversation_source, "the analysis");
     let rows = lines(&text);
-    // Timestamp order; alice's two requests are one conversation.
+    // Timestamp order; the second turn continues the first; the unrelated one stands alone.
     let chain: Vec<(i64, i64)> = rows
         .iter()
         .map(|r| {

@@ -110,13 +110,56 @@ pub struct RecordingFile {
     pub bad_lines: Vec<prefixscope::record::BadLine>,
 }
 
-/// Reads every file it can; `None` when none could be opened at all (exit 1).
+impl Recordings {
+    /// A gateway log's rows as the records a proxy would have written (`gateway_csv::records`).
+    fn read_log(&mut self, path: &std::path::Path, reader: Box<dyn std::io::BufRead>) {
+        let name = path.display().to_string();
+        let mut log = prefixscope::input::gateway_csv::records(reader, &name, None);
+        // Each log numbers its rows from 1: a second one's come after the first's.
+        let base = self.records.iter().map(|r| r.id).max().unwrap_or(0);
+        for record in &mut log.records {
+            record.id += base;
+        }
+        for bad in &log.report.bad_rows {
+            prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+        }
+        if !log.timed && !log.records.is_empty() {
+            prefixscope::stderr_line!(
+                "prefixscope: {name}: a gateway log without timestamps: its rows in file order, {} s apart",
+                prefixscope::input::gateway_csv::UNTIMED_PACE_MS / 1000
+            );
+        }
+        self.files.push(RecordingFile {
+            path: path.to_path_buf(),
+            records: log.records.len(),
+            bad_lines: log
+                .report
+                .bad_rows
+                .iter()
+                .map(|b| prefixscope::record::BadLine {
+                    line: b.line,
+                    error: b.error.clone(),
+                })
+                .collect(),
+        });
+        self.records.extend(log.records);
+    }
+}
+
+/// Reads every file it can (recordings, and gateway logs as the records a proxy would have
+/// written); `None` when none could be opened at all (exit 1).
 pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
     let mut out = Recordings {
         records: Vec::new(),
         files: Vec::new(),
     };
     for path in paths {
+        if let Ok(opened) = prefixscope::input::open(path, None)
+            && opened.format == prefixscope::input::Format::Csv
+        {
+            out.read_log(path, opened.reader);
+            continue;
+        }
         match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
             Ok(opened) => {
                 let read = prefixscope::record::read_jsonl(opened.reader);

@@ -154,7 +154,7 @@ pub fn export(
 ) -> Result<Summary, ExportError> {
     match format {
         Format::Recording => recordings(inputs, options, out),
-        Format::Csv => gateway(inputs, options, out),
+        Format::Csv => gateway_as_recordings(inputs, options, out),
         Format::Mooncake | Format::Bailian => traces(inputs, format, options, out),
     }
 }
@@ -695,170 +695,48 @@ fn recordings(
 // ---------------------------------------------------------------------------------------------
 // Gateway CSV
 
-struct GatewayContext<'a> {
-    options: &'a Options,
-    cutter: RefCell<Cutter>,
-    conversation_of: Vec<Option<u64>>,
-    last: Vec<bool>,
-}
-
-impl GatewayContext<'_> {
-    fn request(&self, row: gateway_csv::CsvRow, seq: u32) -> ExportRequest {
-        let options = self.options;
-        let salt = &options.salt;
-        let (cut, _) = self.cutter.borrow_mut().cut_turn(
-            &row.prompt,
-            row.prompt_tokens,
-            row.reply().as_ref(),
-            row.request.output_tokens,
-        );
-        let input_tokens = cut.input_tokens.max(1);
-        let added = new_input(&row.prompt);
-        let api = if row.body.get("messages").is_some() {
-            Api::OpenaiChat
-        } else {
-            Api::OpenaiCompletions
-        };
-        let output = row
-            .response
-            .as_ref()
-            .map(|r| digest::response_digest(api, r).output);
-        let (reply, reply_chars) = output.as_ref().map(reply_of).unwrap_or_default();
-        let hash_ids = id_block_size(options).map_or_else(Vec::new, |bs| {
-            let ids: Vec<u64> = cut.blocks.iter().map(|b| b.id).collect();
-            hash_ids(
-                &ids,
-                bs,
-                input_tokens,
-                bs,
-                options.target != Target::Weka,
-                salt,
-                u64::from(seq),
-            )
-        });
-        let index = seq as usize;
-        ExportRequest {
-            t_ms: row.request.t_ms.unwrap_or(0),
-            duration_ms: None,
-            ttft_ms: None,
-            streamed: row.request.streamed,
-            input_tokens,
-            output: output_length(
-                row.request.output_tokens,
-                reply_chars,
-                self.cutter.borrow().model.tokens_per_char,
-            ),
-            hash_ids,
-            conversation: Conversation {
-                key: self.conversation_of[index]
-                    .unwrap_or_else(|| salt.id(Tag::Single, &[u64::from(seq)])),
-                client: None,
-                last: self.last[index],
-            },
-            model: row.prompt.model.clone(),
-            reply,
-            after_tool_result: added.0,
-            new_text: added.1,
-            tools: tool_keys(body_tool_names(&row.body), salt),
-            server_reused_tokens: row.request.server_reused_tokens,
-            content: (options.target == Target::Otel)
-                .then(|| content_of(api, &row.body, row.response.as_ref())),
-        }
-    }
-}
-
-struct GatewayFile<'a, R: BufRead> {
-    rows: gateway_csv::Rows<R>,
-    /// (row index, seq) of the file's exportable rows, in file order.
-    indexes: Vec<(u32, u32)>,
-    next: usize,
-    context: &'a GatewayContext<'a>,
-}
-
-impl<R: BufRead> FileRequests for GatewayFile<'_, R> {
-    fn next_request(&mut self) -> Result<Option<(u32, ExportRequest)>, ExportError> {
-        let Some(&(index, seq)) = self.indexes.get(self.next) else {
-            return Ok(None);
-        };
-        self.next += 1;
-        for row in self.rows.by_ref() {
-            if row.index as u32 == index {
-                return Ok(Some((seq, self.context.request(row, seq))));
-            }
-        }
-        Ok(None)
-    }
-}
-
-fn gateway(
+/// Gateway logs exported as the recordings a proxy would have written
+/// (`gateway_csv::records`): conversations from the analysis, as for recordings. Each log's
+/// records are held as recording lines in memory (a log's rows are read whole to be put in
+/// time order anyway).
+fn gateway_as_recordings(
     inputs: &dyn Inputs,
     options: &Options,
     out: &mut dyn Write,
 ) -> Result<Summary, ExportError> {
-    let mut summary = Summary::default();
-    let salt = &options.salt;
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut conversation_of: Vec<Option<u64>> = Vec::new();
-    let mut evidence = crate::input::ModelEvidence::default();
+    struct InMemory(Vec<(String, Vec<u8>)>);
+    impl Inputs for InMemory {
+        fn count(&self) -> usize {
+            self.0.len()
+        }
+        fn name(&self, index: usize) -> String {
+            self.0
+                .get(index)
+                .map(|(n, _)| n.clone())
+                .unwrap_or_default()
+        }
+        fn open(&self, index: usize) -> io::Result<Box<dyn BufRead + '_>> {
+            let bytes = self.0.get(index).map_or(&[][..], |(_, b)| b.as_slice());
+            Ok(Box::new(bytes))
+        }
+    }
+    let mut logs = Vec::new();
+    let mut reports = Vec::new();
     for file in 0..inputs.count() {
         let name = inputs.name(file);
-        let mut rows =
-            gateway_csv::Rows::new(open(inputs, file)?, &name, options.ts_column.as_deref());
-        for row in rows.by_ref() {
-            if let Some(tokens) = row.prompt_tokens {
-                evidence.fit.add(row.index as u64, &row.prompt, tokens);
-            }
-            entries.push(Entry {
-                file: file as u32,
-                position: row.index as u32,
-                t_ms: row.request.t_ms,
-            });
-            conversation_of.push(
-                row.request
-                    .session_id
-                    .as_ref()
-                    .map(|s| salt.key(Tag::Conversation, &s.value)),
-            );
+        let log = gateway_csv::records(open(inputs, file)?, &name, options.ts_column.as_deref());
+        let mut lines = Vec::new();
+        for record in &log.records {
+            lines.extend(crate::record::record_line(record));
         }
-        summary.merge(rows.report);
+        logs.push((name, lines));
+        reports.push(log.report);
     }
-    summary.conversation_source = if conversation_of.iter().any(Option::is_some) {
-        "session ids (prompt_cache_key, metadata, user)".to_string()
-    } else {
-        "none: one request each".to_string()
-    };
-    let by_time = entries.iter().all(|e| e.t_ms.is_some());
-    let (order, last) = plan(&entries, &conversation_of, by_time);
-    let origin_ms = entries.iter().filter_map(|e| e.t_ms).min().unwrap_or(0);
-    let context = GatewayContext {
-        options,
-        cutter: RefCell::new(Cutter::new(BlockModel {
-            block_size: id_block_size(options).unwrap_or(16),
-            salt: salt.seed(),
-            tools_position: options.tools_position,
-            tokens_per_char: evidence.fit.weights().per_text_char,
-            weights: Some(evidence.fit.weights()),
-            keys_from_messages: false,
-        })),
-        conversation_of,
-        last,
-    };
-    let mut files: Vec<Box<dyn FileRequests + '_>> = Vec::new();
-    for (file, indexes) in positions(&entries, inputs.count()).into_iter().enumerate() {
-        let name = inputs.name(file);
-        files.push(Box::new(GatewayFile {
-            rows: gateway_csv::Rows::new(open(inputs, file)?, &name, options.ts_column.as_deref()),
-            indexes,
-            next: 0,
-            context: &context,
-        }));
+    let mut summary = recordings(&InMemory(logs), options, out)?;
+    // The rows no record came of (the records' own skips are counted as a recording's).
+    for report in reports {
+        summary.merge(report);
     }
-    let plan = Planned {
-        entries,
-        order,
-        origin_ms,
-    };
-    write_planned(&plan, files, options, &mut summary, inputs, out)?;
     Ok(summary)
 }
 

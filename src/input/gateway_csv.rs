@@ -1,24 +1,19 @@
-//! Gateway logs as CSV: a `request_json` column with the OpenAI-format request body; used when
-//! present: `response_json` (for the server's token counts), `model_name`, `status_code`, and a
-//! timestamp column (`--ts-column`, else the first of `timestamp`, `ts`, `created_at`,
-//! `request_time`, `time`) holding epoch seconds or milliseconds or ISO-8601. Rows are replayed
-//! in timestamp order when every row has one (gateways often log when a request ended, or newest
-//! first), else in file order.
+//! Gateway logs as CSV, read as the records a proxy would have written ([`records`]), so every
+//! analysis, pane and export runs on a log as on a recording. Columns: `request_json` (the
+//! OpenAI-format request body); used when present: `response_json` (the response body: the
+//! server's token counts, the reply), `model_name`, `status_code`, a session column
+//! ([`SESSION_COLUMNS`]) and a timestamp column (`--ts-column`, else the first of `timestamp`,
+//! `ts`, `created_at`, `request_time`, `time`) holding epoch seconds or milliseconds or
+//! ISO-8601. Rows are put in timestamp order when every row has one (gateways often log when a
+//! request ended, or newest first), else in file order, `UNTIMED_PACE_MS` apart.
 
 use std::io::BufRead;
 
 use serde_json::Value;
 
-use super::recording::Pending;
-use super::{
-    FileInput, FileReport, Format, InputOptions, choose_block_model, server_counts,
-    session_id_in_body,
-};
-use crate::cache::Request;
-use crate::cache::blocks::{Cutter, Prompt, prompt_from_body, reply_segment};
+use super::{FileInput, FileReport, Format, InputOptions};
 use crate::calendar::days_from_civil;
 use crate::limits::{CsvRecordCap, MAX_LINE_BYTES, too_long_message};
-use crate::normalize::Api;
 
 const TIMESTAMP_COLUMNS: [&str; 5] = ["timestamp", "ts", "created_at", "request_time", "time"];
 
@@ -97,76 +92,15 @@ fn parse_iso8601_ms(text: &str) -> Option<i64> {
 }
 
 pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
-    let mut rows = Rows::new(reader, name, options.ts_column.as_deref());
-    let mut pending: Vec<Pending> = rows
-        .by_ref()
-        .map(CsvRow::into_pending)
-        .map(|p| p.with_replies(options.replies))
-        .collect();
-    let mut report = rows.report;
-
-    if pending.iter().all(|p| p.request.t_ms.is_some()) {
-        pending.sort_by_key(|p| p.request.t_ms);
+    let log = records(reader, name, options.ts_column.as_deref());
+    let mut input = super::keyed_by_analysis(
+        super::recording::of_records(log.records, log.report, options),
+        name,
+    );
+    if input.report.conversation_source != "analysis" {
+        input.report.conversation_source = "none".to_string();
     }
-    let (model, choice) = choose_block_model(options, &Pending::evidence(&pending));
-    report.block_model = Some(choice);
-    let mut cutter = Cutter::new(model);
-    let requests: Vec<Request> = pending.into_iter().map(|p| p.cut(&mut cutter)).collect();
-    report.requests = requests.len() as u64;
-    report.conversation_source = if requests.iter().any(|r| r.session_id.is_some()) {
-        "session id".to_string()
-    } else {
-        "none".to_string()
-    };
-    let mut requests = requests;
-    for request in &mut requests {
-        request.conversation = request.session_id.as_ref().map(|s| s.value.clone());
-    }
-    FileInput { requests, report }
-}
-
-/// One good row of a gateway log: its prompt (not cut yet: blocks wait for the whole input's
-/// tokens-per-character) and what was read beside it.
-pub struct CsvRow {
-    /// The row's position among the file's records (header excluded), from 0.
-    pub index: usize,
-    pub prompt: Prompt,
-    /// The server's prompt token count, when the response gave one.
-    pub prompt_tokens: Option<u64>,
-    /// Everything but the blocks.
-    pub request: Request,
-    /// The OpenAI-format request body.
-    pub body: Value,
-    /// The response body, when the row has one that parses.
-    pub response: Option<Value>,
-}
-
-impl CsvRow {
-    /// The reply as the next turn renders it (the response is OpenAI-format, as the request).
-    pub fn reply(&self) -> Option<crate::cache::blocks::Segment> {
-        self.response
-            .as_ref()
-            .and_then(|r| reply_segment(Api::OpenaiChat, r, self.request.output_tokens))
-    }
-
-    /// The row on its way to a request: its prompt, counts and reply (the response is
-    /// OpenAI-format, as the request is).
-    pub fn into_pending(self) -> Pending {
-        let counts = self
-            .response
-            .as_ref()
-            .map(server_counts)
-            .unwrap_or_default();
-        let reply = self.reply();
-        Pending {
-            prompt: self.prompt,
-            prompt_tokens: self.prompt_tokens,
-            reply,
-            server: counts.server,
-            order: self.index as u64,
-            request: self.request,
-        }
-    }
+    input
 }
 
 /// A gateway log one row at a time, in file order; bad rows and non-2xx responses are counted in
@@ -180,8 +114,36 @@ pub struct Rows<R: std::io::Read> {
     model_column: Option<usize>,
     status_column: Option<usize>,
     ts_column: Option<usize>,
+    /// A column of session or conversation ids (`SESSION_COLUMNS`), and its name.
+    session_column: Option<(usize, String)>,
     index: usize,
     pub report: FileReport,
+}
+
+/// Columns read as a session id (the client's own conversation key), first found.
+pub const SESSION_COLUMNS: [&str; 6] = [
+    "session_id",
+    "conversation_id",
+    "thread_id",
+    "x-session-id",
+    "x_session_id",
+    "session",
+];
+
+/// One row as logged, before any prompt is read from it: what a record is made of.
+pub struct RawRow {
+    /// The row's position among the file's records (header excluded), from 0.
+    pub index: usize,
+    /// Its line in the file (a quoted field may span several).
+    pub line: usize,
+    pub status: Option<u16>,
+    pub body: Value,
+    /// The response body, when the row has one that parses.
+    pub response: Option<Value>,
+    pub model: Option<String>,
+    pub t_ms: Option<i64>,
+    /// The session column's name and the row's value in it.
+    pub session: Option<(String, String)>,
 }
 
 impl<R: BufRead> Rows<R> {
@@ -217,12 +179,16 @@ impl<R: BufRead> Rows<R> {
             },
             None => TIMESTAMP_COLUMNS.iter().find_map(|name| column(name)),
         };
+        let session_column = SESSION_COLUMNS
+            .iter()
+            .find_map(|name| column(name).map(|c| (c, (*name).to_string())));
         Rows {
             request_column,
             response_column: column("response_json"),
             model_column: column("model_name"),
             status_column: column("status_code"),
             ts_column,
+            session_column,
             csv,
             record: csv::StringRecord::new(),
             index: 0,
@@ -231,10 +197,10 @@ impl<R: BufRead> Rows<R> {
     }
 }
 
-impl<R: BufRead> Iterator for Rows<R> {
-    type Item = CsvRow;
-
-    fn next(&mut self) -> Option<CsvRow> {
+impl<R: BufRead> Rows<R> {
+    /// The next row that parses, whatever its status; bad rows are counted in `report` as they
+    /// are met.
+    pub fn next_raw(&mut self) -> Option<RawRow> {
         let request_column = self.request_column?;
         loop {
             let line = self.csv.position().line() as usize;
@@ -266,20 +232,17 @@ impl<R: BufRead> Iterator for Rows<R> {
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
             };
-            if let Some(status) = field(self.status_column) {
-                match status.parse::<u16>() {
-                    Ok(code) if (200..300).contains(&code) => {}
-                    Ok(_) => {
-                        self.report.non_2xx += 1;
-                        continue;
-                    }
+            let status = match field(self.status_column) {
+                Some(status) => match status.parse::<u16>() {
+                    Ok(code) => Some(code),
                     Err(_) => {
                         self.report
                             .bad(line, format!("status_code {status:?} is not a number"));
                         continue;
                     }
-                }
-            }
+                },
+                None => None,
+            };
             let body: Value = match field(Some(request_column)).map(serde_json::from_str) {
                 Some(Ok(body)) => body,
                 Some(Err(e)) => {
@@ -291,22 +254,6 @@ impl<R: BufRead> Iterator for Rows<R> {
                     continue;
                 }
             };
-            let api = if body.get("messages").is_some() {
-                Api::OpenaiChat
-            } else {
-                Api::OpenaiCompletions
-            };
-            let Some(mut prompt) = prompt_from_body(api, &body, None) else {
-                self.report
-                    .bad(line, "request_json holds neither messages nor a prompt");
-                continue;
-            };
-            if prompt.model.is_none() {
-                prompt.model = field(self.model_column).map(str::to_string);
-            }
-            let response: Option<Value> =
-                field(self.response_column).and_then(|r| serde_json::from_str(r).ok());
-            let counts = response.as_ref().map(server_counts).unwrap_or_default();
             let t_ms = match field(self.ts_column) {
                 Some(text) => match parse_timestamp_ms(text) {
                     Some(t) => Some(t),
@@ -320,30 +267,113 @@ impl<R: BufRead> Iterator for Rows<R> {
                 },
                 None => None,
             };
-            let request = Request {
-                t_ms,
-                output_tokens: counts.output_tokens,
-                session_id: session_id_in_body(&body),
-                model: prompt.model.clone(),
-                streamed: Some(body.get("stream").and_then(Value::as_bool).unwrap_or(false)),
-                server_reused_tokens: counts.reused_tokens,
-                ..Request::default()
-            };
-            let prompt_tokens = super::bounded_prompt_tokens(
-                &counts,
-                prompt.chars(),
-                &format!("line {line}"),
-                &mut self.report,
-            );
-            return Some(CsvRow {
+            let session = self.session_column.as_ref().and_then(|(c, name)| {
+                field(Some(*c)).map(|value| {
+                    let value: String = value.chars().take(MAX_SESSION_CHARS).collect();
+                    (name.clone(), value)
+                })
+            });
+            return Some(RawRow {
                 index,
-                prompt,
-                prompt_tokens,
-                request,
+                line,
+                status,
+                response: field(self.response_column).and_then(|r| serde_json::from_str(r).ok()),
+                model: field(self.model_column).map(str::to_string),
                 body,
-                response,
+                t_ms,
+                session,
             });
         }
+    }
+}
+
+/// A session id is cut to this many characters (an id, not a payload).
+const MAX_SESSION_CHARS: usize = 256;
+
+/// A gateway log's rows as the records a proxy would have written: the same analysis,
+/// panes and exports then run on it. `timed`: every row had a timestamp (records in time
+/// order); else they are in file order, `UNTIMED_PACE_MS` apart from 0.
+pub struct LogRecords {
+    pub records: Vec<crate::record::Record>,
+    pub report: FileReport,
+    pub timed: bool,
+}
+
+/// The pace of a log without timestamps: one row a second, in file order.
+pub const UNTIMED_PACE_MS: i64 = 1_000;
+
+pub fn records(reader: impl BufRead, name: &str, ts_column: Option<&str>) -> LogRecords {
+    use crate::record::{Record, RequestRecord, ResponseRecord};
+    let mut rows = Rows::new(reader, name, ts_column);
+    let mut raws = Vec::new();
+    while let Some(raw) = rows.next_raw() {
+        raws.push(raw);
+    }
+    let timed = !raws.is_empty() && raws.iter().all(|r| r.t_ms.is_some());
+    let mut records: Vec<Record> = raws
+        .into_iter()
+        .map(|raw| {
+            let t_ms = match (timed, raw.t_ms) {
+                (true, Some(t)) => t,
+                _ => raw.index as i64 * UNTIMED_PACE_MS,
+            };
+            let path = if raw.body.get("messages").is_some() {
+                "/v1/chat/completions"
+            } else {
+                "/v1/completions"
+            };
+            let mut body = raw.body;
+            if body.get("model").is_none()
+                && let (Some(model), Some(object)) = (raw.model, body.as_object_mut())
+            {
+                object.insert("model".into(), Value::String(model));
+            }
+            Record {
+                v: 1,
+                id: raw.index as u64 + 1,
+                conn: 0,
+                t_start_ms: t_ms,
+                t_first_byte_ms: None,
+                t_end_ms: t_ms,
+                request: RequestRecord {
+                    method: "POST".into(),
+                    path: path.into(),
+                    // Read as a recording's session header is (its column named in README).
+                    headers: raw
+                        .session
+                        .into_iter()
+                        .map(|(_, value)| ("x-session-id".to_string(), value))
+                        .collect(),
+                    body_bytes: 0,
+                    body: Some(body),
+                    body_text: None,
+                    digest: None,
+                },
+                response: Some(ResponseRecord {
+                    // A log without a status column logged what answered.
+                    status: raw.status.unwrap_or(200),
+                    headers: Default::default(),
+                    stream: None,
+                    chunks: None,
+                    bad_chunks: None,
+                    body_bytes: 0,
+                    truncated: false,
+                    body: raw.response,
+                    body_text: None,
+                    digest: None,
+                }),
+                error: None,
+                tokens: None,
+                probe: false,
+            }
+        })
+        .collect();
+    // Gateways often log when a request ended, or newest first: replayed by time.
+    records.sort_by_key(|r| (r.t_start_ms, r.id));
+    LogRecords {
+        records,
+        report: rows.report,
+        timed,
     }
 }
 

@@ -119,8 +119,17 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     for bad in &result.bad_lines {
         report.bad(bad.line, bad.error.clone());
     }
-    let pending: Vec<Pending> = result
-        .records
+    of_records(result.records, report, options)
+}
+
+/// Records already read (a recording's lines, a gateway log's rows) as a recording, with what
+/// reading them found so far in `report`.
+pub fn of_records(
+    records: Vec<Record>,
+    mut report: FileReport,
+    options: &InputOptions,
+) -> Recording {
+    let pending: Vec<Pending> = records
         .iter()
         .filter_map(|record| pending_request(record, &mut report))
         .map(|p| p.with_replies(options.replies))
@@ -132,7 +141,7 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     report.requests = requests.len() as u64;
     Recording {
         input: FileInput { requests, report },
-        records: result.records,
+        records,
     }
 }
 

@@ -15,7 +15,7 @@ use crate::analysis::Config;
 use crate::cache::Request;
 use crate::input::{self, Format, InputOptions};
 use crate::live::{Engine, Input, LIVE_BLOCK_SIZE, Measured};
-use crate::record::Lines;
+use crate::record::{Lines, Record};
 
 /// What to replay and how fast.
 #[derive(Debug, Clone)]
@@ -30,8 +30,11 @@ pub struct ReplayConfig {
 enum Source {
     /// Recordings, opened, read as they are fed.
     Recordings(Vec<(PathBuf, std::fs::File)>),
-    /// A trace's or gateway log's requests (read whole: the block model needs the file's
-    /// tokens per character first), in start order, and its bad rows.
+    /// Gateway logs as the records a proxy would have written (read whole: a log's rows are
+    /// put in time order), every pane applies.
+    Log(Vec<Record>),
+    /// A trace's requests (read whole: the block model needs the file's tokens per character
+    /// first), in start order, and its bad rows.
     Trace {
         requests: Vec<Request>,
         format: Format,
@@ -84,7 +87,10 @@ impl Replay {
             seek_until_ms: AtomicI64::new(NO_SEEK),
         });
         let mut messages = Vec::new();
-        let source = if traces > 0 {
+        let logs = formats.iter().filter(|f| **f == Some(Format::Csv)).count();
+        let source = if logs > 0 && logs == formats.len() {
+            Source::Log(read_logs(&config.files, &mut messages)?)
+        } else if traces > 0 {
             let format = formats
                 .iter()
                 .flatten()
@@ -121,7 +127,7 @@ impl Replay {
     pub fn trace_format(&self) -> Option<Format> {
         match &self.source {
             Source::Trace { format, .. } => Some(*format),
-            Source::Recordings(_) => None,
+            Source::Recordings(_) | Source::Log(_) => None,
         }
     }
 
@@ -153,6 +159,16 @@ impl Replay {
                     pacer.feed(items, &inputs, Input::Request);
                 })
             }
+            Source::Log(records) => Box::new(move |inputs: Sender<Input>| {
+                let measured = Measured::of(&records);
+                if inputs.send(Input::BlockModel(Box::new(measured))).is_err() {
+                    return;
+                }
+                let items = records
+                    .into_iter()
+                    .map(|r| (r.t_start_ms, Some(Arc::new(r))));
+                pacer.feed(items, &inputs, Input::Record);
+            }),
             Source::Recordings(opened) => Box::new(move |inputs: Sender<Input>| {
                 // The block model first, as `profile` measures it: a pass that keeps only the
                 // sums (the screen is up meanwhile; records follow).
@@ -190,6 +206,7 @@ impl Replay {
                 format,
                 bad,
             } => headless_trace(&requests, format, bad, out),
+            Source::Log(records) => headless_log(records, &self.pacer, out),
             Source::Recordings(opened) => headless_records(opened, &self.pacer, out, err),
         }
     }
@@ -215,8 +232,63 @@ fn open_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
-/// A trace's or gateway log's requests, in start order, and the bad rows skipped (each also
-/// described in `messages`).
+/// Gateway logs as records, in time order (several: each one's ids after the one before's),
+/// their bad rows and whether they had timestamps described in `messages`.
+fn read_logs(paths: &[PathBuf], messages: &mut Vec<String>) -> Result<Vec<Record>, Error> {
+    let mut records = Vec::new();
+    let mut opened = 0;
+    for path in paths {
+        match input::open_decompressed(path) {
+            Ok(reader) => {
+                opened += 1;
+                let name = path.display().to_string();
+                let mut log = input::gateway_csv::records(reader, &name, None);
+                for row in &log.report.bad_rows {
+                    messages.push(format!("{name}:{}: {}", row.line, row.error));
+                }
+                if !log.timed && !log.records.is_empty() {
+                    messages.push(format!(
+                        "{name}: no timestamps: its rows replay in file order, one every {} s at ×1",
+                        input::gateway_csv::UNTIMED_PACE_MS / 1000
+                    ));
+                }
+                let base = records.iter().map(|r: &Record| r.id).max().unwrap_or(0);
+                for record in &mut log.records {
+                    record.id += base;
+                }
+                records.extend(log.records);
+            }
+            Err(e) => messages.push(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+    if opened == 0 {
+        return Err(Error::Unreadable(messages.join("; ")));
+    }
+    records.sort_by_key(|r| (r.t_start_ms, r.id));
+    Ok(records)
+}
+
+/// Logs: every record's status line, then the snapshot's summary (as `headless_records`).
+fn headless_log(records: Vec<Record>, pacer: &Pacer, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut engine = Engine::new(Config::default());
+    engine.push(Input::BlockModel(Box::new(Measured::of(&records))));
+    for record in records {
+        if pacer.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        writeln!(out, "{}", record_line(&record))?;
+        engine.push(Input::Record(Arc::new(record), 0));
+    }
+    engine.push(Input::SourceDone);
+    write!(
+        out,
+        "{}",
+        crate::text::printable(&engine.snapshot().summary())
+    )
+}
+
+/// A trace's requests, in start order, and the bad rows skipped (each also described in
+/// `messages`).
 fn read_trace(
     paths: &[PathBuf],
     format: Format,
