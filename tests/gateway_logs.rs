@@ -185,3 +185,50 @@ fn analyze_and_the_headless_replay_of_a_log_say_the_same() {
             .contains("no timestamps: its rows replay in file order")
     );
 }
+
+/// The same log as JSON Lines (one object per exchange, the CSV's column names as keys, the
+/// bodies as objects): the same records, and `analyze` says the same.
+#[test]
+fn a_json_lines_log_reads_as_its_csv_does() {
+    let csv = log_records();
+    let reader = input::open_decompressed(&log_path()).unwrap();
+    let mut rows = csv::Reader::from_reader(reader);
+    let headers = rows.headers().unwrap().clone();
+    let mut jsonl = String::new();
+    for row in rows.records() {
+        let row = row.unwrap();
+        let mut object = serde_json::Map::new();
+        for (name, value) in headers.iter().zip(row.iter()) {
+            let value = match name {
+                "request_json" | "response_json" => {
+                    serde_json::from_str(value).unwrap_or(serde_json::Value::Null)
+                }
+                _ => serde_json::Value::String(value.to_string()),
+            };
+            object.insert(name.to_string(), value);
+        }
+        jsonl.push_str(&serde_json::Value::Object(object).to_string());
+        jsonl.push('\n');
+    }
+    let mut head = jsonl.as_bytes();
+    assert_eq!(input::detect(&mut head).unwrap(), Some(Format::Csv));
+    let json = gateway_csv::records(jsonl.as_bytes(), "pydantic-ai.jsonl", None);
+    assert_eq!(json.records.len(), csv.records.len());
+    assert!(
+        json.report.bad_rows.is_empty(),
+        "{:?}",
+        json.report.bad_rows
+    );
+    assert_eq!(json.records, csv.records);
+    let dir =
+        std::env::temp_dir().join(format!("prefixscope-gateway-jsonl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pydantic.jsonl");
+    std::fs::write(&path, &jsonl).unwrap();
+    let text = |path: &Path| {
+        let output = Command::new(BIN).arg("analyze").arg(path).output().unwrap();
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).to_string()
+    };
+    assert_eq!(text(&path), text(&log_path()));
+}

@@ -302,13 +302,134 @@ pub struct LogRecords {
 /// The pace of a log without timestamps: one row a second, in file order.
 pub const UNTIMED_PACE_MS: i64 = 1_000;
 
-pub fn records(reader: impl BufRead, name: &str, ts_column: Option<&str>) -> LogRecords {
-    use crate::record::{Record, RequestRecord, ResponseRecord};
-    let mut rows = Rows::new(reader, name, ts_column);
+/// A log's records: CSV, or JSON Lines (one object per exchange, keyed by the CSV's column
+/// names, told by its first byte).
+pub fn records(mut reader: impl BufRead, name: &str, ts_column: Option<&str>) -> LogRecords {
+    let json_lines = reader
+        .fill_buf()
+        .ok()
+        .and_then(|head| head.iter().find(|b| !b.is_ascii_whitespace()).copied())
+        == Some(b'{');
+    let (raws, report) = if json_lines {
+        json_rows(reader, name, ts_column)
+    } else {
+        let mut rows = Rows::new(reader, name, ts_column);
+        let mut raws = Vec::new();
+        while let Some(raw) = rows.next_raw() {
+            raws.push(raw);
+        }
+        (raws, rows.report)
+    };
+    of_rows(raws, report)
+}
+
+/// A JSON Lines log's rows: each line an object with the CSV's column names as keys, whose
+/// bodies are objects or JSON text. Bad lines are counted, never fatal.
+fn json_rows(
+    reader: impl BufRead,
+    name: &str,
+    ts_column: Option<&str>,
+) -> (Vec<RawRow>, FileReport) {
+    let mut report = FileReport::new(name, Format::Csv);
     let mut raws = Vec::new();
-    while let Some(raw) = rows.next_raw() {
-        raws.push(raw);
+    let timestamp_keys: Vec<&str> = match ts_column {
+        Some(column) => vec![column],
+        None => TIMESTAMP_COLUMNS.to_vec(),
+    };
+    let mut reader = reader;
+    let mut buffer = Vec::new();
+    let mut number = 0;
+    loop {
+        use crate::limits::{Line, read_line_bounded};
+        number += 1;
+        match read_line_bounded(&mut reader, &mut buffer, MAX_LINE_BYTES) {
+            Ok(Line::Eof) => break,
+            Ok(Line::Read { .. }) => {}
+            Ok(Line::TooLong { bytes }) => {
+                report.bad(number, too_long_message(bytes));
+                continue;
+            }
+            Err(e) => {
+                report.bad(number, format!("read error: {e}"));
+                break;
+            }
+        }
+        if buffer.trim_ascii().is_empty() {
+            continue;
+        }
+        let object: serde_json::Map<String, Value> = match serde_json::from_slice(&buffer) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => {
+                report.bad(number, "not a JSON object");
+                continue;
+            }
+            Err(e) => {
+                report.bad(number, format!("not JSON: {e}"));
+                continue;
+            }
+        };
+        // A body is an object, or JSON text in a string (as a CSV cell holds it).
+        let body_of = |key: &str| match object.get(key) {
+            Some(Value::String(text)) => serde_json::from_str::<Value>(text).ok(),
+            Some(Value::Null) | None => None,
+            Some(value) => Some(value.clone()),
+        };
+        let text_of = |key: &str| match object.get(key) {
+            Some(Value::String(text)) if !text.trim().is_empty() => Some(text.trim().to_string()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let Some(body) = body_of("request_json").filter(Value::is_object) else {
+            report.bad(number, "no request_json object (the request body)");
+            continue;
+        };
+        let status = match text_of("status_code") {
+            Some(text) => match text.parse::<u16>() {
+                Ok(code) => Some(code),
+                Err(_) => {
+                    report.bad(number, format!("status_code {text:?} is not a number"));
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let t_ms = match timestamp_keys.iter().find_map(|k| text_of(k)) {
+            Some(text) => match parse_timestamp_ms(&text) {
+                Some(t) => Some(t),
+                None => {
+                    report.bad(
+                        number,
+                        format!("timestamp {text:?} is neither epoch nor ISO-8601"),
+                    );
+                    continue;
+                }
+            },
+            None => None,
+        };
+        let session = SESSION_COLUMNS.iter().find_map(|key| {
+            text_of(key).map(|v| {
+                (
+                    (*key).to_string(),
+                    v.chars().take(MAX_SESSION_CHARS).collect(),
+                )
+            })
+        });
+        raws.push(RawRow {
+            index: raws.len(),
+            line: number,
+            status,
+            body,
+            response: body_of("response_json"),
+            model: text_of("model_name"),
+            t_ms,
+            session,
+        });
     }
+    (raws, report)
+}
+
+fn of_rows(raws: Vec<RawRow>, report: FileReport) -> LogRecords {
+    use crate::record::{Record, RequestRecord, ResponseRecord};
     let timed = !raws.is_empty() && raws.iter().all(|r| r.t_ms.is_some());
     let mut records: Vec<Record> = raws
         .into_iter()
@@ -372,7 +493,7 @@ pub fn records(reader: impl BufRead, name: &str, ts_column: Option<&str>) -> Log
     records.sort_by_key(|r| (r.t_start_ms, r.id));
     LogRecords {
         records,
-        report: rows.report,
+        report,
         timed,
     }
 }

@@ -382,6 +382,9 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
     Ok(if trimmed.starts_with('{') {
         if first_line.contains("\"t_start_ms\"") || first_line.contains("\"request\":") {
             Some(Format::Recording)
+        } else if first_line.contains("\"request_json\"") {
+            // A gateway log as JSON Lines: the CSV's columns as keys.
+            Some(Format::Csv)
         } else if first_line.contains("\"hash_ids\"") {
             if first_line.contains("\"chat_id\"") || first_line.contains("\"parent_chat_id\"") {
                 Some(Format::Bailian)
