@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{EXIT_OK, EXIT_UNREADABLE};
+use super::EXIT_UNREADABLE;
 use prefixscope::analysis::{Config, analyze};
 
 #[derive(Args)]
@@ -34,6 +34,7 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
     };
+    let exit_code = read.exit_code();
     let mut records = read.records;
     let bad_lines: u64 = read.files.iter().map(|f| f.bad_lines.len() as u64).sum();
     let config = Config {
@@ -59,5 +60,5 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     } else {
         super::print_stdout(&report.summary());
     }
-    EXIT_OK
+    exit_code
 }

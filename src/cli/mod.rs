@@ -101,6 +101,20 @@ pub fn screen_switches(mouse: bool) -> prefixscope::session::screen::Switches {
 pub struct Recordings {
     pub records: Vec<prefixscope::record::Record>,
     pub files: Vec<RecordingFile>,
+    /// A file yielded no record, or its read stopped (said on stderr): the command prints
+    /// what it read and exits 1 (`exit_code`).
+    pub failed: bool,
+}
+
+impl Recordings {
+    /// `EXIT_OK`, or `EXIT_UNREADABLE` when a file failed.
+    pub fn exit_code(&self) -> u8 {
+        if self.failed {
+            EXIT_UNREADABLE
+        } else {
+            EXIT_OK
+        }
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -122,6 +136,16 @@ impl Recordings {
         }
         for bad in &log.report.bad_rows {
             prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+        }
+        if log.records.is_empty() {
+            prefixscope::stderr_line!("prefixscope: {name}: {}", log.report.why_nothing());
+            self.failed = true;
+        } else if let Some(error) = &log.report.read_error {
+            prefixscope::stderr_line!(
+                "prefixscope: {name}: the read stopped at {error}; the {} rows before it are read",
+                log.records.len()
+            );
+            self.failed = true;
         }
         if !log.timed && !log.records.is_empty() {
             prefixscope::stderr_line!(
@@ -152,13 +176,25 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
     let mut out = Recordings {
         records: Vec::new(),
         files: Vec::new(),
+        failed: false,
     };
     for path in paths {
-        if let Ok(opened) = prefixscope::input::open(path, None)
-            && opened.format == prefixscope::input::Format::Csv
-        {
-            out.read_log(path, opened.reader);
-            continue;
+        use prefixscope::input::Format;
+        match prefixscope::input::open(path, None).map(|o| (o.format, o.reader)) {
+            Ok((Format::Csv, reader)) => {
+                out.read_log(path, reader);
+                continue;
+            }
+            Ok((format @ (Format::Mooncake | Format::Bailian), _)) => {
+                prefixscope::stderr_line!(
+                    "prefixscope: {} is {}: it holds token counts and hash ids, not the messages this reads; `prefixscope profile` and `replay` read traces",
+                    path.display(),
+                    format.describe()
+                );
+                out.failed = true;
+                continue;
+            }
+            _ => {}
         }
         match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
             Ok(opened) => {
@@ -176,6 +212,29 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
                         bad.line,
                         bad.error
                     );
+                }
+                if read.records.is_empty() && !read.bad_lines.is_empty() {
+                    prefixscope::stderr_line!(
+                        "prefixscope: {}: no record: read as {}; {} bad lines",
+                        path.display(),
+                        prefixscope::input::Format::Recording.describe(),
+                        read.bad_lines.len()
+                    );
+                    out.failed = true;
+                }
+                if let Some(stop) = read
+                    .bad_lines
+                    .iter()
+                    .find(|b| b.error.starts_with("read error: "))
+                {
+                    prefixscope::stderr_line!(
+                        "prefixscope: {}: the read stopped at line {}: {}; the {} records before it are read",
+                        path.display(),
+                        stop.line,
+                        stop.error.trim_start_matches("read error: "),
+                        read.records.len()
+                    );
+                    out.failed = true;
                 }
                 out.files.push(RecordingFile {
                     path: path.clone(),

@@ -178,6 +178,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         None => return EXIT_USAGE,
     };
     // Empty files hold no requests of any format: read as the others' format.
+    let empty_names: Vec<String> = empty.iter().map(|p| p.display().to_string()).collect();
     for path in empty {
         opened.push((path, first_format, Box::new(std::io::empty())));
     }
@@ -211,6 +212,18 @@ pub fn run(args: ProfileArgs) -> u8 {
         reports.push(file.report);
     }
     let block_size = block_size.unwrap_or(first_format.default_block_size());
+    // A file that yields no request is an error, said with why; one whose read stopped (a
+    // truncated gzip) is too, once what came before it is profiled.
+    let mut failed = false;
+    for report in &reports {
+        if report.requests == 0 && !empty_names.contains(&report.name) {
+            prefixscope::stderr_line!("prefixscope: {}: {}", report.name, report.why_nothing());
+            failed = true;
+        }
+    }
+    if requests.is_empty() && failed {
+        return super::EXIT_UNREADABLE;
+    }
 
     let capacity_texts: Vec<String> = if args.capacities.is_empty() {
         DEFAULT_CAPACITIES.iter().map(|c| c.to_string()).collect()
@@ -262,7 +275,21 @@ pub fn run(args: ProfileArgs) -> u8 {
     } else {
         super::print_stdout(&format!("{}\n", summary(&profile, &reports)));
     }
-    EXIT_OK
+    for report in &reports {
+        if let Some(error) = &report.read_error {
+            prefixscope::stderr_line!(
+                "prefixscope: {}: the read stopped at {error}; the {} requests before it are profiled",
+                report.name,
+                thousands(report.requests)
+            );
+            failed = true;
+        }
+    }
+    if failed {
+        super::EXIT_UNREADABLE
+    } else {
+        EXIT_OK
+    }
 }
 
 fn percent(part: u64, whole: u64, decimals: usize) -> String {
@@ -289,6 +316,11 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
         out.push(format!(
             "excluded: {excluded} non-2xx responses, {bad} bad rows"
         ));
+    }
+    for input in inputs {
+        if let Some(skipped) = input.skipped_text() {
+            out.push(format!("skipped in {}: {skipped}", input.name));
+        }
     }
     let bad_values: u64 = inputs.iter().map(|f| f.bad_value_count).sum();
     if bad_values > 0 {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::demo::OnOff;
-use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
+use super::{EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope::analysis::{Config, analyze};
 use prefixscope::sim::residency::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
 use prefixscope::sim::whatif::{Totals, WhatIf, what_if_given};
@@ -50,7 +50,7 @@ pub fn run(args: WhatIfArgs) -> u8 {
         text.push_str(&render_residency(&slots));
         super::print_stdout(&text);
     }
-    EXIT_OK
+    read.exit_code()
 }
 
 /// How far the replay is to be trusted with these settings, and who holds the cache at the end.

@@ -166,8 +166,13 @@ impl<R: BufRead> Rows<R> {
                 .and_then(|h| h.iter().position(|h| h.trim() == name))
         };
         let request_column = column("request_json");
-        if headers.is_some() && request_column.is_none() {
+        if let Some(h) = headers.as_ref().filter(|_| request_column.is_none()) {
             report.bad(1, "no request_json column");
+            if h.len() == 1 && h.get(0).is_some_and(|f| f.contains('\t')) {
+                report.hint = Some(
+                    "its header is tab-separated: gateway logs are read as comma-separated CSV or as JSON Lines".into(),
+                );
+            }
         }
         let ts_column = match ts_column {
             Some(name) => match column(name) {
@@ -218,6 +223,7 @@ impl<R: BufRead> Rows<R> {
                 Err(e) => {
                     self.report.bad(line.max(2), e.to_string());
                     if e.is_io_error() {
+                        self.report.read_error = Some(format!("line {}: {e}", line.max(2)));
                         return None;
                     }
                     continue;
@@ -351,6 +357,7 @@ fn json_rows(
             }
             Err(e) => {
                 report.bad(number, format!("read error: {e}"));
+                report.read_error = Some(format!("line {number}: {e}"));
                 break;
             }
         }

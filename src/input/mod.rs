@@ -39,6 +39,17 @@ impl Format {
         }
     }
 
+    /// What the format is, in words, with how to force another (`--format`).
+    pub fn describe(self) -> String {
+        let what = match self {
+            Format::Recording => "a recording (JSON Lines)",
+            Format::Csv => "a gateway log (CSV or JSON Lines)",
+            Format::Mooncake => "a Mooncake trace",
+            Format::Bailian => "a bailian trace",
+        };
+        format!("{what} (--format {})", self.as_str())
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Recording => "recording",
@@ -120,6 +131,14 @@ pub struct FileReport {
     /// Probe records (prefixscope's own requests to the server): not requests, not skipped.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub probes: u64,
+    /// The read stopped here (a truncated or corrupt gzip, an I/O error): what came before it
+    /// was read; the command ends with an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_error: Option<String>,
+    /// What the format's reader found that suggests another format or shape (a tab-separated
+    /// header, a WEKA object), said with "nothing came out".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
 }
 
 /// The engine behind the traffic, as its responses show it; it picks the default block size.
@@ -283,7 +302,50 @@ impl FileReport {
             bad_values: Vec::new(),
             block_model: None,
             probes: 0,
+            read_error: None,
+            hint: None,
         }
+    }
+
+    /// Why a file yielded no request, in a sentence: what it was read as, its bad rows (the
+    /// first), its skips and non-2xx responses, and a hint at another shape.
+    pub fn why_nothing(&self) -> String {
+        let mut why = vec![format!("read as {}", self.format.describe())];
+        if let Some(first) = self.bad_rows.first() {
+            why.push(format!(
+                "{} (the first, line {}: {})",
+                crate::units::plural(self.bad_rows.len() as u64, "bad row"),
+                first.line,
+                first.error
+            ));
+        }
+        for (reason, n) in &self.skipped {
+            why.push(format!("{n} skipped: {reason}"));
+        }
+        if self.non_2xx > 0 {
+            why.push(format!("{} non-2xx responses", self.non_2xx));
+        }
+        if let Some(error) = &self.read_error {
+            why.push(format!("the read stopped: {error}"));
+        }
+        if why.len() == 1 {
+            why.push("no row in it".to_string());
+        }
+        if let Some(hint) = &self.hint {
+            why.push(hint.clone());
+        }
+        format!("no request: {}", why.join("; "))
+    }
+
+    /// Every skip reason with its count, for a summary line (`no hash_ids 3, not a prompt API 1`).
+    pub fn skipped_text(&self) -> Option<String> {
+        (!self.skipped.is_empty()).then(|| {
+            self.skipped
+                .iter()
+                .map(|(reason, n)| format!("{reason} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
     }
 
     /// A number past its bound, ignored (`what` says where and which).
@@ -313,17 +375,71 @@ pub struct FileInput {
     pub report: FileReport,
 }
 
-/// Undoes gzip when the stream starts with its magic bytes.
+/// Undoes gzip when the stream starts with its magic bytes. A corrupt or truncated stream is
+/// a read error that says where: after how many compressed bytes.
 pub fn decompressed<'a>(mut reader: impl BufRead + 'a) -> std::io::Result<Box<dyn BufRead + 'a>> {
     let gzipped = reader.fill_buf()?.starts_with(&[0x1f, 0x8b]);
     Ok(if gzipped {
+        let consumed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Counted {
+            inner: reader,
+            consumed: std::sync::Arc::clone(&consumed),
+        };
         Box::new(BufReader::with_capacity(
             1 << 16,
-            flate2::bufread::MultiGzDecoder::new(reader),
+            GzipErrors {
+                inner: flate2::bufread::MultiGzDecoder::new(counted),
+                consumed,
+            },
         ))
     } else {
         Box::new(reader)
     })
+}
+
+/// A reader that counts the bytes taken from it.
+struct Counted<R> {
+    inner: R,
+    consumed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<R: BufRead> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.consumed
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Counted<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.consumed
+            .fetch_add(amount as u64, std::sync::atomic::Ordering::Relaxed);
+        self.inner.consume(amount);
+    }
+}
+
+/// The decoder, its errors saying how far into the compressed file they came.
+struct GzipErrors<R> {
+    inner: R,
+    consumed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<R: std::io::Read> std::io::Read for GzipErrors<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read(buf).map_err(|e| {
+            let at = self.consumed.load(std::sync::atomic::Ordering::Relaxed);
+            std::io::Error::new(
+                e.kind(),
+                format!("corrupt or truncated gzip at compressed byte {at}: {e}"),
+            )
+        })
+    }
 }
 
 /// An input file ready to read: decompressed, and of a known format.

@@ -118,6 +118,9 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     let result = read_jsonl(reader);
     for bad in &result.bad_lines {
         report.bad(bad.line, bad.error.clone());
+        if let Some(error) = bad.error.strip_prefix("read error: ") {
+            report.read_error = Some(format!("line {}: {error}", bad.line));
+        }
     }
     of_records(result.records, report, options)
 }

@@ -24,6 +24,10 @@ struct Row {
     session_id: Option<Value>,
     chat_id: Option<Value>,
     parent_chat_id: Option<Value>,
+    /// Not a Mooncake field: read to say "did you mean" when `input_length` is missing.
+    input_tokens: Option<Value>,
+    /// Nor this: a WEKA conversation's list of requests (WEKA is written, not read).
+    requests: Option<serde::de::IgnoredAny>,
 }
 
 /// A row's hash ids, refused while parsed past `limits::MAX_HASH_IDS_PER_ROW`: a row of
@@ -183,6 +187,7 @@ impl<R: BufRead> Iterator for Rows<R> {
                 Err(e) => {
                     self.report
                         .bad(self.line_number + 1, format!("read error: {e}"));
+                    self.report.read_error = Some(format!("line {}: {e}", self.line_number + 1));
                     self.finished = true;
                 }
             }
@@ -196,11 +201,21 @@ impl<R: BufRead> Iterator for Rows<R> {
             }
             let row: Row = match serde_json::from_slice(line) {
                 Ok(row) => row,
+                Err(e) if e.is_syntax() || e.is_eof() => {
+                    self.report
+                        .bad(self.line_number, format!("not a JSON object ({e})"));
+                    continue;
+                }
                 Err(e) => {
                     self.report.bad(self.line_number, e.to_string());
                     continue;
                 }
             };
+            if row.requests.is_some() && row.hash_ids.is_none() && self.report.hint.is_none() {
+                self.report.hint = Some(
+                    "its rows hold a list of requests, as a WEKA trace does: prefixscope writes WEKA traces (export --to weka) but reads only Mooncake and bailian".into(),
+                );
+            }
             match request_of(
                 row,
                 self.format,
@@ -227,9 +242,17 @@ fn request_of(
     let Some(BoundedIds(hash_ids)) = row.hash_ids.filter(|h| !h.0.is_empty()) else {
         return Ok(None);
     };
-    let input_length = as_u64(row.input_length.as_ref())
-        .filter(|&n| n > 0)
-        .ok_or("input_length must be a positive integer")?;
+    let input_length = match &row.input_length {
+        None if row.input_tokens.is_some() => {
+            return Err(
+                "no input_length (the prompt's tokens); did you mean input_tokens? Mooncake rows name it input_length".into(),
+            );
+        }
+        None => return Err("no input_length (the prompt's tokens)".into()),
+        Some(value) => as_u64(Some(value))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("input_length {value} must be a positive integer"))?,
+    };
     let input_length = crate::limits::plausible_tokens(input_length).ok_or_else(|| {
         format!(
             "input_length {input_length} is past {} tokens",

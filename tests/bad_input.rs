@@ -1,0 +1,156 @@
+//! Issue #15: bad input is never silent. Each case: the exit code and the message that names
+//! the line, the field or the format, and what was expected.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
+
+fn dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("prefixscope-bad-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn run(args: &[&str], path: &Path) -> (i32, String, String) {
+    let output: Output = Command::new(BIN).args(args).arg(path).output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+#[test]
+fn a_truncated_gzip_is_an_error_with_its_byte_offset_after_the_rows_before_it() {
+    let log = std::fs::read(repo("tests/data/gateway-logs/pydantic-ai-cassettes.csv.gz")).unwrap();
+    let cut = file("cut.csv.gz", &log[..3000]);
+    let (code, out, err) = run(&["profile"], &cut);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.starts_with("23 requests · csv"), "{out}");
+    assert!(
+        err.contains("corrupt or truncated gzip at compressed byte 3000"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the 23 requests before it are profiled"),
+        "{err}"
+    );
+    // A recording cut the same way: analyze reads what came before, and fails.
+    let recording = std::fs::read(repo("recordings/llmp/llama.cpp/parallel.jsonl")).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &recording).unwrap();
+    let gz = gz.finish().unwrap();
+    let cut = file("cut.jsonl.gz", &gz[..gz.len() / 2]);
+    let (code, _, err) = run(&["analyze"], &cut);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("corrupt or truncated gzip at compressed byte"),
+        "{err}"
+    );
+    assert!(err.contains("records before it are read"), "{err}");
+}
+
+#[test]
+fn a_weka_file_is_unknown_and_forced_as_mooncake_says_why_nothing_came_out() {
+    let weka = file(
+        "weka.json",
+        br#"{"id": "c1", "requests": [{"input_length": 10, "output_length": 2}]}
+"#,
+    );
+    let (code, _, err) = run(&["profile"], &weka);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("cannot tell the format; give --format"),
+        "{err}"
+    );
+    let (code, out, err) = run(&["profile", "--format", "mooncake"], &weka);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("no request: read as a Mooncake trace (--format mooncake); 1 skipped: no hash_ids; its rows hold a list of requests, as a WEKA trace does"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_tab_separated_log_is_an_error_that_says_so() {
+    let tsv = file(
+        "log.tsv",
+        b"timestamp\trequest_json\n1\t{\"messages\":[]}\n",
+    );
+    let (code, _, err) = run(&["profile", "--format", "csv"], &tsv);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("line 1: no request_json column"), "{err}");
+    assert!(err.contains("its header is tab-separated"), "{err}");
+    // `analyze` tells it a log by its request_json column, and says the same.
+    let (code, _, err) = run(&["analyze"], &tsv);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no request: read as a gateway log"), "{err}");
+    assert!(err.contains("its header is tab-separated"), "{err}");
+}
+
+#[test]
+fn skipped_rows_are_counted_in_the_text_summary() {
+    let trace = file(
+        "nohash.jsonl",
+        b"{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 5, \"hash_ids\": [1, 2]}\n\
+          {\"timestamp\": 1, \"input_length\": 50, \"output_length\": 5}\n",
+    );
+    let (code, out, err) = run(&["profile"], &trace);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("skipped in "), "{out}");
+    assert!(out.contains("nohash.jsonl: no hash_ids 1"), "{out}");
+}
+
+#[test]
+fn a_line_that_is_not_json_and_a_missing_field_are_named() {
+    let trace = file(
+        "mixed.jsonl",
+        b"{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 5, \"hash_ids\": [1, 2]}\n\
+          not json\n\
+          {\"timestamp\": 1, \"input_tokens\": 50, \"output_length\": 5, \"hash_ids\": [1]}\n\
+          {\"timestamp\": 2, \"input_length\": -3, \"output_length\": 5, \"hash_ids\": [1]}\n",
+    );
+    let (code, _, err) = run(&["profile"], &trace);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("mixed.jsonl:2: not a JSON object (expected ident"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "mixed.jsonl:3: no input_length (the prompt's tokens); did you mean input_tokens?"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("mixed.jsonl:4: input_length -3 must be a positive integer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn analyze_of_a_trace_says_what_reads_it() {
+    let (code, out, err) = run(
+        &["analyze"],
+        &repo("tests/data/mooncake/conversation_trace.jsonl.gz"),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty() || out.contains("0 requests"), "{out}");
+    assert!(
+        err.contains("is a Mooncake trace (--format mooncake): it holds token counts and hash ids, not the messages this reads"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one line, not one per row: {err}");
+}
