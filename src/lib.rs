@@ -31,6 +31,8 @@ pub mod cache;
 pub mod calendar;
 pub mod capture;
 pub mod export;
+#[cfg(feature = "html")]
+pub mod html_report;
 pub mod input;
 pub mod limits;
 pub mod live;

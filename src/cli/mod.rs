@@ -170,6 +170,20 @@ impl Recordings {
     }
 }
 
+/// Where `-o PATH` writes a report: `report.json` → itself and `report.html`; `report` (no
+/// extension) → `report.json` and `report.html`; any other name → itself and NAME.html.
+pub fn report_paths(path: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => (path.to_path_buf(), path.with_extension("html")),
+        None => (path.with_extension("json"), path.with_extension("html")),
+        Some(_) => {
+            let mut html = path.as_os_str().to_owned();
+            html.push(".html");
+            (path.to_path_buf(), html.into())
+        }
+    }
+}
+
 /// Reads every file it can (recordings, and gateway logs as the records a proxy would have
 /// written); `None` when none could be opened at all (exit 1).
 pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {

@@ -265,10 +265,18 @@ pub fn run(args: ProfileArgs) -> u8 {
         profile: &profile,
     };
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    if let Some(path) = &args.output
-        && let Err(code) = super::write_output(path, &args.files, format!("{json}\n").as_bytes())
-    {
-        return code;
+    if let Some(path) = &args.output {
+        // `-o report.json` or `-o report`: report.json and report.html beside it.
+        let (json_path, html_path) = super::report_paths(path);
+        if let Err(code) =
+            super::write_output(&json_path, &args.files, format!("{json}\n").as_bytes())
+        {
+            return code;
+        }
+        let html = prefixscope::html_report::profile_page(&profile, &reports);
+        if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
+            return code;
+        }
     }
     if args.json {
         super::print_json(&json);
