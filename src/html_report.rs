@@ -4,7 +4,9 @@
 //! lengths, the session-id share, the server's own reuse and what was skipped. Charts are SVG
 //! drawn by plotters; no script, no network: it opens from disk and prints. Every figure is
 //! the JSON report's, formatted; each table cell keeps the raw number in a `data-` attribute.
-//! Pure: a string from the report.
+//! `analyze`'s report gets a page too: loss by cause and by client (the TUI's figures, from
+//! `live::view::View`), a timeline of the requests with their breaks and evictions, and the
+//! findings with their fixes. Pure: a string from the report.
 
 use plotters::prelude::*;
 
@@ -48,6 +50,241 @@ pub fn profile_page(profile: &ProfileReport, inputs: &[FileReport]) -> String {
     body.push_str(&sessions_section(profile));
     body.push_str(&skipped_section(inputs));
     page("prefixscope profile", &body)
+}
+
+/// The page for `analyze`'s report.
+pub fn analysis_page<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
+    let view = crate::live::view::View::build(report, "");
+    let mut body = String::from("<h1>prefixscope analyze</h1>\n");
+    body.push_str(&format!(
+        "<p class=\"inputs\">{} records, {} analysed · {} turns in {} conversations · lost <span data-lost-tokens=\"{}\">{}</span> tokens</p>\n",
+        thousands(report.coverage.records),
+        thousands(report.coverage.analysed),
+        thousands(report.coverage.turns),
+        thousands(report.coverage.conversations),
+        report.time.lost_tokens,
+        thousands(report.time.lost_tokens),
+    ));
+    // Loss by cause.
+    let causes: Vec<(String, u64, String)> = report
+        .time
+        .by_cause
+        .iter()
+        .map(|(cause, total)| {
+            (
+                crate::units::cause_label(cause).to_string(),
+                total.tokens,
+                cause.clone(),
+            )
+        })
+        .collect();
+    body.push_str("<section id=\"causes\">\n<h2>Tokens lost by cause</h2>\n");
+    body.push_str(&bars_chart(
+        &causes
+            .iter()
+            .map(|(label, tokens, _)| (label.clone(), *tokens))
+            .collect::<Vec<_>>(),
+    ));
+    body.push_str("<table>\n<tr><th>cause</th><th>tokens</th><th>turns</th><th>time</th></tr>\n");
+    for (cause, total) in &report.time.by_cause {
+        body.push_str(&format!(
+            "<tr data-cause=\"{}\"><td>{}</td><td data-tokens=\"{}\">{}</td><td>{}</td><td>{}</td></tr>\n",
+            escape(cause),
+            escape(crate::units::cause_label(cause)),
+            total.tokens,
+            thousands(total.tokens),
+            total.rows,
+            total
+                .ms
+                .as_ref()
+                .map_or("not measured".to_string(), |m| format!("{:.0} ms", m.value))
+        ));
+    }
+    body.push_str("</table>\n</section>\n");
+    // Loss by client.
+    body.push_str("<section id=\"clients\">\n<h2>Tokens lost by client</h2>\n");
+    body.push_str(&bars_chart(
+        &view
+            .losses
+            .iter()
+            .map(|l| (l.alias.clone(), l.tokens))
+            .collect::<Vec<_>>(),
+    ));
+    body.push_str("<table>\n<tr><th>client</th><th>requests</th><th>conversations</th><th>lost</th><th>caused</th></tr>\n");
+    for loss in &view.losses {
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td data-tokens=\"{}\">{}</td><td>{}</td></tr>\n",
+            escape(&loss.alias),
+            loss.requests,
+            loss.conversations,
+            loss.tokens,
+            thousands(loss.tokens),
+            thousands(loss.caused_tokens)
+        ));
+    }
+    body.push_str("</table>\n</section>\n");
+    body.push_str(&timeline_section(report));
+    // Findings and what to change.
+    body.push_str("<section id=\"findings\">\n<h2>Findings</h2>\n");
+    if report.findings.is_empty() {
+        body.push_str("<p>None.</p>\n");
+    } else {
+        body.push_str("<table>\n<tr><th>finding</th><th>lost</th><th>fix</th></tr>\n");
+        for finding in &report.findings {
+            body.push_str(&format!(
+                "<tr><td class=\"what\">{}</td><td>{}</td><td class=\"what\">{}</td></tr>\n",
+                escape(&crate::analysis::report::label(finding)),
+                finding
+                    .lost_tokens
+                    .map_or("–".to_string(), |t| thousands(u64::from(t))),
+                escape(
+                    &finding
+                        .fix
+                        .as_ref()
+                        .map_or(String::new(), |f| format!("({}) {}", f.owner, f.change))
+                )
+            ));
+        }
+        body.push_str("</table>\n");
+    }
+    body.push_str("</section>\n");
+    page("prefixscope analyze", &body)
+}
+
+/// Horizontal bars, one per (label, tokens), the largest first as given.
+fn bars_chart(bars: &[(String, u64)]) -> String {
+    let bars: Vec<&(String, u64)> = bars.iter().filter(|(_, t)| *t > 0).take(20).collect();
+    let Some(top) = bars.iter().map(|(_, t)| *t).max() else {
+        return "<p class=\"note\">Nothing lost.</p>\n".to_string();
+    };
+    let height = 60 + 26 * bars.len() as u32;
+    let mut svg = String::new();
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut svg, (880, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(10)
+            .build_cartesian_2d(0f64..(top as f64 * 1.05), 0f64..bars.len() as f64)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .disable_y_axis()
+            .light_line_style(RGBColor(242, 242, 242))
+            .x_desc("tokens")
+            .draw()?;
+        // Top to bottom as given; each bar's label written on it.
+        let row = |i: usize| (bars.len() - 1 - i) as f64;
+        chart.draw_series(bars.iter().enumerate().map(|(i, (_, t))| {
+            Rectangle::new(
+                [(0.0, row(i) + 0.15), (*t as f64, row(i) + 0.85)],
+                color(Policy::Fifo).mix(0.6).filled(),
+            )
+        }))?;
+        chart.draw_series(bars.iter().enumerate().map(|(i, (label, t))| {
+            Text::new(
+                format!("{label}: {}", thousands(*t)),
+                (top as f64 * 0.01, row(i) + 0.62),
+                ("sans-serif", 13).into_font(),
+            )
+        }))?;
+        root.present()?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => format!("<figure>{svg}</figure>\n"),
+        Err(e) => format!(
+            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
+            escape(&e.to_string())
+        ),
+    }
+}
+
+/// Which rows a timeline series shows.
+type RowTest<'a> = dyn Fn(&crate::analysis::Row) -> bool + 'a;
+
+/// Each request in time (seconds since the first) by its prompt: a client's break red, an
+/// eviction by another request purple, the server's own loss grey, the others blue.
+fn timeline_section<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
+    use crate::analysis::Cause;
+    let rows: Vec<&crate::analysis::Row> = report.rows.iter().map(|r| r.rated().row()).collect();
+    let Some(start) = rows.iter().map(|r| r.t_start_ms).min() else {
+        return String::new();
+    };
+    let at = |r: &crate::analysis::Row| (r.t_start_ms - start) as f64 / 1000.0;
+    let prompt =
+        |r: &crate::analysis::Row| f64::from(r.counts.prompt_tokens.map_or(0, |p| p.value).max(1));
+    let end = rows.iter().map(|r| at(r)).fold(1.0, f64::max);
+    let top = rows.iter().map(|r| prompt(r)).fold(10.0, f64::max);
+    let mut svg = String::new();
+    let drawn = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut svg, (880, 360)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..end * 1.02, (1f64..top * 1.5).log_scale())?;
+        chart
+            .configure_mesh()
+            .light_line_style(RGBColor(242, 242, 242))
+            .x_desc("seconds since the first request")
+            .y_desc("prompt tokens")
+            .draw()?;
+        let evicted = |r: &crate::analysis::Row| {
+            matches!(
+                r.cause,
+                Some(Cause::OtherConversation | Cause::SideCall | Cause::OtherModel)
+            )
+        };
+        let kinds: [(&str, RGBColor, &RowTest<'_>); 4] = [
+            ("turn", RGBColor(31, 119, 180), &|r| {
+                r.break_cause.is_none() && r.lost_external.is_none()
+            }),
+            ("a client's break", RGBColor(214, 39, 40), &|r| {
+                r.break_cause.is_some()
+            }),
+            (
+                "evicted by another request (conversation, side-call, model)",
+                RGBColor(148, 103, 189),
+                &|r| r.break_cause.is_none() && evicted(r),
+            ),
+            ("the server's own loss", RGBColor(127, 127, 127), &|r| {
+                r.break_cause.is_none() && r.lost_external.is_some() && !evicted(r)
+            }),
+        ];
+        for (label, c, is) in kinds {
+            let of: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| is(r))
+                .map(|r| (at(r), prompt(r)))
+                .collect();
+            if of.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(of.into_iter().map(|p| Circle::new(p, 4, c.filled())))?
+                .label(label)
+                .legend(move |(x, y)| Circle::new((x + 8, y), 4, c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })();
+    let chart = match drawn {
+        Ok(()) => format!("<figure>{svg}</figure>\n"),
+        Err(e) => format!(
+            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
+            escape(&e.to_string())
+        ),
+    };
+    format!("<section id=\"timeline\">\n<h2>The requests in time</h2>\n{chart}</section>\n")
 }
 
 fn page(title: &str, body: &str) -> String {

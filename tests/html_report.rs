@@ -185,3 +185,62 @@ fn report_paths_follow_the_name_given() {
         );
     }
 }
+
+/// `analyze -o` writes the analysis's page too: loss by cause (to the token, as the JSON's
+/// `time.by_cause`), by client, the requests in time with their breaks and evictions, and the
+/// findings with their fixes, as chromium builds it.
+#[test]
+fn the_analysis_page_renders_with_analyzes_figures() {
+    let Some(chromium) = chromium() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("prefixscope-html-analyze-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = dir.join("analysis");
+    let output = Command::new(BIN)
+        .arg("analyze")
+        .arg(repo("recordings/llmp/llama.cpp/parallel-nocache.jsonl"))
+        .arg("-o")
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(base.with_extension("json")).unwrap()).unwrap();
+    let page = base.with_extension("html");
+    let html = std::fs::read_to_string(&page).unwrap();
+    for never in ["<script", " src=", " href=", "@import", "url("] {
+        assert!(!html.contains(never), "{never}");
+    }
+    let dom =
+        String::from_utf8_lossy(&browser(chromium, &["--dump-dom"], &page).stdout).to_string();
+    assert_eq!(dom.matches("<svg").count(), 3, "causes, clients, timeline");
+    let lost = json["time"]["lost_tokens"].as_u64().unwrap();
+    assert_eq!(lost, 8_759);
+    assert!(dom.contains(&format!("data-lost-tokens=\"{lost}\"")));
+    for (cause, total) in json["time"]["by_cause"].as_object().unwrap() {
+        let row = format!(
+            "data-cause=\"{cause}\"><td>{}</td><td data-tokens=\"{}\"",
+            prefixscope::units::cause_label(cause),
+            total["tokens"].as_u64().unwrap()
+        );
+        assert!(dom.contains(&row), "{row}");
+    }
+    // Each finding's fix, in words.
+    for finding in json["findings"].as_array().unwrap() {
+        let change = finding["fix"]["change"].as_str().unwrap();
+        let escaped = change
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
+        assert!(dom.contains(&escaped), "{change}");
+    }
+    // The timeline's legend names what the points are.
+    for label in ["turn", "a client's break", "evicted by another request"] {
+        assert!(dom.contains(label), "{label}");
+    }
+}

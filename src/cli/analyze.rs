@@ -50,10 +50,18 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     let mut report = analyze(&records, &config);
     report.coverage.bad_lines = bad_lines;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    if let Some(out) = &args.out
-        && let Err(code) = super::write_output(out, &args.files, format!("{json}\n").as_bytes())
-    {
-        return code;
+    if let Some(out) = &args.out {
+        // `-o report.json` or `-o report`: report.json and report.html beside it.
+        let (json_path, html_path) = super::report_paths(out);
+        if let Err(code) =
+            super::write_output(&json_path, &args.files, format!("{json}\n").as_bytes())
+        {
+            return code;
+        }
+        let html = prefixscope::html_report::analysis_page(&report);
+        if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
+            return code;
+        }
     }
     if args.json {
         super::print_json(&json);
