@@ -337,7 +337,7 @@ fn a_server_without_reuse_counters_shows_not_measured_never_zero() {
     for name in ["llmp/ollama/session", "llmp/ollama-openai/session"] {
         let screen = screen(name, 120, 40, &[]);
         assert!(
-            screen.contains("prefixscope · loss not measured (no reuse reported)"),
+            screen.contains("prefixscope · loss not measured (no reuse and timing counts)"),
             "{screen}"
         );
         assert!(screen.contains("llmp-drive: not measured"), "{screen}");
