@@ -68,14 +68,24 @@ fn replay_as_a_person_uses_it() {
     tmux.keys(&["s"]);
     let screen = tmux.wait_for(&["snapshot written"]);
     let json = tmux.files("prefixscope-snapshot-");
-    assert_eq!(json.len(), 2, "{json:?}\n{screen}");
+    assert_eq!(json.len(), 3, "{json:?}\n{screen}");
     for file in &json {
         assert_eq!(private_mode(file), 0o600, "{file:?}");
     }
+    let json = json
+        .iter()
+        .find(|f| f.extension().is_some_and(|e| e == "json"))
+        .unwrap()
+        .clone();
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json[0]).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["time"]["lost_tokens"], 8759);
-    let text = std::fs::read_to_string(&json[1]).unwrap();
+    let html = std::fs::read_to_string(json.with_extension("html")).unwrap();
+    assert!(
+        html.contains("data-lost-tokens=\"8759\""),
+        "the page of the same report"
+    );
+    let text = std::fs::read_to_string(json.with_extension("txt")).unwrap();
     assert!(text.contains("8,759 tokens"), "{text}");
     // The snapshot's JSON holds what the panes show beside the report.
     assert!(report["hit_rate"]["points"].is_array(), "{report}");

@@ -249,8 +249,8 @@ fn scrub_controls(buffer: &mut ratatui::buffer::Buffer) {
 }
 
 /// `prefixscope-snapshot-<ms>.json` (the snapshot on screen: `analyze --json`'s report plus
-/// what the panes show) and `.txt` (its summary, as printed at exit), in the working directory,
-/// private (0600): they hold break text.
+/// what the panes show), `.txt` (its summary, as printed at exit) and `.html` (`analyze -o`'s
+/// page of the same report), in the working directory, private (0600): they hold break text.
 fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
     let base = PathBuf::from(format!("prefixscope-snapshot-{now_ms}"));
     let json = base.with_extension("json");
@@ -259,6 +259,23 @@ fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
     write_private(&json, &(body + "\n")).map_err(|e| format!("{}: {e}", json.display()))?;
     write_private(&text, &app.snapshot.summary())
         .map_err(|e| format!("{}: {e}", text.display()))?;
+    #[cfg(feature = "html")]
+    {
+        // The page `analyze -o` writes, of the report on screen.
+        let html = base.with_extension("html");
+        write_private(
+            &html,
+            &crate::html_report::analysis_page(&app.snapshot.report),
+        )
+        .map_err(|e| format!("{}: {e}", html.display()))?;
+        Ok(format!(
+            "{}, {} and {}",
+            json.display(),
+            text.display(),
+            html.display()
+        ))
+    }
+    #[cfg(not(feature = "html"))]
     Ok(format!("{} and {}", json.display(), text.display()))
 }
 
