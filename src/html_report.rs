@@ -16,8 +16,13 @@ use crate::cache::profile::{Point, ProfileReport};
 use crate::input::FileReport;
 use crate::units::thousands;
 
-/// The page for `profile` over `inputs`.
-pub fn profile_page(profile: &ProfileReport, inputs: &[FileReport]) -> String {
+/// The page for `profile` over `inputs`, with each recording's or log's analysis (`(file,
+/// report)`): its losses by cause and client and its requests in time.
+pub fn profile_page(
+    profile: &ProfileReport,
+    inputs: &[FileReport],
+    analyses: &[(String, Box<crate::analysis::Report>)],
+) -> String {
     let names: Vec<String> = inputs
         .iter()
         .map(|f| format!("{} ({})", f.name, f.format.as_str()))
@@ -38,6 +43,14 @@ pub fn profile_page(profile: &ProfileReport, inputs: &[FileReport]) -> String {
     ));
     body.push_str(&capacity_section(profile));
     body.push_str(&server_section(profile));
+    for (name, report) in analyses {
+        body.push_str(&format!(
+            "<section class=\"analysis\">\n<h2>{}: what was lost, and when</h2>\n",
+            escape(name)
+        ));
+        body.push_str(&analysis_sections(report));
+        body.push_str("</section>\n");
+    }
     body.push_str(&leaderboard_section(
         "Top prefixes by reusable tokens",
         &profile.top_prefixes.by_reusable_tokens,
@@ -54,8 +67,15 @@ pub fn profile_page(profile: &ProfileReport, inputs: &[FileReport]) -> String {
 
 /// The page for `analyze`'s report.
 pub fn analysis_page<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
-    let view = crate::live::view::View::build(report, "");
     let mut body = String::from("<h1>prefixscope analyze</h1>\n");
+    body.push_str(&analysis_sections(report));
+    page("prefixscope analyze", &body)
+}
+
+/// The analysis's figures: totals, loss by cause and by client, the timeline, the findings.
+fn analysis_sections<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
+    let view = crate::live::view::View::build(report, "");
+    let mut body = String::new();
     body.push_str(&format!(
         "<p class=\"inputs\">{} records, {} analysed · {} turns in {} conversations · lost <span data-lost-tokens=\"{}\">{}</span> tokens</p>\n",
         thousands(report.coverage.records),
@@ -148,7 +168,7 @@ pub fn analysis_page<R: crate::analysis::Priced>(report: &crate::analysis::Repor
         body.push_str("</table>\n");
     }
     body.push_str("</section>\n");
-    page("prefixscope analyze", &body)
+    body
 }
 
 /// Horizontal bars, one per (label, tokens), the largest first as given.

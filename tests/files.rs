@@ -77,7 +77,8 @@ fn whole_file_outputs_are_private_and_replace_an_old_file_or_a_symlink() {
         .into_iter()
         .enumerate()
     {
-        let out = dir.join(format!("out-{n}"));
+        // `.json`: analyze and profile write their page beside it (`out-N.html`).
+        let out = dir.join(format!("out-{n}.json"));
         let args: Vec<String> = args
             .into_iter()
             .map(|a| {
@@ -98,6 +99,9 @@ fn whole_file_outputs_are_private_and_replace_an_old_file_or_a_symlink() {
             stderr(&result)
         );
         assert_eq!(mode(&out), 0o600, "{argv:?}");
+        if argv[0] == "analyze" || argv[0] == "profile" {
+            assert_eq!(mode(&out.with_extension("html")), 0o600, "{argv:?}");
+        }
         let written = std::fs::read(&out).unwrap();
         assert!(!written.is_empty());
         // An old 0644 file: replaced, 0600.

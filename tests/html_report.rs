@@ -124,6 +124,14 @@ fn check(input: &str, name: &str) {
         let reused = server["server_reused_tokens"].as_u64().unwrap();
         assert!(dom.contains(&format!("data-server-reused=\"{reused}\"")));
     }
+    // A recording's page carries its analysis too: its losses as `analyze` counts them.
+    if name == "recording" {
+        assert!(dom.contains("what was lost, and when"));
+        assert!(
+            dom.contains("data-lost-tokens=\"585\""),
+            "analyze's 585 tokens"
+        );
+    }
     // The picture README shows.
     let shot = dir.join(format!("{name}.png"));
     let taken = browser(

@@ -186,10 +186,13 @@ pub fn run(args: ProfileArgs) -> u8 {
         block_size: args.block_size,
         tools_position: settings.tools_position,
         ts_column: args.ts_column.clone(),
+        // The HTML report shows each recording's losses and timeline.
+        keep_analysis: args.output.is_some(),
         ..InputOptions::default()
     };
     let mut requests: Vec<Request> = Vec::new();
     let mut reports = Vec::new();
+    let mut analyses = Vec::new();
     // The first file's block size (the user's, a trace's own, or its server's) holds for all.
     let mut block_size = args.block_size;
     for (path, format, reader) in opened {
@@ -209,6 +212,9 @@ pub fn run(args: ProfileArgs) -> u8 {
             options.block_size = block_size;
         }
         requests.extend(file.requests);
+        if let Some(analysis) = file.analysis {
+            analyses.push((name.clone(), analysis));
+        }
         reports.push(file.report);
     }
     let block_size = block_size.unwrap_or(first_format.default_block_size());
@@ -273,7 +279,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         {
             return code;
         }
-        let html = prefixscope::html_report::profile_page(&profile, &reports);
+        let html = prefixscope::html_report::profile_page(&profile, &reports, &analyses);
         if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
             return code;
         }

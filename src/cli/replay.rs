@@ -71,6 +71,10 @@ pub fn run(args: ReplayArgs) -> u8 {
     let trace_block_size = replay.trace_format().map(|_| replay.block_size());
     let pacer = Arc::clone(&replay.pacer);
     let (events, receiver) = crossbeam_channel::unbounded();
+    // What reading found (bad rows, a log without timestamps), on the screen too.
+    for message in &replay.messages {
+        let _ = events.send(Event::Notice(message.clone()));
+    }
     let warnings = events.clone();
     let feeder = replay.feeder(move |warning| {
         let _ = warnings.send(Event::Warning(warning));

@@ -100,6 +100,9 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
     if input.report.conversation_source != "analysis" {
         input.report.conversation_source = "none".to_string();
     }
+    if !options.keep_analysis {
+        input.analysis = None;
+    }
     input
 }
 

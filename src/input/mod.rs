@@ -85,6 +85,9 @@ pub struct InputOptions {
     /// Read the replies (cache each after its prompt, and let its count fix where it ends);
     /// off, a full recording reads as its digest does (digests keep no reply to read).
     pub replies: bool,
+    /// Keep the analysis a recording's conversations come from (`FileInput::analysis`), for
+    /// the HTML report; off, it is dropped once read (its rows are the size of the file's).
+    pub keep_analysis: bool,
 }
 
 impl Default for InputOptions {
@@ -96,6 +99,7 @@ impl Default for InputOptions {
             salt: 0,
             keys_from_messages: false,
             replies: true,
+            keep_analysis: false,
         }
     }
 }
@@ -373,6 +377,9 @@ impl FileReport {
 pub struct FileInput {
     pub requests: Vec<Request>,
     pub report: FileReport,
+    /// The analysis the conversations came from (recordings and gateway logs), for the
+    /// report's loss and timeline sections.
+    pub analysis: Option<Box<crate::analysis::Report>>,
 }
 
 /// Undoes gzip when the stream starts with its magic bytes. A corrupt or truncated stream is
@@ -522,7 +529,13 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
 /// here; [`recording::read`] alone runs none.
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
     match format {
-        Format::Recording => keyed_by_analysis(recording::read(reader, name, options), name),
+        Format::Recording => {
+            let mut input = keyed_by_analysis(recording::read(reader, name, options), name);
+            if !options.keep_analysis {
+                input.analysis = None;
+            }
+            input
+        }
         Format::Csv => gateway_csv::read(reader, name, options),
         Format::Mooncake | Format::Bailian => trace::read(reader, name, format, options),
     }
@@ -543,6 +556,7 @@ pub fn keyed_by_analysis(recording: recording::Recording, name: &str) -> FileInp
     if input.requests.iter().any(|r| r.conversation.is_some()) {
         input.report.conversation_source = "analysis".to_string();
     }
+    input.analysis = Some(Box::new(analysis));
     input
 }
 

@@ -143,7 +143,11 @@ pub fn of_records(
     let requests: Vec<Request> = pending.into_iter().map(|p| p.cut(&mut cutter)).collect();
     report.requests = requests.len() as u64;
     Recording {
-        input: FileInput { requests, report },
+        input: FileInput {
+            requests,
+            report,
+            analysis: None,
+        },
         records,
     }
 }

@@ -131,7 +131,11 @@ pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOpt
         _ if requests.iter().any(|r| r.conversation.is_some()) => "session_id".to_string(),
         _ => "none".to_string(),
     };
-    FileInput { requests, report }
+    FileInput {
+        requests,
+        report,
+        analysis: None,
+    }
 }
 
 /// A trace's requests one row at a time, in file order; bad and skipped rows are counted in
