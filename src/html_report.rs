@@ -212,13 +212,7 @@ fn bars_chart(bars: &[(String, u64)]) -> String {
         root.present()?;
         Ok(())
     })();
-    match drawn {
-        Ok(()) => format!("<figure>{svg}</figure>\n"),
-        Err(e) => format!(
-            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
-            escape(&e.to_string())
-        ),
-    }
+    figure(drawn.map_err(|e| e.to_string()), &svg)
 }
 
 /// Which rows a timeline series shows.
@@ -297,13 +291,7 @@ fn timeline_section<R: crate::analysis::Priced>(report: &crate::analysis::Report
         root.present()?;
         Ok(())
     })();
-    let chart = match drawn {
-        Ok(()) => format!("<figure>{svg}</figure>\n"),
-        Err(e) => format!(
-            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
-            escape(&e.to_string())
-        ),
-    };
+    let chart = figure(drawn.map_err(|e| e.to_string()), &svg);
     format!("<section id=\"timeline\">\n<h2>The requests in time</h2>\n{chart}</section>\n")
 }
 
@@ -474,13 +462,7 @@ fn capacity_chart(profile: &ProfileReport) -> String {
         root.present()?;
         Ok(())
     })();
-    match drawn {
-        Ok(()) => format!("<figure>{svg}</figure>\n"),
-        Err(e) => format!(
-            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
-            escape(&e.to_string())
-        ),
-    }
+    figure(drawn.map_err(|e| e.to_string()), &svg)
 }
 
 fn server_section(profile: &ProfileReport) -> String {
@@ -591,13 +573,7 @@ fn lengths_chart(profile: &ProfileReport) -> String {
         root.present()?;
         Ok(())
     })();
-    match drawn {
-        Ok(()) => format!("<figure>{svg}</figure>\n"),
-        Err(e) => format!(
-            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
-            escape(&e.to_string())
-        ),
-    }
+    figure(drawn.map_err(|e| e.to_string()), &svg)
 }
 
 fn sessions_section(profile: &ProfileReport) -> String {
@@ -647,6 +623,17 @@ fn skipped_section(inputs: &[FileReport]) -> String {
     }
     out.push_str("</section>\n");
     out
+}
+
+/// A drawn chart in its figure, or why it could not be drawn.
+fn figure(drawn: Result<(), String>, svg: &str) -> String {
+    match drawn {
+        Ok(()) => format!("<figure>{svg}</figure>\n"),
+        Err(e) => format!(
+            "<p class=\"note\">The chart could not be drawn: {}</p>\n",
+            escape(&e)
+        ),
+    }
 }
 
 fn percent(part: u64, whole: u64) -> f64 {

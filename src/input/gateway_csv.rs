@@ -480,19 +480,11 @@ fn of_rows(raws: Vec<RawRow>, report: FileReport) -> LogRecords {
                     body_text: None,
                     digest: None,
                 },
-                response: Some(ResponseRecord {
-                    // A log without a status column logged what answered.
-                    status: raw.status.unwrap_or(200),
-                    headers: Default::default(),
-                    stream: None,
-                    chunks: None,
-                    bad_chunks: None,
-                    body_bytes: 0,
-                    truncated: false,
-                    body: raw.response,
-                    body_text: None,
-                    digest: None,
-                }),
+                // A log without a status column logged what answered.
+                response: Some(ResponseRecord::bare(
+                    raw.status.unwrap_or(200),
+                    raw.response,
+                )),
                 error: None,
                 tokens: None,
                 probe: false,

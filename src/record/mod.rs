@@ -62,6 +62,25 @@ pub struct ResponseRecord {
     pub digest: Option<ResponseDigest>,
 }
 
+impl ResponseRecord {
+    /// A response known by its status and body alone (a gateway log's row, a request still in
+    /// flight read as if answered): no headers, not streamed, nothing counted.
+    pub fn bare(status: u16, body: Option<Value>) -> ResponseRecord {
+        ResponseRecord {
+            status,
+            headers: BTreeMap::new(),
+            stream: None,
+            chunks: None,
+            bad_chunks: None,
+            body_bytes: 0,
+            truncated: false,
+            body,
+            body_text: None,
+            digest: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StreamKind {

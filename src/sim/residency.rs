@@ -319,18 +319,7 @@ fn predict_starts(
 fn request_only(record: &Record) -> Option<crate::normalize::exchange::Exchange> {
     let mut shadow = record.clone();
     shadow.error = None;
-    shadow.response = Some(ResponseRecord {
-        status: 200,
-        headers: Default::default(),
-        stream: None,
-        chunks: None,
-        bad_chunks: None,
-        body_bytes: 0,
-        truncated: false,
-        body: None,
-        body_text: None,
-        digest: None,
-    });
+    shadow.response = Some(ResponseRecord::bare(200, None));
     normalize(&shadow)
         .ok()
         .filter(|x| x.api == Api::OpenaiChat && !x.messages.is_empty())
