@@ -83,6 +83,34 @@ fn a_weka_file_is_unknown_and_forced_as_mooncake_says_why_nothing_came_out() {
     );
 }
 
+/// A WEKA trace as prefixscope writes it (its requests carry hash ids, so it is told a Mooncake
+/// trace): nothing comes out, and the message says why and what it looks like.
+#[test]
+fn our_own_weka_export_given_to_profile_says_what_it_is() {
+    let weka = dir().join("export.weka.jsonl");
+    let output = Command::new(BIN)
+        .args(["export", "--to", "weka", "--salt-file"])
+        .arg(dir().join("salt"))
+        .arg("-o")
+        .arg(&weka)
+        .arg(repo("recordings/llmp/llama.cpp/parallel.jsonl"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (code, out, err) = run(&["profile"], &weka);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("no request: read as a Mooncake trace (--format mooncake)"),
+        "{err}"
+    );
+    assert!(err.contains("as a WEKA trace does"), "{err}");
+}
+
 #[test]
 fn a_tab_separated_log_is_an_error_that_says_so() {
     let tsv = file(
