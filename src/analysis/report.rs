@@ -575,12 +575,12 @@ impl<R: Priced> Report<R> {
 pub fn label(finding: &Finding) -> String {
     let model = finding.model.as_deref().unwrap_or("?");
     let evidence = &finding.evidence;
-    let text = |key: &str| {
-        evidence
-            .get(key)
-            .and_then(|v| v.as_str())
-            .unwrap_or("?")
-            .to_string()
+    // A value as it reads in a sentence: an empty name (a tool the request left unnamed, as
+    // a provider's built-in web search) says so rather than vanishing.
+    let text = |key: &str| match evidence.get(key).and_then(|v| v.as_str()) {
+        Some("") => "(unnamed)".to_string(),
+        Some(value) => value.to_string(),
+        None => "?".to_string(),
     };
     let number = |key: &str| evidence.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
     let lost = match (finding.lost_tokens, finding.lost_ms) {
