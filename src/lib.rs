@@ -34,6 +34,8 @@ pub mod export;
 pub mod input;
 pub mod limits;
 pub mod live;
+#[cfg(feature = "net")]
+pub mod metrics;
 pub mod normalize;
 pub mod output_file;
 pub mod privacy;
