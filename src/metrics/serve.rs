@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::{Inputs, ProxyFigures, Traffic, cache_figures, classic, openmetrics, registry};
 use crate::live::{Engine, Input};
@@ -185,6 +185,7 @@ async fn serve(
                 async move { Ok::<_, Infallible>(answer(&shared, &request)) }
             });
             let served = http1::Builder::new()
+                .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
