@@ -2,7 +2,8 @@
 //!
 //! A thread of its own takes every record from the recorder (a consumer channel, never the
 //! proxy's request path), feeds a live engine and rebuilds the exposition at most every
-//! `REFRESH` (and every `REFRESH` while idle, for the recorder's queue). A scrape only copies
+//! `REFRESH` (and every `REFRESH` while idle, for the recorder's queue), or three times as
+//! long as the last rebuild took when that is longer. A scrape only copies
 //! the last text out, so scrapes cost the proxy nothing and a scrape storm costs one lock each.
 
 use std::convert::Infallible;
@@ -116,24 +117,28 @@ impl Builder {
         let mut snapshot = self.engine.snapshot();
         let mut changed = false;
         let mut built = Instant::now();
+        let mut interval = REFRESH;
         loop {
             match records.recv_timeout(REFRESH) {
                 Ok(record) => {
                     self.traffic.add(&record);
-                    self.engine
-                        .push(Input::Record(record, crate::session::wall_clock_ms()));
+                    self.engine.push(Input::Record(record, wall_clock_ms()));
                     changed = true;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
             }
-            if built.elapsed() >= REFRESH {
+            if built.elapsed() >= interval {
+                let started = Instant::now();
                 if changed {
                     snapshot = self.engine.snapshot();
                     changed = false;
                 }
                 self.publish(&snapshot);
                 built = Instant::now();
+                // Never more than a third of this thread's time on rebuilding (a snapshot of
+                // 100,000 rows takes over 100 ms).
+                interval = REFRESH.max(started.elapsed() * 3);
             }
         }
     }
@@ -160,6 +165,13 @@ impl Builder {
             *shared = exposition;
         }
     }
+}
+
+/// When a record arrived (the engine has no clock of its own).
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 async fn serve(
