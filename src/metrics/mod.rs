@@ -42,8 +42,8 @@ const MAX_LABEL_CHARS: usize = 80;
 /// as the recorder hands it on, `analyze --prometheus` counts a recording's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Traffic {
-    /// Requests of the traffic by (HTTP status or `none`, error kind or `none`).
-    pub requests: BTreeMap<(String, &'static str), u64>,
+    /// Requests of the traffic by (HTTP status, if a response came; error kind or `none`).
+    pub requests: BTreeMap<(Option<u16>, &'static str), u64>,
     pub probes: u64,
 }
 
@@ -61,10 +61,7 @@ impl Traffic {
             self.probes += 1;
             return;
         }
-        let status = record
-            .response
-            .as_ref()
-            .map_or_else(|| "none".to_string(), |r| r.status.to_string());
+        let status = record.response.as_ref().map(|r| r.status);
         let error = record.error.map_or("none", |e| e.as_str());
         *self.requests.entry((status, error)).or_default() += 1;
     }
@@ -143,7 +140,10 @@ pub fn registry<R: Priced>(inputs: &Inputs<'_, R>) -> Registry {
     for ((status, error), n) in &inputs.traffic.requests {
         requests
             .get_or_create(&vec![
-                ("status", status.clone()),
+                (
+                    "status",
+                    status.map_or_else(|| "none".into(), |s| s.to_string()),
+                ),
                 ("error", (*error).into()),
             ])
             .inc_by(*n);
