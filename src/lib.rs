@@ -36,6 +36,8 @@ pub mod html_report;
 pub mod input;
 pub mod limits;
 pub mod live;
+#[cfg(feature = "net")]
+pub mod metrics;
 pub mod normalize;
 pub mod output_file;
 pub mod privacy;

@@ -49,6 +49,8 @@ pub struct RecorderStats {
     pub not_enriched: AtomicU64,
     pub last_error: Mutex<Option<String>>,
     pub files: Mutex<Vec<PathBuf>>,
+    /// Captures waiting for the recorder, as it last saw its queue (`--metrics`).
+    pub queued: AtomicU64,
 }
 
 impl RecorderStats {
@@ -187,7 +189,9 @@ fn run<B: AsRef<[u8]>>(
     stats: Arc<RecorderStats>,
 ) {
     for capture in receiver.iter() {
-        let behind = receiver.len() > ENRICH_BACKLOG;
+        let waiting = receiver.len();
+        stats.queued.store(waiting as u64, Ordering::Relaxed);
+        let behind = waiting > ENRICH_BACKLOG;
         if behind && enrich.is_some() {
             stats.not_enriched.fetch_add(1, Ordering::Relaxed);
         }

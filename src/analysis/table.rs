@@ -346,7 +346,7 @@ const REPLY_CHARS_SLACK: u32 = 4;
 const EDITED_MIN_SHARE: f64 = 0.5;
 
 impl BreakCause {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             BreakCause::ToolsChanged => "tools_changed",
             BreakCause::SystemChanged => "system_changed",

@@ -25,11 +25,21 @@ pub struct AnalyzeArgs {
     /// counts are estimates.
     #[arg(long, value_name = "URL")]
     tokenize: Option<String>,
+    /// Write the report's metric families (those of `record --metrics`) to this file in the
+    /// Prometheus text format, for the node exporter's textfile collector or a pushgateway.
+    #[arg(long, value_name = "FILE")]
+    prometheus: Option<PathBuf>,
+    /// The `server` label of `--prometheus`'s samples (`record --metrics` labels with the
+    /// upstream); default: the first recording's file name.
+    #[arg(long, value_name = "NAME", requires = "prometheus")]
+    server: Option<String>,
 }
 
 pub fn run(args: AnalyzeArgs) -> u8 {
-    if let Err(code) = super::check_output(args.out.as_deref(), &args.files) {
-        return code;
+    for out in [&args.out, &args.prometheus] {
+        if let Err(code) = super::check_output(out.as_deref(), &args.files) {
+            return code;
+        }
     }
     let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
@@ -60,6 +70,17 @@ pub fn run(args: AnalyzeArgs) -> u8 {
         }
         let html = prefixscope::html_report::analysis_page(&report);
         if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
+            return code;
+        }
+    }
+    if let Some(out) = &args.prometheus {
+        let server = args.server.clone().unwrap_or_else(|| {
+            args.files[0]
+                .file_name()
+                .map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+        });
+        let text = prefixscope::metrics::of_recording(&records, &report, &config, &server);
+        if let Err(code) = super::write_output(out, &args.files, text.as_bytes()) {
             return code;
         }
     }

@@ -9,6 +9,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
+use prefixscope::metrics::serve::Endpoint;
 use prefixscope::proxy::DEFAULT_PORT;
 use prefixscope::record::Record;
 use prefixscope::recorder::RecorderStats;
@@ -54,6 +55,51 @@ pub struct CaptureArgs {
     /// /api/ps: once at the start of `record`, every 5 s in `watch`; recorded as probe records).
     #[arg(long)]
     pub no_probe: bool,
+    /// Serve /metrics (Prometheus text format) and /healthz here, e.g. 127.0.0.1:9464: the live
+    /// analysis's figures, for a fleet's Prometheus to scrape.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+}
+
+/// `--metrics`: its port, bound before the capture starts (a taken port fails at once, with
+/// nothing created), and the recorder's consumer channel it will read.
+pub struct MetricsPlan {
+    listener: std::net::TcpListener,
+    records: crossbeam_channel::Receiver<Arc<Record>>,
+}
+
+impl MetricsPlan {
+    /// Binds `--metrics` when it is given, adding its consumer to `consumers`.
+    pub fn bind(
+        args: &CaptureArgs,
+        consumers: &mut Vec<crossbeam_channel::Sender<Arc<Record>>>,
+    ) -> Result<Option<MetricsPlan>, u8> {
+        let Some(addr) = args.metrics else {
+            return Ok(None);
+        };
+        let listener = prefixscope::metrics::serve::bind(addr)
+            .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
+        let (sender, records) = crossbeam_channel::unbounded();
+        consumers.push(sender);
+        Ok(Some(MetricsPlan { listener, records }))
+    }
+
+    /// Serves the endpoint on the capture's runtime, said on stderr.
+    pub fn start(self, capture: &Capture) -> Result<Endpoint, u8> {
+        let endpoint = Endpoint::start(
+            self.listener,
+            &capture.runtime,
+            self.records,
+            capture.recorder.stats(),
+            capture.upstream.url(),
+        )
+        .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
+        prefixscope::stderr_line!(
+            "prefixscope: metrics on http://{}/metrics (and /healthz)",
+            endpoint.addr
+        );
+        Ok(endpoint)
+    }
 }
 
 impl CaptureArgs {
@@ -113,10 +159,18 @@ struct RecordSummary {
 pub fn run(args: RecordArgs) -> u8 {
     let shutdown = Shutdown::listen();
     let (status_tx, status_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
-    let consumers = vec![status_tx];
+    let mut consumers = vec![status_tx];
+    let metrics = match MetricsPlan::bind(&args.capture, &mut consumers) {
+        Ok(metrics) => metrics,
+        Err(code) => return code,
+    };
     let capture = match Capture::start(&args.capture.config(), consumers) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
+    };
+    let endpoint = match metrics.map(|plan| plan.start(&capture)).transpose() {
+        Ok(endpoint) => endpoint,
+        Err(code) => return code,
     };
     let notices = capture.notices();
     let Capture {
@@ -159,6 +213,9 @@ pub fn run(args: RecordArgs) -> u8 {
     drop(runtime);
     let recorder_stats = recorder.finish();
     let server = status_thread.join().unwrap_or_default();
+    if let Some(endpoint) = endpoint {
+        endpoint.join();
+    }
 
     let summary = RecordSummary {
         exchanges: proxy_stats.exchanges.load(Ordering::Relaxed),

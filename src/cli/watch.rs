@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::record::CaptureArgs;
+use super::record::{CaptureArgs, MetricsPlan};
 use super::{EXIT_OK, fail, print_stdout, screen_switches};
 use prefixscope::record::Record;
 use prefixscope::session::capture::{Capture, watch_headless, watch_screen};
@@ -31,9 +31,19 @@ pub fn run(args: WatchArgs) -> u8 {
         config.probe = prefixscope::probe::poll::Schedule::Watch;
     }
     config.announce_starts = std::io::stdout().is_terminal();
-    let capture = match Capture::start(&config, vec![records_tx]) {
+    let mut consumers = vec![records_tx];
+    let metrics = match MetricsPlan::bind(&args.capture, &mut consumers) {
+        Ok(metrics) => metrics,
+        Err(code) => return code,
+    };
+    let capture = match Capture::start(&config, consumers) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
+    };
+    // Its thread ends when the recorder closes its channel, at the capture's end.
+    let endpoint = match metrics.map(|plan| plan.start(&capture)).transpose() {
+        Ok(endpoint) => endpoint,
+        Err(code) => return code,
     };
     for notice in capture.notices() {
         prefixscope::stderr_line!("prefixscope: {notice}");
@@ -52,6 +62,9 @@ pub fn run(args: WatchArgs) -> u8 {
             capture.path.display()
         );
         let written = watch_headless(capture, records_rx, std::io::stdout(), &shutdown);
+        if let Some(endpoint) = endpoint {
+            endpoint.join();
+        }
         say_layout();
         return report_written(&written, EXIT_OK);
     }
@@ -61,6 +74,9 @@ pub fn run(args: WatchArgs) -> u8 {
         screen_switches(!args.no_mouse),
         &shutdown,
     );
+    if let Some(endpoint) = endpoint {
+        endpoint.join();
+    }
     let code = match result {
         Ok(snapshot) => {
             print_stdout(&snapshot.summary());

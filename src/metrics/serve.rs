@@ -1,0 +1,281 @@
+//! `--metrics ADDR`: `/metrics` and `/healthz` over HTTP, an edge around the pure exposition.
+//!
+//! A thread of its own takes every record from the recorder (a consumer channel, never the
+//! proxy's request path), feeds a live engine and rebuilds the exposition at most every
+//! `REFRESH` (and every `REFRESH` while idle, for the recorder's queue), or three times as
+//! long as the last rebuild took when that is longer. A scrape only copies
+//! the last text out, so scrapes cost the proxy nothing and a scrape storm costs one lock each.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use super::{Inputs, ProxyFigures, Traffic, cache_figures, classic, openmetrics, registry};
+use crate::live::{Engine, Input};
+use crate::record::Record;
+use crate::recorder::RecorderStats;
+
+/// How often the exposition is rebuilt at most (and while idle).
+pub const REFRESH: Duration = Duration::from_millis(250);
+
+const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const CLASSIC_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The last exposition, in both formats.
+#[derive(Debug, Default)]
+struct Exposition {
+    openmetrics: Bytes,
+    classic: Bytes,
+}
+
+/// Binds `--metrics ADDR` before anything starts, so a taken port is a clear error at once.
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?;
+    Ok(listener)
+}
+
+/// The running endpoint: its consumer thread ends when the recorder closes the channel.
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Endpoint {
+    /// Serves `listener` on `runtime` and starts the thread that reads `records` (the
+    /// recorder's consumer channel). `server` is the `server` label (the upstream).
+    pub fn start(
+        listener: std::net::TcpListener,
+        runtime: &tokio::runtime::Runtime,
+        records: crossbeam_channel::Receiver<Arc<Record>>,
+        recorder: Arc<RecorderStats>,
+        server: String,
+    ) -> Result<Endpoint, String> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("--metrics: {e}"))?;
+        let shared = Arc::new(Mutex::new(Exposition::default()));
+        let connection_errors = Arc::new(AtomicU64::new(0));
+        let listener = {
+            let _entered = runtime.enter();
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?
+        };
+        let mut builder = Builder {
+            engine: Engine::new(crate::analysis::Config::default()),
+            traffic: Traffic::default(),
+            recorder,
+            connection_errors: Arc::clone(&connection_errors),
+            server,
+            shared: Arc::clone(&shared),
+        };
+        // The families are there, with HELP and TYPE, before the first scrape.
+        let empty = builder.engine.snapshot();
+        builder.publish(&empty);
+        runtime.spawn(serve(listener, shared, connection_errors));
+        let thread = std::thread::Builder::new()
+            .name("prefixscope-metrics".into())
+            .spawn(move || builder.run(records))
+            .map_err(|e| format!("--metrics: cannot start its thread: {e}"))?;
+        Ok(Endpoint {
+            addr,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits for the consumer thread (after the recorder finished).
+    pub fn join(mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Builder {
+    engine: Engine,
+    traffic: Traffic,
+    recorder: Arc<RecorderStats>,
+    connection_errors: Arc<AtomicU64>,
+    server: String,
+    shared: Arc<Mutex<Exposition>>,
+}
+
+impl Builder {
+    fn run(&mut self, records: crossbeam_channel::Receiver<Arc<Record>>) {
+        lower_priority();
+        let mut snapshot = self.engine.snapshot();
+        let mut changed = false;
+        let mut built = Instant::now();
+        let mut interval = REFRESH;
+        loop {
+            match records.recv_timeout(REFRESH) {
+                Ok(record) => {
+                    self.traffic.add(&record);
+                    self.engine.push(Input::Record(record, wall_clock_ms()));
+                    changed = true;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+            if built.elapsed() >= interval {
+                let started = Instant::now();
+                if changed {
+                    snapshot = self.engine.snapshot();
+                    changed = false;
+                }
+                self.publish(&snapshot);
+                built = Instant::now();
+                // Never more than a third of this thread's time on rebuilding (a snapshot of
+                // 100,000 rows takes over 100 ms).
+                interval = REFRESH.max(started.elapsed() * 3);
+            }
+        }
+    }
+
+    fn publish(&self, snapshot: &crate::live::Snapshot) {
+        let proxy = ProxyFigures {
+            records_not_written: self.recorder.write_errors.load(Ordering::Relaxed),
+            recorder_queue_depth: self.recorder.queued.load(Ordering::Relaxed),
+            metrics_connection_errors: self.connection_errors.load(Ordering::Relaxed),
+        };
+        let inputs = Inputs {
+            report: &snapshot.report,
+            traffic: &self.traffic,
+            cache: cache_figures(snapshot),
+            proxy: Some(proxy),
+            server: &self.server,
+        };
+        let text = openmetrics(&registry(&inputs));
+        let exposition = Exposition {
+            classic: Bytes::from(classic(&text)),
+            openmetrics: Bytes::from(text),
+        };
+        if let Ok(mut shared) = self.shared.lock() {
+            *shared = exposition;
+        }
+    }
+}
+
+/// The analysis of every record costs tens of microseconds (BENCHMARKS.md, "Analysis"): at
+/// thousands of requests a second on a busy machine it would take CPU from the proxy. At the
+/// lowest priority this thread uses only what the proxy leaves; under a load it cannot follow it
+/// falls behind (the records wait in its channel) and catches up when the load drops.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and setpriority read and set this thread's own scheduling value; no
+        // memory is touched. Linux applies a thread id's nice value to that thread alone.
+        // Failing leaves the priority as it was, which is only slower under load.
+        unsafe {
+            let thread = libc::gettid();
+            let _ = libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, 19);
+        }
+    }
+}
+
+/// When a record arrived (the engine has no clock of its own).
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Mutex<Exposition>>,
+    connection_errors: Arc<AtomicU64>,
+) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of descriptors, most likely: counted, and tried again shortly.
+                connection_errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = Arc::clone(&shared);
+        let errors = Arc::clone(&connection_errors);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(answer(&shared, &request)) }
+            });
+            let served = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if served.is_err() {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+}
+
+fn answer<B>(shared: &Mutex<Exposition>, request: &Request<B>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: Bytes| {
+        let mut response = Response::new(Full::new(body));
+        *response.status_mut() = status;
+        if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        response
+    };
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            Bytes::from_static(b"GET only\n"),
+        );
+    }
+    match request.uri().path() {
+        "/metrics" => {
+            // Prometheus asks for OpenMetrics first; anything else gets the classic format.
+            let wants_openmetrics = request
+                .headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|accept| accept.contains("application/openmetrics-text"));
+            let (content_type, body) = match shared.lock() {
+                Ok(exposition) if wants_openmetrics => {
+                    (OPENMETRICS_TYPE, exposition.openmetrics.clone())
+                }
+                Ok(exposition) => (CLASSIC_TYPE, exposition.classic.clone()),
+                Err(_) => {
+                    return reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "text/plain; charset=utf-8",
+                        Bytes::from_static(b"the metrics thread failed\n"),
+                    );
+                }
+            };
+            reply(StatusCode::OK, content_type, body)
+        }
+        "/healthz" => reply(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            Bytes::from_static(b"ok\n"),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            Bytes::from_static(b"not found: /metrics or /healthz\n"),
+        ),
+    }
+}
