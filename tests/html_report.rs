@@ -49,16 +49,14 @@ fn browser(chromium: &str, args: &[&str], page: &Path) -> std::process::Output {
         .unwrap()
 }
 
-/// `profile -o` of `input`, then the page as chromium builds it, held against the JSON.
-fn check(input: &str, name: &str) {
-    let Some(chromium) = chromium() else {
-        return;
-    };
+/// `prefixscope COMMAND INPUT -o DIR/NAME`: its JSON report and its page, checked to be
+/// self-contained (nothing to run, nothing to fetch).
+fn written_report(command: &str, input: &str, name: &str) -> (Value, PathBuf) {
     let dir = std::env::temp_dir().join(format!("prefixscope-html-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let base = dir.join(name);
     let output = Command::new(BIN)
-        .arg("profile")
+        .arg(command)
         .arg(repo(input))
         .arg("-o")
         .arg(&base)
@@ -73,10 +71,19 @@ fn check(input: &str, name: &str) {
         serde_json::from_slice(&std::fs::read(base.with_extension("json")).unwrap()).unwrap();
     let page = base.with_extension("html");
     let html = std::fs::read_to_string(&page).unwrap();
-    // Self-contained: nothing to run, nothing to fetch.
     for never in ["<script", " src=", " href=", "@import", "url("] {
         assert!(!html.contains(never), "{never} in {name}.html");
     }
+    (json, page)
+}
+
+/// `profile -o` of `input`, then the page as chromium builds it, held against the JSON.
+fn check(input: &str, name: &str) {
+    let Some(chromium) = chromium() else {
+        return;
+    };
+    let (json, page) = written_report("profile", input, name);
+    let dir = page.parent().unwrap().to_path_buf();
     let dumped = browser(chromium, &["--dump-dom"], &page);
     let dom = String::from_utf8_lossy(&dumped.stdout).to_string();
     assert!(
@@ -202,28 +209,11 @@ fn the_analysis_page_renders_with_analyzes_figures() {
     let Some(chromium) = chromium() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("prefixscope-html-analyze-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let base = dir.join("analysis");
-    let output = Command::new(BIN)
-        .arg("analyze")
-        .arg(repo("recordings/llmp/llama.cpp/parallel-nocache.jsonl"))
-        .arg("-o")
-        .arg(&base)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (json, page) = written_report(
+        "analyze",
+        "recordings/llmp/llama.cpp/parallel-nocache.jsonl",
+        "analysis",
     );
-    let json: Value =
-        serde_json::from_slice(&std::fs::read(base.with_extension("json")).unwrap()).unwrap();
-    let page = base.with_extension("html");
-    let html = std::fs::read_to_string(&page).unwrap();
-    for never in ["<script", " src=", " href=", "@import", "url("] {
-        assert!(!html.contains(never), "{never}");
-    }
     let dom =
         String::from_utf8_lossy(&browser(chromium, &["--dump-dom"], &page).stdout).to_string();
     assert_eq!(dom.matches("<svg").count(), 3, "causes, clients, timeline");

@@ -99,7 +99,7 @@ pub enum Input {
     /// A request the proxy has just sent on, its response not in yet (no response in the
     /// record): what it will do to the server's slots is predicted until its record comes.
     Started(Arc<Record>),
-    /// One request of a trace or gateway log (no messages: only the cache panes use it).
+    /// One request of a trace (no messages: only the cache panes use it).
     Request(Arc<Request>, i64),
     /// The source has no more (a replay's end).
     SourceDone,

@@ -1,4 +1,4 @@
-//! Replays: records of saved recordings, or requests of traces and gateway logs, fed to the
+//! Replays: records of saved recordings and gateway logs (read as records), or requests of traces, fed to the
 //! live engine from their files at the recorded pace (or at once), or printed headless.
 
 use std::io::Write;
@@ -235,28 +235,41 @@ fn open_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 /// Gateway logs as records, in time order (several: each one's ids after the one before's),
 /// their bad rows and whether they had timestamps described in `messages`.
 fn read_logs(paths: &[PathBuf], messages: &mut Vec<String>) -> Result<Vec<Record>, Error> {
-    let mut records = Vec::new();
+    let mut records: Vec<Record> = Vec::new();
+    each_file(paths, messages, |name, reader, messages| {
+        let mut log = input::gateway_csv::records(reader, name, None);
+        for row in &log.report.bad_rows {
+            messages.push(format!("{name}:{}: {}", row.line, row.error));
+        }
+        if !log.timed && !log.records.is_empty() {
+            messages.push(format!(
+                "{name}: no timestamps: its rows replay in file order, one every {} s at ×1",
+                input::gateway_csv::UNTIMED_PACE_MS / 1000
+            ));
+        }
+        let base = records.iter().map(|r| r.id).max().unwrap_or(0);
+        for record in &mut log.records {
+            record.id += base;
+        }
+        records.extend(log.records);
+    })?;
+    records.sort_by_key(|r| (r.t_start_ms, r.id));
+    Ok(records)
+}
+
+/// Each of `paths` opened and gunzipped, given to `read` with its name; one that cannot be
+/// opened is described in `messages`, and none opened at all is an error.
+fn each_file(
+    paths: &[PathBuf],
+    messages: &mut Vec<String>,
+    mut read: impl FnMut(&str, Box<dyn std::io::BufRead>, &mut Vec<String>),
+) -> Result<(), Error> {
     let mut opened = 0;
     for path in paths {
         match input::open_decompressed(path) {
             Ok(reader) => {
                 opened += 1;
-                let name = path.display().to_string();
-                let mut log = input::gateway_csv::records(reader, &name, None);
-                for row in &log.report.bad_rows {
-                    messages.push(format!("{name}:{}: {}", row.line, row.error));
-                }
-                if !log.timed && !log.records.is_empty() {
-                    messages.push(format!(
-                        "{name}: no timestamps: its rows replay in file order, one every {} s at ×1",
-                        input::gateway_csv::UNTIMED_PACE_MS / 1000
-                    ));
-                }
-                let base = records.iter().map(|r: &Record| r.id).max().unwrap_or(0);
-                for record in &mut log.records {
-                    record.id += base;
-                }
-                records.extend(log.records);
+                read(&path.display().to_string(), reader, messages);
             }
             Err(e) => messages.push(format!("cannot read {}: {e}", path.display())),
         }
@@ -264,8 +277,7 @@ fn read_logs(paths: &[PathBuf], messages: &mut Vec<String>) -> Result<Vec<Record
     if opened == 0 {
         return Err(Error::Unreadable(messages.join("; ")));
     }
-    records.sort_by_key(|r| (r.t_start_ms, r.id));
-    Ok(records)
+    Ok(())
 }
 
 /// Logs: every record's status line, then the snapshot's summary (as `headless_records`).
@@ -297,28 +309,17 @@ fn read_trace(
     let options = InputOptions::default();
     let mut requests = Vec::new();
     let mut bad = 0;
-    let mut opened = 0;
-    for path in paths {
-        match input::open_decompressed(path) {
-            Ok(reader) => {
-                opened += 1;
-                let name = path.display().to_string();
-                let file = input::read(reader, &name, format, &options);
-                for row in &file.report.bad_rows {
-                    messages.push(format!("{name}:{}: {}", row.line, row.error));
-                }
-                for value in &file.report.bad_values {
-                    messages.push(format!("{name}: bad value: {value}"));
-                }
-                bad += file.report.bad_rows.len();
-                requests.extend(file.requests);
-            }
-            Err(e) => messages.push(format!("cannot read {}: {e}", path.display())),
+    each_file(paths, messages, |name, reader, messages| {
+        let file = input::read(reader, name, format, &options);
+        for row in &file.report.bad_rows {
+            messages.push(format!("{name}:{}: {}", row.line, row.error));
         }
-    }
-    if opened == 0 {
-        return Err(Error::Unreadable(messages.join("; ")));
-    }
+        for value in &file.report.bad_values {
+            messages.push(format!("{name}: bad value: {value}"));
+        }
+        bad += file.report.bad_rows.len();
+        requests.extend(file.requests);
+    })?;
     requests.sort_by_key(|r| r.t_ms.unwrap_or(0));
     Ok((requests, bad))
 }

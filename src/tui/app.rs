@@ -60,7 +60,7 @@ pub enum Source {
 pub enum Input {
     /// Recordings: every pane.
     Exchanges,
-    /// A trace or gateway log read as cache requests (the name of its format): hit rate and
+    /// A trace read as cache requests (the name of its format): hit rate and
     /// prefixes only.
     RequestsOnly(String),
 }
