@@ -940,18 +940,23 @@ fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
         ),
         Line::styled(
             format!(
-                "the real server: {} reused, lost {} tokens, {}",
+                "the real server: {}, {}",
                 first
                     .recorded_hit_rate
                     .map_or("reuse not reported".into(), |h| format!(
-                        "{:.1}%",
+                        "{:.1}% reused",
                         h * 100.0
                     )),
-                thousands(first.recorded.lost_tokens),
-                first
-                    .recorded
-                    .lost_ms
-                    .map_or("time not measured".into(), duration)
+                // A loss is measured only with the server's timings (llmp's rule): without
+                // them it is not measured, never zero.
+                first.recorded.lost_ms.map_or(
+                    "loss not measured (no reuse and timing counts)".into(),
+                    |ms| format!(
+                        "lost {} tokens, {}",
+                        thousands(first.recorded.lost_tokens),
+                        duration(ms)
+                    )
+                )
             ),
             theme.title(),
         ),
