@@ -34,7 +34,10 @@
 #
 # Environment knobs (defaults are the documented benchmark): DURATION=10 WARMUP=2 CONNS=64
 # THREADS=2 ROUNDS=3 QUIET_WAIT=900 RETRIES=3 OTHER_MAX_PCT=10 STEAL_MAX_PCT=5 PS_FLAGS= (extra flags for
-# `prefixscope record`, e.g. --no-probe) KEEP=0 (1 keeps the recordings;
+# `prefixscope record`, e.g. --no-probe) PS_COMPARE_FLAGS= (when set, a fourth target,
+# `ps-compare`: a second `prefixscope record` with these flags, e.g. "--metrics 127.0.0.1:9464",
+# interleaved with the others in every round, so the two prefixscopes are compared in one run)
+# KEEP=0 (1 keeps the recordings;
 # the wrk logs, proxy logs and results.tsv are always kept in the work dir, printed at the end).
 set -euo pipefail
 PS_FLAGS=${PS_FLAGS:-}
@@ -50,6 +53,8 @@ PORT_PLAIN=18480 # fake server, non-streamed
 PORT_SSE=18479   # fake server, streamed
 PORT_PS=18481    # prefixscope
 PORT_LLMP=18482  # llmp
+PORT_PS2=18483   # prefixscope with PS_COMPARE_FLAGS
+PS_COMPARE_FLAGS=${PS_COMPARE_FLAGS:-}
 LUA="$ROOT/bench/wrk-chat.lua"
 PS_BIN="$ROOT/target/release/prefixscope"
 LLMP_BIN=${LLMP_BIN:-$(command -v llmp || echo "$HOME/.cargo/bin/llmp")}
@@ -246,6 +251,7 @@ url_of() { # target
         direct) echo "http://127.0.0.1:$UPSTREAM_PORT/v1/chat/completions" ;;
         llmp) echo "http://127.0.0.1:$PORT_LLMP/v1/chat/completions" ;;
         prefixscope) echo "http://127.0.0.1:$PORT_PS/v1/chat/completions" ;;
+        ps-compare) echo "http://127.0.0.1:$PORT_PS2/v1/chat/completions" ;;
     esac
 }
 pids_of() { # target -> the processes that serve the target's requests
@@ -253,11 +259,12 @@ pids_of() { # target -> the processes that serve the target's requests
         direct) echo "$NGINX_WORKER" ;;
         llmp) echo "$LLMP_PID $NGINX_WORKER" ;;
         prefixscope) echo "$PS_PID $NGINX_WORKER" ;;
+        ps-compare) echo "$PS2_PID $NGINX_WORKER" ;;
     esac
 }
 pin_all() { # cpu list: nginx worker and both proxies, all threads
     local pid
-    for pid in "$NGINX_WORKER" "$PS_PID" "$LLMP_PID"; do taskset -apc "$1" "$pid" >/dev/null; done
+    for pid in "$NGINX_WORKER" "$PS_PID" "$LLMP_PID" ${PS2_PID:+"$PS2_PID"}; do taskset -apc "$1" "$pid" >/dev/null; done
 }
 
 # One wrk run. Another session may compile on the same cores: before each attempt we wait for
@@ -321,6 +328,8 @@ run_wrk() { # mode target kind round threads conns duration cpus
 }
 
 TARGETS=(direct llmp prefixscope)
+[ -z "$PS_COMPARE_FLAGS" ] || TARGETS+=(ps-compare)
+PS2_PID=""
 for mode in json sse; do
     if [ "$mode" = json ]; then UPSTREAM_PORT=$PORT_PLAIN STREAM=0; else UPSTREAM_PORT=$PORT_SSE STREAM=1; fi
     NGINX_WORKER=$(pgrep -P "$NGINX_PID" | head -1)
@@ -338,6 +347,16 @@ for mode in json sse; do
     PIDS+=("$LLMP_PID")
     wait_port $PORT_PS $PS_PID
     wait_port $PORT_LLMP $LLMP_PID
+    PS2_OUT="$WORK/ps-compare-$mode.jsonl"
+    if [ -n "$PS_COMPARE_FLAGS" ]; then
+        rm -f "$PS2_OUT" "${PS2_OUT%.jsonl}".[0-9]*.jsonl
+        # shellcheck disable=SC2086 # the flags are words
+        "$PS_BIN" record --upstream "http://127.0.0.1:$UPSTREAM_PORT" --listen "127.0.0.1:$PORT_PS2" \
+            -o "$PS2_OUT" --quiet $PS_FLAGS $PS_COMPARE_FLAGS >"$WORK/ps-compare-$mode.log" 2>&1 &
+        PS2_PID=$!
+        PIDS+=("$PS2_PID")
+        wait_port $PORT_PS2 $PS2_PID
+    fi
 
     # One request through each target: the proxies must return the server's bytes unchanged.
     for target in "${TARGETS[@]}"; do
@@ -346,7 +365,7 @@ for mode in json sse; do
             -o "$WORK/check-$mode-$target.out" -D "$WORK/check-$mode-$target.headers" "$(url_of "$target")" \
             || die "curl through $target failed"
     done
-    for target in llmp prefixscope; do
+    for target in "${TARGETS[@]:1}"; do
         cmp -s "$WORK/check-$mode-direct.out" "$WORK/check-$mode-$target.out" \
             || die "$target changed the $mode response body; see $WORK/check-$mode-*.out"
     done
@@ -367,8 +386,13 @@ for mode in json sse; do
     # --- 5. records vs requests ---
     thread_cpu "$PS_PID" "prefixscope $mode"
     thread_cpu "$LLMP_PID" "llmp $mode"
-    for target in llmp prefixscope; do
-        if [ "$target" = llmp ]; then pid=$LLMP_PID; out=$LLMP_OUT; else pid=$PS_PID; out=$PS_OUT; fi
+    [ -z "$PS2_PID" ] || thread_cpu "$PS2_PID" "ps-compare $mode"
+    for target in "${TARGETS[@]:1}"; do
+        case $target in
+            llmp) pid=$LLMP_PID out=$LLMP_OUT ;;
+            prefixscope) pid=$PS_PID out=$PS_OUT ;;
+            ps-compare) pid=$PS2_PID out=$PS2_OUT ;;
+        esac
         rc=0
         stop_proc "$pid" || rc=$?
         records=0 ok=0 disc=0
@@ -399,7 +423,7 @@ echo "prefixscope $REV | $("$LLMP_BIN" --version 2>&1) | $(nginx -v 2>&1 | sed '
 echo "$NCPU cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(date -u '+%Y-%m-%d %H:%M UTC'); load average before the build: $LOAD0, before measuring: $LOAD1"
 echo "request body $(awk 'NR == 1 {print $18}' "$RESULTS") B; ${DURATION}s runs, ${WARMUP}s warm-up, $ROUNDS rounds; c1 = 1 connection/1 thread, @$CONNS = $CONNS connections/$THREADS threads"
 echo
-awk -v kn="$KIND_N" -v tck="$CLK_TCK" '
+awk -v kn="$KIND_N" -v tck="$CLK_TCK" -v tl="${TARGETS[*]}" '
     function median(list,    a, n, i, j, x) {
         n = split(substr(list, 2), a, " ")
         for (i = 2; i <= n; i++) { x = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
@@ -415,11 +439,11 @@ awk -v kn="$KIND_N" -v tck="$CLK_TCK" '
     END {
       printf "| target | mode | p50 µs | p99 µs | +p50 µs | +p99 µs | p50 per round | p50 pinned µs | +p50 pinned | req/s @%s | req/s per round | ×direct | prefixscope/llmp | CPU µs/req | wrk errors |\n", substr(kn, 2)
       print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-      split("json sse", modes, " "); split("direct llmp prefixscope", targets, " ")
+      split("json sse", modes, " "); nt = split(tl, targets, " ")
       for (i = 1; i <= 2; i++) {
         m = modes[i]; d = m SUBSEP "direct"
         d50 = median(p50[d]); d99 = median(p99[d]); drps = median(rps[d])
-        for (j = 1; j <= 3; j++) {
+        for (j = 1; j <= nt; j++) {
           t = targets[j]; k = m SUBSEP t
           m50 = median(p50[k]); m99 = median(p99[k]); mrps = median(rps[k])
           dir = (t == "direct")
@@ -428,7 +452,7 @@ awk -v kn="$KIND_N" -v tck="$CLK_TCK" '
             dir ? "" : sprintf("%+d", m50 - d50), dir ? "" : sprintf("%+d", m99 - d99), r50[k],
             pin[k], dir ? "" : sprintf("%+d", pin[k] - pin[d]),
             mrps, rr[k], dir ? "1" : sprintf("%.2f", mrps / drps),
-            (t == "prefixscope") ? sprintf("%.2f", mrps / median(rps[m SUBSEP "llmp"])) : "",
+            (t ~ /^p/) ? sprintf("%.2f", mrps / median(rps[m SUBSEP "llmp"])) : "",
             cpu[k] / tck * 1e6 / req[k], errs[k]
         }
       }
@@ -446,7 +470,7 @@ echo "Runs disturbed by other load are run again (see below); * marks a target w
 echo
 
 # --- the aims -------------------------------------------------------------------------------------
-awk -v kn="$KIND_N" '
+awk -v kn="$KIND_N" -v flags="$PS_COMPARE_FLAGS" '
     function median(list,    a, n, i, j, x) {
         n = split(substr(list, 2), a, " ")
         for (i = 2; i <= n; i++) { x = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
@@ -463,6 +487,11 @@ awk -v kn="$KIND_N" '
         r = median(rps[m, "prefixscope"]) / median(rps[m, "llmp"])
         printf "aim %-4s added p50 <= 60 us: %+d us %s | added p99 <= 1000 us: %+d us %s | >= 2.5x llmp @%s: %.2fx %s\n", m,
           a50, (a50 <= 60 ? "MET" : "NOT MET"), a99, (a99 <= 1000 ? "MET" : "NOT MET"), substr(kn, 2), r, (r >= 2.5 ? "MET" : "NOT MET")
+        if (rps[m, "ps-compare"] != "") {
+          c = median(rps[m, "ps-compare"]) / median(rps[m, "prefixscope"])
+          printf "aim %-4s ps-compare (%s) req/s within 5%% of prefixscope @%s: %+.1f%% %s\n", m, flags,
+            substr(kn, 2), (c - 1) * 100, (c >= 0.95 ? "MET" : "NOT MET")
+        }
       }
     }' "$RESULTS"
 # Lost: a request wrk saw answered with no complete (200) record. Records beyond wrk's count must

@@ -2,8 +2,9 @@
 //! hands each record to the other consumers.
 //!
 //! It is the only part allowed to hold traffic back: its input channel is bounded, and the proxy
-//! makes the next request on a connection wait while it is full. Consumers get an unbounded
-//! channel each, so a slow one lags and never stalls recording. A write error (a full disk) is
+//! makes the next request on a connection wait while it is full. Consumers get a channel each and
+//! are never waited for: an unbounded one lags behind, a bounded one (the metrics endpoint's) is
+//! skipped while it is full, counted in `consumer_records_skipped`. A write error (a full disk) is
 //! counted and shown; records keep flowing to consumers and the proxy keeps forwarding.
 
 use std::fs::{File, OpenOptions};
@@ -51,6 +52,9 @@ pub struct RecorderStats {
     pub files: Mutex<Vec<PathBuf>>,
     /// Captures waiting for the recorder, as it last saw its queue (`--metrics`).
     pub queued: AtomicU64,
+    /// Records a bounded consumer (the `--metrics` endpoint's analysis) did not get: it was that
+    /// far behind.
+    pub consumer_records_skipped: AtomicU64,
 }
 
 impl RecorderStats {
@@ -216,7 +220,13 @@ fn run<B: AsRef<[u8]>>(
         stats.records.fetch_add(1, Ordering::Relaxed);
         let record = Arc::new(record);
         for consumer in &consumers {
-            let _ = consumer.send(Arc::clone(&record));
+            if let Err(crossbeam_channel::TrySendError::Full(_)) =
+                consumer.try_send(Arc::clone(&record))
+            {
+                stats
+                    .consumer_records_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -657,5 +667,24 @@ mod tests {
                 .contains("No space left")
         );
         assert_eq!(rx.try_iter().count(), 3);
+    }
+
+    #[test]
+    fn a_full_bounded_consumer_is_skipped_and_counted_and_the_others_get_every_record() {
+        let (every, all) = crossbeam_channel::unbounded();
+        let (bounded, some) = crossbeam_channel::bounded(2);
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start(RecorderConfig::default(), vec![every, bounded]).unwrap();
+        let sender = recorder.sender();
+        for id in 1..=5 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(stats.records.load(Ordering::Relaxed), 5);
+        assert_eq!(all.try_iter().count(), 5);
+        let got: Vec<u64> = some.try_iter().map(|r| r.id).collect();
+        assert_eq!(got, vec![1, 2]);
+        assert_eq!(stats.consumer_records_skipped.load(Ordering::Relaxed), 3);
     }
 }

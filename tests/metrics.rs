@@ -5,6 +5,8 @@
 
 #[path = "support/prometheus.rs"]
 mod prometheus;
+#[path = "support/tmux.rs"]
+mod tmux;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -71,20 +73,28 @@ impl Proxy {
         proxy
     }
 
-    /// Records of the traffic on disk so far.
-    fn traffic_records(&self) -> usize {
-        std::fs::read_to_string(&self.recording)
-            .unwrap_or_default()
-            .lines()
-            .filter(|line| !line.contains("\"probe\":true"))
-            .count()
-    }
-
     /// Waits until `n` traffic records are on disk and the endpoint counted them.
     fn wait_for_records(&self, n: usize) {
+        wait_for_records(self.metrics, &self.recording, n);
+    }
+}
+
+/// Traffic records in `recording` so far.
+fn traffic_records(recording: &Path) -> usize {
+    std::fs::read_to_string(recording)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.contains("\"probe\":true"))
+        .count()
+}
+
+/// Waits until `n` traffic records are in `recording` and the endpoint at `metrics` counted them,
+/// then for the analysis of the last ones to be in its exposition.
+fn wait_for_records(metrics: SocketAddr, recording: &Path, n: usize) {
+    {
         let start = Instant::now();
         let counted = || {
-            let (_, body) = get(self.metrics, "/metrics", None).unwrap_or_default();
+            let (_, body) = get(metrics, "/metrics", None).unwrap_or_default();
             samples(&body)
                 .iter()
                 .filter(|(name, labels, _)| {
@@ -93,11 +103,11 @@ impl Proxy {
                 .map(|(_, _, v)| *v as usize)
                 .sum::<usize>()
         };
-        while self.traffic_records() < n || counted() < n {
+        while traffic_records(recording) < n || counted() < n {
             assert!(
                 start.elapsed() < Duration::from_secs(60),
                 "{} of {n} records written, {} counted",
-                self.traffic_records(),
+                traffic_records(recording),
                 counted()
             );
             std::thread::sleep(Duration::from_millis(100));
@@ -441,4 +451,60 @@ fn the_grafana_dashboard_is_valid_and_reads_only_families_the_exporter_writes() 
     ] {
         assert!(read.contains(name), "no panel reads {name}");
     }
+}
+
+/// `watch --metrics` in a real terminal: the TUI and the endpoint run side by side on one
+/// recorder, and the endpoint's losses by cause equal `analyze` of what `watch` recorded, as
+/// the screen's do (`tests/tui_tmux.rs` holds the screen to `analyze`).
+#[test]
+fn watch_serves_the_metrics_of_what_it_records_beside_its_screen() {
+    if !tmux::have_tmux() || !have_prometheus("watch_serves_the_metrics") {
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let speed = Arc::new(Speed::new(1000.0));
+    let upstream = sim_server(&runtime, 2, &speed);
+    let (listen, metrics) = (loopback(free_port()), loopback(free_port()));
+    let command = format!(
+        "{BIN} watch --no-layout --upstream http://{upstream} --listen {listen} --metrics {metrics} --metrics-window 1000 -o rec.jsonl; echo EXITED $?; sleep 60"
+    );
+    let tmux = tmux::Tmux::start("watch-metrics", &command);
+    tmux.wait_for(&["Conversations"]);
+    wait_ok(metrics, "/healthz", Duration::from_secs(20));
+    let log = drive(&runtime, "mixed", listen, 5);
+    let recording = tmux.dir.join("rec.jsonl");
+    wait_for_records(metrics, &recording, log.requests.len());
+    tmux.wait_for(&[&format!("{} requests", log.requests.len())]);
+
+    let (_, text) = get(metrics, "/metrics", None).unwrap();
+    let expected = tokens_by_cause(&analyze_json(&recording));
+    assert!(expected.len() > 1, "{expected:?}");
+    let got: BTreeMap<String, u64> = sum_by(&text, "prefixscope_lost_tokens", "cause")
+        .into_iter()
+        .map(|(cause, tokens)| (cause, tokens as u64))
+        .collect();
+    assert_eq!(got, expected, "{text}");
+    // Fewer records than one window: nothing closed, nothing skipped.
+    let total = |name: &str| sum_by(&text, name, "server").values().sum::<f64>();
+    assert_eq!(
+        total("prefixscope_metrics_windows_closed_total"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        total("prefixscope_metrics_records_skipped_total"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        total("prefixscope_metrics_window_records"),
+        log.requests.len() as f64,
+        "{text}"
+    );
+    let (valid, problems) = promtool_check(&text);
+    assert!(valid, "{problems}");
+
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for(&["EXITED 0"]);
+    assert!(screen.contains("records written"), "{screen}");
 }

@@ -59,13 +59,24 @@ pub struct CaptureArgs {
     /// analysis's figures, for a fleet's Prometheus to scrape.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// --metrics: records per analysis window. The endpoint's figures equal `analyze` of each
+    /// window's records and are summed over windows; its memory grows with the window
+    /// (100 to 1,000,000).
+    #[arg(long, value_name = "RECORDS", default_value_t = prefixscope::metrics::window::DEFAULT_WINDOW,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(METRICS_WINDOW_MIN..=METRICS_WINDOW_MAX))]
+    pub metrics_window: usize,
 }
+
+const METRICS_WINDOW_MIN: u64 = prefixscope::metrics::window::MIN_WINDOW as u64;
+const METRICS_WINDOW_MAX: u64 = prefixscope::metrics::window::MAX_WINDOW as u64;
 
 /// `--metrics`: its port, bound before the capture starts (a taken port fails at once, with
 /// nothing created), and the recorder's consumer channel it will read.
 pub struct MetricsPlan {
     listener: std::net::TcpListener,
     records: crossbeam_channel::Receiver<Arc<Record>>,
+    window: usize,
 }
 
 impl MetricsPlan {
@@ -79,9 +90,14 @@ impl MetricsPlan {
         };
         let listener = prefixscope::metrics::serve::bind(addr)
             .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
-        let (sender, records) = crossbeam_channel::unbounded();
+        // Bounded: the recorder skips the endpoint (counted) rather than queue without end.
+        let (sender, records) = crossbeam_channel::bounded(prefixscope::metrics::serve::QUEUE);
         consumers.push(sender);
-        Ok(Some(MetricsPlan { listener, records }))
+        Ok(Some(MetricsPlan {
+            listener,
+            records,
+            window: args.metrics_window,
+        }))
     }
 
     /// Serves the endpoint on the capture's runtime, said on stderr.
@@ -92,6 +108,7 @@ impl MetricsPlan {
             self.records,
             capture.recorder.stats(),
             capture.upstream.url(),
+            self.window,
         )
         .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
         prefixscope::stderr_line!(

@@ -13,6 +13,7 @@
 
 #[cfg(feature = "net")]
 pub mod serve;
+pub mod window;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
@@ -24,7 +25,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::analysis::report::{CauseTotal, Report, time};
+use crate::analysis::report::{Report, time};
 use crate::analysis::{Priced, Rated};
 use crate::live::view::Aliases;
 use crate::record::Record;
@@ -90,14 +91,108 @@ pub struct ProxyFigures {
     pub metrics_connection_errors: u64,
 }
 
+/// How the live endpoint's analysis keeps up (absent from `analyze --prometheus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WindowFigures {
+    /// Records the analysis left out: the endpoint was this far behind the proxy (its queue
+    /// full), so the analysis gauges do not include them.
+    pub records_skipped: u64,
+    /// Windows closed so far: every `--metrics-window` records the analysis starts again, its
+    /// totals kept (memory stays bounded on a proxy that runs for days).
+    pub windows_closed: u64,
+    /// Records analysed in the open window.
+    pub window_records: u64,
+}
+
 /// Everything the exposition is built from.
-pub struct Inputs<'a, R> {
-    pub report: &'a Report<R>,
+pub struct Inputs<'a> {
+    pub totals: &'a Totals,
     pub traffic: &'a Traffic,
     pub cache: Option<CacheFigures>,
     pub proxy: Option<ProxyFigures>,
+    pub window: Option<WindowFigures>,
     /// The `server` label of every family: the upstream (`--metrics`), or what `analyze` is told.
     pub server: &'a str,
+}
+
+/// What the analysis families show, summed: one report's (`Totals::of`), or the closed windows'
+/// and the open one's (`Totals::add`), so every figure is a sum and windows add up.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Totals {
+    /// Prompt, reused and evaluated tokens by model (label values).
+    pub tokens_by_model: BTreeMap<String, [u64; 3]>,
+    /// Tokens and milliseconds (where measured) lost, by (client alias, cause), label values.
+    pub lost: BTreeMap<(String, String), (u64, Option<f64>)>,
+    pub breaks_by_cause: BTreeMap<String, u64>,
+    pub evictions_by_kind: BTreeMap<String, u64>,
+    pub turns: u64,
+    pub conversations: u64,
+}
+
+impl Totals {
+    pub fn of<R: Priced>(report: &Report<R>) -> Totals {
+        let mut totals = Totals {
+            turns: report.coverage.turns,
+            conversations: report.coverage.conversations,
+            ..Totals::default()
+        };
+        for rated in report.rows.iter().map(Priced::rated) {
+            let row = rated.row();
+            let value =
+                |m: Option<crate::analysis::Measured<u32>>| m.map_or(0, |m| u64::from(m.value));
+            let sums = totals
+                .tokens_by_model
+                .entry(label_value(&row.model))
+                .or_default();
+            sums[0] += value(row.counts.prompt_tokens);
+            sums[1] += value(row.counts.reused_tokens);
+            sums[2] += value(row.counts.evaluated_tokens);
+            if let Some(cause) = rated.break_cause {
+                *totals
+                    .breaks_by_cause
+                    .entry(cause.name().to_string())
+                    .or_default() += 1;
+            }
+            if let Some(evicted) = &rated.evicted_by {
+                *totals
+                    .evictions_by_kind
+                    .entry(label_value(&evicted.kind))
+                    .or_default() += 1;
+            }
+        }
+        totals.lost = losses(report);
+        totals
+    }
+
+    /// `other`'s figures added to these.
+    pub fn add(&mut self, other: &Totals) {
+        for (model, sums) in &other.tokens_by_model {
+            let mine = self.tokens_by_model.entry(model.clone()).or_default();
+            for (a, b) in mine.iter_mut().zip(sums) {
+                *a += b;
+            }
+        }
+        for (key, (tokens, ms)) in &other.lost {
+            let mine = self.lost.entry(key.clone()).or_insert((0, None));
+            mine.0 += tokens;
+            if let Some(ms) = ms {
+                mine.1 = Some(mine.1.unwrap_or(0.0) + ms);
+            }
+        }
+        for (cause, n) in &other.breaks_by_cause {
+            *self.breaks_by_cause.entry(cause.clone()).or_default() += n;
+        }
+        for (kind, n) in &other.evictions_by_kind {
+            *self.evictions_by_kind.entry(kind.clone()).or_default() += n;
+        }
+        self.turns += other.turns;
+        self.conversations += other.conversations;
+    }
+
+    /// Prompt tokens of every model (the weight of a window's ratios when windows are summed).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.tokens_by_model.values().map(|sums| sums[0]).sum()
+    }
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -130,11 +225,11 @@ fn announce<M: EncodeMetric + Send + Sync + std::fmt::Debug + 'static>(
 
 /// The one place the families are defined: the live endpoint and `analyze --prometheus` both
 /// encode this registry.
-pub fn registry<R: Priced>(inputs: &Inputs<'_, R>) -> Registry {
+pub fn registry(inputs: &Inputs<'_>) -> Registry {
     let server = label_value(inputs.server);
     let mut registry =
         Registry::with_prefix_and_labels(PREFIX, [("server".into(), server.into())].into_iter());
-    let report = inputs.report;
+    let totals = inputs.totals;
 
     let requests = Family::<Labels, Counter>::default();
     for ((status, error), n) in &inputs.traffic.requests {
@@ -168,22 +263,20 @@ pub fn registry<R: Priced>(inputs: &Inputs<'_, R>) -> Registry {
         records,
     );
 
-    register_tokens(&mut registry, report);
-    register_losses(&mut registry, report);
+    register_tokens(&mut registry, totals);
+    register_losses(&mut registry, totals);
 
     let breaks = Family::<Labels, FloatGauge>::default();
+    for (cause, n) in &totals.breaks_by_cause {
+        breaks
+            .get_or_create(&vec![("cause", cause.clone())])
+            .set(*n as f64);
+    }
     let evictions = Family::<Labels, FloatGauge>::default();
-    for rated in report.rows.iter().map(Priced::rated) {
-        if let Some(cause) = rated.break_cause {
-            breaks
-                .get_or_create(&vec![("cause", cause.name().to_string())])
-                .inc_by(1.0);
-        }
-        if let Some(evicted) = &rated.evicted_by {
-            evictions
-                .get_or_create(&vec![("evictor", label_value(&evicted.kind))])
-                .inc_by(1.0);
-        }
+    for (kind, n) in &totals.evictions_by_kind {
+        evictions
+            .get_or_create(&vec![("evictor", kind.clone())])
+            .set(*n as f64);
     }
     announce(
         &mut registry,
@@ -199,10 +292,10 @@ pub fn registry<R: Priced>(inputs: &Inputs<'_, R>) -> Registry {
     );
 
     let turns = FloatGauge::default();
-    turns.set(report.coverage.turns as f64);
+    turns.set(totals.turns as f64);
     registry.register("turns", "Conversation turns the analysis found", turns);
     let conversations = FloatGauge::default();
-    conversations.set(report.coverage.conversations as f64);
+    conversations.set(totals.conversations as f64);
     announce(
         &mut registry,
         "conversations",
@@ -263,28 +356,53 @@ pub fn registry<R: Priced>(inputs: &Inputs<'_, R>) -> Registry {
         "Connections to this metrics endpoint that failed",
         connection_errors,
     );
+
+    let skipped = Family::<Labels, Counter>::default();
+    let windows = Family::<Labels, Counter>::default();
+    let window_records = Family::<Labels, FloatGauge>::default();
+    if let Some(window) = inputs.window {
+        skipped
+            .get_or_create(&Vec::new())
+            .inc_by(window.records_skipped);
+        windows
+            .get_or_create(&Vec::new())
+            .inc_by(window.windows_closed);
+        window_records
+            .get_or_create(&Vec::new())
+            .set(window.window_records as f64);
+    }
+    announce(
+        &mut registry,
+        "metrics_records_skipped",
+        "Records this endpoint's analysis left out because it was behind the proxy (its queue full); the analysis families do not include them",
+        skipped,
+    );
+    announce(
+        &mut registry,
+        "metrics_windows_closed",
+        "Times this endpoint's analysis closed a window of --metrics-window records and started again, its totals kept",
+        windows,
+    );
+    announce(
+        &mut registry,
+        "metrics_window_records",
+        "Records analysed in this endpoint's open window",
+        window_records,
+    );
     registry
 }
 
 /// Prompt, reused and evaluated tokens by model, as the server (or the estimate) counted them.
-fn register_tokens<R: Priced>(registry: &mut Registry, report: &Report<R>) {
-    let mut by_model: HashMap<&str, [u64; 3]> = HashMap::new();
-    for rated in report.rows.iter().map(Priced::rated) {
-        let counts = &rated.row().counts;
-        let sums = by_model.entry(rated.row().model.as_str()).or_default();
-        let value = |m: Option<crate::analysis::Measured<u32>>| m.map_or(0, |m| u64::from(m.value));
-        sums[0] += value(counts.prompt_tokens);
-        sums[1] += value(counts.reused_tokens);
-        sums[2] += value(counts.evaluated_tokens);
-    }
-    let ranked: Vec<(String, (f64, u64))> = by_model
+fn register_tokens(registry: &mut Registry, totals: &Totals) {
+    let ranked: Vec<(String, (f64, u64))> = totals
+        .tokens_by_model
         .iter()
-        .map(|(model, sums)| (label_value(model), (sums[0] as f64, 0)))
+        .map(|(model, sums)| (model.clone(), (sums[0] as f64, 0)))
         .collect();
     let kept = capped(ranked);
     let families: [Family<Labels, Counter>; 3] = Default::default();
-    for (model, sums) in &by_model {
-        let label = kept_or_other(&kept, &label_value(model));
+    for (model, sums) in &totals.tokens_by_model {
+        let label = kept_or_other(&kept, model);
         for (family, n) in families.iter().zip(sums) {
             family
                 .get_or_create(&vec![("model", label.clone())])
@@ -312,9 +430,10 @@ fn register_tokens<R: Priced>(registry: &mut Registry, report: &Report<R>) {
     );
 }
 
-/// Tokens and seconds lost by client and cause: each client's rows through the report's own
-/// `time` totals, so summed over clients they are `analyze`'s `time.by_cause` to the token.
-fn register_losses<R: Priced>(registry: &mut Registry, report: &Report<R>) {
+/// Tokens and milliseconds lost by (client alias, cause): each client's rows through the
+/// report's own `time` totals, so summed over clients they are `analyze`'s `time.by_cause` to
+/// the token.
+fn losses<R: Priced>(report: &Report<R>) -> BTreeMap<(String, String), (u64, Option<f64>)> {
     let aliases = Aliases::new(
         report
             .clients
@@ -326,26 +445,41 @@ fn register_losses<R: Priced>(registry: &mut Registry, report: &Report<R>) {
         let label = label_value(&aliases.of(&rated.row().client));
         by_client.entry(label).or_default().push(rated);
     }
-    let totals: Vec<(String, BTreeMap<String, CauseTotal>)> = by_client
+    let mut lost = BTreeMap::new();
+    for (client, rows) in by_client {
+        for (cause, total) in time(&rows).by_cause {
+            lost.insert(
+                (client.clone(), label_value(&cause)),
+                (total.tokens, total.ms.map(|ms| ms.value)),
+            );
+        }
+    }
+    lost
+}
+
+/// Tokens and seconds lost by client and cause, the clients capped by cost.
+fn register_losses(registry: &mut Registry, totals: &Totals) {
+    let mut cost: BTreeMap<&str, (f64, u64)> = BTreeMap::new();
+    for ((client, _), (tokens, ms)) in &totals.lost {
+        let sum = cost.entry(client).or_default();
+        sum.0 += ms.unwrap_or(0.0);
+        sum.1 += tokens;
+    }
+    let ranked: Vec<(String, (f64, u64))> = cost
         .into_iter()
-        .map(|(client, rows)| (client, time(&rows).by_cause))
-        .filter(|(_, by_cause)| !by_cause.is_empty())
-        .collect();
-    let ranked: Vec<(String, (f64, u64))> = totals
-        .iter()
-        .map(|(client, by_cause)| (client.clone(), cost(by_cause)))
+        .map(|(client, cost)| (client.to_string(), cost))
         .collect();
     let kept = capped(ranked);
     let tokens = Family::<Labels, FloatGauge>::default();
     let seconds = Family::<Labels, FloatGauge>::default();
-    for (client, by_cause) in &totals {
-        let client = kept_or_other(&kept, client);
-        for (cause, total) in by_cause {
-            let labels = vec![("client", client.clone()), ("cause", label_value(cause))];
-            tokens.get_or_create(&labels).inc_by(total.tokens as f64);
-            if let Some(ms) = total.ms {
-                seconds.get_or_create(&labels).inc_by(ms.value / 1000.0);
-            }
+    for ((client, cause), (lost_tokens, ms)) in &totals.lost {
+        let labels = vec![
+            ("client", kept_or_other(&kept, client)),
+            ("cause", cause.clone()),
+        ];
+        tokens.get_or_create(&labels).inc_by(*lost_tokens as f64);
+        if let Some(ms) = ms {
+            seconds.get_or_create(&labels).inc_by(ms / 1000.0);
         }
     }
     announce(
@@ -360,16 +494,6 @@ fn register_losses<R: Priced>(registry: &mut Registry, report: &Report<R>) {
         "Prefill seconds those tokens cost, by client and cause (the analysis's current total)",
         seconds,
     );
-}
-
-/// A client's cost: milliseconds lost, then tokens.
-fn cost(by_cause: &BTreeMap<String, CauseTotal>) -> (f64, u64) {
-    by_cause.values().fold((0.0, 0), |(ms, tokens), total| {
-        (
-            ms + total.ms.map_or(0.0, |m| m.value),
-            tokens + total.tokens,
-        )
-    })
 }
 
 /// The `MAX_LABEL_VALUES` costliest values (ties by name, so the choice is stable).
@@ -485,10 +609,11 @@ pub fn of_recording(
         ));
     }
     let inputs = Inputs {
-        report,
+        totals: &Totals::of(report),
         traffic: &Traffic::of(records),
         cache: cache_figures(&engine.snapshot()),
         proxy: None,
+        window: None,
         server,
     };
     classic(&openmetrics(&registry(&inputs)))

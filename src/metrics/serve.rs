@@ -1,10 +1,16 @@
 //! `--metrics ADDR`: `/metrics` and `/healthz` over HTTP, an edge around the pure exposition.
 //!
-//! A thread of its own takes every record from the recorder (a consumer channel, never the
-//! proxy's request path), feeds a live engine and rebuilds the exposition at most every
-//! `REFRESH` (and every `REFRESH` while idle, for the recorder's queue), or three times as
-//! long as the last rebuild took when that is longer. A scrape only copies
-//! the last text out, so scrapes cost the proxy nothing and a scrape storm costs one lock each.
+//! A thread of its own takes the records from the recorder (a bounded consumer channel, never
+//! the proxy's request path), feeds the windowed live engine (`window`) and rebuilds the
+//! exposition at most every `REFRESH` (and every `REFRESH` while idle, for the recorder's
+//! queue), or three times as long as the last rebuild took when that is longer. A scrape only
+//! copies the last text out, so scrapes cost the proxy nothing and a scrape storm costs one lock
+//! each.
+//!
+//! The analysis costs tens of microseconds a record (BENCHMARKS.md), more than the proxy spends
+//! forwarding it, so this thread runs only on CPU time nothing else wants (`SCHED_IDLE`). Under
+//! a load it cannot follow, its queue (`QUEUE` records) fills and the recorder skips it,
+//! counted (`prefixscope_metrics_records_skipped_total`): the proxy never pays for the metrics.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,13 +25,16 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use super::{Inputs, ProxyFigures, Traffic, cache_figures, classic, openmetrics, registry};
-use crate::live::{Engine, Input};
+use super::window::{Figures, Windowed};
+use super::{Inputs, ProxyFigures, classic, openmetrics, registry};
 use crate::record::Record;
 use crate::recorder::RecorderStats;
 
 /// How often the exposition is rebuilt at most (and while idle).
 pub const REFRESH: Duration = Duration::from_millis(250);
+/// Records waiting for the endpoint's analysis at most: a burst's worth (half a second of a
+/// busy proxy); beyond it the recorder skips the endpoint.
+pub const QUEUE: usize = 8_192;
 
 const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const CLASSIC_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -55,13 +64,15 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Serves `listener` on `runtime` and starts the thread that reads `records` (the
-    /// recorder's consumer channel). `server` is the `server` label (the upstream).
+    /// recorder's consumer channel, bounded to `QUEUE`). `server` is the `server` label (the
+    /// upstream); `window` the records per analysis window.
     pub fn start(
         listener: std::net::TcpListener,
         runtime: &tokio::runtime::Runtime,
         records: crossbeam_channel::Receiver<Arc<Record>>,
         recorder: Arc<RecorderStats>,
         server: String,
+        window: usize,
     ) -> Result<Endpoint, String> {
         let addr = listener
             .local_addr()
@@ -74,15 +85,14 @@ impl Endpoint {
                 .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?
         };
         let mut builder = Builder {
-            engine: Engine::new(crate::analysis::Config::default()),
-            traffic: Traffic::default(),
+            engine: Windowed::new(crate::analysis::Config::default(), window),
             recorder,
             connection_errors: Arc::clone(&connection_errors),
             server,
             shared: Arc::clone(&shared),
         };
         // The families are there, with HELP and TYPE, before the first scrape.
-        let empty = builder.engine.snapshot();
+        let empty = builder.engine.figures();
         builder.publish(&empty);
         runtime.spawn(serve(listener, shared, connection_errors));
         let thread = std::thread::Builder::new()
@@ -104,8 +114,7 @@ impl Endpoint {
 }
 
 struct Builder {
-    engine: Engine,
-    traffic: Traffic,
+    engine: Windowed,
     recorder: Arc<RecorderStats>,
     connection_errors: Arc<AtomicU64>,
     server: String,
@@ -115,15 +124,14 @@ struct Builder {
 impl Builder {
     fn run(&mut self, records: crossbeam_channel::Receiver<Arc<Record>>) {
         lower_priority();
-        let mut snapshot = self.engine.snapshot();
+        let mut figures = self.engine.figures();
         let mut changed = false;
         let mut built = Instant::now();
         let mut interval = REFRESH;
         loop {
             match records.recv_timeout(REFRESH) {
                 Ok(record) => {
-                    self.traffic.add(&record);
-                    self.engine.push(Input::Record(record, wall_clock_ms()));
+                    self.engine.push(record, wall_clock_ms());
                     changed = true;
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
@@ -132,10 +140,10 @@ impl Builder {
             if built.elapsed() >= interval {
                 let started = Instant::now();
                 if changed {
-                    snapshot = self.engine.snapshot();
+                    figures = self.engine.figures();
                     changed = false;
                 }
-                self.publish(&snapshot);
+                self.publish(&figures);
                 built = Instant::now();
                 // Never more than a third of this thread's time on rebuilding (a snapshot of
                 // 100,000 rows takes over 100 ms).
@@ -144,17 +152,23 @@ impl Builder {
         }
     }
 
-    fn publish(&self, snapshot: &crate::live::Snapshot) {
+    fn publish(&self, figures: &Figures) {
         let proxy = ProxyFigures {
             records_not_written: self.recorder.write_errors.load(Ordering::Relaxed),
             recorder_queue_depth: self.recorder.queued.load(Ordering::Relaxed),
             metrics_connection_errors: self.connection_errors.load(Ordering::Relaxed),
         };
+        let mut window = figures.window;
+        window.records_skipped = self
+            .recorder
+            .consumer_records_skipped
+            .load(Ordering::Relaxed);
         let inputs = Inputs {
-            report: &snapshot.report,
-            traffic: &self.traffic,
-            cache: cache_figures(snapshot),
+            totals: &figures.totals,
+            traffic: &self.engine.traffic,
+            cache: figures.cache,
             proxy: Some(proxy),
+            window: Some(window),
             server: &self.server,
         };
         let text = openmetrics(&registry(&inputs));
@@ -168,19 +182,24 @@ impl Builder {
     }
 }
 
-/// The analysis of every record costs tens of microseconds (BENCHMARKS.md, "Analysis"): at
-/// thousands of requests a second on a busy machine it would take CPU from the proxy. At the
-/// lowest priority this thread uses only what the proxy leaves; under a load it cannot follow it
-/// falls behind (the records wait in its channel) and catches up when the load drops.
+/// The analysis of every record costs tens of microseconds (BENCHMARKS.md): at thousands of
+/// requests a second on a busy machine it would take CPU from the proxy. `SCHED_IDLE` runs this
+/// thread only when no other thread wants the CPU (a nice value of 19 still takes a share); where
+/// that is refused, nice 19. Under a load it cannot follow, its queue fills and the recorder
+/// skips it, counted.
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: gettid and setpriority read and set this thread's own scheduling value; no
-        // memory is touched. Linux applies a thread id's nice value to that thread alone.
-        // Failing leaves the priority as it was, which is only slower under load.
+        // SAFETY: gettid, sched_setscheduler and setpriority read and set this thread's own
+        // scheduling policy; `param` lives across the call. Linux applies a thread id's policy
+        // and nice value to that thread alone. Failing leaves the priority as it was, which is
+        // only slower under load.
         unsafe {
             let thread = libc::gettid();
-            let _ = libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, 19);
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(thread, libc::SCHED_IDLE, &param) != 0 {
+                let _ = libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, 19);
+            }
         }
     }
 }

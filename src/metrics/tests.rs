@@ -4,10 +4,11 @@ use crate::analysis::{Config, analyze};
 fn exposition(records: &[Record]) -> String {
     let report = analyze(records, &Config::default());
     let inputs = Inputs {
-        report: &report,
+        totals: &Totals::of(&report),
         traffic: &Traffic::of(records),
         cache: None,
         proxy: Some(ProxyFigures::default()),
+        window: Some(WindowFigures::default()),
         server: "http://127.0.0.1:8080",
     };
     classic(&openmetrics(&registry(&inputs)))
@@ -122,7 +123,7 @@ fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
         .collect()
 }
 
-fn real_recording() -> Vec<Record> {
+pub(super) fn real_recording() -> Vec<Record> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
     let read =

@@ -1,0 +1,90 @@
+//! Measures what the `--metrics` endpoint's thread spends per record, part by part, on a
+//! recording the proxy benchmark wrote (`KEEP=1 bash bench/proxy.sh`): the raw counters, the
+//! analysis engine alone, and the endpoint's windowed live engine with its figures (`live`).
+//! `cargo run --release --example metrics_bench -- FILE [live [WINDOW]]`; prints one JSON line.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prefixscope::analysis::{Analyzer, Config};
+use prefixscope::metrics::window::{DEFAULT_WINDOW, Windowed};
+use prefixscope::record::read_jsonl;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(path) = args.get(1) else {
+        eprintln!("usage: metrics_bench FILE [live]");
+        std::process::exit(2);
+    };
+    let bytes = std::fs::read(path).unwrap_or_else(|e| {
+        eprintln!("cannot read {path}: {e}");
+        std::process::exit(1);
+    });
+    let records: Vec<Arc<_>> = read_jsonl(bytes.as_slice())
+        .records
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let n = records.len().max(1) as f64;
+    let mut result = serde_json::json!({"file": path, "records": records.len()});
+
+    let start = Instant::now();
+    let mut traffic = prefixscope::metrics::Traffic::default();
+    for record in &records {
+        traffic.add(record);
+    }
+    result["traffic_us"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e6 / n);
+
+    let rss = rss_kib();
+    let start = Instant::now();
+    let mut analyzer = Analyzer::new(Config::default());
+    for record in &records {
+        analyzer.push(record);
+    }
+    result["analyzer_us"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e6 / n);
+    result["analyzer_mib"] = serde_json::json!(rss_kib().saturating_sub(rss) as f64 / 1024.0);
+    let start = Instant::now();
+    let report = analyzer.report();
+    result["report_ms"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e3);
+    drop(report);
+    drop(analyzer);
+
+    if args.get(2).map(String::as_str) == Some("live") {
+        let window = args
+            .get(3)
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(DEFAULT_WINDOW);
+        let rss = rss_kib();
+        let start = Instant::now();
+        let mut engine = Windowed::new(Config::default(), window);
+        let mut peak_kib = 0;
+        for (i, record) in records.iter().enumerate() {
+            engine.push(Arc::clone(record), i as i64);
+            if i % 1000 == 0 {
+                peak_kib = peak_kib.max(rss_kib());
+            }
+        }
+        result["window"] = serde_json::json!(window);
+        result["live_us"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e6 / n);
+        result["live_peak_mib"] = serde_json::json!(peak_kib.saturating_sub(rss) as f64 / 1024.0);
+        let start = Instant::now();
+        let figures = engine.figures();
+        result["figures_ms"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e3);
+        result["windows_closed"] = serde_json::json!(figures.window.windows_closed);
+    }
+    println!("{result}");
+}
