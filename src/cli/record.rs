@@ -310,6 +310,9 @@ pub fn run(args: RecordArgs) -> u8 {
     EXIT_OK
 }
 
+/// How long the status thread sleeps when no record came.
+const STATUS_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 fn print_status(
     records: crossbeam_channel::Receiver<Arc<Record>>,
     stats: Arc<RecorderStats>,
@@ -321,18 +324,30 @@ fn print_status(
     let mut errors_seen = 0;
     let mut dropped_seen = 0;
     let (mut rejected_seen, mut accept_seen, mut upstream_seen) = (0, 0, 0);
-    loop {
-        // Woken every second too: refused requests and accept errors make no record.
-        let record = match records.recv_timeout(std::time::Duration::from_secs(1)) {
-            Ok(record) => Some(record),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
-        };
-        if let Some(record) = &record {
-            server.apply_record(record);
-            if !quiet {
-                prefixscope::stderr_line!("{}", record_line(record));
+    let mut open = true;
+    while open {
+        // Polled, never waited on: a thread blocked in `recv` would make the recorder wake it
+        // (a futex call on the recorder's thread) for every record. Refused requests and accept
+        // errors make no record, so they are looked at on every round too.
+        let mut seen = 0usize;
+        loop {
+            match records.try_recv() {
+                Ok(record) => {
+                    seen += 1;
+                    server.apply_record(&record);
+                    if !quiet {
+                        prefixscope::stderr_line!("{}", record_line(&record));
+                    }
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
             }
+        }
+        if seen == 0 && open {
+            std::thread::sleep(STATUS_POLL);
         }
         let failures = proxy.upstream_failures.load(Ordering::Relaxed);
         if failures > upstream_seen {

@@ -32,6 +32,8 @@ use crate::recorder::RecorderStats;
 
 /// How often the exposition is rebuilt at most (and while idle).
 pub const REFRESH: Duration = Duration::from_millis(250);
+/// How long the thread sleeps when its queue is empty before it looks again.
+const POLL: Duration = Duration::from_millis(20);
 /// Records waiting for the endpoint's analysis at most: a burst's worth (half a second of a
 /// busy proxy); beyond it the recorder skips the endpoint.
 pub const QUEUE: usize = 8_192;
@@ -129,13 +131,15 @@ impl Builder {
         let mut built = Instant::now();
         let mut interval = REFRESH;
         loop {
-            match records.recv_timeout(REFRESH) {
+            // Polled, never waited on: a receiver blocked in `recv` would make the recorder
+            // wake it (a futex call on the recorder's thread) for every record.
+            match records.try_recv() {
                 Ok(record) => {
                     self.engine.push(record, wall_clock_ms());
                     changed = true;
                 }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(POLL),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => break,
             }
             if built.elapsed() >= interval {
                 let started = Instant::now();
