@@ -4,8 +4,26 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::EXIT_UNREADABLE;
-use prefixscope::analysis::{Config, analyze};
+use super::{EXIT_UNREADABLE, RecordSink};
+use prefixscope::analysis::{Analyzer, Config, analyze};
+use prefixscope::record::Record;
+
+/// Records analysed as they are read (`analyze` of one recording).
+struct Analysing {
+    analyzer: Analyzer,
+    max_id: u64,
+}
+
+impl RecordSink for Analysing {
+    fn record(&mut self, record: Record) {
+        self.max_id = self.max_id.max(record.id);
+        self.analyzer.push(&record);
+    }
+
+    fn max_id(&self) -> u64 {
+        self.max_id
+    }
+}
 
 #[derive(Args)]
 pub struct AnalyzeArgs {
@@ -41,23 +59,40 @@ pub fn run(args: AnalyzeArgs) -> u8 {
             return code;
         }
     }
-    let Some(read) = super::read_recordings(&args.files) else {
-        return EXIT_UNREADABLE;
-    };
-    let exit_code = read.exit_code();
-    let mut records = read.records;
-    let bad_lines: u64 = read.files.iter().map(|f| f.bad_lines.len() as u64).sum();
     let config = Config {
         session_gap_ms: args.gap_seconds.saturating_mul(1000),
         ..Config::default()
     };
-    if let Some(url) = &args.tokenize {
-        let result = prefixscope::tokenize::enrich(&mut records, url);
-        for warning in &result.warnings {
-            prefixscope::stderr_line!("prefixscope: warning: tokenize: {warning}");
+    // One recording, nothing that needs its records again: each record is analysed as it is
+    // read and dropped, so memory is the analysis's, not the file's. The incremental engine's
+    // report equals the batch's (tests/incremental.rs).
+    let streamed = args.tokenize.is_none() && args.prometheus.is_none() && args.files.len() == 1;
+    let (read, records, mut report) = if streamed {
+        let mut analysing = Analysing {
+            analyzer: Analyzer::new(config.clone()),
+            max_id: 0,
+        };
+        let Some(read) = super::read_recordings_into(&args.files, &mut analysing) else {
+            return EXIT_UNREADABLE;
+        };
+        let report = analysing.analyzer.report();
+        (read, Vec::new(), report)
+    } else {
+        let Some(mut read) = super::read_recordings(&args.files) else {
+            return EXIT_UNREADABLE;
+        };
+        let mut records = std::mem::take(&mut read.records);
+        if let Some(url) = &args.tokenize {
+            let result = prefixscope::tokenize::enrich(&mut records, url);
+            for warning in &result.warnings {
+                prefixscope::stderr_line!("prefixscope: warning: tokenize: {warning}");
+            }
         }
-    }
-    let mut report = analyze(&records, &config);
+        let report = analyze(&records, &config);
+        (read, records, report)
+    };
+    let exit_code = read.exit_code();
+    let bad_lines: u64 = read.files.iter().map(|f| f.bad_lines.len() as u64).sum();
     report.coverage.bad_lines = bad_lines;
     let json = serde_json::to_string_pretty(&report).unwrap_or_default();
     if let Some(out) = &args.out {

@@ -124,13 +124,51 @@ pub struct RecordingFile {
     pub bad_lines: Vec<prefixscope::record::BadLine>,
 }
 
+/// Where `read_recordings_into` puts each record as it is read.
+pub trait RecordSink {
+    fn record(&mut self, record: prefixscope::record::Record);
+    /// One file's records are all in.
+    fn file_done(&mut self) {}
+    /// The largest record id so far (a gateway log's ids are numbered after it).
+    fn max_id(&self) -> u64;
+}
+
+/// Every record held, each file's in id order (as `record::read_jsonl` gives them).
+#[derive(Default)]
+struct Collect {
+    records: Vec<prefixscope::record::Record>,
+    file_start: usize,
+    max_id: u64,
+}
+
+impl RecordSink for Collect {
+    fn record(&mut self, record: prefixscope::record::Record) {
+        self.max_id = self.max_id.max(record.id);
+        self.records.push(record);
+    }
+
+    fn file_done(&mut self) {
+        self.records[self.file_start..].sort_by_key(|r| r.id);
+        self.file_start = self.records.len();
+    }
+
+    fn max_id(&self) -> u64 {
+        self.max_id
+    }
+}
+
 impl Recordings {
     /// A gateway log's rows as the records a proxy would have written (`gateway_csv::records`).
-    fn read_log(&mut self, path: &std::path::Path, reader: Box<dyn std::io::BufRead>) {
+    fn read_log(
+        &mut self,
+        path: &std::path::Path,
+        reader: Box<dyn std::io::BufRead>,
+        sink: &mut dyn RecordSink,
+    ) {
         let name = path.display().to_string();
         let mut log = prefixscope::input::gateway_csv::records(reader, &name, None);
         // Each log numbers its rows from 1: a second one's come after the first's.
-        let base = self.records.iter().map(|r| r.id).max().unwrap_or(0);
+        let base = sink.max_id();
         for record in &mut log.records {
             record.id += base;
         }
@@ -166,7 +204,10 @@ impl Recordings {
                 })
                 .collect(),
         });
-        self.records.extend(log.records);
+        for record in log.records {
+            sink.record(record);
+        }
+        sink.file_done();
     }
 }
 
@@ -187,6 +228,18 @@ pub fn report_paths(path: &std::path::Path) -> (std::path::PathBuf, std::path::P
 /// Reads every file it can (recordings, and gateway logs as the records a proxy would have
 /// written); `None` when none could be opened at all (exit 1).
 pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
+    let mut collect = Collect::default();
+    let mut read = read_recordings_into(paths, &mut collect)?;
+    read.records = collect.records;
+    Some(read)
+}
+
+/// `read_recordings`, each record given to `sink` as it is read, none held here (`records`
+/// stays empty): what reads a recording in memory bounded by its consumer.
+pub fn read_recordings_into(
+    paths: &[std::path::PathBuf],
+    sink: &mut dyn RecordSink,
+) -> Option<Recordings> {
     let mut out = Recordings {
         records: Vec::new(),
         files: Vec::new(),
@@ -196,7 +249,7 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         use prefixscope::input::Format;
         match prefixscope::input::open(path, None).map(|o| (o.format, o.reader)) {
             Ok((Format::Csv, reader)) => {
-                out.read_log(path, reader);
+                out.read_log(path, reader, sink);
                 continue;
             }
             Ok((format @ (Format::Mooncake | Format::Bailian), _)) => {
@@ -212,50 +265,58 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
         }
         match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
             Ok(opened) => {
-                let read = prefixscope::record::read_jsonl(opened.reader);
-                if read.records.is_empty() && read.bad_lines.is_empty() {
+                let mut records = 0usize;
+                let mut bad_lines = Vec::new();
+                for item in prefixscope::record::Lines::new(opened.reader) {
+                    match item {
+                        Ok(record) => {
+                            records += 1;
+                            sink.record(record);
+                        }
+                        Err(bad) => {
+                            prefixscope::stderr_line!(
+                                "prefixscope: {}:{}: {}",
+                                path.display(),
+                                bad.line,
+                                bad.error
+                            );
+                            bad_lines.push(bad);
+                        }
+                    }
+                }
+                sink.file_done();
+                if records == 0 && bad_lines.is_empty() {
                     prefixscope::stderr_line!(
                         "prefixscope: {} is empty: no records",
                         path.display()
                     );
                 }
-                for bad in &read.bad_lines {
-                    prefixscope::stderr_line!(
-                        "prefixscope: {}:{}: {}",
-                        path.display(),
-                        bad.line,
-                        bad.error
-                    );
-                }
-                if read.records.is_empty() && !read.bad_lines.is_empty() {
+                if records == 0 && !bad_lines.is_empty() {
                     prefixscope::stderr_line!(
                         "prefixscope: {}: no record: read as {}; {} bad lines",
                         path.display(),
                         prefixscope::input::Format::Recording.describe(),
-                        read.bad_lines.len()
+                        bad_lines.len()
                     );
                     out.failed = true;
                 }
-                if let Some(stop) = read
-                    .bad_lines
+                if let Some(stop) = bad_lines
                     .iter()
                     .find(|b| b.error.starts_with("read error: "))
                 {
                     prefixscope::stderr_line!(
-                        "prefixscope: {}: the read stopped at line {}: {}; the {} records before it are read",
+                        "prefixscope: {}: the read stopped at line {}: {}; the {records} records before it are read",
                         path.display(),
                         stop.line,
                         stop.error.trim_start_matches("read error: "),
-                        read.records.len()
                     );
                     out.failed = true;
                 }
                 out.files.push(RecordingFile {
                     path: path.clone(),
-                    records: read.records.len(),
-                    bad_lines: read.bad_lines,
+                    records,
+                    bad_lines,
                 });
-                out.records.extend(read.records);
             }
             Err(e) => prefixscope::stderr_line!("prefixscope: cannot read {}: {e}", path.display()),
         }

@@ -102,6 +102,8 @@ pub struct WindowFigures {
     pub windows_closed: u64,
     /// Records analysed in the open window.
     pub window_records: u64,
+    /// The analysis has stepped aside: records come faster than it takes them.
+    pub stepped_aside: bool,
 }
 
 /// Everything the exposition is built from.
@@ -388,6 +390,18 @@ pub fn registry(inputs: &Inputs<'_>) -> Registry {
         "metrics_window_records",
         "Records analysed in this endpoint's open window",
         window_records,
+    );
+    let aside = Family::<Labels, FloatGauge>::default();
+    if let Some(window) = inputs.window {
+        aside
+            .get_or_create(&Vec::new())
+            .set(if window.stepped_aside { 1.0 } else { 0.0 });
+    }
+    announce(
+        &mut registry,
+        "metrics_analysis_stepped_aside",
+        "1 while this endpoint's analysis steps aside because records come faster than it analyses them (the recorder skips it, counted in metrics_records_skipped); 0 otherwise",
+        aside,
     );
     registry
 }

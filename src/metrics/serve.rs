@@ -130,16 +130,35 @@ impl Builder {
         let mut changed = false;
         let mut built = Instant::now();
         let mut interval = REFRESH;
+        let mut pace = StepAside::default();
+        let mut counted = (
+            self.recorder.records.load(Ordering::Relaxed),
+            Instant::now(),
+        );
         loop {
-            // Polled, never waited on: a receiver blocked in `recv` would make the recorder
-            // wake it (a futex call on the recorder's thread) for every record.
-            match records.try_recv() {
-                Ok(record) => {
-                    self.engine.push(record, wall_clock_ms());
-                    changed = true;
+            let elapsed = counted.1.elapsed();
+            if elapsed >= REFRESH {
+                let now = self.recorder.records.load(Ordering::Relaxed);
+                pace.arrivals(now.saturating_sub(counted.0) as f64 / elapsed.as_secs_f64());
+                counted = (now, Instant::now());
+            }
+            if pace.aside {
+                // The records wait in the queue (the recorder skips it while it is full) and
+                // are analysed once the load drops: the recorder stopping is such a drop.
+                std::thread::sleep(REFRESH);
+            } else {
+                // Polled, never waited on: a receiver blocked in `recv` would make the recorder
+                // wake it (a futex call on the recorder's thread) for every record.
+                match records.try_recv() {
+                    Ok(record) => {
+                        let started = Instant::now();
+                        self.engine.push(record, wall_clock_ms());
+                        pace.analysed(started.elapsed());
+                        changed = true;
+                    }
+                    Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(POLL),
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => break,
                 }
-                Err(crossbeam_channel::TryRecvError::Empty) => std::thread::sleep(POLL),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => break,
             }
             if built.elapsed() >= interval {
                 let started = Instant::now();
@@ -147,6 +166,7 @@ impl Builder {
                     figures = self.engine.figures();
                     changed = false;
                 }
+                figures.window.stepped_aside = pace.aside;
                 self.publish(&figures);
                 built = Instant::now();
                 // Never more than a third of this thread's time on rebuilding (a snapshot of
@@ -182,6 +202,46 @@ impl Builder {
         };
         if let Ok(mut shared) = self.shared.lock() {
             *shared = exposition;
+        }
+    }
+}
+
+/// Whether the analysis steps aside: while records arrive faster than it analyses them it could
+/// not keep up anyway (the recorder skips it, counted), and every record it took would take CPU
+/// and cache from a proxy that has none to spare, even at `SCHED_IDLE`. It comes back once they
+/// arrive at under half its rate.
+#[derive(Debug, Default)]
+struct StepAside {
+    /// Wall time per record analysed, a moving average (µs); 0 before the first.
+    cost_us: f64,
+    aside: bool,
+}
+
+impl StepAside {
+    fn analysed(&mut self, took: Duration) {
+        let us = took.as_secs_f64() * 1e6;
+        self.cost_us = if self.cost_us == 0.0 {
+            us
+        } else {
+            0.98 * self.cost_us + 0.02 * us
+        };
+    }
+
+    /// Records a second the analysis takes (unbounded before it has measured one).
+    fn rate(&self) -> f64 {
+        if self.cost_us > 0.0 {
+            1e6 / self.cost_us
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// The recorder's records per second over the last interval.
+    fn arrivals(&mut self, per_second: f64) {
+        if self.aside {
+            self.aside = per_second >= self.rate() / 2.0;
+        } else {
+            self.aside = per_second > self.rate();
         }
     }
 }
@@ -300,5 +360,28 @@ fn answer<B>(shared: &Mutex<Exposition>, request: &Request<B>) -> Response<Full<
             "text/plain; charset=utf-8",
             Bytes::from_static(b"not found: /metrics or /healthz\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_analysis_steps_aside_while_records_come_faster_than_it_takes_them() {
+        let mut pace = StepAside::default();
+        pace.arrivals(1e9);
+        assert!(!pace.aside, "nothing measured yet: it keeps analysing");
+        pace.analysed(Duration::from_micros(100)); // 10,000 records a second
+        pace.arrivals(9_000.0);
+        assert!(!pace.aside);
+        pace.arrivals(20_000.0);
+        assert!(pace.aside);
+        pace.arrivals(6_000.0);
+        assert!(pace.aside, "back only under half its rate");
+        pace.arrivals(4_000.0);
+        assert!(!pace.aside);
+        pace.arrivals(0.0);
+        assert!(!pace.aside);
     }
 }

@@ -149,6 +149,7 @@ impl Windowed {
                 records_skipped: 0,
                 windows_closed: self.windows_closed,
                 window_records: self.in_window as u64,
+                stepped_aside: false,
             },
         }
     }
