@@ -770,3 +770,40 @@ async fn a_gigabyte_request_body_is_streamed_not_held() {
         Some(prefixscope::record::ExchangeError::BodyTooLarge)
     );
 }
+
+/// `analyze` of one recording streams it (each record analysed as it is read, on a thread of its
+/// own); several recordings, `--tokenize` or `--prometheus` read them whole first. Both give the
+/// same report, byte for byte, on every real recording (issue #16).
+#[test]
+fn analyze_streamed_equals_analyze_of_the_whole_file() {
+    let dir = std::env::temp_dir().join(format!("prefixscope-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    for sub in ["recordings/llmp/llama.cpp", "recordings/llmp/ollama", "recordings/xllamacpp"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(sub);
+        for entry in std::fs::read_dir(path).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 5, "{files:?}");
+    for file in &files {
+        let file = file.to_str().unwrap();
+        let streamed = run(&["analyze", "--json", file]);
+        let prom = dir.join("x.prom");
+        let whole = run(&["analyze", "--json", file, "--prometheus", prom.to_str().unwrap()]);
+        assert_eq!(streamed.status.code(), Some(0), "{file}");
+        assert_eq!(whole.status.code(), Some(0), "{file}");
+        assert!(!streamed.stdout.is_empty(), "{file}");
+        assert_eq!(
+            String::from_utf8_lossy(&streamed.stdout),
+            String::from_utf8_lossy(&whole.stdout),
+            "{file}"
+        );
+        let text = run(&["analyze", file]);
+        assert_eq!(text.status.code(), Some(0), "{file}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

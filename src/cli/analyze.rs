@@ -8,21 +8,54 @@ use super::{EXIT_UNREADABLE, RecordSink};
 use prefixscope::analysis::{Analyzer, Config, analyze};
 use prefixscope::record::Record;
 
-/// Records analysed as they are read (`analyze` of one recording).
+/// Records handed, as they are read, to the thread that analyses them (`analyze` of one
+/// recording): reading and parsing on one core, the analysis on another.
 struct Analysing {
-    analyzer: Analyzer,
+    records: crossbeam_channel::Sender<Record>,
     max_id: u64,
 }
 
 impl RecordSink for Analysing {
     fn record(&mut self, record: Record) {
         self.max_id = self.max_id.max(record.id);
-        self.analyzer.push(&record);
+        // The analysing thread ends only when this channel closes (or it panicked, which
+        // `join` passes on).
+        let _ = self.records.send(record);
     }
 
     fn max_id(&self) -> u64 {
         self.max_id
     }
+}
+
+/// How many parsed records wait for the analysing thread at most.
+const ANALYSIS_QUEUE: usize = 256;
+
+/// `paths`' records analysed as they are read, in memory bounded by the analysis.
+fn analyze_streamed(
+    paths: &[std::path::PathBuf],
+    config: &Config,
+) -> Option<(super::Recordings, prefixscope::analysis::Report)> {
+    std::thread::scope(|scope| {
+        let (sender, receiver) = crossbeam_channel::bounded::<Record>(ANALYSIS_QUEUE);
+        let analysing = scope.spawn(move || {
+            let mut analyzer = Analyzer::new(config.clone());
+            for record in receiver {
+                analyzer.push(&record);
+            }
+            analyzer.into_report()
+        });
+        let mut sink = Analysing {
+            records: sender,
+            max_id: 0,
+        };
+        let read = super::read_recordings_into(paths, &mut sink);
+        drop(sink);
+        let report = analysing
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        read.map(|read| (read, report))
+    })
 }
 
 #[derive(Args)]
@@ -64,18 +97,13 @@ pub fn run(args: AnalyzeArgs) -> u8 {
         ..Config::default()
     };
     // One recording, nothing that needs its records again: each record is analysed as it is
-    // read and dropped, so memory is the analysis's, not the file's. The incremental engine's
+    // read and dropped, so memory is the analysis's, not the file's (issue #16). The incremental engine's
     // report equals the batch's (tests/incremental.rs).
     let streamed = args.tokenize.is_none() && args.prometheus.is_none() && args.files.len() == 1;
     let (read, records, mut report) = if streamed {
-        let mut analysing = Analysing {
-            analyzer: Analyzer::new(config.clone()),
-            max_id: 0,
-        };
-        let Some(read) = super::read_recordings_into(&args.files, &mut analysing) else {
+        let Some((read, report)) = analyze_streamed(&args.files, &config) else {
             return EXIT_UNREADABLE;
         };
-        let report = analysing.analyzer.report();
         (read, Vec::new(), report)
     } else {
         let Some(mut read) = super::read_recordings(&args.files) else {
@@ -94,7 +122,12 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     let exit_code = read.exit_code();
     let bad_lines: u64 = read.files.iter().map(|f| f.bad_lines.len() as u64).sum();
     report.coverage.bad_lines = bad_lines;
-    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    // Only when asked for: the text of 100,000 rows is hundreds of megabytes.
+    let json = if args.out.is_some() || args.json {
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    } else {
+        String::new()
+    };
     if let Some(out) = &args.out {
         // `-o report.json` or `-o report`: report.json and report.html beside it.
         let (json_path, html_path) = super::report_paths(out);
