@@ -779,7 +779,11 @@ fn analyze_streamed_equals_analyze_of_the_whole_file() {
     let dir = std::env::temp_dir().join(format!("prefixscope-stream-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut files: Vec<std::path::PathBuf> = Vec::new();
-    for sub in ["recordings/llmp/llama.cpp", "recordings/llmp/ollama", "recordings/xllamacpp"] {
+    for sub in [
+        "recordings/llmp/llama.cpp",
+        "recordings/llmp/ollama",
+        "recordings/xllamacpp",
+    ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(sub);
         for entry in std::fs::read_dir(path).unwrap() {
             let path = entry.unwrap().path();
@@ -793,7 +797,13 @@ fn analyze_streamed_equals_analyze_of_the_whole_file() {
         let file = file.to_str().unwrap();
         let streamed = run(&["analyze", "--json", file]);
         let prom = dir.join("x.prom");
-        let whole = run(&["analyze", "--json", file, "--prometheus", prom.to_str().unwrap()]);
+        let whole = run(&[
+            "analyze",
+            "--json",
+            file,
+            "--prometheus",
+            prom.to_str().unwrap(),
+        ]);
         assert_eq!(streamed.status.code(), Some(0), "{file}");
         assert_eq!(whole.status.code(), Some(0), "{file}");
         assert!(!streamed.stdout.is_empty(), "{file}");

@@ -39,12 +39,27 @@ pub struct Header {
     /// Whether any turn's loss could be measured (the server reported reuse): when none could,
     /// the panes say "not measured", as `analyze` does, never "0 tokens".
     pub loss_measured: bool,
+    /// Whether any request continues another (a loss is measured only on those).
+    pub continued: bool,
     /// The filter the view was built with (empty: none). When set, every figure above is of the
     /// rows matching it (`records` and `analysed` count them), worked out from the same loss
     /// entries the Loss pane sums, as the report's own totals are.
     pub filter: String,
     /// Records received in all, whatever the filter.
     pub all_records: u64,
+}
+
+impl Header {
+    /// What the panes say when no loss is measured: either nothing continues another request
+    /// yet (one-shot requests re-use no prefix of their own, so there is nothing to lose), or
+    /// the server's counts that price a loss are missing.
+    pub fn loss_not_measured(&self) -> &'static str {
+        if self.continued {
+            "loss not measured (no reuse and timing counts)"
+        } else {
+            "no loss yet: no request continues another"
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -244,6 +259,7 @@ impl View {
                 prefill_ms: time.prefill_ms.map(|m| m.value),
                 bad_lines: report.coverage.bad_lines,
                 loss_measured: rows.iter().any(|r| r.loss_measured),
+                continued: rows.iter().any(|r| r.linked_to.is_some()),
                 filter: filter.trim().to_string(),
                 all_records: report.coverage.records,
             }
@@ -258,6 +274,7 @@ impl View {
                 prefill_ms: report.time.prefill_ms.map(|m| m.value),
                 bad_lines: report.coverage.bad_lines,
                 loss_measured: rows.iter().any(|r| r.loss_measured),
+                continued: rows.iter().any(|r| r.linked_to.is_some()),
                 filter: String::new(),
                 all_records: report.coverage.records,
             }

@@ -53,7 +53,7 @@ pub fn draw(
         format!("all matching /{}", h.filter)
     };
     let total = match (h.lost_ms, h.prefill_ms) {
-        _ if !h.loss_measured => format!("{all}: loss not measured (no reuse and timing counts)"),
+        _ if !h.loss_measured => format!("{all}: {}", h.loss_not_measured()),
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
             format!(
                 "{all}: {}, {} of {} prefill ({:.0}%)",

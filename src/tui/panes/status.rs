@@ -36,7 +36,7 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
                 100.0 * lost / prefill
             )
         }
-        _ if !h.loss_measured => "loss not measured (no reuse and timing counts)".to_string(),
+        _ if !h.loss_measured => h.loss_not_measured().to_string(),
         _ => format!("lost {}", plural(h.lost_tokens, "token")),
     };
     // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
