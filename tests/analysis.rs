@@ -1146,3 +1146,20 @@ fn task_ids_going_back_in_slots_are_a_restart() {
     // Counting on: the name's guess stands (the session's model is a Gemma).
     assert_eq!(kind_with([41, 57]).kind, EngineKind::SlidingWindow);
 }
+
+/// A request that names no model (llama-server serves its one model whatever is asked): the
+/// findings say so instead of an empty "()" (seen by eye on a real llama.cpp, session 9).
+#[test]
+fn findings_on_requests_that_name_no_model_say_so() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/llama-no-model/system-date-change.jsonl");
+    let read = prefixscope::record::read_jsonl(std::io::BufReader::new(
+        std::fs::File::open(path).unwrap(),
+    ));
+    let report = prefixscope::analysis::analyze(&read.records, &Default::default());
+    assert_eq!(report.time.lost_tokens, 111);
+    let summary = report.summary();
+    assert!(summary.contains("links (no model named)"), "{summary}");
+    assert!(!summary.contains("()"), "{summary}");
+    assert!(!summary.contains("model ,"), "{summary}");
+}

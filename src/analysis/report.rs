@@ -573,7 +573,12 @@ impl<R: Priced> Report<R> {
 
 /// A finding in `analyze`'s words (the summary's line, the TUI's findings view).
 pub fn label(finding: &Finding) -> String {
-    let model = finding.model.as_deref().unwrap_or("?");
+    // A request may name no model (llama-server serves its one model whatever is asked).
+    let model = match finding.model.as_deref() {
+        None => "?",
+        Some("") => "no model named",
+        Some(model) => model,
+    };
     let evidence = &finding.evidence;
     // A value as it reads in a sentence: an empty name (a tool the request left unnamed, as
     // a provider's built-in web search) says so rather than vanishing.
@@ -593,8 +598,13 @@ pub fn label(finding: &Finding) -> String {
         .unwrap_or_default();
     match finding.kind {
         FindingKind::SideCallOnConversationModel => format!(
-            "{} on the conversation model {model}{lost}",
-            plural(number("side_calls"), "side-call")
+            "{} on the conversation model {}{lost}",
+            plural(number("side_calls"), "side-call"),
+            if finding.model.as_deref() == Some("") {
+                format!("({model})")
+            } else {
+                model.to_string()
+            }
         ),
         FindingKind::PrefixBreak => {
             let reordered = match number("reordered") {
