@@ -5,6 +5,7 @@
 //! own fix. Pure.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use crate::normalize::exchange::{Msg, ToolDef};
 use crate::normalize::measured::Source;
@@ -37,7 +38,7 @@ pub fn unseen_by_llmp(cause: &str) -> bool {
 /// now than in the previous request (equal text tokenizes alike, so the template made it).
 /// Only messages whose next message matched too: a layout's message runs to the next one's
 /// content, so the previous request's last message carried the generation prompt.
-pub fn template_rerendered(before: &[Msg], after: &[Msg], upto: usize) -> bool {
+pub fn template_rerendered(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -> bool {
     before
         .iter()
         .zip(after)
@@ -50,7 +51,7 @@ pub fn template_rerendered(before: &[Msg], after: &[Msg], upto: usize) -> bool {
 
 /// Whether a message of the matched prefix (`upto`) came back with another reasoning than the
 /// previous request sent with it.
-pub fn reasoning_changed(before: &[Msg], after: &[Msg], upto: usize) -> bool {
+pub fn reasoning_changed(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -> bool {
     before
         .iter()
         .zip(after)

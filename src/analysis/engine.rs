@@ -22,7 +22,7 @@ use super::table::{
     apply_link, choose_by_match, continues, link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
-use crate::normalize::exchange::{Exchange, SkipReason, normalize};
+use crate::normalize::exchange::{Exchange, Msg, SkipReason, normalize};
 use crate::normalize::measured::{Measured, Source};
 use crate::record::{Record, hash};
 
@@ -290,6 +290,32 @@ pub struct Analyzer {
     /// `undo[undo_start[r]..undo_start[r + 1]]`.
     undo: Vec<Undo>,
     undo_start: Vec<usize>,
+    /// One copy of each distinct message: every request re-sends its conversation, so keeping
+    /// each exchange's own copies would hold a conversation of n turns n²/2 times.
+    messages: SharedMessages,
+}
+
+/// Messages by their hash, each kept once and shared by every exchange that sends it.
+#[derive(Debug, Default)]
+struct SharedMessages {
+    by_hash: HashMap<String, Vec<Arc<Msg>>>,
+}
+
+impl SharedMessages {
+    /// Replaces each of `messages` by the copy already kept when one is equal in every field.
+    fn share(&mut self, messages: &mut [Arc<Msg>]) {
+        for message in messages {
+            let Some(kept) = self.by_hash.get_mut(message.hash.as_str()) else {
+                self.by_hash
+                    .insert(message.hash.clone(), vec![Arc::clone(message)]);
+                continue;
+            };
+            match kept.iter().find(|k| ***k == **message) {
+                Some(k) => *message = Arc::clone(k),
+                None => kept.push(Arc::clone(message)),
+            }
+        }
+    }
 }
 
 impl SeqState {
@@ -368,6 +394,7 @@ impl Analyzer {
             },
             undo: Vec::new(),
             undo_start: Vec::new(),
+            messages: SharedMessages::default(),
         }
     }
 
@@ -396,7 +423,7 @@ impl Analyzer {
             };
         }
         self.count(record);
-        let x = match normalize(record) {
+        let mut x = match normalize(record) {
             Ok(x) => x,
             Err(reason) => {
                 self.skipped.push(Skipped {
@@ -411,6 +438,7 @@ impl Analyzer {
                 };
             }
         };
+        self.messages.share(&mut x.messages);
         let id = x.id;
         let from = self.insert(x);
         let rederived = self.advance(from);
@@ -1375,5 +1403,27 @@ mod tests {
         let mut a = Analyzer::new(Config::default());
         let r = a.report();
         assert_eq!((r.coverage.records, r.rows.len(), r.window), (0, 0, None));
+    }
+
+    #[test]
+    fn a_message_sent_again_is_kept_once() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
+        let read =
+            crate::record::read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+        let mut a = Analyzer::new(Config::default());
+        for record in &read.records {
+            a.push(record);
+        }
+        let sent: usize = a.xs.iter().map(|x| x.messages.len()).sum();
+        let mut distinct: Vec<*const Msg> =
+            a.xs.iter()
+                .flat_map(|x| x.messages.iter().map(Arc::as_ptr))
+                .collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let kept: usize = a.messages.by_hash.values().map(Vec::len).sum();
+        assert_eq!(distinct.len(), kept);
+        assert!(kept * 2 < sent, "{kept} kept of {sent} sent");
     }
 }

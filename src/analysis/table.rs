@@ -956,7 +956,7 @@ pub(super) fn link(
     let (seen_before, reordered) = if break_cause.is_some() && !compaction {
         // The message at the break was sent elsewhere before, or the one that was there is
         // still sent, later: messages were moved or inserted, not edited.
-        let later = |m: Option<&Msg>, xs: &[Msg]| {
+        let later = |m: Option<&Arc<Msg>>, xs: &[Arc<Msg>]| {
             m.is_some_and(|m| xs.iter().skip(k + 1).any(|x| x.identity == m.identity))
         };
         let sent_elsewhere = later(cur.messages.get(k), &prev.messages)
@@ -1027,7 +1027,7 @@ fn moved_or_replied(prev: &Exchange, cur: &Exchange, cw: &Weights) -> f64 {
         .messages
         .iter()
         .enumerate()
-        .map(|(i, p)| (!counted(i)).then_some(p))
+        .map(|(i, p)| (!counted(i)).then_some(&**p))
         .collect();
     let mut left: Vec<(&Msg, f64)> = Vec::new();
     let mut weight = 0.0;
@@ -1643,7 +1643,7 @@ mod tests {
             served_model: None,
             user_agent: Some("agent/1".into()),
             session_id: None,
-            messages,
+            messages: messages.into_iter().map(Arc::new).collect(),
             tools: Vec::new(),
             tools_hash: None,
             params: Params::default(),
@@ -1885,7 +1885,8 @@ mod tests {
         x.params.response_format = true;
         assert_eq!(shape(x.clone()), Some(Shape::Structured));
         assert_eq!(shape(with_tools(x.clone(), &[("ls", 10)])), None);
-        x.messages.extend([msg("assistant", "a"), msg("user", "b")]);
+        x.messages
+            .extend([msg("assistant", "a"), msg("user", "b")].map(Arc::new));
         assert_eq!(shape(x), None);
     }
 
@@ -1958,7 +1959,7 @@ mod tests {
             vec![RowKind::Turn; 2]
         );
         let mut grows = q(3, "c");
-        grows.messages.push(msg("user", "d"));
+        grows.messages.push(Arc::new(msg("user", "d")));
         assert_eq!(
             classify_rows(vec![q(1, "a"), q(2, "b"), grows]),
             vec![RowKind::Turn; 3]
@@ -2128,14 +2129,16 @@ mod tests {
         );
         let mut cur = prev.clone();
         cur.id = 2;
-        cur.messages[0] = sized("system", "s2", 100);
+        cur.messages[0] = Arc::new(sized("system", "s2", 100));
         let w = weights(&cur);
         assert_eq!(already_sent(&prev, &cur, &w, true), 250.0);
-        cur.messages[0] = sized("system", "t", 100);
+        cur.messages[0] = Arc::new(sized("system", "t", 100));
         assert_eq!(already_sent(&prev, &cur, &w, true), 200.0);
 
         let mut moved = prev.clone();
-        moved.messages.insert(1, sized("user", "inserted", 100));
+        moved
+            .messages
+            .insert(1, Arc::new(sized("user", "inserted", 100)));
         let w = weights(&moved);
         assert_eq!(already_sent(&prev, &moved, &w, true), 100.0);
     }
@@ -2808,7 +2811,7 @@ mod tests {
                 name: "ls".into(),
             },
         ];
-        b.messages.push(assistant);
+        b.messages.push(Arc::new(assistant));
         b.output.tool_calls = vec![
             ToolCall {
                 id: None,

@@ -36,7 +36,7 @@ pub struct Exchange {
     /// The harness's session or conversation id (`SESSION_ID_HEADERS`), when it sends one:
     /// requests with different ids are never one conversation.
     pub session_id: Option<String>,
-    pub messages: Vec<Msg>,
+    pub messages: Vec<Arc<Msg>>,
     pub tools: Vec<ToolDef>,
     pub tools_hash: Option<String>,
     pub params: Params,
@@ -189,21 +189,23 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         .messages
         .into_iter()
         .enumerate()
-        .map(|(index, message)| Msg {
-            tokens: tokens
-                .and_then(|t| t.messages.get(&message.hash))
-                .map(tokenizer),
-            text: texts.as_ref().and_then(|t| t.get(index).cloned()),
-            role: message.role,
-            identity: message.identity.unwrap_or_else(|| message.hash.clone()),
-            hash: message.hash,
-            chars: message.chars,
-            head: message.head,
-            tail: message.tail,
-            reasoning_chars: message.reasoning_chars,
-            tool_calls: message.tool_calls,
-            tool_call_id: message.tool_call_id,
-            name: message.name,
+        .map(|(index, message)| {
+            Arc::new(Msg {
+                tokens: tokens
+                    .and_then(|t| t.messages.get(&message.hash))
+                    .map(tokenizer),
+                text: texts.as_ref().and_then(|t| t.get(index).cloned()),
+                role: message.role,
+                identity: message.identity.unwrap_or_else(|| message.hash.clone()),
+                hash: message.hash,
+                chars: message.chars,
+                head: message.head,
+                tail: message.tail,
+                reasoning_chars: message.reasoning_chars,
+                tool_calls: message.tool_calls,
+                tool_call_id: message.tool_call_id,
+                name: message.name,
+            })
         })
         .collect();
     let tools = request
