@@ -6,6 +6,10 @@
 //! `cargo run --release --example analysis_bench -- FILE MODE`; prints one JSON line.
 //! Used by bench/analysis.sh.
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+
+use proc_status::rss_kib;
 use std::time::Instant;
 
 use prefixscope::analysis::{Analyzer, Config, analyze};
@@ -15,17 +19,6 @@ use prefixscope::record::{Record, read_jsonl};
 // The binary's allocator, so the figures are the binary's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn percentile(values: &[f64], p: f64) -> f64 {
     let mut v = values.to_vec();

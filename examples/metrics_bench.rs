@@ -3,6 +3,10 @@
 //! analysis engine alone, and the endpoint's windowed live engine with its figures (`live`).
 //! `cargo run --release --example metrics_bench -- FILE [live [WINDOW]]`; prints one JSON line.
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+
+use proc_status::rss_kib;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,17 +16,6 @@ use prefixscope::record::read_jsonl;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -10,6 +10,10 @@
 //! `cargo run --release --example tui_bench -- FILE [KEYS]`; prints one JSON line. Used by
 //! bench/tui.sh.
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+
+use proc_status::status_kib;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -28,17 +32,6 @@ use ratatui::backend::TestBackend;
 // The binary's allocator, so the figures are the binary's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn status_kib(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-}
 
 fn pick(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
@@ -196,7 +189,7 @@ fn main() {
     build.sort_unstable();
     let mut waited: Vec<u64> = costs.iter().map(|c| c.2).collect();
     waited.sort_unstable();
-    let rss_peak = status_kib("VmHWM:") / 1024.0;
+    let rss_peak = status_kib("VmHWM:") as f64 / 1024.0;
     let requests = app.snapshot.requests;
 
     // Frames of the final screen.

@@ -6,6 +6,10 @@
 //! `cargo run --release --example whatif_bench -- FILE N [N...]`; prints one JSON line per N.
 //! Recorded in BENCHMARKS.md ("What-if in the TUI").
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+
+use proc_status::rss_kib;
 use std::time::Instant;
 
 use prefixscope::analysis::findings::{CAPACITY_SETTINGS, LEVERS};
@@ -13,18 +17,6 @@ use prefixscope::live::{Predictions, predict_at};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -34,7 +26,7 @@ fn main() {
     };
     let sizes: Vec<usize> = args[2..].iter().filter_map(|a| a.parse().ok()).collect();
     let most = sizes.iter().copied().max().unwrap_or(0);
-    let before = rss_mib();
+    let before = rss_kib() as f64 / 1024.0;
     let file = std::fs::File::open(path).unwrap_or_else(|e| {
         eprintln!("cannot read {path}: {e}");
         std::process::exit(1);
@@ -44,7 +36,7 @@ fn main() {
         .filter_map(Result::ok)
         .take(most)
         .collect();
-    let held_mib = rss_mib() - before;
+    let held_mib = (rss_kib() as f64 / 1024.0) - before;
     let levers: Vec<(usize, bool)> = LEVERS.iter().map(|l| l.settings()).collect();
     for n in sizes {
         let part = &records[..n.min(records.len())];

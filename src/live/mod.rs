@@ -1179,6 +1179,12 @@ impl Engine {
         snapshot
     }
 
+    /// The analysis and the hit-rate curve alone, without the panes' view a snapshot builds:
+    /// what the metrics endpoint reads at every rebuild.
+    pub fn analysis_and_curve(&mut self) -> (Report<SharedRow>, Option<Curve>) {
+        (self.analyzer.live_report(), self.curve())
+    }
+
     /// The server's own slots and host cache, for the slot residency of the capacity view.
     pub fn set_server_settings(&mut self, settings: Option<ServerSettings>) {
         if self.server_settings != settings {

@@ -597,10 +597,10 @@ pub fn classic(openmetrics: &str) -> String {
     text
 }
 
-/// The cache figures of a live engine's snapshot: its hit-rate curve's ceiling and the
-/// server's reuse (none before the first simulated request).
-pub fn cache_figures(snapshot: &crate::live::Snapshot) -> Option<CacheFigures> {
-    snapshot.view.curve.as_ref().map(|curve| CacheFigures {
+/// The cache figures of a live engine's hit-rate curve: its ceiling and the server's reuse
+/// (none before the first simulated request).
+pub fn cache_figures(curve: Option<&crate::live::view::Curve>) -> Option<CacheFigures> {
+    curve.map(|curve| CacheFigures {
         ceiling: curve.ceiling,
         server_reuse: curve.observed,
     })
@@ -625,7 +625,7 @@ pub fn of_recording(
     let inputs = Inputs {
         totals: &Totals::of(report),
         traffic: &Traffic::of(records),
-        cache: cache_figures(&engine.snapshot()),
+        cache: cache_figures(engine.analysis_and_curve().1.as_ref()),
         proxy: None,
         window: None,
         server,

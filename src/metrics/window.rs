@@ -125,8 +125,8 @@ impl Windowed {
     }
 
     fn open_figures(&mut self) -> (Totals, Option<CacheFigures>) {
-        let snapshot = self.engine.snapshot();
-        (Totals::of(&snapshot.report), cache_figures(&snapshot))
+        let (report, curve) = self.engine.analysis_and_curve();
+        (Totals::of(&report), cache_figures(curve.as_ref()))
     }
 
     /// The closed windows' totals and the open one's; the ratios weighted by prompt tokens.
