@@ -6,10 +6,11 @@
 #   kvcache-simulator run        (kvcache.ai, C++ backend; `pip install kvcache-simulator`)
 #   llmtrafficlens profile       (`pip install llmtrafficlens`; flat LRU at 7 sizes + leaderboards)
 #
-# Each is run RUNS times (default 5) after one untimed run (kvcache-simulator compiles its C++
-# core on first use); the table gives the median wall time, the median CPU time (user + system,
-# children included) and the largest peak RSS, all from /usr/bin/time -v. The script also checks
-# that prefixscope's and kvcache-simulator's figures agree to the token.
+# Each is run RUNS times (default 5), interleaved, after one untimed run (kvcache-simulator
+# compiles its C++ core on first use); the table gives the median wall time, the median CPU time
+# (user + system of all threads and children) and the largest peak RSS, each run measured by
+# getrusage of its own parent. The script also checks that prefixscope's and
+# kvcache-simulator's figures agree to the token.
 #
 # Usage: bash bench/cache.sh [RUNS]
 set -euo pipefail
@@ -18,7 +19,6 @@ runs=${1:-5}
 for tool in kvcache-simulator llmtrafficlens; do
     command -v "$tool" >/dev/null || { echo "missing $tool: pip install kvcache-simulator llmtrafficlens" >&2; exit 1; }
 done
-[ -x /usr/bin/time ] || { echo "missing /usr/bin/time (apt-get install time)" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -38,31 +38,38 @@ commands=(
 )
 
 for entry in "${commands[@]}"; do
-    name=${entry%%|*}
-    command=${entry#*|}
-    (cd "$work" && $command >/dev/null 2>&1) # untimed: compiles, warms the page cache
-    for i in $(seq "$runs"); do
-        (cd "$work" && /usr/bin/time -v -o "$work/time.$i" $command >/dev/null 2>"$work/stderr") \
-            || { cat "$work/stderr" >&2; exit 1; }
-    done
-    python3 - "$name" "$runs" "$work" >> "$work/rows" <<'PY'
-import re, statistics, sys
-name, runs, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-walls, cpus, rss = [], [], []
-for i in range(1, runs + 1):
-    text = open(f"{work}/time.{i}").read()
-    clock = re.search(r"Elapsed \(wall clock\) time .*: (.+)", text).group(1).strip()
-    seconds = 0.0
-    for part in clock.split(":"):
-        seconds = seconds * 60 + float(part)
-    walls.append(seconds)
-    user = float(re.search(r"User time \(seconds\): ([\d.]+)", text).group(1))
-    system = float(re.search(r"System time \(seconds\): ([\d.]+)", text).group(1))
-    cpus.append(user + system)
-    rss.append(int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1)))
-print(f"{name}|{statistics.median(walls):.3f}|{statistics.median(cpus):.3f}|{max(rss) / 1024:.0f}")
-PY
+    (cd "$work" && ${entry#*|} >/dev/null 2>&1) # untimed: compiles, warms the page cache
 done
+# Interleaved: round i runs every tool once, so a change in the machine's load between rounds
+# weighs on all of them alike. Each run is timed by its own parent (wall from a monotonic clock,
+# CPU and peak RSS from getrusage of that one child), to the microsecond: /usr/bin/time's
+# hundredths of a second are a sixth of a 60 ms run.
+python3 - "$runs" "$work" "${commands[@]}" > "$work/rows" <<'PY'
+import os, resource, statistics, subprocess, sys, time
+runs, work, entries = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+measure = """
+import resource, subprocess, sys, time
+start = time.perf_counter()
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+wall = time.perf_counter() - start
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(code, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+"""
+figures = {entry: ([], [], []) for entry in entries}
+for round in range(runs):
+    # Each round starts with the next tool, so none always runs after the same one.
+    for entry in entries[round % len(entries):] + entries[:round % len(entries)]:
+        command = entry.split("|", 1)[1].split()
+        out = subprocess.run([sys.executable, "-c", measure, *command], cwd=work,
+                             capture_output=True, text=True, check=True).stdout.split()
+        if out[0] != "0":
+            sys.exit(f"{entry}: exit {out[0]}")
+        for series, value in zip(figures[entry], out[1:]):
+            series.append(float(value))
+for entry, (walls, cpus, rss) in figures.items():
+    name = entry.split("|", 1)[0]
+    print(f"{name}|{statistics.median(walls):.4f}|{statistics.median(cpus):.4f}|{max(rss) / 1024:.0f}")
+PY
 
 python3 - "$work" <<'PY'
 import json, sys
@@ -72,7 +79,7 @@ ours = next(r for r in rows if r[0] == "prefixscope")
 print("| tool | wall (median, s) | CPU user+sys (median, s) | peak RSS (MiB) | wall vs prefixscope | CPU vs prefixscope |")
 print("|---|---:|---:|---:|---:|---:|")
 for name, wall, cpu, rss in rows:
-    print(f"| {name} | {float(wall):.3f} | {float(cpu):.3f} | {rss} | "
+    print(f"| {name} | {float(wall):.4f} | {float(cpu):.4f} | {rss} | "
           f"{float(wall) / float(ours[1]):.1f}× | {float(cpu) / float(ours[2]):.1f}× |")
 
 # The figures agree to the token.

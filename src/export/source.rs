@@ -793,7 +793,7 @@ fn traces(
                     *remaining.entry(key).or_insert(0) += 1;
                 }
             }
-            summary.merge(rows.report);
+            summary.merge(rows.into_report());
         }
     }
     // Traces are on their own clock already (ms from the trace's start).
@@ -860,7 +860,7 @@ fn traces(
             writer.push(export, out).map_err(ExportError::Write)?;
         }
         if !counted {
-            summary.merge(rows.report);
+            summary.merge(rows.into_report());
         }
     }
     summary.written = writer.finish(out).map_err(ExportError::Write)?;

@@ -6,6 +6,7 @@
 //! [`cache::Request`]: crate::cache::Request
 
 pub mod gateway_csv;
+pub mod parallel;
 pub mod recording;
 pub mod trace;
 

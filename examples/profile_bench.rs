@@ -1,0 +1,103 @@
+//! Where `prefixscope profile`'s time goes on a trace: read, events, next uses, each replay,
+//! the leaderboards, the whole profile. Usage: profile_bench TRACE [BLOCK_SIZE]
+use std::time::Instant;
+
+use prefixscope::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
+use prefixscope::cache::prefixes::leaderboards;
+use prefixscope::cache::profile::{
+    Capacity, ProfileConfig, Replay, aiperf_cache_hit_rate, profile,
+};
+use prefixscope::input::{self, Format, InputOptions};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args
+        .get(1)
+        .expect("usage: profile_bench TRACE [BLOCK_SIZE]");
+    let block_size: u32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(512);
+    let t = Instant::now();
+    let file = std::fs::File::open(path).expect("open");
+    let reader = std::io::BufReader::new(file);
+    let options = InputOptions {
+        block_size: Some(block_size),
+        ..InputOptions::default()
+    };
+    let requests = input::read(reader, path, Format::Mooncake, &options).requests;
+    println!("read {:>8.1} ms ({} requests)", ms(t), requests.len());
+    if std::env::var_os("READ_ONLY").is_some() {
+        return;
+    }
+    let t = Instant::now();
+    let mut builder = EventBuilder::new();
+    let mut events = Vec::new();
+    for r in &requests {
+        builder.push(r, &mut events);
+    }
+    println!(
+        "events {:>6.1} ms ({} events, {} nodes)",
+        ms(t),
+        events.len(),
+        builder.node_count()
+    );
+    let t = Instant::now();
+    let replay = Replay::new(&requests, false);
+    println!("replay {:>6.1} ms", ms(t));
+    let t = Instant::now();
+    let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
+    println!("next uses {:>3.1} ms", ms(t));
+    let capacities = [32usize, 128, 512, 2048, 8192, 32768];
+    for policy in [Policy::Ceiling, Policy::Fifo, Policy::Lru, Policy::Optimal] {
+        let t = Instant::now();
+        let mut hits = 0u64;
+        for &capacity in &capacities {
+            let (mut fifo, mut lru, mut ceiling) = (
+                Fifo::new(capacity),
+                if policy == Policy::Lru {
+                    TrieCache::lru(capacity)
+                } else {
+                    TrieCache::optimal(capacity)
+                },
+                Ceiling::default(),
+            );
+            for pass in 0..replay.passes() {
+                let range = replay.starts[pass]..replay.starts[pass + 1];
+                let events = &replay.events[range.clone()];
+                hits += match policy {
+                    Policy::Ceiling => ceiling.serve(replay.parents.len(), events).hit_tokens,
+                    Policy::Fifo => fifo.serve(replay.parents.len(), events).hit_tokens,
+                    _ => lru.serve(&replay.parents, events, &next[range]).hit_tokens,
+                };
+            }
+            if policy == Policy::Ceiling {
+                break;
+            }
+        }
+        println!("{:<8} {:>6.1} ms (hits {hits})", policy.as_str(), ms(t));
+    }
+    let t = Instant::now();
+    let ranges = replay.request_ranges();
+    let boards = leaderboards(&requests, &replay.events, &ranges, &replay.parents, 3);
+    println!("leaderboards {:>5.1} ms ({} groups)", ms(t), boards.groups);
+    let t = Instant::now();
+    let rate = aiperf_cache_hit_rate(&requests);
+    println!("aiperf {:>5.1} ms ({rate:?})", ms(t));
+    let config = ProfileConfig {
+        block_size,
+        capacities: capacities
+            .iter()
+            .map(|&c| Capacity {
+                blocks: c as u64,
+                label: format!("{c}b"),
+            })
+            .collect(),
+        prompts_only: true,
+        ..ProfileConfig::default()
+    };
+    let t = Instant::now();
+    let report = profile(&requests, &config);
+    println!("profile {:>5.1} ms ({} points)", ms(t), report.points.len());
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
