@@ -352,3 +352,82 @@ fn golden_profile_of_the_parallel_recording() {
         "regenerate with PREFIXSCOPE_UPDATE_GOLDEN=1 if the change is intended"
     );
 }
+
+/// The recording as `profile` reads it, one record at a time, against the whole file read and
+/// keyed by the batch analysis: requests, report and analysis equal on every real recording,
+/// and on one read backwards with a broken line and two implausible counts (bad values are
+/// reported in id order, whatever order the file holds them in).
+#[test]
+fn a_recording_read_record_by_record_equals_the_whole_file_read() {
+    let mut files: Vec<String> = RECORDINGS.iter().map(|s| s.to_string()).collect();
+    files.extend(
+        [
+            "recordings/llmp/ollama/session.jsonl",
+            "recordings/llmp/ollama-openai/session.jsonl",
+            "tests/data/hostile-escapes.jsonl",
+            "tests/data/ollama-cached/session.jsonl",
+            "tests/data/harness/opencode.jsonl",
+            "tests/data/harness/aider.jsonl",
+            "tests/data/harness/codex.jsonl",
+            "tests/data/harness/claude-code.digest.jsonl",
+            "tests/data/harness/claude-code-continue.digest.jsonl",
+            "tests/data/llama-no-model/system-date-change.jsonl",
+            "tests/data/named-causes/claude-code-attribution.jsonl",
+        ]
+        .map(String::from),
+    );
+    let options = InputOptions::default();
+    let both_ways = |bytes: &[u8], name: &str| {
+        let streamed = input::recording::read_keyed(bytes, name, &options);
+        let whole = input::keyed_by_analysis(input::recording::read(bytes, name, &options), name);
+        (streamed, whole)
+    };
+    for file in &files {
+        let bytes = std::fs::read(path(file)).unwrap();
+        let (streamed, whole) = both_ways(&bytes, file);
+        assert!(!whole.requests.is_empty(), "{file}");
+        assert_eq!(streamed, whole, "{file}");
+    }
+
+    // Backwards, with implausible counts on early, middle and late records, and a broken line.
+    let text = std::fs::read_to_string(path("recordings/llmp/llama.cpp/parallel.jsonl")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    let last = lines.len() - 1;
+    for index in [1, lines.len() / 2, last - 2] {
+        let mut record: Value = serde_json::from_str(&lines[index]).unwrap();
+        zero_prompt_counts(&mut record);
+        lines[index] = record.to_string();
+    }
+    lines.reverse();
+    lines.insert(3, "{not json".to_string());
+    let backwards = lines.join("\n");
+    let (streamed, whole) = both_ways(backwards.as_bytes(), "backwards");
+    assert!(
+        whole.report.bad_values.len() >= 2,
+        "{:?}",
+        whole.report.bad_values
+    );
+    assert_eq!(whole.report.bad_rows.len(), 1);
+    assert_eq!(streamed, whole);
+}
+
+/// Every prompt count in `value` set to 0: a prompt with text is never 0 tokens, so the reader
+/// reports each as a bad value.
+fn zero_prompt_counts(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map.iter_mut() {
+                if matches!(
+                    key.as_str(),
+                    "prompt_tokens" | "prompt_n" | "cache_n" | "prompt_eval_count"
+                ) {
+                    *inner = Value::from(0);
+                } else {
+                    zero_prompt_counts(inner);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(zero_prompt_counts),
+        _ => {}
+    }
+}

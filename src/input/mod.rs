@@ -361,6 +361,18 @@ impl FileReport {
         }
     }
 
+    /// Moves what one record's reading counted (skips, non-2xx, probes) into `into` and gives
+    /// back the bad values it found, leaving this report as new.
+    fn move_counts_into(&mut self, into: &mut FileReport) -> Vec<String> {
+        into.non_2xx += std::mem::take(&mut self.non_2xx);
+        into.probes += std::mem::take(&mut self.probes);
+        for (reason, count) in std::mem::take(&mut self.skipped) {
+            *into.skipped.entry(reason).or_insert(0) += count;
+        }
+        self.bad_value_count = 0;
+        std::mem::take(&mut self.bad_values)
+    }
+
     fn skip(&mut self, reason: &str) {
         *self.skipped.entry(reason.to_string()).or_insert(0) += 1;
     }
@@ -531,7 +543,7 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
     match format {
         Format::Recording => {
-            let mut input = keyed_by_analysis(recording::read(reader, name, options), name);
+            let mut input = recording::read_keyed(reader, name, options);
             if !options.keep_analysis {
                 input.analysis = None;
             }
@@ -546,8 +558,13 @@ pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOpt
 /// they continue), the ones the `analyze` report and the TUI show; `FILE#cN`, so two files never
 /// share one. Side-calls belong to none.
 pub fn keyed_by_analysis(recording: recording::Recording, name: &str) -> FileInput {
-    let recording::Recording { mut input, records } = recording;
+    let recording::Recording { input, records } = recording;
     let analysis = crate::analysis::analyze(&records, &crate::analysis::Config::default());
+    keyed_by(input, analysis, name)
+}
+
+/// `input`'s requests keyed by `analysis`'s conversations, the analysis kept beside them.
+fn keyed_by(mut input: FileInput, analysis: crate::analysis::Report, name: &str) -> FileInput {
     let conversation_by_record: HashMap<u64, String> = analysis
         .rows
         .iter()
