@@ -79,12 +79,47 @@ pub struct Segment {
     pub identity: u64,
     /// Rendered length in characters, markup included.
     pub chars: u64,
-    /// The rendered text, when the input has it.
-    pub text: Option<String>,
+    /// The rendered text, when the input has it; shared, as one conversation's requests re-send
+    /// the same messages ([`SharedTexts`]).
+    pub text: Option<std::sync::Arc<str>>,
     /// Tokens by the recording's tokenizer, when it counted them.
     pub tokens: Option<u64>,
     /// The content's first characters, when the input has the text.
     pub preview: Option<String>,
+}
+
+/// One copy of each distinct segment text. A conversation's requests re-send its messages, so a
+/// reader that holds many prompts at once (the profile's pending requests) held each text once
+/// per turn that re-sent it. Texts are found by hash and compared whole: a collision keeps its
+/// own copy, never another's text.
+#[derive(Debug, Default)]
+pub struct SharedTexts {
+    by_hash: std::collections::HashMap<u64, std::sync::Arc<str>>,
+}
+
+impl SharedTexts {
+    /// Points every text of `prompt` at the copy already held, or holds it.
+    pub fn share_prompt(&mut self, prompt: &mut Prompt) {
+        for segment in prompt.tools.iter_mut().chain(prompt.messages.iter_mut()) {
+            self.share(segment);
+        }
+    }
+
+    pub fn share(&mut self, segment: &mut Segment) {
+        let Some(text) = &segment.text else {
+            return;
+        };
+        match self.by_hash.entry(xxh3_64_with_seed(text.as_bytes(), 0)) {
+            std::collections::hash_map::Entry::Occupied(held) => {
+                if **held.get() == **text {
+                    segment.text = Some(held.get().clone());
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(text.clone());
+            }
+        }
+    }
 }
 
 /// A prompt as parts, before the tool definitions are placed.
@@ -188,7 +223,7 @@ pub fn prompt_from_body(api: Api, body: &Value, counts: Option<&TokenCounts>) ->
                 chars: char_count(&text),
                 tokens: None,
                 preview: preview(&text),
-                text: Some(text),
+                text: Some(text.into()),
             }],
         });
     }
@@ -209,7 +244,7 @@ pub fn prompt_from_body(api: Api, body: &Value, counts: Option<&TokenCounts>) ->
             label: Some(names.join(", ")),
             identity: hex_to_u64(&identity),
             chars: char_count(&text),
-            text: Some(text),
+            text: Some(text.into()),
             tokens,
             preview: None,
         }
@@ -254,7 +289,7 @@ fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
         label: label_of(name, tool_call_id),
         identity: hex_to_u64(&identity),
         chars: char_count(&text),
-        text: Some(text),
+        text: Some(text.into()),
         tokens,
         preview: preview(&content),
     }
@@ -1099,6 +1134,31 @@ mod tests {
     use super::*;
     use crate::normalize::digest::request_digest;
     use serde_json::json;
+
+    /// Two turns of one conversation: the messages the second re-sends point at the first's
+    /// texts; its new message and the other prompt's keep their own.
+    #[test]
+    fn a_text_sent_again_is_held_once() {
+        let first = json!({"model": "m", "messages": [
+            {"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]});
+        let second = json!({"model": "m", "messages": [
+            {"role": "system", "content": "You help."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]});
+        let mut shared = SharedTexts::default();
+        let mut a = prompt_from_body(Api::OpenaiChat, &first, None).unwrap_or_default();
+        let mut b = prompt_from_body(Api::OpenaiChat, &second, None).unwrap_or_default();
+        let unshared = b.clone();
+        shared.share_prompt(&mut a);
+        shared.share_prompt(&mut b);
+        assert_eq!(b, unshared, "sharing changes no text");
+        let same = |x: &Segment, y: &Segment| match (&x.text, &y.text) {
+            (Some(x), Some(y)) => std::sync::Arc::ptr_eq(x, y),
+            _ => false,
+        };
+        assert!(same(&a.messages[0], &b.messages[0]));
+        assert!(same(&a.messages[1], &b.messages[1]));
+        assert!(!same(&a.messages[1], &b.messages[3]));
+    }
 
     fn body() -> Value {
         json!({"model": "m", "tools": [{"type": "function", "function": {"name": "ls", "parameters": {}}}],

@@ -136,13 +136,19 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
     // The bad values a record's request found, kept with it: they are reported in id order.
     let mut pending: Vec<(Pending, Vec<String>)> = Vec::new();
     let mut own = FileReport::new(name, Format::Recording);
+    // The prompts are all held until the block model is chosen: each text once.
+    let mut texts = crate::cache::blocks::SharedTexts::default();
     for item in crate::record::Lines::new(reader) {
         match item {
             Ok(record) => {
                 analyzer.push(&record);
                 let request = pending_request(&record, &mut own);
                 let bad_values = own.move_counts_into(&mut report);
-                if let Some(request) = request {
+                if let Some(mut request) = request {
+                    texts.share_prompt(&mut request.prompt);
+                    if let Some(reply) = &mut request.reply {
+                        texts.share(reply);
+                    }
                     pending.push((request.with_replies(options.replies), bad_values));
                 }
             }
