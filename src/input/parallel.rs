@@ -1,9 +1,9 @@
 //! A file's lines parsed on several threads, handed back one by one in file order.
 //!
-//! Lines are read into a chunk of at most [`CHUNK_BYTES`] (a longer line is a chunk of its
-//! own, up to the line bound of [`read_line_bounded`]); each chunk's lines are split into
-//! contiguous runs of about equal bytes, parsed by one scoped thread each (the caller's thread
-//! takes the first run), then given back in order. What a line becomes depends on that line
+//! Lines are read into a chunk of at most [`CHUNK_BYTES`] and [`CHUNK_LINES`] (the line that
+//! passes the bytes ends its chunk, up to the line bound of [`read_line_bounded`]); each
+//! chunk's lines are split into contiguous runs of about equal bytes, parsed by one scoped
+//! thread each (the caller's thread takes the first run), then given back in order. What a line becomes depends on that line
 //! alone, so the order of the results and everything built from them is the serial read's. At
 //! most one chunk and its parsed lines are held at a time, on at most [`MAX_WORKERS`] threads.
 
@@ -14,6 +14,10 @@ use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded};
 /// Bytes of lines parsed together: enough that a thread's start-up (tens of µs) is noise, small
 /// enough that a chunk of parsed trace rows stays a few tens of MB.
 pub const CHUNK_BYTES: usize = 4 << 20;
+
+/// Lines parsed together, at most: a chunk of short lines (`{}`) would otherwise hold millions
+/// of parsed rows, each far larger than its line.
+pub const CHUNK_LINES: usize = 16_384;
 
 /// Threads parsing one chunk, the caller's included: a bound whatever the machine says.
 pub const MAX_WORKERS: usize = 8;
@@ -68,7 +72,7 @@ pub fn for_each_parsed<R: BufRead, T: Send>(
     while !done {
         bytes.clear();
         slots.clear();
-        while bytes.len() < CHUNK_BYTES {
+        while bytes.len() < CHUNK_BYTES && slots.len() < CHUNK_LINES {
             match read_line_bounded(&mut reader, &mut line, MAX_LINE_BYTES) {
                 Ok(Line::Eof) => {
                     done = true;

@@ -325,13 +325,17 @@ mod fast {
             let start = self.at;
             let mut value: i64 = 0;
             while let Some(&digit @ b'0'..=b'9') = self.bytes.get(self.at) {
+                // A 19th digit could overflow: such a number is serde's to read.
+                if self.at - start == 18 {
+                    return None;
+                }
                 value = value * 10 + i64::from(digit - b'0');
                 self.at += 1;
             }
             let digits = self.at - start;
             let leading_zero = digits > 1 && self.bytes[start] == b'0';
             let fraction = matches!(self.bytes.get(self.at), Some(b'.' | b'e' | b'E'));
-            if digits == 0 || digits > 18 || leading_zero || fraction || (negative && value == 0) {
+            if digits == 0 || leading_zero || fraction || (negative && value == 0) {
                 return None;
             }
             Some(if negative { -value } else { value })

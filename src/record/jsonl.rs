@@ -114,13 +114,6 @@ fn trim_ascii(bytes: &[u8]) -> &[u8] {
 }
 
 fn parse_line(line: &[u8]) -> Result<Record, String> {
-    // Straight to a record: a `Value` first, then the record from it, built every body twice.
-    // Any line this refuses takes the path below, so what a bad line says does not change.
-    if let Ok(record) = serde_json::from_slice::<Record>(line)
-        && record.v == RECORD_VERSION
-    {
-        return Ok(record);
-    }
     let value: Value = serde_json::from_slice(line).map_err(|e| e.to_string())?;
     match value.get("v").and_then(Value::as_u64) {
         Some(v) if v == u64::from(RECORD_VERSION) => {}
