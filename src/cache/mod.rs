@@ -159,6 +159,16 @@ impl std::hash::Hasher for IdHasher {
     }
 }
 
+/// Where `id` goes in an array indexed by small ids, or `None` for the hash-map side. Trace ids
+/// are mostly small integers, and one array access beats a hash lookup that misses the CPU
+/// cache. The array may grow to about twice the entries `held`, so a large id cannot size it;
+/// an id once too large may fall within it later, so a caller whose array slot is empty must
+/// still look on its map side.
+pub(crate) fn small_id_slot(id: u64, array_len: usize, held: usize) -> Option<usize> {
+    let bound = array_len.max(2 * held + 4096);
+    usize::try_from(id).ok().filter(|&i| i < bound)
+}
+
 pub type IdBuildHasher = std::hash::BuildHasherDefault<IdHasher>;
 pub type IdMap<K, V> = std::collections::HashMap<K, V, IdBuildHasher>;
 pub type IdSet<K> = std::collections::HashSet<K, IdBuildHasher>;

@@ -86,10 +86,8 @@ impl Served {
 pub struct EventBuilder {
     /// `parent[node]`; node 0 is the root.
     parent: Vec<u32>,
-    /// The first node made for each small id, indexed by the id (0: none yet). Trace ids are
-    /// mostly small integers that name one block after one prefix, so one array access finds
-    /// the node where a hash lookup missed the CPU cache on every block. Grows only to about
-    /// twice the node count, so a large id cannot size it.
+    /// The first node made for each small id, indexed by the id (0: none yet; see
+    /// [`super::small_id_slot`]): a trace id names one block after one prefix.
     first_by_id: Vec<u32>,
     /// Every other `(parent, id)`: a small id met under a second parent, any large id.
     edges: IdMap<(u32, u64), u32>,
@@ -122,8 +120,7 @@ impl EventBuilder {
     /// The node of block `id` after node `parent`, made (numbered next) when new.
     fn node_of(&mut self, parent: u32, id: u64) -> u32 {
         let next = u32::try_from(self.parent.len()).unwrap_or(u32::MAX);
-        let dense_bound = self.first_by_id.len().max(2 * self.parent.len() + 4096);
-        let Some(slot) = usize::try_from(id).ok().filter(|&i| i < dense_bound) else {
+        let Some(slot) = super::small_id_slot(id, self.first_by_id.len(), self.parent.len()) else {
             return self.edge(parent, id, next);
         };
         if slot >= self.first_by_id.len() {

@@ -623,8 +623,8 @@ pub fn aiperf_ratios(requests: &[Request]) -> Vec<f64> {
     ratios
 }
 
-/// A set of block ids: small ids (most ids of most traces) as flags in an array that grows to
-/// about twice the ids held, so a large id cannot size it; the others in a hash set.
+/// A set of block ids: small ids as flags in an array ([`super::small_id_slot`]), the others in
+/// a hash set.
 #[derive(Default)]
 struct SeenIds {
     small: Vec<bool>,
@@ -645,8 +645,7 @@ impl SeenIds {
             return;
         }
         self.count += 1;
-        let bound = self.small.len().max(2 * self.count + 4096);
-        match usize::try_from(id).ok().filter(|&i| i < bound) {
+        match super::small_id_slot(id, self.small.len(), self.count) {
             Some(i) => {
                 if i >= self.small.len() {
                     self.small.resize(i + 1, false);

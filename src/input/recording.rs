@@ -116,11 +116,8 @@ impl Pending {
 pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recording {
     let mut report = FileReport::new(name, Format::Recording);
     let result = read_jsonl(reader);
-    for bad in &result.bad_lines {
-        report.bad(bad.line, bad.error.clone());
-        if let Some(error) = bad.error.strip_prefix("read error: ") {
-            report.read_error = Some(format!("line {}: {error}", bad.line));
-        }
+    for bad in result.bad_lines {
+        bad_line(&mut report, bad);
     }
     of_records(result.records, report, options)
 }
@@ -152,12 +149,7 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
                     pending.push((request.with_replies(options.replies), bad_values));
                 }
             }
-            Err(bad) => {
-                if let Some(error) = bad.error.strip_prefix("read error: ") {
-                    report.read_error = Some(format!("line {}: {error}", bad.line));
-                }
-                report.bad(bad.line, bad.error);
-            }
+            Err(bad) => bad_line(&mut report, bad),
         }
     }
     pending.sort_by_key(|(request, _)| request.order);
@@ -170,17 +162,30 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
             request
         })
         .collect();
+    let input = cut_all(pending, report, options);
+    super::keyed_by(input, analyzer.into_report(), name)
+}
+
+/// A bad line in the report; a read error also stops the read there.
+fn bad_line(report: &mut FileReport, bad: crate::record::BadLine) {
+    if let Some(error) = bad.error.strip_prefix("read error: ") {
+        report.read_error = Some(format!("line {}: {error}", bad.line));
+    }
+    report.bad(bad.line, bad.error);
+}
+
+/// The requests of `pending`, in order, cut by the block model all of them choose.
+fn cut_all(pending: Vec<Pending>, mut report: FileReport, options: &InputOptions) -> FileInput {
     let (model, choice) = choose_block_model(options, &Pending::evidence(&pending));
     report.block_model = Some(choice);
     let mut cutter = Cutter::new(model);
     let requests: Vec<Request> = pending.into_iter().map(|p| p.cut(&mut cutter)).collect();
     report.requests = requests.len() as u64;
-    let input = FileInput {
+    FileInput {
         requests,
         report,
         analysis: None,
-    };
-    super::keyed_by(input, analyzer.into_report(), name)
+    }
 }
 
 /// Records already read (a recording's lines, a gateway log's rows) as a recording, with what
@@ -195,17 +200,8 @@ pub fn of_records(
         .filter_map(|record| pending_request(record, &mut report))
         .map(|p| p.with_replies(options.replies))
         .collect();
-    let (model, choice) = choose_block_model(options, &Pending::evidence(&pending));
-    report.block_model = Some(choice);
-    let mut cutter = Cutter::new(model);
-    let requests: Vec<Request> = pending.into_iter().map(|p| p.cut(&mut cutter)).collect();
-    report.requests = requests.len() as u64;
     Recording {
-        input: FileInput {
-            requests,
-            report,
-            analysis: None,
-        },
+        input: cut_all(pending, report, options),
         records,
     }
 }
