@@ -376,10 +376,17 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
         ]
         .map(String::from),
     );
-    let options = InputOptions::default();
+    let options = InputOptions {
+        keep_analysis: true,
+        ..InputOptions::default()
+    };
     let both_ways = |bytes: &[u8], name: &str| {
         let streamed = input::recording::read_keyed(bytes, name, &options);
         let whole = input::keyed_by_analysis(input::recording::read(bytes, name, &options), name);
+        // Not kept, the analysis is dropped before the cut, and the requests are the same.
+        let unkept = input::recording::read_keyed(bytes, name, &InputOptions::default());
+        assert!(unkept.analysis.is_none());
+        assert_eq!(unkept.requests, streamed.requests);
         (streamed, whole)
     };
     for file in &files {

@@ -22,7 +22,7 @@ use super::table::{
     apply_link, choose_by_match, continues, link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
-use crate::normalize::exchange::{Exchange, Msg, SkipReason, normalize};
+use crate::normalize::exchange::{Exchange, Msg, SkipReason, ToolDef, normalize};
 use crate::normalize::measured::{Measured, Source};
 use crate::record::{Record, hash};
 
@@ -292,30 +292,66 @@ pub struct Analyzer {
     undo_start: Vec<usize>,
     /// One copy of each distinct message: every request re-sends its conversation, so keeping
     /// each exchange's own copies would hold a conversation of n turns n²/2 times.
-    messages: SharedMessages,
+    messages: Shared<Msg>,
+    /// One copy of each distinct list of tools, for the same reason.
+    tools: Shared<[ToolDef]>,
 }
 
-/// Messages by their hash, each kept once and shared by every exchange that sends it.
-#[derive(Debug, Default)]
-struct SharedMessages {
-    by_hash: HashMap<String, Vec<Arc<Msg>>>,
+/// Values kept once each, shared by every exchange that sends them, under a 64-bit key of
+/// their hash (a string key cost a second copy of every hash). Values with equal keys that
+/// differ in any field are each kept.
+#[derive(Debug)]
+struct Shared<T: ?Sized> {
+    /// The first value under each key.
+    first: HashMap<u64, Arc<T>>,
+    /// The others, rare: equal hashes, different counts.
+    others: HashMap<u64, Vec<Arc<T>>>,
 }
 
-impl SharedMessages {
-    /// Replaces each of `messages` by the copy already kept when one is equal in every field.
-    fn share(&mut self, messages: &mut [Arc<Msg>]) {
-        for message in messages {
-            let Some(kept) = self.by_hash.get_mut(message.hash.as_str()) else {
-                self.by_hash
-                    .insert(message.hash.clone(), vec![Arc::clone(message)]);
-                continue;
-            };
-            match kept.iter().find(|k| ***k == **message) {
-                Some(k) => *message = Arc::clone(k),
-                None => kept.push(Arc::clone(message)),
-            }
+impl<T: ?Sized> Default for Shared<T> {
+    fn default() -> Self {
+        Shared {
+            first: HashMap::new(),
+            others: HashMap::new(),
         }
     }
+}
+
+impl<T: ?Sized + PartialEq> Shared<T> {
+    /// Replaces `value` by the copy already kept when one is equal in every field.
+    fn share(&mut self, key: u64, value: &mut Arc<T>) {
+        let first = self.first.entry(key).or_insert_with(|| Arc::clone(value));
+        if Arc::ptr_eq(first, value) || **first == **value {
+            *value = Arc::clone(first);
+            return;
+        }
+        let others = self.others.entry(key).or_default();
+        match others.iter().find(|k| ***k == **value) {
+            Some(k) => *value = Arc::clone(k),
+            None => others.push(Arc::clone(value)),
+        }
+    }
+
+    /// Each value kept, once.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.first.len() + self.others.values().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// The key a message is shared under.
+fn message_key(message: &Msg) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(message.hash.as_bytes())
+}
+
+/// The key a list of tools is shared under.
+fn tools_key(tools: &[ToolDef]) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for tool in tools {
+        hasher.update(tool.hash.as_bytes());
+        hasher.update(&[0]);
+    }
+    hasher.digest()
 }
 
 impl SeqState {
@@ -394,7 +430,8 @@ impl Analyzer {
             },
             undo: Vec::new(),
             undo_start: Vec::new(),
-            messages: SharedMessages::default(),
+            messages: Shared::default(),
+            tools: Shared::default(),
         }
     }
 
@@ -438,7 +475,12 @@ impl Analyzer {
                 };
             }
         };
-        self.messages.share(&mut x.messages);
+        for message in &mut x.messages {
+            self.messages.share(message_key(message), message);
+        }
+        if !x.tools.is_empty() {
+            self.tools.share(tools_key(&x.tools), &mut x.tools);
+        }
         let id = x.id;
         let from = self.insert(x);
         let rederived = self.advance(from);
@@ -1422,8 +1464,34 @@ mod tests {
                 .collect();
         distinct.sort_unstable();
         distinct.dedup();
-        let kept: usize = a.messages.by_hash.values().map(Vec::len).sum();
+        let kept = a.messages.len();
         assert_eq!(distinct.len(), kept);
         assert!(kept * 2 < sent, "{kept} kept of {sent} sent");
+        // Equal lists of tools are one list, held by all that offer it.
+        let with_tools: Vec<&Exchange> = a.xs.iter().filter(|x| !x.tools.is_empty()).collect();
+        for x in &with_tools {
+            for y in &with_tools {
+                assert_eq!(x.tools == y.tools, Arc::ptr_eq(&x.tools, &y.tools));
+            }
+        }
+        let mut lists: Vec<*const ToolDef> = with_tools.iter().map(|x| x.tools.as_ptr()).collect();
+        lists.sort_unstable();
+        lists.dedup();
+        assert_eq!(lists.len(), a.tools.len());
+        assert!(a.tools.len() * 2 < with_tools.len(), "{lists:?}");
+    }
+
+    #[test]
+    fn values_under_one_key_that_differ_are_each_kept() {
+        let mut shared: Shared<str> = Shared::default();
+        let (mut a, mut b, mut a_again) = (Arc::from("a"), Arc::from("b"), Arc::from("a"));
+        shared.share(7, &mut a);
+        shared.share(7, &mut b);
+        shared.share(7, &mut a_again);
+        let mut b_again: Arc<str> = Arc::from("b");
+        shared.share(7, &mut b_again);
+        assert_eq!(shared.len(), 2);
+        assert!(Arc::ptr_eq(&a, &a_again) && Arc::ptr_eq(&b, &b_again));
+        assert_eq!((&*a, &*b), ("a", "b"));
     }
 }

@@ -21,6 +21,8 @@
 //! Digest recordings keep no text: a block's id chains (parent, hash of the message its last
 //! character falls in, its index among this request's blocks ending in that message).
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -72,20 +74,21 @@ impl ToolsPosition {
 /// One part of a prompt: the tool definitions or one message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Segment {
-    /// `tools`, a role, or `prompt` (completions API).
-    pub kind: String,
-    pub label: Option<String>,
+    /// `tools`, a role, or `prompt` (completions API). These short strings are shared
+    /// ([`SharedTexts`]), as every request re-sends them and each cut copies them into its parts.
+    pub kind: Arc<str>,
+    pub label: Option<Arc<str>>,
     /// The digest's hash of the part (message identity or the tools' hash).
     pub identity: u64,
     /// Rendered length in characters, markup included.
     pub chars: u64,
     /// The rendered text, when the input has it; shared, as one conversation's requests re-send
     /// the same messages ([`SharedTexts`]).
-    pub text: Option<std::sync::Arc<str>>,
+    pub text: Option<Arc<str>>,
     /// Tokens by the recording's tokenizer, when it counted them.
     pub tokens: Option<u64>,
     /// The content's first characters, when the input has the text.
-    pub preview: Option<String>,
+    pub preview: Option<Arc<str>>,
 }
 
 /// One copy of each distinct segment text. A conversation's requests re-send its messages, so a
@@ -94,7 +97,9 @@ pub struct Segment {
 /// own copy, never another's text.
 #[derive(Debug, Default)]
 pub struct SharedTexts {
-    by_hash: std::collections::HashMap<u64, std::sync::Arc<str>>,
+    by_hash: std::collections::HashMap<u64, Arc<str>>,
+    /// Kinds, labels and previews, by content.
+    short: std::collections::HashSet<Arc<str>>,
 }
 
 impl SharedTexts {
@@ -106,6 +111,13 @@ impl SharedTexts {
     }
 
     pub fn share(&mut self, segment: &mut Segment) {
+        self.share_short(&mut segment.kind);
+        for short in [&mut segment.label, &mut segment.preview]
+            .into_iter()
+            .flatten()
+        {
+            self.share_short(short);
+        }
         let Some(text) = &segment.text else {
             return;
         };
@@ -117,6 +129,15 @@ impl SharedTexts {
             }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(text.clone());
+            }
+        }
+    }
+
+    fn share_short(&mut self, short: &mut Arc<str>) {
+        match self.short.get(&**short) {
+            Some(held) => *short = Arc::clone(held),
+            None => {
+                self.short.insert(Arc::clone(short));
             }
         }
     }
@@ -146,7 +167,7 @@ impl Prompt {
     fn ordered(&self, position: ToolsPosition) -> Vec<&Segment> {
         let mut out: Vec<&Segment> = Vec::with_capacity(self.messages.len() + 1);
         let after_system = position == ToolsPosition::AfterSystem
-            && self.messages.first().is_some_and(|m| m.kind == "system");
+            && self.messages.first().is_some_and(|m| *m.kind == *"system");
         if !after_system {
             out.extend(&self.tools);
         }
@@ -188,7 +209,7 @@ fn char_count(text: &str) -> u64 {
     text.chars().count() as u64
 }
 
-fn preview(text: &str) -> Option<String> {
+fn preview(text: &str) -> Option<Arc<str>> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return None;
@@ -197,11 +218,11 @@ fn preview(text: &str) -> Option<String> {
     if trimmed.chars().nth(PREVIEW_CHARS).is_some() {
         out.push('…');
     }
-    Some(out)
+    Some(out.into())
 }
 
-fn label_of(name: Option<&str>, tool_call_id: Option<&str>) -> Option<String> {
-    name.or(tool_call_id).map(str::to_string)
+fn label_of(name: Option<&str>, tool_call_id: Option<&str>) -> Option<Arc<str>> {
+    name.or(tool_call_id).map(Arc::from)
 }
 
 /// The prompt of a request body with its text (full recordings, gateway logs). `None` when the
@@ -241,7 +262,7 @@ pub fn prompt_from_body(api: Api, body: &Value, counts: Option<&TokenCounts>) ->
         });
         Segment {
             kind: "tools".into(),
-            label: Some(names.join(", ")),
+            label: Some(names.join(", ").into()),
             identity: hex_to_u64(&identity),
             chars: char_count(&text),
             text: Some(text.into()),
@@ -285,7 +306,7 @@ fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
         .map(|&n| u64::from(n));
     let identity = digest.identity.unwrap_or(digest.hash);
     Segment {
-        kind: role.to_string(),
+        kind: role.into(),
         label: label_of(name, tool_call_id),
         identity: hex_to_u64(&identity),
         chars: char_count(&text),
@@ -405,7 +426,8 @@ pub fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCounts>) 
                     .iter()
                     .map(|t| t.name.as_str())
                     .collect::<Vec<_>>()
-                    .join(", "),
+                    .join(", ")
+                    .into(),
             ),
             identity: digest.tools_hash.as_deref().map_or(0, hex_to_u64),
             chars: "<tools>".len() as u64 + json_chars,
@@ -425,7 +447,7 @@ pub fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCounts>) 
                 "<calls>".len() as u64
             };
             Segment {
-                kind: m.role.clone(),
+                kind: m.role.as_str().into(),
                 label: label_of(m.name.as_deref(), m.tool_call_id.as_deref()),
                 identity: hex_to_u64(m.identity.as_deref().unwrap_or(&m.hash)),
                 chars: char_count(&header) + u64::from(m.chars) + calls_marker,
@@ -487,7 +509,7 @@ impl Weights {
     }
 
     fn of(&self, segment: &Segment) -> f64 {
-        if segment.kind == "tools" {
+        if *segment.kind == *"tools" {
             segment.chars as f64 * self.per_tools_char
         } else {
             segment.chars as f64 * self.per_text_char + self.per_message
@@ -527,7 +549,7 @@ impl WeightFit {
     pub fn add(&mut self, key: u64, prompt: &Prompt, tokens: u64) {
         let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();
         let tools = prompt.tools.as_ref().map_or(0, |t| t.chars);
-        let no_system = u64::from(prompt.messages.first().is_none_or(|m| m.kind != "system"));
+        let no_system = u64::from(prompt.messages.first().is_none_or(|m| *m.kind != *"system"));
         self.samples.push((
             key,
             [text, tools, prompt.messages.len() as u64, no_system],
@@ -928,8 +950,8 @@ impl BlockModel {
         // none of its own.
         let default_system = segments
             .iter()
-            .position(|s| s.kind != "tools")
-            .filter(|&first| segments[first].kind != "system");
+            .position(|s| *s.kind != *"tools")
+            .filter(|&first| *segments[first].kind != *"system");
         for (i, segment) in segments.iter().enumerate() {
             if counted {
                 running += segment.tokens.unwrap_or_default() as f64;
@@ -1378,7 +1400,7 @@ mod tests {
                 preview: None,
             });
             let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();
-            let missing = prompt.messages.first().is_none_or(|m| m.kind != "system");
+            let missing = prompt.messages.first().is_none_or(|m| *m.kind != *"system");
             let mut tokens =
                 text / 4 + 3 * prompt.messages.len() as u64 + if missing { 20 } else { 0 };
             if i == 5 {
@@ -1403,7 +1425,7 @@ mod tests {
         b["model"] = json!("Qwen3-Coder");
         let prompt = prompt_from_body(Api::OpenaiChat, &b, None).unwrap_or_default();
         let cut = BlockModel::default().cut(&prompt, None);
-        let kinds: Vec<&str> = cut.parts.iter().map(|p| p.kind.as_str()).collect();
+        let kinds: Vec<&str> = cut.parts.iter().map(|p| &*p.kind).collect();
         assert_eq!(kinds, vec!["system", "tools", "user", "assistant", "tool"]);
         let mut b = body();
         b["model"] = json!("GLM-4.6");
@@ -1411,12 +1433,12 @@ mod tests {
             &prompt_from_body(Api::OpenaiChat, &b, None).unwrap_or_default(),
             None,
         );
-        assert_eq!(glm.parts[0].kind, "tools");
+        assert_eq!(&*glm.parts[0].kind, "tools");
         // Unknown families: after the system message, where llama-server renders them.
         let unknown = BlockModel::default().cut(
             &prompt_from_body(Api::OpenaiChat, &body(), None).unwrap_or_default(),
             None,
         );
-        assert_eq!(unknown.parts[1].kind, "tools");
+        assert_eq!(&*unknown.parts[1].kind, "tools");
     }
 }

@@ -19,6 +19,8 @@ pub mod prefixes;
 pub mod profile;
 pub mod stats;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 pub use live::LiveSimulator;
@@ -80,14 +82,15 @@ pub enum BlockKeys {
 /// One part of a rendered prompt, for saying what a shared prefix is made of.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PromptPart {
-    /// `tools`, or the message's role.
-    pub kind: String,
+    /// `tools`, or the message's role. Shared with the prompt's segment: every request of a
+    /// conversation re-sends its parts.
+    pub kind: Arc<str>,
     /// Tool names for `tools`; the message's name or tool call id otherwise.
-    pub label: Option<String>,
+    pub label: Option<Arc<str>>,
     /// Where the part ends, in the request's prompt tokens.
     pub token_end: u64,
     /// The first characters of the text (full recordings and gateway logs only).
-    pub preview: Option<String>,
+    pub preview: Option<Arc<str>>,
 }
 
 /// One request, whatever it was read from: everything after parsing is shared.

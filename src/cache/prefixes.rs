@@ -159,7 +159,7 @@ fn describe(request: &Request, tokens: u64) -> Option<String> {
             start = part.token_end;
             continue;
         }
-        let mut text = part.kind.clone();
+        let mut text = part.kind.to_string();
         if let Some(label) = &part.label {
             text.push_str(&format!(" ({label})"));
         }

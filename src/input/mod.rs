@@ -542,13 +542,7 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
 /// here; [`recording::read`] alone runs none.
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
     match format {
-        Format::Recording => {
-            let mut input = recording::read_keyed(reader, name, options);
-            if !options.keep_analysis {
-                input.analysis = None;
-            }
-            input
-        }
+        Format::Recording => recording::read_keyed(reader, name, options),
         Format::Csv => gateway_csv::read(reader, name, options),
         Format::Mooncake | Format::Bailian => trace::read(reader, name, format, options),
     }
@@ -564,17 +558,31 @@ pub fn keyed_by_analysis(recording: recording::Recording, name: &str) -> FileInp
 }
 
 /// `input`'s requests keyed by `analysis`'s conversations, the analysis kept beside them.
-fn keyed_by(mut input: FileInput, analysis: crate::analysis::Report, name: &str) -> FileInput {
-    let conversation_by_record: HashMap<u64, String> = analysis
+fn keyed_by(input: FileInput, analysis: crate::analysis::Report, name: &str) -> FileInput {
+    let conversations = conversations_by_record(&analysis, name);
+    keyed_by_conversations(input, &conversations, Some(analysis))
+}
+
+/// The conversation each record of `analysis` continues, as `FILE#cN`.
+fn conversations_by_record(analysis: &crate::analysis::Report, name: &str) -> HashMap<u64, String> {
+    analysis
         .rows
         .iter()
         .filter_map(|row| Some((row.id, format!("{name}#c{}", row.conversation?))))
-        .collect();
-    recording::set_conversations(&mut input.requests, &conversation_by_record);
+        .collect()
+}
+
+/// `input`'s requests keyed by `conversations`, with the analysis they came from when kept.
+fn keyed_by_conversations(
+    mut input: FileInput,
+    conversations: &HashMap<u64, String>,
+    analysis: Option<crate::analysis::Report>,
+) -> FileInput {
+    recording::set_conversations(&mut input.requests, conversations);
     if input.requests.iter().any(|r| r.conversation.is_some()) {
         input.report.conversation_source = "analysis".to_string();
     }
-    input.analysis = Some(Box::new(analysis));
+    input.analysis = analysis.map(Box::new);
     input
 }
 

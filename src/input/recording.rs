@@ -126,7 +126,8 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
 /// [`super::keyed_by_analysis`] keys [`read`]'s (a test holds the two equal): each record goes
 /// into the incremental analysis and becomes its pending request, then is dropped, so the
 /// parsed file is never held (a 406 MB recording of 100,000 records took `profile` to 2.9 GB and
-/// past a 2 GiB address space). Requests come out in id order, as `read` sorts them.
+/// past a 2 GiB address space). Requests come out in id order, as `read` sorts them; the
+/// analysis is kept beside them only when `options.keep_analysis` asks.
 pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
     let mut report = FileReport::new(name, Format::Recording);
     let mut analyzer = crate::analysis::engine::Analyzer::new(crate::analysis::Config::default());
@@ -162,8 +163,15 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
             request
         })
         .collect();
+    // The engine's state (2 KB a record), the report when not kept, and the text map go before
+    // the cut, which holds the prompts and the requests at once: 300,000 records did not fit a
+    // 2 GiB address space.
+    let analysis = analyzer.into_report();
+    let conversations = super::conversations_by_record(&analysis, name);
+    let analysis = options.keep_analysis.then_some(analysis);
+    drop(texts);
     let input = cut_all(pending, report, options);
-    super::keyed_by(input, analyzer.into_report(), name)
+    super::keyed_by_conversations(input, &conversations, analysis)
 }
 
 /// A bad line in the report; a read error also stops the read there.
