@@ -167,7 +167,7 @@ impl Prompt {
     fn ordered(&self, position: ToolsPosition) -> Vec<&Segment> {
         let mut out: Vec<&Segment> = Vec::with_capacity(self.messages.len() + 1);
         let after_system = position == ToolsPosition::AfterSystem
-            && self.messages.first().is_some_and(|m| *m.kind == *"system");
+            && self.messages.first().is_some_and(|m| &*m.kind == "system");
         if !after_system {
             out.extend(&self.tools);
         }
@@ -509,7 +509,7 @@ impl Weights {
     }
 
     fn of(&self, segment: &Segment) -> f64 {
-        if *segment.kind == *"tools" {
+        if &*segment.kind == "tools" {
             segment.chars as f64 * self.per_tools_char
         } else {
             segment.chars as f64 * self.per_text_char + self.per_message
@@ -549,7 +549,7 @@ impl WeightFit {
     pub fn add(&mut self, key: u64, prompt: &Prompt, tokens: u64) {
         let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();
         let tools = prompt.tools.as_ref().map_or(0, |t| t.chars);
-        let no_system = u64::from(prompt.messages.first().is_none_or(|m| *m.kind != *"system"));
+        let no_system = u64::from(prompt.messages.first().is_none_or(|m| &*m.kind != "system"));
         self.samples.push((
             key,
             [text, tools, prompt.messages.len() as u64, no_system],
@@ -950,8 +950,8 @@ impl BlockModel {
         // none of its own.
         let default_system = segments
             .iter()
-            .position(|s| *s.kind != *"tools")
-            .filter(|&first| *segments[first].kind != *"system");
+            .position(|s| &*s.kind != "tools")
+            .filter(|&first| &*segments[first].kind != "system");
         for (i, segment) in segments.iter().enumerate() {
             if counted {
                 running += segment.tokens.unwrap_or_default() as f64;
@@ -1400,7 +1400,7 @@ mod tests {
                 preview: None,
             });
             let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();
-            let missing = prompt.messages.first().is_none_or(|m| *m.kind != *"system");
+            let missing = prompt.messages.first().is_none_or(|m| &*m.kind != "system");
             let mut tokens =
                 text / 4 + 3 * prompt.messages.len() as u64 + if missing { 20 } else { 0 };
             if i == 5 {

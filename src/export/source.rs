@@ -205,12 +205,12 @@ fn new_input(prompt: &Prompt) -> (bool, bool) {
     let since_reply = prompt
         .messages
         .iter()
-        .rposition(|m| *m.kind == *"assistant")
+        .rposition(|m| &*m.kind == "assistant")
         .map_or(0, |i| i + 1);
     let added = &prompt.messages[since_reply..];
     (
-        added.iter().any(|m| *m.kind == *"tool"),
-        added.iter().any(|m| *m.kind != *"tool"),
+        added.iter().any(|m| &*m.kind == "tool"),
+        added.iter().any(|m| &*m.kind != "tool"),
     )
 }
 

@@ -87,7 +87,8 @@ pub struct InputOptions {
     /// off, a full recording reads as its digest does (digests keep no reply to read).
     pub replies: bool,
     /// Keep the analysis a recording's conversations come from (`FileInput::analysis`), for
-    /// the HTML report; off, it is dropped once read (its rows are the size of the file's).
+    /// the HTML report; off, it is dropped once its conversations are taken (its rows are the
+    /// size of the file's): a recording's before its requests are cut, a gateway log's after.
     pub keep_analysis: bool,
 }
 
