@@ -45,6 +45,7 @@ pub mod probe;
 pub mod record;
 pub mod recorder;
 pub mod session;
+pub mod shared;
 pub mod sim;
 pub mod text;
 pub mod units;

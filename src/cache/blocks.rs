@@ -97,7 +97,7 @@ pub struct Segment {
 /// own copy, never another's text.
 #[derive(Debug, Default)]
 pub struct SharedTexts {
-    by_hash: std::collections::HashMap<u64, Arc<str>>,
+    by_hash: crate::shared::Shared<str>,
     /// Kinds, labels and previews, by content.
     short: std::collections::HashSet<Arc<str>>,
 }
@@ -118,18 +118,9 @@ impl SharedTexts {
         {
             self.share_short(short);
         }
-        let Some(text) = &segment.text else {
-            return;
-        };
-        match self.by_hash.entry(xxh3_64_with_seed(text.as_bytes(), 0)) {
-            std::collections::hash_map::Entry::Occupied(held) => {
-                if **held.get() == **text {
-                    segment.text = Some(held.get().clone());
-                }
-            }
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(text.clone());
-            }
+        if let Some(text) = &mut segment.text {
+            self.by_hash
+                .share(xxh3_64_with_seed(text.as_bytes(), 0), text);
         }
     }
 
