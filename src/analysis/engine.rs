@@ -44,6 +44,40 @@ pub struct Update {
     pub rederived: Vec<u64>,
 }
 
+/// What the engine takes of one record, worked out from the record alone (normalization, the
+/// costliest part of a push, depends on nothing the engine holds): batch readers prepare
+/// records on other threads and push them in order, with the result of `push`.
+pub struct Prepared(PreparedKind);
+
+// Nearly every record is traffic: boxing it would cost an allocation a record.
+#[allow(clippy::large_enum_variant)]
+enum PreparedKind {
+    Probe(Box<Record>),
+    Traffic {
+        start_ms: i64,
+        end_ms: i64,
+        outcome: Result<Exchange, Skipped>,
+    },
+}
+
+impl Prepared {
+    pub fn of(record: &Record) -> Prepared {
+        if record.probe {
+            return Prepared(PreparedKind::Probe(Box::new(record.clone())));
+        }
+        let outcome = normalize(record).map_err(|reason| Skipped {
+            path: record.request.path.clone(),
+            reason,
+            connectivity_check: crate::normalize::exchange::is_connectivity_check(record),
+        });
+        Prepared(PreparedKind::Traffic {
+            start_ms: record.t_start_ms,
+            end_ms: record.t_end_ms,
+            outcome,
+        })
+    }
+}
+
 /// How to take back one change the sequential pass made to its state, so a rewind costs the
 /// rows rewound, not the size of the state.
 #[derive(Debug)]
@@ -407,26 +441,36 @@ impl Analyzer {
 
     /// Adds one record (in any order) and re-derives what it changed.
     pub fn push(&mut self, record: &Record) -> Update {
-        // Our own requests to the server (`probe`): not traffic, counted apart so every figure
-        // of the traffic is what it is without them.
-        if record.probe {
-            self.probes += 1;
-            self.server_events.push(record);
-            return Update {
-                row: None,
-                skipped: None,
-                rederived: Vec::new(),
-            };
-        }
-        self.count(record);
-        let mut x = match normalize(record) {
+        self.push_prepared(Prepared::of(record))
+    }
+
+    /// Adds one record already made ready by [`Prepared::of`] (on another thread, say): the
+    /// same as `push` of that record.
+    pub fn push_prepared(&mut self, prepared: Prepared) -> Update {
+        let (start_ms, end_ms, outcome) = match prepared.0 {
+            // Our own requests to the server (`probe`): not traffic, counted apart so every
+            // figure of the traffic is what it is without them.
+            PreparedKind::Probe(record) => {
+                self.probes += 1;
+                self.server_events.push(&record);
+                return Update {
+                    row: None,
+                    skipped: None,
+                    rederived: Vec::new(),
+                };
+            }
+            PreparedKind::Traffic {
+                start_ms,
+                end_ms,
+                outcome,
+            } => (start_ms, end_ms, outcome),
+        };
+        self.count(start_ms, end_ms);
+        let mut x = match outcome {
             Ok(x) => x,
-            Err(reason) => {
-                self.skipped.push(Skipped {
-                    path: record.request.path.clone(),
-                    reason,
-                    connectivity_check: crate::normalize::exchange::is_connectivity_check(record),
-                });
+            Err(skipped) => {
+                let reason = skipped.reason;
+                self.skipped.push(skipped);
                 return Update {
                     row: None,
                     skipped: Some(reason),
@@ -874,12 +918,12 @@ impl Analyzer {
         }
     }
 
-    fn count(&mut self, record: &Record) {
+    fn count(&mut self, start_ms: i64, end_ms: i64) {
         self.records += 1;
-        let end = record.t_end_ms.max(record.t_start_ms);
+        let end = end_ms.max(start_ms);
         self.span = Some(match self.span {
-            Some((s, e)) => (s.min(record.t_start_ms), e.max(end)),
-            None => (record.t_start_ms, end),
+            Some((s, e)) => (s.min(start_ms), e.max(end)),
+            None => (start_ms, end),
         });
     }
 

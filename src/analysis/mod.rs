@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::normalize::exchange::{Exchange, SkipReason, normalize};
 use crate::record::Record;
 
-pub use engine::{Analyzer, Update};
+pub use engine::{Analyzer, Prepared, Update};
 pub use findings::{Confidence, Finding, FindingKind};
 // Counts carry their source from normalization on; the analysis passes them on as they are.
 pub use crate::normalize::measured::{Measured, Source};

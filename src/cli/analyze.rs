@@ -5,22 +5,46 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::{EXIT_UNREADABLE, RecordSink};
-use prefixscope::analysis::{Analyzer, Config, analyze};
+use prefixscope::analysis::{Analyzer, Config, Prepared, analyze};
 use prefixscope::record::Record;
 
 /// Records handed, as they are read, to the thread that analyses them (`analyze` of one
-/// recording): reading and parsing on one core, the analysis on another.
+/// recording): parsed and normalized on every core (`Prepared`), pushed in file order on one.
 struct Analysing {
-    records: crossbeam_channel::Sender<Record>,
+    batches: crossbeam_channel::Sender<Vec<Prepared>>,
+    batch: Vec<Prepared>,
     max_id: u64,
 }
 
-impl RecordSink for Analysing {
-    fn record(&mut self, record: Record) {
-        self.max_id = self.max_id.max(record.id);
+impl Analysing {
+    fn send_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(ANALYSIS_BATCH));
         // The analysing thread ends only when this channel closes (or it panicked, which
         // `join` passes on).
-        let _ = self.records.send(record);
+        let _ = self.batches.send(batch);
+    }
+}
+
+impl RecordSink for Analysing {
+    type Item = Prepared;
+
+    fn prepare(record: Record) -> Prepared {
+        Prepared::of(&record)
+    }
+
+    fn take(&mut self, id: u64, prepared: Prepared) {
+        self.max_id = self.max_id.max(id);
+        self.batch.push(prepared);
+        if self.batch.len() >= ANALYSIS_BATCH {
+            self.send_batch();
+        }
+    }
+
+    fn file_done(&mut self) {
+        self.send_batch();
     }
 
     fn max_id(&self) -> u64 {
@@ -28,8 +52,18 @@ impl RecordSink for Analysing {
     }
 }
 
-/// How many parsed records wait for the analysing thread at most.
-const ANALYSIS_QUEUE: usize = 256;
+impl Drop for Analysing {
+    fn drop(&mut self) {
+        self.send_batch();
+    }
+}
+
+/// Records sent to the analysing thread together: one hand-over per batch, not per record.
+const ANALYSIS_BATCH: usize = 256;
+
+/// How many batches wait for the analysing thread at most: the readers run ahead of it by
+/// that much and no more.
+const ANALYSIS_QUEUE: usize = 2;
 
 /// `paths`' records analysed as they are read, in memory bounded by the analysis.
 fn analyze_streamed(
@@ -37,16 +71,19 @@ fn analyze_streamed(
     config: &Config,
 ) -> Option<(super::Recordings, prefixscope::analysis::Report)> {
     std::thread::scope(|scope| {
-        let (sender, receiver) = crossbeam_channel::bounded::<Record>(ANALYSIS_QUEUE);
+        let (sender, receiver) = crossbeam_channel::bounded::<Vec<Prepared>>(ANALYSIS_QUEUE);
         let analysing = scope.spawn(move || {
             let mut analyzer = Analyzer::new(config.clone());
-            for record in receiver {
-                analyzer.push(&record);
+            for batch in receiver {
+                for prepared in batch {
+                    analyzer.push_prepared(prepared);
+                }
             }
             analyzer.into_report()
         });
         let mut sink = Analysing {
-            records: sender,
+            batches: sender,
+            batch: Vec::with_capacity(ANALYSIS_BATCH),
             max_id: 0,
         };
         let read = super::read_recordings_into(paths, &mut sink);

@@ -126,7 +126,19 @@ pub struct RecordingFile {
 
 /// Where `read_recordings_into` puts each record as it is read.
 pub trait RecordSink {
-    fn record(&mut self, record: prefixscope::record::Record);
+    /// What each record becomes on the reading threads, in parallel, before `take` gets it in
+    /// file order: the record itself, or work that depends on it alone (normalization).
+    type Item: Send;
+    fn prepare(record: prefixscope::record::Record) -> Self::Item;
+    /// Record `id`, prepared.
+    fn take(&mut self, id: u64, item: Self::Item);
+    fn record(&mut self, record: prefixscope::record::Record)
+    where
+        Self: Sized,
+    {
+        let id = record.id;
+        self.take(id, Self::prepare(record));
+    }
     /// One file's records are all in.
     fn file_done(&mut self) {}
     /// The largest record id so far (a gateway log's ids are numbered after it).
@@ -142,8 +154,14 @@ struct Collect {
 }
 
 impl RecordSink for Collect {
-    fn record(&mut self, record: prefixscope::record::Record) {
-        self.max_id = self.max_id.max(record.id);
+    type Item = prefixscope::record::Record;
+
+    fn prepare(record: prefixscope::record::Record) -> Self::Item {
+        record
+    }
+
+    fn take(&mut self, id: u64, record: prefixscope::record::Record) {
+        self.max_id = self.max_id.max(id);
         self.records.push(record);
     }
 
@@ -163,7 +181,7 @@ impl Recordings {
         &mut self,
         path: &std::path::Path,
         reader: Box<dyn std::io::BufRead>,
-        sink: &mut dyn RecordSink,
+        sink: &mut impl RecordSink,
     ) {
         let name = path.display().to_string();
         let mut log = prefixscope::input::gateway_csv::records(reader, &name, None);
@@ -236,9 +254,9 @@ pub fn read_recordings(paths: &[std::path::PathBuf]) -> Option<Recordings> {
 
 /// `read_recordings`, each record given to `sink` as it is read, none held here (`records`
 /// stays empty): what reads a recording in memory bounded by its consumer.
-pub fn read_recordings_into(
+pub fn read_recordings_into<S: RecordSink>(
     paths: &[std::path::PathBuf],
-    sink: &mut dyn RecordSink,
+    sink: &mut S,
 ) -> Option<Recordings> {
     let mut out = Recordings {
         records: Vec::new(),
@@ -267,11 +285,16 @@ pub fn read_recordings_into(
             Ok(opened) => {
                 let mut records = 0usize;
                 let mut bad_lines = Vec::new();
-                for item in prefixscope::record::Lines::new(opened.reader) {
-                    match item {
-                        Ok(record) => {
+                // Records are parsed (and prepared) on every core, taken in file order.
+                let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+                prefixscope::input::recording::for_each_record(
+                    opened.reader,
+                    workers,
+                    |record| (record.id, S::prepare(record)),
+                    |item| match item {
+                        Ok((id, item)) => {
                             records += 1;
-                            sink.record(record);
+                            sink.take(id, item);
                         }
                         Err(bad) => {
                             prefixscope::stderr_line!(
@@ -282,8 +305,8 @@ pub fn read_recordings_into(
                             );
                             bad_lines.push(bad);
                         }
-                    }
-                }
+                    },
+                );
                 sink.file_done();
                 if records == 0 && bad_lines.is_empty() {
                     prefixscope::stderr_line!(

@@ -132,7 +132,6 @@ fn settings(args: &ProfileArgs) -> Result<Settings, String> {
 }
 
 pub fn run(args: ProfileArgs) -> u8 {
-    without_huge_pages();
     let settings = match settings(&args) {
         Ok(s) => s,
         Err(message) => return usage(message),
@@ -304,19 +303,6 @@ pub fn run(args: ProfileArgs) -> u8 {
         super::EXIT_UNREADABLE
     } else {
         EXIT_OK
-    }
-}
-
-/// A profile touches each page of its few tens of MB a handful of times, on five threads: with
-/// transparent huge pages every thread's heap faulted in 2 MiB at a time, 85 MiB for 56 MiB of
-/// use, and on a machine whose memory had just been used by another process each fresh page
-/// cost more than the work done in it (0.15 s against 0.12 s median, BENCHMARKS.md, "Cache
-/// simulation"). A hint to the kernel; a kernel that refuses it changes nothing.
-fn without_huge_pages() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and touches no memory of ours.
-    unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 

@@ -1,28 +1,35 @@
 //! A file's lines parsed on several threads, handed back one by one in file order.
 //!
-//! Lines are read into a chunk of at most [`CHUNK_BYTES`] and [`CHUNK_LINES`] (the line that
-//! passes the bytes ends its chunk, up to the line bound of [`read_line_bounded`]); each
-//! chunk's lines are split into contiguous runs of about equal bytes, parsed by one scoped
-//! thread each (the caller's thread takes the first run), then given back in order. What a line becomes depends on that line
-//! alone, so the order of the results and everything built from them is the serial read's. At
-//! most one chunk and its parsed lines are held at a time, on at most [`MAX_WORKERS`] threads.
+//! The caller's thread reads lines into chunks of at most [`CHUNK_BYTES`] and [`CHUNK_LINES`]
+//! (the line that passes the bytes ends its chunk, up to the line bound of
+//! [`read_line_bounded`]) and hands each chunk whole to the next free parser thread; the parsed
+//! chunks come back in any order and are given out in file order. The reader runs ahead of the
+//! parsers by a few chunks only: at most [`IN_FLIGHT_PER_WORKER`] chunks per parser (and their
+//! parsed lines) are held at a time, on at most [`MAX_WORKERS`] parsers. The parsers live as
+//! long as the read, so what a parser keeps per thread (the normalizer's memo of digests) lasts
+//! from one chunk to the next. What a line becomes depends on that line alone, so the order of
+//! the results and everything built from them is the serial read's.
 
+use std::collections::BTreeMap;
 use std::io::BufRead;
 
 use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded};
 
-/// Bytes of lines parsed together: enough that a thread's start-up (tens of µs) is noise, small
-/// enough that a chunk of parsed trace rows stays a few tens of MB.
-pub const CHUNK_BYTES: usize = 4 << 20;
+/// Bytes of lines parsed together: enough that a hand-over between threads (a few µs) is
+/// noise, small enough that the chunks in flight and their parsed lines stay a few MB each.
+pub const CHUNK_BYTES: usize = 1 << 20;
 
 /// Lines parsed together, at most: a chunk of short lines (`{}`) would otherwise hold millions
 /// of parsed rows, each far larger than its line.
-pub const CHUNK_LINES: usize = 16_384;
+pub const CHUNK_LINES: usize = 4_096;
 
-/// Threads parsing one chunk, the caller's included: a bound whatever the machine says.
+/// Parser threads: a bound whatever the machine says.
 pub const MAX_WORKERS: usize = 8;
 
-/// A chunk below this is parsed on the caller's thread alone.
+/// Chunks read but not yet given out, per parser: one being parsed, one waiting for it.
+const IN_FLIGHT_PER_WORKER: usize = 2;
+
+/// A file whose first chunk is its whole and is below this is parsed on the caller's thread.
 const PARALLEL_MIN_BYTES: usize = 64 << 10;
 
 /// One line's outcome, numbered from 1 as an editor counts.
@@ -53,50 +60,34 @@ enum Slot {
     ReadError(std::io::Error),
 }
 
-/// Reads `reader` to its end (or its first error), parsing each line with `parse` on up to
-/// `workers` threads, and calls `each` with every line's outcome in file order.
-pub fn for_each_parsed<R: BufRead, T: Send>(
-    mut reader: R,
-    workers: usize,
-    parse: impl Fn(&[u8]) -> T + Sync,
-    mut each: impl FnMut(Item<T>),
-) {
-    let workers = workers.clamp(1, MAX_WORKERS);
-    // Reserved once: growing by doubling copied the chunk over and over. Pages are only
-    // touched as lines fill them, so a small file costs no more than its size.
-    let mut bytes: Vec<u8> = Vec::with_capacity(CHUNK_BYTES);
-    let mut slots: Vec<Slot> = Vec::new();
-    let mut line = Vec::new();
-    let mut number = 0usize;
-    let mut done = false;
-    while !done {
-        bytes.clear();
-        slots.clear();
-        while bytes.len() < CHUNK_BYTES && slots.len() < CHUNK_LINES {
-            match read_line_bounded(&mut reader, &mut line, MAX_LINE_BYTES) {
-                Ok(Line::Eof) => {
-                    done = true;
-                    break;
-                }
-                Ok(Line::Read { complete }) => {
-                    let start = bytes.len();
-                    bytes.extend_from_slice(&line);
-                    slots.push(Slot::Line {
-                        range: start..bytes.len(),
-                        complete,
-                    });
-                }
-                Ok(Line::TooLong { bytes }) => slots.push(Slot::TooLong(bytes)),
-                Err(error) => {
-                    slots.push(Slot::ReadError(error));
-                    done = true;
-                    break;
-                }
-            }
-        }
-        let parsed = parse_chunk(&bytes, &slots, workers, &parse);
+/// Consecutive lines of the file, as read.
+struct Chunk {
+    bytes: Vec<u8>,
+    slots: Vec<Slot>,
+}
+
+impl Chunk {
+    /// Each line's parse, in order.
+    fn parse<T>(&self, parse: &impl Fn(&[u8]) -> T) -> Vec<T> {
+        self.slots
+            .iter()
+            .filter_map(|slot| match slot {
+                Slot::Line { range, .. } => Some(parse(&self.bytes[range.clone()])),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Gives out each line's outcome, numbered on from `number` (the lines before it); returns
+    /// the number of the last line and the buffer for the next chunk.
+    fn give_out<T>(
+        self,
+        mut number: usize,
+        parsed: Vec<T>,
+        each: &mut impl FnMut(Item<T>),
+    ) -> (usize, Vec<u8>) {
         let mut parsed = parsed.into_iter();
-        for slot in slots.drain(..) {
+        for slot in self.slots {
             number += 1;
             let item = match slot {
                 Slot::Line { complete, .. } => match parsed.next() {
@@ -113,57 +104,144 @@ pub fn for_each_parsed<R: BufRead, T: Send>(
             };
             each(item);
         }
+        (number, self.bytes)
     }
 }
 
-/// The chunk's lines parsed, in order: split into runs of about equal bytes, one per worker.
-fn parse_chunk<T: Send>(
-    bytes: &[u8],
-    slots: &[Slot],
-    workers: usize,
-    parse: &(impl Fn(&[u8]) -> T + Sync),
-) -> Vec<T> {
-    let lines: Vec<&[u8]> = slots
-        .iter()
-        .filter_map(|slot| match slot {
-            Slot::Line { range, .. } => Some(&bytes[range.clone()]),
-            _ => None,
-        })
-        .collect();
-    if workers == 1 || bytes.len() < PARALLEL_MIN_BYTES || lines.len() < 2 {
-        return lines.iter().map(|line| parse(line)).collect();
-    }
-    // Runs end where their share of the bytes is reached.
-    let share = bytes.len().div_ceil(workers);
-    let mut runs: Vec<&[&[u8]]> = Vec::with_capacity(workers);
-    let (mut start, mut run_bytes) = (0, 0);
-    for (i, line) in lines.iter().enumerate() {
-        run_bytes += line.len();
-        if run_bytes >= share && runs.len() + 1 < workers {
-            runs.push(&lines[start..=i]);
-            start = i + 1;
-            run_bytes = 0;
-        }
-    }
-    runs.push(&lines[start..]);
-    std::thread::scope(|scope| {
-        let (first, rest) = runs
-            .split_first()
-            .map_or((&[][..], &[][..]), |(f, r)| (*f, r));
-        let handles: Vec<_> = rest
-            .iter()
-            .map(|run| scope.spawn(move || run.iter().map(|line| parse(line)).collect::<Vec<T>>()))
-            .collect();
-        let mut parsed: Vec<T> = first.iter().map(|line| parse(line)).collect();
-        for handle in handles {
-            match handle.join() {
-                Ok(run) => parsed.extend(run),
-                // A parser that panicked: its panic goes on, as it would have on one thread.
-                Err(panic) => std::panic::resume_unwind(panic),
+/// The caller's side of the read: lines into chunks.
+struct Reading<R> {
+    reader: R,
+    line: Vec<u8>,
+    done: bool,
+}
+
+impl<R: BufRead> Reading<R> {
+    /// The next lines, read into `bytes` (emptied first). Sets `done` at the end of the file or
+    /// its first read error, which is the chunk's last slot.
+    fn chunk(&mut self, mut bytes: Vec<u8>) -> Chunk {
+        bytes.clear();
+        let mut slots = Vec::new();
+        while bytes.len() < CHUNK_BYTES && slots.len() < CHUNK_LINES {
+            match read_line_bounded(&mut self.reader, &mut self.line, MAX_LINE_BYTES) {
+                Ok(Line::Eof) => {
+                    self.done = true;
+                    break;
+                }
+                Ok(Line::Read { complete }) => {
+                    let start = bytes.len();
+                    bytes.extend_from_slice(&self.line);
+                    slots.push(Slot::Line {
+                        range: start..bytes.len(),
+                        complete,
+                    });
+                }
+                Ok(Line::TooLong { bytes }) => slots.push(Slot::TooLong(bytes)),
+                Err(error) => {
+                    slots.push(Slot::ReadError(error));
+                    self.done = true;
+                    break;
+                }
             }
         }
-        parsed
-    })
+        Chunk { bytes, slots }
+    }
+}
+
+/// A chunk's buffer: reserved once, since growing by doubling copied the chunk over and over.
+/// Pages are only touched as lines fill them, so a small file costs no more than its size.
+fn chunk_buffer() -> Vec<u8> {
+    Vec::with_capacity(CHUNK_BYTES)
+}
+
+/// A parsed chunk, or the panic of the parser that took it.
+type Parsed<T> = (usize, Chunk, std::thread::Result<Vec<T>>);
+
+/// Reads `reader` to its end (or its first error), parsing each line with `parse` on up to
+/// `workers` threads, and calls `each` with every line's outcome in file order, on the
+/// caller's thread.
+pub fn for_each_parsed<R: BufRead, T: Send>(
+    reader: R,
+    workers: usize,
+    parse: impl Fn(&[u8]) -> T + Sync,
+    mut each: impl FnMut(Item<T>),
+) {
+    let workers = workers.clamp(1, MAX_WORKERS);
+    let mut reading = Reading {
+        reader,
+        line: Vec::new(),
+        done: false,
+    };
+    let first = reading.chunk(chunk_buffer());
+    if workers == 1 || (reading.done && first.bytes.len() < PARALLEL_MIN_BYTES) {
+        let (mut number, mut chunk) = (0, first);
+        loop {
+            let parsed = chunk.parse(&parse);
+            let bytes;
+            (number, bytes) = chunk.give_out(number, parsed, &mut each);
+            if reading.done {
+                return;
+            }
+            chunk = reading.chunk(bytes);
+        }
+    }
+    let in_flight = workers * IN_FLIGHT_PER_WORKER;
+    std::thread::scope(|scope| {
+        let (work, work_queue) = crossbeam_channel::bounded::<(usize, Chunk)>(in_flight);
+        let (parsed_queue, parsed) = crossbeam_channel::bounded::<Parsed<T>>(in_flight);
+        for _ in 0..workers {
+            let (work_queue, parsed_queue, parse) =
+                (work_queue.clone(), parsed_queue.clone(), &parse);
+            scope.spawn(move || {
+                for (sequence, chunk) in work_queue {
+                    // Caught, so the caller passes the panic on instead of waiting for the chunk.
+                    let lines = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        chunk.parse(parse)
+                    }));
+                    if parsed_queue.send((sequence, chunk, lines)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop((work_queue, parsed_queue));
+        // Chunks read (`sent`) and given out (`given`); those parsed out of turn wait.
+        let (mut sent, mut given, mut number) = (0usize, 0usize, 0usize);
+        let mut waiting: BTreeMap<usize, (Chunk, Vec<T>)> = BTreeMap::new();
+        let mut spare: Vec<Vec<u8>> = Vec::new();
+        let mut next = Some(first);
+        loop {
+            while sent - given < in_flight {
+                let chunk = match next.take() {
+                    Some(chunk) => chunk,
+                    None if reading.done => break,
+                    None => reading.chunk(spare.pop().unwrap_or_else(chunk_buffer)),
+                };
+                if work.send((sent, chunk)).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            if given == sent {
+                break;
+            }
+            // Every parser holds the sender: the queue is open while a chunk is out.
+            let Ok((sequence, chunk, lines)) = parsed.recv() else {
+                break;
+            };
+            match lines {
+                Ok(lines) => waiting.insert(sequence, (chunk, lines)),
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            while let Some((chunk, lines)) = waiting.remove(&given) {
+                let bytes;
+                (number, bytes) = chunk.give_out(number, lines, &mut each);
+                spare.push(bytes);
+                given += 1;
+            }
+        }
+        // Ends the parsers.
+        drop(work);
+    });
 }
 
 #[cfg(test)]
@@ -242,5 +320,28 @@ mod tests {
             },
         );
         assert_eq!(out, vec!["1", "2", "3", "4 disk gone"]);
+    }
+
+    #[test]
+    fn a_parser_that_panics_passes_its_panic_on() {
+        let mut text = Vec::new();
+        for i in 0..200_000 {
+            text.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        let outcome = std::panic::catch_unwind(|| {
+            for_each_parsed(
+                text.as_slice(),
+                2,
+                |line| {
+                    if line == b"line 150000\n" {
+                        panic!("bad parser");
+                    }
+                    line.len()
+                },
+                |_| {},
+            )
+        });
+        let panic = outcome.unwrap_err();
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"bad parser"));
     }
 }

@@ -122,6 +122,37 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     of_records(result.records, report, options)
 }
 
+/// A recording's records in file order, each made into a `T` by `prepare` on the reading
+/// threads (up to `workers`, [`super::parallel`]), with each bad line in its place: what
+/// [`crate::record::Lines`] gives, on several cores. `prepare` must depend on its record alone.
+pub fn for_each_record<T: Send>(
+    reader: impl BufRead,
+    workers: usize,
+    prepare: impl Fn(Record) -> T + Sync,
+    mut each: impl FnMut(Result<T, crate::record::BadLine>),
+) {
+    use super::parallel::Item;
+    use crate::record::{BadLine, bad_record_line, parse_record_line, read_error_line};
+    super::parallel::for_each_parsed(
+        reader,
+        workers,
+        |line| parse_record_line(line).map(|parsed| parsed.map(&prepare)),
+        |item| match item {
+            Item::Parsed { parsed: None, .. } => {}
+            Item::Parsed {
+                parsed: Some(parsed),
+                number,
+                complete,
+            } => each(parsed.map_err(|error| bad_record_line(number, complete, error))),
+            Item::TooLong { number, bytes } => each(Err(BadLine {
+                line: number,
+                error: crate::limits::too_long_message(bytes),
+            })),
+            Item::ReadError { number, error } => each(Err(read_error_line(number, &error))),
+        },
+    );
+}
+
 /// Reads a recording one record at a time, keyed by the analysis's conversations as
 /// [`super::keyed_by_analysis`] keys [`read`]'s (a test holds the two equal): each record goes
 /// into the incremental analysis and becomes its pending request, then is dropped, so the
@@ -316,4 +347,53 @@ pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pendi
         },
         prompt,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a reader saw: each record's id or each bad line, in order.
+    fn outcomes(
+        items: impl IntoIterator<Item = Result<u64, crate::record::BadLine>>,
+    ) -> Vec<String> {
+        items
+            .into_iter()
+            .map(|item| match item {
+                Ok(id) => format!("record {id}"),
+                Err(bad) => format!("line {}: {}", bad.line, bad.error),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_read_on_several_threads_are_the_serial_reads() {
+        let real = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/recordings/llmp/llama.cpp/parallel-nocache.jsonl"
+        ))
+        .unwrap();
+        // Several chunks' worth, with a bad line, a blank one, another version and a cut end.
+        let mut text = Vec::new();
+        while text.len() < 5 << 20 {
+            text.extend_from_slice(&real);
+            text.extend_from_slice(b"not json\n\n   \n{\"v\":7}\n");
+        }
+        text.extend_from_slice(&real[..real.len() / 2]);
+        let serial = outcomes(
+            crate::record::Lines::new(text.as_slice()).map(|item| item.map(|record| record.id)),
+        );
+        assert!(serial.len() > 1_000);
+        assert!(serial.last().unwrap().contains("truncated last line"));
+        for workers in [1, 2, 3, 8] {
+            let mut parallel = Vec::new();
+            for_each_record(
+                text.as_slice(),
+                workers,
+                |record| record.id,
+                |item| parallel.push(item),
+            );
+            assert_eq!(outcomes(parallel), serial, "{workers} workers");
+        }
+    }
 }

@@ -15,7 +15,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use jsonl::{BadLine, Lines, ReadResult, read_jsonl, record_line, write_jsonl};
+pub use jsonl::{
+    BadLine, Lines, ReadResult, bad_record_line, parse_record_line, read_error_line, read_jsonl,
+    record_line, write_jsonl,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
