@@ -160,30 +160,35 @@ pub fn for_each_record<T: Send>(
 /// past a 2 GiB address space). Requests come out in id order, as `read` sorts them; the
 /// analysis is kept beside them only when `options.keep_analysis` asks.
 pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
+    use crate::analysis::engine::{Analyzer, Prepared};
     let mut report = FileReport::new(name, Format::Recording);
-    let mut analyzer = crate::analysis::engine::Analyzer::new(crate::analysis::Config::default());
+    let mut analyzer = Analyzer::new(crate::analysis::Config::default());
     // The bad values a record's request found, kept with it: they are reported in id order.
     let mut pending: Vec<(Pending, Vec<String>)> = Vec::new();
-    let mut own = FileReport::new(name, Format::Recording);
     // The prompts are all held until the block model is chosen: each text once.
     let mut texts = crate::cache::blocks::SharedTexts::default();
-    for item in crate::record::Lines::new(reader) {
-        match item {
-            Ok(record) => {
-                analyzer.push(&record);
-                let request = pending_request(&record, &mut own);
-                let bad_values = own.move_counts_into(&mut report);
-                if let Some(mut request) = request {
-                    texts.share_prompt(&mut request.prompt);
-                    if let Some(reply) = &mut request.reply {
-                        texts.share(reply);
-                    }
-                    pending.push((request.with_replies(options.replies), bad_values));
+    // What a record gives, worked out on the parser threads: its analysis input, its request
+    // and the counts of what its request lacked.
+    let prepare = |record: Record| {
+        let mut own = FileReport::new(name, Format::Recording);
+        let request = pending_request(&record, &mut own).map(|r| r.with_replies(options.replies));
+        (Prepared::of(&record), request, own)
+    };
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for_each_record(reader, workers, prepare, |item| match item {
+        Ok((prepared, request, mut own)) => {
+            analyzer.push_prepared(prepared);
+            let bad_values = own.move_counts_into(&mut report);
+            if let Some(mut request) = request {
+                texts.share_prompt(&mut request.prompt);
+                if let Some(reply) = &mut request.reply {
+                    texts.share(reply);
                 }
+                pending.push((request, bad_values));
             }
-            Err(bad) => bad_line(&mut report, bad),
         }
-    }
+        Err(bad) => bad_line(&mut report, bad),
+    });
     pending.sort_by_key(|(request, _)| request.order);
     let pending: Vec<Pending> = pending
         .into_iter()
