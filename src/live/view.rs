@@ -695,46 +695,51 @@ impl Aliases {
             first.split('/').next().unwrap_or(first)
         };
         let first_word = |ua: &'a str| -> &'a str { ua.split_whitespace().next().unwrap_or(ua) };
-        let agents: Vec<&str> = {
-            let mut a: Vec<&str> = clients.iter().map(|c| agent(c).0).collect();
-            a.sort_unstable();
-            a.dedup();
-            a
+        let mut agents: Vec<&str> = clients.iter().map(|c| agent(c).0).collect();
+        agents.sort_unstable();
+        agents.dedup();
+        // How many distinct user-agents each short form stands for, counted once: asking every
+        // client's form of every other client made a snapshot quadratic in the clients (20 s
+        // at 16,000 clients).
+        let count_by = |short: &dyn Fn(&'a str) -> &'a str| {
+            let mut counts: std::collections::HashMap<&'a str, usize> =
+                std::collections::HashMap::new();
+            for agent in &agents {
+                *counts.entry(short(agent)).or_insert(0) += 1;
+            }
+            counts
         };
-        let unique = |short: &dyn Fn(&'a str) -> &'a str, ua: &'a str| {
-            agents
-                .iter()
-                .filter(|other| short(other) == short(ua))
-                .count()
-                == 1
+        let (by_product, by_first_word) = (count_by(&product), count_by(&first_word));
+        let unique = |counts: &std::collections::HashMap<&'a str, usize>, short: &'a str| {
+            counts.get(short) == Some(&1)
         };
+        let harness_of = |client: &'a str| {
+            crate::analysis::harness::product_name(agent_of(client)).or(named.get(client).copied())
+        };
+        // Each harness's user-agents: the first seen, and whether another one was.
+        let mut agents_of_harness: std::collections::HashMap<&str, (&str, bool)> =
+            std::collections::HashMap::new();
+        for client in &clients {
+            if let Some(h) = harness_of(client) {
+                let agent = agent_of(client);
+                let (first, more) = agents_of_harness.entry(h).or_insert((agent, false));
+                *more |= *first != agent;
+            }
+        }
         let names = clients
             .iter()
             .map(|client| {
                 let (ua, suffix) = agent(client);
-                let harness_of = |client: &'a str| {
-                    crate::analysis::harness::product_name(agent_of(client))
-                        .or(named.get(client).copied())
-                };
                 let harness = harness_of(client);
                 // One user-agent per harness: its name says which one.
-                let same_harness = |h| {
-                    let mut agents: Vec<&str> = clients
-                        .iter()
-                        .filter(|c| harness_of(c) == Some(h))
-                        .map(|c| agent_of(c))
-                        .collect();
-                    agents.sort_unstable();
-                    agents.dedup();
-                    agents.len() == 1
-                };
+                let same_harness = |h| agents_of_harness.get(h).is_some_and(|(_, more)| !more);
                 let short = if let Some(h) = harness
                     && same_harness(h)
                 {
                     h
-                } else if unique(&product, ua) && !product(ua).is_empty() {
+                } else if unique(&by_product, product(ua)) && !product(ua).is_empty() {
                     product(ua)
-                } else if unique(&first_word, ua) && !first_word(ua).is_empty() {
+                } else if unique(&by_first_word, first_word(ua)) && !first_word(ua).is_empty() {
                     first_word(ua)
                 } else {
                     ua
@@ -770,5 +775,110 @@ pub fn tokens(n: u64) -> String {
         0..=9_999 => thousands(n),
         10_000..=999_999 => format!("{:.1}K", n as f64 / 1000.0),
         _ => format!("{:.1}M", n as f64 / 1_000_000.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The aliases as they were first written, each short form checked against every other
+    /// client (quadratic): the oracle of the counted version.
+    fn aliases_by_scanning(
+        clients: &[(&'static str, Option<&'static str>)],
+    ) -> Vec<(String, String)> {
+        let named: std::collections::HashMap<&str, &str> = clients
+            .iter()
+            .filter_map(|(c, h)| Some((*c, h.map(|h| h.split(' ').next().unwrap_or(h))?)))
+            .collect();
+        let agent = |client: &'static str| match client.rsplit_once(" #") {
+            Some((ua, n)) if !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) => {
+                (ua, &client[ua.len()..])
+            }
+            _ => (client, ""),
+        };
+        let product = |ua: &'static str| {
+            let first = ua.split_whitespace().next().unwrap_or(ua);
+            first.split('/').next().unwrap_or(first)
+        };
+        let first_word = |ua: &'static str| ua.split_whitespace().next().unwrap_or(ua);
+        let mut agents: Vec<&str> = clients.iter().map(|(c, _)| agent(c).0).collect();
+        agents.sort_unstable();
+        agents.dedup();
+        let unique = |short: &dyn Fn(&'static str) -> &'static str, ua| {
+            agents.iter().filter(|o| short(o) == short(ua)).count() == 1
+        };
+        let harness_of = |c: &'static str| {
+            crate::analysis::harness::product_name(agent(c).0).or(named.get(c).copied())
+        };
+        clients
+            .iter()
+            .map(|(client, _)| {
+                let (ua, suffix) = agent(client);
+                let same_harness = |h| {
+                    let mut a: Vec<&str> = clients
+                        .iter()
+                        .filter(|(c, _)| harness_of(c) == Some(h))
+                        .map(|(c, _)| agent(c).0)
+                        .collect();
+                    a.sort_unstable();
+                    a.dedup();
+                    a.len() == 1
+                };
+                let short = match harness_of(client) {
+                    Some(h) if same_harness(h) => h,
+                    _ if unique(&product, ua) && !product(ua).is_empty() => product(ua),
+                    _ if unique(&first_word, ua) && !first_word(ua).is_empty() => first_word(ua),
+                    _ => ua,
+                };
+                let short: String = if short.chars().count() > 20 {
+                    short.chars().take(19).chain(['…']).collect()
+                } else {
+                    short.to_string()
+                };
+                (client.to_string(), format!("{short}{suffix}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn aliases_counted_once_are_the_aliases_found_by_scanning() {
+        let parts = [
+            "claude-cli/2.1.197 (external, cli)",
+            "claude-cli/2.1.200 (external, cli)",
+            "opencode/0.3.1",
+            "OpenAI/Python 1.99.9",
+            "OpenAI/Python 1.99.9 aider",
+            "python-requests/2.32.3",
+            "python-httpx/0.28",
+            "curl/8.5.0",
+            "llmp-drive",
+            "a very long user agent name that goes on",
+            "",
+            "  ",
+        ];
+        let harnesses = [None, Some("aider 0.86"), Some("Claude Code 2.1")];
+        let mut seed = 7u64;
+        for round in 0..200 {
+            let mut clients: Vec<(&'static str, Option<&'static str>)> = Vec::new();
+            for _ in 0..(round % 9 + 1) {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let ua = parts[(seed >> 33) as usize % parts.len()];
+                let client: &'static str = match (seed >> 20) % 3 {
+                    0 => ua,
+                    n => Box::leak(format!("{ua} #{n}").into_boxed_str()),
+                };
+                let harness = harnesses[(seed >> 40) as usize % harnesses.len()];
+                if clients.iter().all(|(c, _)| *c != client) {
+                    clients.push((client, harness));
+                }
+            }
+            let counted = Aliases::new(clients.iter().copied());
+            for (client, alias) in aliases_by_scanning(&clients) {
+                assert_eq!(counted.of(&client), alias, "{clients:?}");
+            }
+        }
     }
 }
