@@ -4,8 +4,9 @@
 //! (the line that passes the bytes ends its chunk, up to the line bound of
 //! [`read_line_bounded`]) and hands each chunk whole to the next free parser thread; the parsed
 //! chunks come back in any order and are given out in file order. The reader runs ahead of the
-//! parsers by a few chunks only: at most [`IN_FLIGHT_PER_WORKER`] chunks per parser (and their
-//! parsed lines) are held at a time, on at most [`MAX_WORKERS`] parsers. The parsers live as
+//! parsers by a few chunks only: at most [`IN_FLIGHT_PER_WORKER`] chunks per parser, and as
+//! many [`CHUNK_BYTES`] (and their parsed lines), are held at a time, on at most
+//! [`MAX_WORKERS`] parsers. The parsers live as
 //! long as the read, so what a parser keeps per thread (the normalizer's memo of digests) lasts
 //! from one chunk to the next. What a line becomes depends on that line alone, so the order of
 //! the results and everything built from them is the serial read's.
@@ -204,18 +205,25 @@ pub fn for_each_parsed<R: BufRead, T: Send>(
             });
         }
         drop((work_queue, parsed_queue));
-        // Chunks read (`sent`) and given out (`given`); those parsed out of turn wait.
+        // Chunks read (`sent`) and given out (`given`); those parsed out of turn wait. The
+        // bytes out are bounded too: a chunk ends after the line that passes its size, and a
+        // line may be up to `MAX_LINE_BYTES`, so a chunk of long lines holds the reader back
+        // until it is given out, as the one chunk at a time of the serial read would.
         let (mut sent, mut given, mut number) = (0usize, 0usize, 0usize);
+        let mut bytes_out = 0usize;
+        let bytes_allowed = in_flight * CHUNK_BYTES;
         let mut waiting: BTreeMap<usize, (Chunk, Vec<T>)> = BTreeMap::new();
         let mut spare: Vec<Vec<u8>> = Vec::new();
         let mut next = Some(first);
         loop {
-            while sent - given < in_flight {
+            while sent - given < in_flight && (sent == given || bytes_out < bytes_allowed) {
                 let chunk = match next.take() {
                     Some(chunk) => chunk,
                     None if reading.done => break,
                     None => reading.chunk(spare.pop().unwrap_or_else(chunk_buffer)),
                 };
+                bytes_out += chunk.bytes.len();
+                // Every parser holds the receiver until this sender is dropped.
                 if work.send((sent, chunk)).is_err() {
                     break;
                 }
@@ -233,9 +241,13 @@ pub fn for_each_parsed<R: BufRead, T: Send>(
                 Err(panic) => std::panic::resume_unwind(panic),
             };
             while let Some((chunk, lines)) = waiting.remove(&given) {
+                bytes_out -= chunk.bytes.len();
                 let bytes;
                 (number, bytes) = chunk.give_out(number, lines, &mut each);
-                spare.push(bytes);
+                // A buffer a long line grew is not kept for the chunks after it.
+                if bytes.capacity() <= 2 * CHUNK_BYTES {
+                    spare.push(bytes);
+                }
                 given += 1;
             }
         }
@@ -283,6 +295,21 @@ mod tests {
         assert_eq!(serial[0], "1 true line 0");
         assert_eq!(serial[400_000], "400001 false last without newline");
         for workers in [2, 3, 8, 100] {
+            assert_eq!(outcomes(&text, workers), serial, "{workers} workers");
+        }
+    }
+
+    #[test]
+    fn chunks_of_long_lines_come_back_in_order() {
+        // Lines longer than a chunk: each ends a chunk of its own, held back by the bytes out.
+        let mut text = Vec::new();
+        for i in 0..12 {
+            let len = if i % 3 == 0 { 3 * CHUNK_BYTES } else { 10 };
+            text.extend_from_slice(format!("{i} {}\n", "y".repeat(len)).as_bytes());
+        }
+        let serial = outcomes(&text, 1);
+        assert_eq!(serial.len(), 12);
+        for workers in [2, 4] {
             assert_eq!(outcomes(&text, workers), serial, "{workers} workers");
         }
     }

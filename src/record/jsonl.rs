@@ -127,11 +127,19 @@ fn trim_ascii(bytes: &[u8]) -> &[u8] {
     }
 }
 
+/// A line (trimmed) as a record. Typed straight from the text: the body's `Value` is built
+/// once, not built and then rebuilt by `from_value`. Only an object of valid UTF-8 goes this
+/// way (serde would take a record written as an array); whatever it refuses (another version,
+/// a bad field, a duplicate key) goes the checked way, whose error is the one to report.
+///
+/// One difference, kept on purpose: a field the record does not have is skipped unread, so a
+/// lone surrogate escape, a number past `f64` or nesting past 128 levels inside one no longer
+/// make the line bad (llmp's Python reader takes all three as well). Fields are added by
+/// extension (`record`'s module doc), and what we do not read cannot mislead us.
 fn parse_line(line: &[u8]) -> Result<Record, String> {
-    // Typed straight from the bytes: the body's `Value` is built once, not built and then
-    // rebuilt by `from_value`. Whatever this refuses (another version, a bad field, a
-    // duplicate key) goes the checked way below, whose error is the one to report.
-    if let Ok(record) = serde_json::from_slice::<Record>(line)
+    if line.first() == Some(&b'{')
+        && let Ok(text) = std::str::from_utf8(line)
+        && let Ok(record) = serde_json::from_str::<Record>(text)
         && record.v == RECORD_VERSION
     {
         return Ok(record);
@@ -282,5 +290,29 @@ mod tests {
         // last, as it always did.
         let duplicate = GOOD.replace(r#""conn":1,"#, r#""conn":1,"conn":3,"#);
         assert_eq!(parse_line(duplicate.as_bytes()).map(|r| r.conn), Ok(3));
+        // A record written as an array, and invalid UTF-8 where nothing reads it: refused, as
+        // they always were.
+        let array = r#"[1,2,1,5,null,6,{"method":"GET","path":"/health","headers":{},"body_bytes":0,"body":null,"body_text":null,"digest":null},null,"upstream_unreachable",null]"#;
+        let mut bad_utf8 = GOOD
+            .replace(r#""tokens":null"#, r#""tokens":null,"x":"~""#)
+            .into_bytes();
+        let at = bad_utf8.iter().position(|&b| b == b'~').unwrap();
+        bad_utf8[at] = 0xff;
+        for refused in [array.as_bytes(), &bad_utf8] {
+            assert!(parse_line(refused).is_err());
+            assert_eq!(parse_line(refused), parse_line_checked(refused));
+        }
+    }
+
+    /// What an unknown field holds is skipped unread: the record is read, the field ignored.
+    #[test]
+    fn an_unknown_field_is_skipped_unread() {
+        let good = parse_line(GOOD.as_bytes()).unwrap();
+        let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
+        for value in [r#""\ud800""#, "1e400", deep.as_str()] {
+            let line = GOOD.replace(r#""tokens":null"#, &format!(r#""tokens":null,"x":{value}"#));
+            assert!(parse_line_checked(line.as_bytes()).is_err(), "{value}");
+            assert_eq!(parse_line(line.as_bytes()).as_ref(), Ok(&good), "{value}");
+        }
     }
 }
