@@ -286,10 +286,9 @@ pub fn read_recordings_into<S: RecordSink>(
                 let mut records = 0usize;
                 let mut bad_lines = Vec::new();
                 // Records are parsed (and prepared) on every core, taken in file order.
-                let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
                 prefixscope::input::recording::for_each_record(
                     opened.reader,
-                    workers,
+                    prefixscope::input::parallel::workers(),
                     |record| (record.id, S::prepare(record)),
                     |item| match item {
                         Ok((id, item)) => {

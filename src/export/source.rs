@@ -40,7 +40,7 @@ use crate::input::{BadRow, FileReport, Format, gateway_csv, trace};
 use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded, too_long_message};
 use crate::normalize::digest::{self, apply_digest};
 use crate::normalize::{Api, anthropic};
-use crate::record::{Output, Record, read_jsonl};
+use crate::record::{Output, Record, bad_record_line};
 
 /// The files to export, each opened once per pass.
 pub trait Inputs {
@@ -436,12 +436,13 @@ fn each_record(
     }
 }
 
+/// One line as every recording reader parses it (`record::parse_record_line`); a line without
+/// its newline is the file's cut last one.
 fn parse_record(line: &[u8]) -> Result<Record, String> {
-    let mut read = read_jsonl(line);
-    match (read.records.pop(), read.bad_lines.pop()) {
-        (Some(record), _) => Ok(record),
-        (None, Some(bad)) => Err(bad.error),
-        (None, None) => Err("empty line".to_string()),
+    let complete = line.ends_with(b"\n");
+    match crate::record::parse_record_line(line) {
+        Some(parsed) => parsed.map_err(|error| bad_record_line(0, complete, error).error),
+        None => Err("empty line".to_string()),
     }
 }
 

@@ -27,6 +27,11 @@ pub const CHUNK_LINES: usize = 4_096;
 /// Parser threads: a bound whatever the machine says.
 pub const MAX_WORKERS: usize = 8;
 
+/// Parser threads for a read on this machine: one per core, within [`MAX_WORKERS`].
+pub fn workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
+}
+
 /// Chunks read but not yet given out, per parser: one being parsed, one waiting for it.
 const IN_FLIGHT_PER_WORKER: usize = 2;
 

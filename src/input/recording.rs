@@ -170,25 +170,30 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
     // What a record gives, worked out on the parser threads: its analysis input, its request
     // and the counts of what its request lacked.
     let prepare = |record: Record| {
-        let mut own = FileReport::new(name, Format::Recording);
+        // Only its counts are taken (`move_counts_into`): no name to copy.
+        let mut own = FileReport::new("", Format::Recording);
         let request = pending_request(&record, &mut own).map(|r| r.with_replies(options.replies));
         (Prepared::of(&record), request, own)
     };
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for_each_record(reader, workers, prepare, |item| match item {
-        Ok((prepared, request, mut own)) => {
-            analyzer.push_prepared(prepared);
-            let bad_values = own.move_counts_into(&mut report);
-            if let Some(mut request) = request {
-                texts.share_prompt(&mut request.prompt);
-                if let Some(reply) = &mut request.reply {
-                    texts.share(reply);
+    for_each_record(
+        reader,
+        super::parallel::workers(),
+        prepare,
+        |item| match item {
+            Ok((prepared, request, mut own)) => {
+                analyzer.push_prepared(prepared);
+                let bad_values = own.move_counts_into(&mut report);
+                if let Some(mut request) = request {
+                    texts.share_prompt(&mut request.prompt);
+                    if let Some(reply) = &mut request.reply {
+                        texts.share(reply);
+                    }
+                    pending.push((request, bad_values));
                 }
-                pending.push((request, bad_values));
             }
-        }
-        Err(bad) => bad_line(&mut report, bad),
-    });
+            Err(bad) => bad_line(&mut report, bad),
+        },
+    );
     pending.sort_by_key(|(request, _)| request.order);
     let pending: Vec<Pending> = pending
         .into_iter()

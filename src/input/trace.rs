@@ -208,7 +208,7 @@ pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOpt
         .block_size
         .unwrap_or_else(|| format.default_block_size());
     // The rows are parsed on every core; what they become is decided in file order.
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = super::parallel::workers();
     let mut state = RowState::new(name, format, block_size);
     let mut requests: Vec<Request> = Vec::new();
     super::parallel::for_each_parsed(reader, workers, parse_row, |item| {
