@@ -31,6 +31,7 @@ pub mod cache;
 pub mod calendar;
 pub mod capture;
 pub mod export;
+pub mod growth;
 #[cfg(feature = "html")]
 pub mod html_report;
 pub mod input;

@@ -1256,6 +1256,53 @@ fn caused_and_suffered_sum_to_the_loss_and_equal_analyzes_evicted_by() {
     check_golden("parallel-nocache.client.120x40.txt", &client);
 }
 
+/// Issue #16: a snapshot holds a cell for every turn, so its lanes hold their own length and
+/// share their client's names, and a cell's evictor is its row's, its strings shared.
+#[test]
+fn lanes_hold_their_length_and_share_their_names() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    let snapshot = engine_of(name).0.borrow_mut().snapshot();
+    let lanes = &snapshot.view.lanes;
+    assert!(lanes.len() > 1);
+    let mut evicted = 0;
+    for lane in lanes {
+        assert_eq!(
+            lane.cells.capacity(),
+            lane.cells.len(),
+            "lane {}",
+            lane.conversation
+        );
+        for other in lanes.iter().filter(|o| o.client == lane.client) {
+            assert!(Arc::ptr_eq(&lane.client, &other.client));
+            assert!(Arc::ptr_eq(&lane.alias, &other.alias));
+        }
+        for cell in &lane.cells {
+            let row = snapshot.row(cell.id).unwrap();
+            let of_row = row
+                .evicted_by
+                .as_ref()
+                .map(|by| (by.row, &*by.client, &*by.kind));
+            let of_cell = cell
+                .evicted_by
+                .as_ref()
+                .map(|by| (by.row, &*by.client, &*by.kind));
+            assert_eq!(of_cell, of_row, "#{}", cell.id);
+            evicted += usize::from(of_cell.is_some());
+        }
+    }
+    assert!(evicted > 1);
+    let kinds: Vec<&Arc<str>> = lanes
+        .iter()
+        .flat_map(|l| &l.cells)
+        .filter_map(|c| c.evicted_by.as_ref().map(|by| &by.kind))
+        .collect();
+    for a in &kinds {
+        for b in &kinds {
+            assert_eq!(a == b, Arc::ptr_eq(a, b));
+        }
+    }
+}
+
 /// Issue #13: the cells encode the loss, by colour and by glyph, so a `NO_COLOR` screen still
 /// tells a lossy turn from a clean one: `■` exactly where nothing was lost.
 #[test]

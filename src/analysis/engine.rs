@@ -83,7 +83,7 @@ impl Prepared {
 #[derive(Debug)]
 enum Undo {
     OpenSession {
-        model: String,
+        model: u32,
         before: Option<(u32, i64)>,
     },
     NextSession(u32),
@@ -105,11 +105,17 @@ enum Undo {
     },
 }
 
-type TipKey = (String, Option<String>, u32);
+/// A tip's model, agent key (`agent_key`, `NONE` for none) as ids of `SeqState::names`, and
+/// its session: an undo entry holds it, one or more for every row.
+type TipKey = (u32, u32, u32);
 
 #[derive(Debug, Default)]
 struct SeqState {
-    open_sessions: HashMap<String, (u32, i64)>,
+    /// Model names and agent keys as small ids, so the undo log holds no strings. Never taken
+    /// back: an id only names its string.
+    names: Interner,
+    /// Each model's open session and its last end, by the model's id in `names`.
+    open_sessions: HashMap<u32, (u32, i64)>,
     next_session: u32,
     tips: Vec<Tip>,
     tips_by: HashMap<TipKey, Vec<usize>>,
@@ -330,11 +336,19 @@ pub struct Analyzer {
     messages: Shared<Msg>,
     /// One copy of each distinct list of tools, for the same reason.
     tools: Shared<[ToolDef]>,
+    /// One copy of each distinct user-agent, session id, served model and tools hash: every
+    /// request of a client sends the same (a served model path alone was 104 bytes a record).
+    strings: Shared<str>,
 }
 
 /// The key a message is shared under.
 fn message_key(message: &Msg) -> u64 {
     xxhash_rust::xxh3::xxh3_64(message.hash.as_bytes())
+}
+
+/// The key a string is shared under.
+fn string_key(string: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(string.as_bytes())
 }
 
 /// The key a list of tools is shared under.
@@ -425,6 +439,7 @@ impl Analyzer {
             undo_start: Vec::new(),
             messages: Shared::default(),
             tools: Shared::default(),
+            strings: Shared::default(),
         }
     }
 
@@ -478,6 +493,17 @@ impl Analyzer {
                 };
             }
         };
+        for string in [
+            &mut x.user_agent,
+            &mut x.session_id,
+            &mut x.served_model,
+            &mut x.tools_hash,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            self.strings.share(string_key(string), string);
+        }
         for message in &mut x.messages {
             self.messages.share(message_key(message), message);
         }
@@ -735,9 +761,9 @@ impl Analyzer {
         for i in candidates {
             if let Some(cause) =
                 super::server_events::explained(&self.rows[i], &started, &self.server_events)
-                && self.rows[i].engine_cause.as_ref() != Some(&cause)
+                && self.rows[i].engine_cause.as_deref() != Some(&cause)
             {
-                Arc::make_mut(&mut self.rows[i]).engine_cause = Some(cause);
+                Arc::make_mut(&mut self.rows[i]).engine_cause = Some(Box::new(cause));
             }
         }
     }
@@ -839,7 +865,7 @@ impl Analyzer {
                 tools.dedup();
                 Client {
                     client: strings.get(label).to_string(),
-                    user_agent: self.xs[first].user_agent.clone(),
+                    user_agent: self.xs[first].user_agent.as_deref().map(str::to_string),
                     harness: super::harness::of(&self.xs[first]),
                     requests,
                     conversations,
@@ -940,6 +966,11 @@ impl Analyzer {
         let model = x.model.clone();
         let w = weights(&x);
         let facts = self.facts_of(&x, &w);
+        // The per-exchange vectors grow by a quarter (`growth`): they are most of the engine.
+        crate::growth::reserve_by_quarter(&mut self.xs, 1);
+        crate::growth::reserve_by_quarter(&mut self.facts, 1);
+        crate::growth::reserve_by_quarter(&mut self.ws, 1);
+        crate::growth::reserve_by_quarter(&mut self.prefix_keys, 1);
         self.facts.insert(p, facts);
         self.ws.insert(p, w);
         self.keys.insert(p, own_key);
@@ -1192,6 +1223,9 @@ impl Analyzer {
         self.rewind(from.min(self.rows.len()));
         let first = self.rows.len();
         for i in first..self.xs.len() {
+            // A row pushes at most 5 undos: 2 for its session, 3 for its tip.
+            crate::growth::reserve_by_quarter(&mut self.undo, 5);
+            crate::growth::reserve_by_quarter(&mut self.applied, 1);
             self.undo_start.push(self.undo.len());
             let row = self.derive(i);
             self.applied.push(Applied::of(&row));
@@ -1222,8 +1256,14 @@ impl Analyzer {
         if kind != RowKind::Turn {
             return row;
         }
-        let tip_key = (x.model.clone(), agent_key(x), session);
-        let tip_hash = tip_key_hash(&tip_key);
+        let agent = agent_key(x);
+        let tip_hash = tip_key_hash(&x.model, agent.as_deref(), session);
+        let names = &mut self.seq.names;
+        let tip_key = (
+            names.id(&x.model),
+            agent.as_deref().map_or(NONE, |agent| names.id(agent)),
+            session,
+        );
         let choice = match self.continued_tip(i, session, tip_hash) {
             Some(t) => Choice::Continue(t),
             None => {
@@ -1268,7 +1308,7 @@ impl Analyzer {
                     turns: 1,
                 });
                 let t = self.seq.tips.len() - 1;
-                self.seq.tips_by.entry(tip_key.clone()).or_default().push(t);
+                self.seq.tips_by.entry(tip_key).or_default().push(t);
                 self.undo.push(Undo::TipAdded { tip_key });
                 let key = (tip_hash, self.keys[i]);
                 self.seq.index(key, (i, t));
@@ -1330,7 +1370,8 @@ impl Analyzer {
     fn session(&mut self, i: usize) -> u32 {
         let x = &self.xs[i];
         let gap = self.config.session_gap_ms as i64;
-        let open = self.seq.open_sessions.get(&x.model).copied();
+        let model = self.seq.names.id(&x.model);
+        let open = self.seq.open_sessions.get(&model).copied();
         let session = match open {
             Some((session, last_end)) if x.t_start_ms.saturating_sub(last_end) <= gap => session,
             _ => {
@@ -1342,14 +1383,8 @@ impl Analyzer {
         let last_end = open
             .filter(|(s, _)| *s == session)
             .map_or(x.t_end_ms, |(_, end)| end.max(x.t_end_ms));
-        let before = self
-            .seq
-            .open_sessions
-            .insert(x.model.clone(), (session, last_end));
-        self.undo.push(Undo::OpenSession {
-            model: x.model.clone(),
-            before,
-        });
+        let before = self.seq.open_sessions.insert(model, (session, last_end));
+        self.undo.push(Undo::OpenSession { model, before });
         session
     }
 }
@@ -1384,7 +1419,7 @@ fn map_rows<A, B>(report: Report<A>, f: impl FnOnce(Vec<A>) -> Vec<B>) -> Report
 /// What keeps agents apart in the tips: the user-agent, and the session id when there is one.
 fn agent_key(x: &Exchange) -> Option<String> {
     match (&x.user_agent, &x.session_id) {
-        (agent, None) => agent.clone(),
+        (agent, None) => agent.as_deref().map(str::to_string),
         (agent, Some(session)) => Some(format!(
             "{}\u{0}{session}",
             agent.as_deref().unwrap_or_default()
@@ -1392,7 +1427,7 @@ fn agent_key(x: &Exchange) -> Option<String> {
     }
 }
 
-fn tip_key_hash((model, user_agent, session): &(String, Option<String>, u32)) -> u64 {
+fn tip_key_hash(model: &str, user_agent: Option<&str>, session: u32) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hash::feed_bytes(model.as_bytes(), &mut hasher);
     match user_agent {
@@ -1482,5 +1517,25 @@ mod tests {
         assert_eq!(lists.len(), a.tools.len());
         assert!(xs.iter().any(|x| !x.tools.is_empty()));
         assert!(a.tools.len() * 2 < xs.len(), "{lists:?}");
+        // Equal user-agents, session ids, served models and tools hashes are one string each.
+        let strings = |x: &Exchange| {
+            [&x.user_agent, &x.session_id, &x.served_model, &x.tools_hash].map(Option::clone)
+        };
+        for x in &xs {
+            for y in &xs {
+                for (a, b) in strings(x).iter().zip(strings(y).iter()) {
+                    if let (Some(a), Some(b)) = (a, b) {
+                        assert_eq!(a == b, Arc::ptr_eq(a, b), "{a} {b}");
+                    }
+                }
+            }
+        }
+        assert!(xs.iter().all(|x| x.user_agent.is_some()));
+    }
+
+    #[test]
+    fn an_undo_entry_holds_no_string() {
+        // 40 bytes, one or more per row: it held a model name's copy (and a tip's two) before.
+        assert!(std::mem::size_of::<Undo>() <= 40);
     }
 }

@@ -172,7 +172,7 @@ pub fn refine(rows: &mut [Row], events: &ServerEvents) {
         rows.iter().map(|r| (r.id, r.t_start_ms)).collect();
     for row in rows.iter_mut() {
         if let Some(cause) = explained(row, &started, events) {
-            row.engine_cause = Some(cause);
+            row.engine_cause = Some(Box::new(cause));
         }
     }
 }
@@ -184,7 +184,7 @@ pub fn explained(
     started: &std::collections::HashMap<u64, i64>,
     events: &ServerEvents,
 ) -> Option<EngineCause> {
-    let base = row.engine_base.as_ref()?;
+    let base = row.engine_base.as_deref()?;
     row.linked_to
         .and_then(|linked| started.get(&linked))
         .and_then(|since| events.explain(row, *since))

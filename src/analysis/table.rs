@@ -45,13 +45,14 @@ pub struct Row {
     /// Claude Code's attribution header, a date in the system prompt, tools reordered, …
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_cause: Option<String>,
-    /// prefixscope: for a `server_*` loss, the engine's mechanism and its evidence.
+    /// prefixscope: for a `server_*` loss, the engine's mechanism and its evidence. Boxed,
+    /// like the next: few rows have one, and inline the two were 64 of every row's bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine_cause: Option<super::engine_cause::EngineCause>,
+    pub engine_cause: Option<Box<super::engine_cause::EngineCause>>,
     /// The engine cause from the request and response alone, before the probes refine it
     /// (`server_events`): what a refinement falls back to when the probes stop explaining it.
     #[serde(skip)]
-    pub engine_base: Option<super::engine_cause::EngineCause>,
+    pub engine_base: Option<Box<super::engine_cause::EngineCause>>,
 }
 
 /// Where a break is: the first differing message and, in full mode, the first differing
@@ -1322,13 +1323,13 @@ pub(super) fn apply_link(
         .as_ref()
         .filter(|l| l.cause.starts_with("server_") && !client_changed_reasoning)
     {
-        row.engine_base = Some(super::engine_cause::engine_cause(
+        row.engine_base = Some(Box::new(super::engine_cause::engine_cause(
             x.served_model.as_deref().unwrap_or(&row.model),
             &lost.cause,
             round(reused),
             counts.prompt_tokens.map_or(0, |p| p.value),
             counts.load_ms.map(|m| m.value),
-        ));
+        )));
         row.engine_cause = row.engine_base.clone();
     }
 }
@@ -1535,7 +1536,7 @@ pub(super) fn clients(order: &[&Exchange], rows: &[Row]) -> Vec<Client> {
             None => {
                 clients.push(Client {
                     client: row.client.clone(),
-                    user_agent: x.user_agent.clone(),
+                    user_agent: x.user_agent.as_deref().map(str::to_string),
                     harness: super::harness::of(x),
                     requests: 0,
                     conversations: 0,
@@ -1667,7 +1668,7 @@ mod tests {
                 }),
             })
             .collect();
-        x.tools_hash = Some(hash::hex(format!("{names:?}").as_bytes()));
+        x.tools_hash = Some(hash::hex(format!("{names:?}").as_bytes()).into());
         x
     }
 
@@ -2560,7 +2561,7 @@ mod tests {
     }
 
     fn agent(mut x: Exchange, user_agent: Option<&str>) -> Exchange {
-        x.user_agent = user_agent.map(str::to_string);
+        x.user_agent = user_agent.map(Arc::from);
         x
     }
 
@@ -2672,7 +2673,7 @@ mod tests {
     fn different_session_ids_are_never_linked() {
         let turns = conversation(2);
         let session = |mut x: Exchange, id: &str| {
-            x.session_id = Some(id.to_string());
+            x.session_id = Some(Arc::from(id));
             x
         };
         let t = table(&[

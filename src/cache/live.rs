@@ -48,7 +48,7 @@ pub struct LiveSimulator {
     fifo_totals: Vec<Running>,
     lru_totals: Vec<Running>,
     measured_tokens: u64,
-    /// Every event so far, kept for the optimal snapshot (12 bytes per block), in passes as
+    /// Every event so far, kept for the optimal snapshot (8 bytes per block), in passes as
     /// `profile::Replay` has them: a request's prompt, then what it leaves cached.
     events: Vec<Event>,
     starts: Vec<usize>,
@@ -192,6 +192,7 @@ impl LiveSimulator {
             update.lru.push(served);
         }
         let start = self.events.len();
+        crate::growth::reserve_by_quarter(&mut self.events, self.scratch.len());
         self.events.extend_from_slice(&self.scratch);
         self.starts.push(self.events.len());
         self.request_ranges.push(start..self.events.len());
@@ -215,6 +216,7 @@ impl LiveSimulator {
             for cache in &mut self.lru {
                 cache.serve(self.builder.parents(), events, &[]);
             }
+            crate::growth::reserve_by_quarter(&mut self.events, self.reply_scratch.len());
             self.events.extend_from_slice(&self.reply_scratch);
             self.starts.push(self.events.len());
             self.counted.push(false);
@@ -295,7 +297,7 @@ impl LiveSimulator {
 fn new_tokens(events: &[Event], known: usize) -> u64 {
     events
         .iter()
-        .filter(|e| e.node as usize >= known)
+        .filter(|e| e.node() as usize >= known)
         .map(|e| u64::from(e.tokens))
         .sum()
 }

@@ -54,12 +54,37 @@ impl Policy {
 }
 
 /// One block occurrence: which trie node, how many tokens, and whether this request's
-/// conversation asked for that node before (the "same conversation" split).
+/// conversation asked for that node before (the "same conversation" split). Eight bytes, the
+/// flag in the node's top bit: the live view keeps every event (12 bytes each made a million
+/// records' events 400 MB), and a trie has fewer than 2^31 nodes (`MAX_NODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
-    pub node: u32,
+    node_and_seen: u32,
     pub tokens: u32,
-    pub seen_in_conversation: bool,
+}
+
+/// The top bit of `Event::node_and_seen`.
+const SEEN: u32 = 1 << 31;
+/// The last node id: past it every block would be this node. Not reached in memory: each node
+/// holds more than 8 bytes in several arrays, 2^31 of them far more than any machine here has.
+const MAX_NODE: u32 = SEEN - 1;
+
+impl Event {
+    pub fn new(node: u32, tokens: u32, seen_in_conversation: bool) -> Event {
+        let seen = if seen_in_conversation { SEEN } else { 0 };
+        Event {
+            node_and_seen: node.min(MAX_NODE) | seen,
+            tokens,
+        }
+    }
+
+    pub fn node(&self) -> u32 {
+        self.node_and_seen & MAX_NODE
+    }
+
+    pub fn seen_in_conversation(&self) -> bool {
+        self.node_and_seen & SEEN != 0
+    }
 }
 
 /// What one request got from one cache.
@@ -74,7 +99,7 @@ impl Served {
     fn hit(&mut self, event: &Event) {
         self.hit_tokens += u64::from(event.tokens);
         self.hit_blocks += 1;
-        if event.seen_in_conversation {
+        if event.seen_in_conversation() {
             self.same_conversation_tokens += u64::from(event.tokens);
         }
     }
@@ -119,7 +144,7 @@ impl EventBuilder {
 
     /// The node of block `id` after node `parent`, made (numbered next) when new.
     fn node_of(&mut self, parent: u32, id: u64) -> u32 {
-        let next = u32::try_from(self.parent.len()).unwrap_or(u32::MAX);
+        let next = u32::try_from(self.parent.len()).map_or(MAX_NODE, |n| n.min(MAX_NODE));
         let Some(slot) = super::small_id_slot(id, self.first_by_id.len(), self.parent.len()) else {
             return self.edge(parent, id, next);
         };
@@ -191,11 +216,7 @@ impl EventBuilder {
             // inserting in one pass equals "seen in an earlier request of this conversation".
             let seen_in_conversation =
                 conversation.is_some_and(|c| !self.seen_by_conversation.insert((c, node)));
-            out.push(Event {
-                node,
-                tokens: block.tokens,
-                seen_in_conversation,
-            });
+            out.push(Event::new(node, block.tokens, seen_in_conversation));
             parent = node;
         }
     }
@@ -218,13 +239,13 @@ impl Ceiling {
         grow(&mut self.seen, node_count, false);
         let mut served = Served::default();
         for event in events {
-            if !self.seen[event.node as usize] {
+            if !self.seen[event.node() as usize] {
                 break;
             }
             served.hit(event);
         }
         for event in events {
-            self.seen[event.node as usize] = true;
+            self.seen[event.node() as usize] = true;
         }
         served
     }
@@ -286,13 +307,13 @@ impl Fifo {
         }
         grow(&mut self.in_cache, node_count, false);
         for event in events {
-            if !self.in_cache[event.node as usize] {
+            if !self.in_cache[event.node() as usize] {
                 break;
             }
             served.hit(event);
         }
         for event in events {
-            let node = event.node as usize;
+            let node = event.node() as usize;
             if self.in_cache[node] {
                 continue;
             }
@@ -308,7 +329,7 @@ impl Fifo {
             if self.size < self.capacity {
                 self.in_cache[node] = true;
                 self.size += 1;
-                self.queue.push_back(event.node);
+                self.queue.push_back(event.node());
                 if self.size >= self.capacity && self.full_since.is_none() {
                     self.full_since = Some(request);
                 }
@@ -612,11 +633,11 @@ impl TrieCache {
         let next = |i: usize| next_use.get(i).copied().map_or(0, u64::from);
 
         for (i, event) in events.iter().enumerate() {
-            if !self.nodes[event.node as usize].present {
+            if !self.nodes[event.node() as usize].present {
                 break;
             }
             served.hit(event);
-            self.touch(event.node, next(i));
+            self.touch(event.node(), next(i));
         }
 
         self.mark += 1;
@@ -626,14 +647,14 @@ impl TrieCache {
         }
         self.nodes[0].protected = self.mark;
         for event in events {
-            let state = &mut self.nodes[event.node as usize];
+            let state = &mut self.nodes[event.node() as usize];
             if state.present {
                 state.protected = self.mark;
             }
         }
 
         for (i, event) in events.iter().enumerate() {
-            let n = event.node as usize;
+            let n = event.node() as usize;
             if self.nodes[n].present {
                 continue;
             }
@@ -648,14 +669,14 @@ impl TrieCache {
                 self.nodes[n].present = true;
                 self.size += 1;
                 self.nodes[parent].child_count += 1;
-                self.set_key(event.node, next(i));
+                self.set_key(event.node(), next(i));
                 // The previous newest is normally this node's parent, an inner node now.
                 if let Some(previous) = self.newest.take()
                     && self.is_current(&previous)
                 {
                     self.push_newest_key(previous);
                 }
-                self.newest = self.leaf_entry(event.node);
+                self.newest = self.leaf_entry(event.node());
                 if self.size >= self.capacity && self.full_since.is_none() {
                     self.full_since = Some(request);
                 }
@@ -684,10 +705,10 @@ pub fn next_uses(events: &[Event], starts: &[usize], node_count: usize) -> Vec<u
     for request in (0..requests).rev() {
         let range = starts[request]..starts[request + 1];
         for i in range.clone() {
-            next[i] = last_use[events[i].node as usize];
+            next[i] = last_use[events[i].node() as usize];
         }
         for i in range {
-            last_use[events[i].node as usize] = u32::try_from(request).unwrap_or(u32::MAX);
+            last_use[events[i].node() as usize] = u32::try_from(request).unwrap_or(u32::MAX);
         }
     }
     next
@@ -696,6 +717,24 @@ pub fn next_uses(events: &[Event], starts: &[usize], node_count: usize) -> Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_is_eight_bytes_and_gives_back_what_it_was_given() {
+        assert_eq!(std::mem::size_of::<Event>(), 8);
+        for (node, tokens, seen) in [(0, 0, false), (7, 32, true), (MAX_NODE, u32::MAX, true)] {
+            let event = Event::new(node, tokens, seen);
+            assert_eq!(
+                (event.node(), event.tokens, event.seen_in_conversation()),
+                (node, tokens, seen)
+            );
+        }
+        // Past the last node id (not reached in memory) the node is the last, the flag kept.
+        let past = Event::new(u32::MAX, 1, false);
+        assert_eq!(
+            (past.node(), past.seen_in_conversation()),
+            (MAX_NODE, false)
+        );
+    }
     use crate::cache::Block;
 
     fn request(ids: &[u64]) -> Request {
@@ -717,9 +756,9 @@ mod tests {
         let a = events_of(&mut b, &[7, 8]);
         let c = events_of(&mut b, &[8, 7]);
         let d = events_of(&mut b, &[7, 9]);
-        assert_eq!(a.iter().map(|e| e.node).collect::<Vec<_>>(), vec![1, 2]);
-        assert_eq!(c.iter().map(|e| e.node).collect::<Vec<_>>(), vec![3, 4]);
-        assert_eq!(d.iter().map(|e| e.node).collect::<Vec<_>>(), vec![1, 5]);
+        assert_eq!(a.iter().map(|e| e.node()).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(c.iter().map(|e| e.node()).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(d.iter().map(|e| e.node()).collect::<Vec<_>>(), vec![1, 5]);
         assert_eq!(b.parents(), &[0, 0, 1, 0, 3, 1]);
     }
 
@@ -756,7 +795,7 @@ mod tests {
                 if node == next {
                     naive_parents.push(parent);
                 }
-                assert_eq!(event.node, node, "request {request}, id {id}");
+                assert_eq!(event.node(), node, "request {request}, id {id}");
                 parent = node;
             }
         }

@@ -63,7 +63,7 @@ pub fn leaderboards(
         let mut position = 0u64;
         for (depth, event) in events[range.clone()].iter().enumerate() {
             position += u64::from(event.tokens);
-            let stats = &mut nodes[event.node as usize];
+            let stats = &mut nodes[event.node() as usize];
             if stats.count == 0 {
                 stats.first_tokens = event.tokens;
                 stats.first_request = u32::try_from(request).unwrap_or(u32::MAX);

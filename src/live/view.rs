@@ -1,6 +1,9 @@
 //! What the panes draw, built from a report (pure) by the live engine for each snapshot; the
 //! TUI only reads it.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use crate::analysis::ids::IntMap;
 use crate::analysis::{BreakCause, EvictedBy, Priced, Rated, Report, Row, RowKind};
 // Defined once in the core, for the report and the commands as well; the panes take them from here.
@@ -64,9 +67,10 @@ impl Header {
 
 #[derive(Debug, Clone)]
 pub struct Lane {
-    pub client: String,
+    /// Shared with the client's other lanes (a snapshot has a lane per conversation).
+    pub client: Arc<str>,
     /// The short name the panes show (`llmp-drive #1`), the full one in the detail.
-    pub alias: String,
+    pub alias: Arc<str>,
     pub conversation: u32,
     pub cells: Vec<Cell>,
 }
@@ -78,11 +82,40 @@ pub struct Cell {
     pub reuse: Option<f64>,
     pub broke: Option<BreakCause>,
     pub lost_tokens: u32,
-    pub evicted_by: Option<EvictedBy>,
+    pub evicted_by: Option<Evictor>,
     /// What the cell's glyph says: the cause that cost the most on this turn.
     pub mark: Mark,
     /// The server's prompt tokens, for how much of the prompt the loss was.
     pub prompt_tokens: Option<u32>,
+}
+
+/// The request that evicted a turn's prefix (its row's `EvictedBy`), its strings shared with
+/// every other cell that names them: a snapshot holds a cell for every turn (888,888 of them
+/// at a million digest records), and a copy of both strings each held 70 MB more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evictor {
+    pub row: u64,
+    pub client: Arc<str>,
+    /// `side_call`, `other_conversation` or `other_model`.
+    pub kind: Arc<str>,
+}
+
+/// One `Arc<str>` per distinct string of a snapshot's evictors.
+#[derive(Default)]
+struct EvictorNames<'a>(HashMap<&'a str, Arc<str>>);
+
+impl<'a> EvictorNames<'a> {
+    fn of(&mut self, evicted_by: &'a EvictedBy) -> Evictor {
+        Evictor {
+            row: evicted_by.row,
+            client: self.name(&evicted_by.client),
+            kind: self.name(&evicted_by.kind),
+        }
+    }
+
+    fn name(&mut self, name: &'a str) -> Arc<str> {
+        Arc::clone(self.0.entry(name).or_insert_with(|| Arc::from(name)))
+    }
 }
 
 /// How bad a turn's loss was, for its colour: none, under a quarter of its prompt, more.
@@ -286,8 +319,24 @@ impl View {
                 .map(|c| (c.client.as_str(), c.harness.as_deref())),
         );
         let mut lanes: Vec<Lane> = Vec::new();
+        let mut evictor_names = EvictorNames::default();
+        let mut lane_names: HashMap<&str, (Arc<str>, Arc<str>)> = HashMap::new();
         // Conversations are numbered from 1 up: a lane's index by number, not by hash.
         let mut lane_of: Vec<usize> = Vec::new();
+        // Each lane's cells counted first, so each lane holds its own length: grown by pushes,
+        // a snapshot's cells (one per turn) took twice their size.
+        let mut cells_of: Vec<u32> = Vec::new();
+        for conversation in rows
+            .iter()
+            .filter(|r| r.kind == RowKind::Turn)
+            .filter_map(|r| r.conversation)
+        {
+            let slot = conversation as usize;
+            if cells_of.len() <= slot {
+                cells_of.resize(slot + 1, 0);
+            }
+            cells_of[slot] = cells_of[slot].saturating_add(1);
+        }
         for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
             let Some(conversation) = row.conversation else {
                 continue;
@@ -302,7 +351,7 @@ impl View {
                     .flatten()
                     .map(|l| l.tokens)
                     .sum(),
-                evicted_by: row.evicted_by.clone(),
+                evicted_by: row.row().evicted_by.as_ref().map(|by| evictor_names.of(by)),
                 mark: mark_of(row.row()),
                 prompt_tokens: row.counts.prompt_tokens.map(|p| p.value),
             };
@@ -314,11 +363,21 @@ impl View {
                         lane_of.resize(slot + 1, usize::MAX);
                     }
                     lane_of[slot] = lanes.len();
+                    let mut cells = Vec::with_capacity(cells_of[slot] as usize);
+                    cells.push(cell);
+                    let (client, alias) = lane_names
+                        .entry(row.row().client.as_str())
+                        .or_insert_with(|| {
+                            (
+                                Arc::from(row.row().client.as_str()),
+                                aliases.of(&row.client).into(),
+                            )
+                        });
                     lanes.push(Lane {
-                        client: row.client.clone(),
-                        alias: aliases.of(&row.client),
+                        client: Arc::clone(client),
+                        alias: Arc::clone(alias),
                         conversation,
-                        cells: vec![cell],
+                        cells,
                     });
                 }
             }
@@ -333,10 +392,7 @@ impl View {
         // Each lane's key worked out once, not at every comparison.
         lanes.sort_by_cached_key(|l| {
             (
-                client_order
-                    .get(l.client.as_str())
-                    .copied()
-                    .unwrap_or(usize::MAX),
+                client_order.get(&*l.client).copied().unwrap_or(usize::MAX),
                 l.conversation,
             )
         });

@@ -31,15 +31,15 @@ pub struct Exchange {
     pub model: String,
     /// The model the server says it ran (llama.cpp: the model file's path), when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub served_model: Option<String>,
-    pub user_agent: Option<String>,
+    pub served_model: Option<Arc<str>>,
+    pub user_agent: Option<Arc<str>>,
     /// The harness's session or conversation id (`SESSION_ID_HEADERS`), when it sends one:
     /// requests with different ids are never one conversation.
-    pub session_id: Option<String>,
+    pub session_id: Option<Arc<str>>,
     pub messages: Vec<Arc<Msg>>,
     /// Shared, like the messages: every request of a conversation sends the same tools.
     pub tools: Arc<[ToolDef]>,
-    pub tools_hash: Option<String>,
+    pub tools_hash: Option<Arc<str>>,
     pub params: Params,
     pub counts: Counts,
     pub output: Output,
@@ -100,13 +100,13 @@ pub const SESSION_ID_HEADERS: [&str; 10] = [
     "conversation_id",
 ];
 
-fn session_id(record: &Record) -> Option<String> {
+fn session_id(record: &Record) -> Option<Arc<str>> {
     let headers = &record.request.headers;
     SESSION_ID_HEADERS
         .iter()
         .find_map(|name| headers.get(*name))
         .filter(|value| !value.is_empty())
-        .cloned()
+        .map(|value| Arc::from(value.as_str()))
 }
 
 /// A client that hung up once the reply had ended, before the server closed the stream: the
@@ -169,7 +169,10 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         .get("model")
         .and_then(Value::as_str)
         .filter(|m| !m.is_empty())
-        .map(|m| m.chars().take(MAX_MODEL_CHARS).collect::<String>());
+        .map(|m| match m.char_indices().nth(MAX_MODEL_CHARS) {
+            Some((cut, _)) => Arc::from(&m[..cut]),
+            None => Arc::from(m),
+        });
     let server = match api {
         Api::OllamaChat => ollama_counts(&fields),
         Api::AnthropicMessages => anthropic_counts(&fields),
@@ -231,11 +234,15 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         api,
         model: request.model.unwrap_or_default(),
         served_model,
-        user_agent: record.request.headers.get("user-agent").cloned(),
+        user_agent: record
+            .request
+            .headers
+            .get("user-agent")
+            .map(|agent| Arc::from(agent.as_str())),
         session_id: session_id(record),
         messages,
         tools,
-        tools_hash: request.tools_hash,
+        tools_hash: request.tools_hash.map(Arc::from),
         params: request.params,
         counts,
         output,

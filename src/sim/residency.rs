@@ -186,7 +186,7 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
             }
             if let (Some(recorded), Some(prompt)) = (x.counts.reused_tokens, x.counts.prompt_tokens)
             {
-                let model = x.served_model.clone().unwrap_or_else(|| x.model.clone());
+                let model = x.served_model.as_deref().unwrap_or(&x.model).to_string();
                 let entry = calibration.entry(model).or_default();
                 entry.0 += 1;
                 if agrees(prompt.value, recorded.value, reused) {

@@ -282,13 +282,17 @@ pub(super) fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
     }
     if !x.tools.is_empty() {
         let chars = x.tools.iter().map(|t| t.chars).sum();
-        let key = x.tools_hash.clone().unwrap_or_else(|| {
-            x.tools
-                .iter()
-                .map(|t| t.hash.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        });
+        let key = x
+            .tools_hash
+            .as_deref()
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                x.tools
+                    .iter()
+                    .map(|t| t.hash.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
         push_message(&mut tokens, format!("tools:{key}"), chars);
     }
     for m in &x.messages[leading_system..] {
