@@ -534,7 +534,9 @@ impl Analyzer {
     /// The report, the engine's last act (`analyze`): its rows are moved out, not copied.
     pub fn into_report(mut self) -> Report {
         let shared = self.shared_report();
-        drop(std::mem::take(&mut self.rows));
+        // The engine goes before the rows are copied out: at a million records it held 1.4 GB
+        // and the rows' vector is another 0.5 GB, more than a 2 GiB address space held both.
+        drop(self);
         map_rows(shared, |rows| {
             rows.into_iter()
                 .map(|shared| {

@@ -634,12 +634,14 @@ fn recordings(
         return Ok(summary);
     }
 
-    let report = analyzer.report();
+    // Each record's conversation and client, read from the rows the engine shares: copied into
+    // a report beside the engine, they took a million digest records past a 2 GiB address space.
+    let report = analyzer.live_report();
     drop(analyzer);
     let mut conversation_of: Vec<Option<u64>> = vec![None; entries.len()];
     let mut client_of: Vec<Option<u32>> = vec![None; entries.len()];
     let mut clients: HashMap<String, u32> = HashMap::new();
-    for row in &report.rows {
+    for row in report.rows.iter().map(|shared| &*shared.row) {
         let Some(seq) = (row.id as usize)
             .checked_sub(1)
             .filter(|&s| s < entries.len())

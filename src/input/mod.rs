@@ -560,15 +560,16 @@ pub fn keyed_by_analysis(recording: recording::Recording, name: &str) -> FileInp
 
 /// `input`'s requests keyed by `analysis`'s conversations, the analysis kept beside them.
 fn keyed_by(input: FileInput, analysis: crate::analysis::Report, name: &str) -> FileInput {
-    let conversations = conversations_by_record(&analysis, name);
+    let conversations = conversations_by_record(&analysis.rows, name);
     keyed_by_conversations(input, &conversations, Some(analysis))
 }
 
 /// The conversation each record of `analysis` continues, as `FILE#cN`.
-fn conversations_by_record(analysis: &crate::analysis::Report, name: &str) -> HashMap<u64, String> {
-    analysis
-        .rows
-        .iter()
+fn conversations_by_record<'a>(
+    rows: impl IntoIterator<Item = &'a crate::analysis::Row>,
+    name: &str,
+) -> HashMap<u64, String> {
+    rows.into_iter()
         .filter_map(|row| Some((row.id, format!("{name}#c{}", row.conversation?))))
         .collect()
 }

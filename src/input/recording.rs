@@ -207,9 +207,20 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
     // The engine's state (2 KB a record), the report when not kept, and the text map go before
     // the cut, which holds the prompts and the requests at once: 300,000 records did not fit a
     // 2 GiB address space.
-    let analysis = analyzer.into_report();
-    let conversations = super::conversations_by_record(&analysis, name);
-    let analysis = options.keep_analysis.then_some(analysis);
+    let (conversations, analysis) = if options.keep_analysis {
+        let analysis = analyzer.into_report();
+        (
+            super::conversations_by_record(&analysis.rows, name),
+            Some(analysis),
+        )
+    } else {
+        // Only each record's conversation is wanted: the rows are read where the engine holds
+        // them, not copied into a report.
+        let shared = analyzer.live_report();
+        drop(analyzer);
+        let rows = shared.rows.iter().map(|shared| &*shared.row);
+        (super::conversations_by_record(rows, name), None)
+    };
     drop(texts);
     let input = cut_all(pending, report, options);
     super::keyed_by_conversations(input, &conversations, analysis)
