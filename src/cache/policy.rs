@@ -339,24 +339,53 @@ impl Fifo {
     }
 }
 
-/// A heap entry: `rank` orders the entries (the heap pops the largest; it encodes the key), and
-/// `version` tells a current entry from a stale one.
+/// A heap entry: `rank` orders the entries (the heap pops the largest; it encodes the key).
+///
+/// An entry is current while its node is a cached leaf with the entry's key. A node's key only
+/// grows (LRU: the clock; optimal: its next use, which is later than the request that sets
+/// it), so an entry left from an earlier stay in the cache never matches again. Two current
+/// entries of one node (one pushed when it was touched, one when its last child went) are
+/// equal, and either picks the same victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Leaf {
     rank: u64,
     node: u32,
-    version: u32,
 }
 
-/// What a trie cache knows about one node, kept together so one access fetches it all.
+/// The top bit of [`NodeState::mark`]: the node is cached.
+const PRESENT: u32 = 1 << 31;
+
+/// What a trie cache knows about one node, in 16 bytes, so that one access fetches it all and
+/// the nodes of a large trace take a third less memory.
 #[derive(Debug, Clone, Copy, Default)]
 struct NodeState {
     /// LRU: the clock of the last touch; optimal: the next request that uses the node.
     key: u64,
-    version: u32,
     child_count: u32,
-    protected: u32,
-    present: bool,
+    /// The request mark that protects the node (below `PRESENT`), and `PRESENT`.
+    mark: u32,
+}
+
+impl NodeState {
+    fn present(&self) -> bool {
+        self.mark & PRESENT != 0
+    }
+
+    fn set_present(&mut self, present: bool) {
+        self.mark = if present {
+            self.mark | PRESENT
+        } else {
+            self.mark & !PRESENT
+        };
+    }
+
+    fn protected_by(&self, mark: u32) -> bool {
+        self.mark & !PRESENT == mark
+    }
+
+    fn protect(&mut self, mark: u32) {
+        self.mark = (self.mark & PRESENT) | mark;
+    }
 }
 
 /// The memory of a [`TrieCache`], emptied, for the next one.
@@ -366,6 +395,14 @@ struct Buffers {
     heap: Vec<Leaf>,
     ordered: VecDeque<Leaf>,
     skipped: Vec<Leaf>,
+}
+
+/// Where an eviction candidate waits: see [`TrieCache`].
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Heap,
+    Ordered,
+    Newest,
 }
 
 /// `lru` and `optimal`: a trie whose leaves are evicted, from a lazily updated heap.
@@ -430,7 +467,7 @@ impl TrieCache {
         } = buffers;
         nodes.clear();
         nodes.push(NodeState {
-            present: true,
+            mark: PRESENT,
             ..NodeState::default()
         });
         heap.clear();
@@ -474,18 +511,15 @@ impl TrieCache {
         }
     }
 
-    /// A fresh entry for `node` if it is a cached leaf (older entries go stale).
-    fn leaf_entry(&mut self, node: u32) -> Option<Leaf> {
-        let state = &mut self.nodes[node as usize];
-        if node == 0 || !state.present || state.child_count != 0 {
+    /// An entry for `node` if it is a cached leaf.
+    fn leaf_entry(&self, node: u32) -> Option<Leaf> {
+        let state = &self.nodes[node as usize];
+        if node == 0 || !state.present() || state.child_count != 0 {
             return None;
         }
-        state.version = state.version.wrapping_add(1);
-        let (key, version) = (state.key, state.version);
         Some(Leaf {
-            rank: self.rank(key),
+            rank: self.rank(state.key),
             node,
-            version,
         })
     }
 
@@ -527,7 +561,7 @@ impl TrieCache {
     }
 
     fn touch(&mut self, node: u32, next_use: u64) {
-        if node == 0 || !self.nodes[node as usize].present {
+        if node == 0 || !self.nodes[node as usize].present() {
             return;
         }
         self.set_key(node, next_use);
@@ -536,10 +570,7 @@ impl TrieCache {
 
     fn is_current(&self, leaf: &Leaf) -> bool {
         let state = &self.nodes[leaf.node as usize];
-        state.present
-            && state.child_count == 0
-            && state.version == leaf.version
-            && state.key == self.key_of(leaf)
+        state.present() && state.child_count == 0 && state.key == self.key_of(leaf)
     }
 
     /// Protected leaves popped during this request's evictions. The reference pushes them back
@@ -553,12 +584,7 @@ impl TrieCache {
 
     /// The next eviction candidate: whichever of the heap's top, the front of `ordered` and
     /// `newest` ranks first.
-    fn pop_candidate(&mut self) -> Option<Leaf> {
-        enum Source {
-            Heap,
-            Ordered,
-            Newest,
-        }
+    fn best_candidate(&self) -> Option<(Leaf, Source)> {
         let mut best: Option<(Leaf, Source)> = self.heap.peek().map(|&l| (l, Source::Heap));
         if let Some(&front) = self.ordered.front()
             && best.as_ref().is_none_or(|(b, _)| front > *b)
@@ -570,36 +596,44 @@ impl TrieCache {
         {
             best = Some((newest, Source::Newest));
         }
-        match best?.1 {
-            Source::Heap => self.heap.pop(),
-            Source::Ordered => self.ordered.pop_front(),
-            Source::Newest => self.newest.take(),
+        best
+    }
+
+    fn remove_candidate(&mut self, source: Source) {
+        match source {
+            Source::Heap => drop(self.heap.pop()),
+            Source::Ordered => drop(self.ordered.pop_front()),
+            Source::Newest => self.newest = None,
         }
     }
 
     fn evict_leaf(&mut self, parents: &[u32], candidate_key: u64) -> bool {
         loop {
-            let Some(top) = self.pop_candidate() else {
+            let Some((top, source)) = self.best_candidate() else {
                 return false;
             };
             if !self.is_current(&top) {
+                self.remove_candidate(source);
                 continue;
             }
             let n = top.node as usize;
-            if self.nodes[n].protected == self.mark {
+            if self.nodes[n].protected_by(self.mark) {
+                self.remove_candidate(source);
                 self.skipped.push(top);
                 continue;
             }
+            // A newcomer used no later than the victim bypasses the cache; the victim stays
+            // where it is (the reference pops it and pushes it back: the same order).
             if self.optimal && self.key_of(&top) <= candidate_key {
-                self.heap.push(top);
                 return false;
             }
-            self.nodes[n].present = false;
+            self.remove_candidate(source);
+            self.nodes[n].set_present(false);
             self.size -= 1;
             let parent = parents[n];
             let parent_state = &mut self.nodes[parent as usize];
             parent_state.child_count -= 1;
-            if parent > 0 && parent_state.present && parent_state.child_count == 0 {
+            if parent > 0 && parent_state.present() && parent_state.child_count == 0 {
                 self.push_uncovered(parent);
             }
             return true;
@@ -632,30 +666,31 @@ impl TrieCache {
         grow(&mut self.nodes, parents.len(), NodeState::default());
         let next = |i: usize| next_use.get(i).copied().map_or(0, u64::from);
 
-        for (i, event) in events.iter().enumerate() {
-            if !self.nodes[event.node() as usize].present {
-                break;
-            }
-            served.hit(event);
-            self.touch(event.node(), next(i));
-        }
-
         self.mark += 1;
-        if self.mark == 0x7fff_ffff {
-            self.nodes.iter_mut().for_each(|state| state.protected = 0);
+        if self.mark == PRESENT - 1 {
+            self.nodes.iter_mut().for_each(|state| state.protect(0));
             self.mark = 1;
         }
-        self.nodes[0].protected = self.mark;
-        for event in events {
+        self.nodes[0].protect(self.mark);
+        // A request's events are a path from the root, and a node is cached only while its
+        // parent is (one is inserted under a cached parent, only leaves are evicted): the cached
+        // nodes of the path are its prefix, the hits. The reference protects every cached node
+        // of the request; here those are the hits, and the insertions begin after them.
+        let mut hits = 0;
+        for (i, event) in events.iter().enumerate() {
             let state = &mut self.nodes[event.node() as usize];
-            if state.present {
-                state.protected = self.mark;
+            if !state.present() {
+                break;
             }
+            state.protect(self.mark);
+            served.hit(event);
+            self.touch(event.node(), next(i));
+            hits += 1;
         }
 
-        for (i, event) in events.iter().enumerate() {
+        for (i, event) in events.iter().enumerate().skip(hits) {
             let n = event.node() as usize;
-            if self.nodes[n].present {
+            if self.nodes[n].present() {
                 continue;
             }
             if self.size >= self.capacity {
@@ -665,8 +700,8 @@ impl TrieCache {
                 }
             }
             let parent = parents[n] as usize;
-            if self.size < self.capacity && self.nodes[parent].present {
-                self.nodes[n].present = true;
+            if self.size < self.capacity && self.nodes[parent].present() {
+                self.nodes[n].set_present(true);
                 self.size += 1;
                 self.nodes[parent].child_count += 1;
                 self.set_key(event.node(), next(i));
@@ -867,6 +902,54 @@ mod tests {
         assert_eq!(lru.serve(b.parents(), &e, &[]).hit_tokens, 1);
         // The same again: 2 goes in and is the victim for 3. The request never caches past 1.
         assert_eq!(lru.cached_blocks(), 1);
+    }
+
+    #[test]
+    fn a_node_state_is_sixteen_bytes_and_the_mark_keeps_the_cached_flag() {
+        assert_eq!(std::mem::size_of::<NodeState>(), 16);
+        let mut state = NodeState::default();
+        state.set_present(true);
+        state.protect(PRESENT - 2);
+        assert!(state.present() && state.protected_by(PRESENT - 2));
+        state.protect(0);
+        assert!(state.present() && !state.protected_by(PRESENT - 2));
+        state.set_present(false);
+        state.protect(5);
+        assert!(!state.present() && state.protected_by(5));
+    }
+
+    /// The request marks wrap round without losing which nodes are cached: a cache whose mark is
+    /// about to wrap serves a sequence as a fresh one does.
+    #[test]
+    fn the_mark_wraps_round_without_changing_what_is_served() {
+        let sequence: [&[u64]; 8] = [
+            &[1, 2, 3],
+            &[1, 2, 4],
+            &[1, 5],
+            &[1, 2, 3],
+            &[6, 7],
+            &[1, 2, 4],
+            &[1, 5],
+            &[6, 7, 8],
+        ];
+        let serve_all = |cache: &mut TrieCache| {
+            let mut b = EventBuilder::new();
+            sequence
+                .iter()
+                .map(|ids| {
+                    let e = events_of(&mut b, ids);
+                    (
+                        cache.serve(b.parents(), &e, &[]).hit_tokens,
+                        cache.cached_blocks(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let fresh = serve_all(&mut TrieCache::lru(4));
+        let mut wrapping = TrieCache::lru(4);
+        wrapping.mark = PRESENT - 4;
+        assert_eq!(serve_all(&mut wrapping), fresh);
+        assert!(wrapping.mark < 8, "the mark wrapped");
     }
 
     #[test]

@@ -39,14 +39,15 @@ pub struct Leaderboards {
     pub by_reusable_tokens: Vec<PrefixGroup>,
 }
 
+/// Per trie node, 24 bytes: a trace's nodes are many and each is faulted in. The prefix's
+/// tokens are summed again for the few groups shown, from their first request's events.
 #[derive(Debug, Clone, Copy, Default)]
 struct NodeStats {
-    count: u64,
-    tokens: u64,
-    first_tokens: u32,
+    /// The node's tokens in every occurrence after its first.
+    reusable_tokens: u64,
+    count: u32,
     first_request: u32,
     depth: u32,
-    prefix_tokens: u64,
     carried_by_a_child: bool,
 }
 
@@ -60,18 +61,15 @@ pub fn leaderboards(
 ) -> Leaderboards {
     let mut nodes = vec![NodeStats::default(); parents.len()];
     for (request, range) in request_ranges.iter().enumerate() {
-        let mut position = 0u64;
         for (depth, event) in events[range.clone()].iter().enumerate() {
-            position += u64::from(event.tokens);
             let stats = &mut nodes[event.node() as usize];
             if stats.count == 0 {
-                stats.first_tokens = event.tokens;
                 stats.first_request = u32::try_from(request).unwrap_or(u32::MAX);
                 stats.depth = u32::try_from(depth + 1).unwrap_or(u32::MAX);
-                stats.prefix_tokens = position;
+            } else {
+                stats.reusable_tokens += u64::from(event.tokens);
             }
-            stats.count += 1;
-            stats.tokens += u64::from(event.tokens);
+            stats.count = stats.count.saturating_add(1);
         }
     }
     for node in 1..nodes.len() {
@@ -91,7 +89,7 @@ pub fn leaderboards(
         let mut own = 0u64;
         let mut walk = node;
         loop {
-            own += nodes[walk].tokens - u64::from(nodes[walk].first_tokens);
+            own += nodes[walk].reusable_tokens;
             let parent = parents[walk] as usize;
             if parent == 0 || nodes[parent].count != stats.count {
                 break;
@@ -105,17 +103,26 @@ pub fn leaderboards(
     let entry = |&(node, own): &(usize, u64)| {
         let stats = nodes[node];
         let representative = requests.get(stats.first_request as usize);
+        let prefix_tokens = request_ranges
+            .get(stats.first_request as usize)
+            .map_or(0, |range| {
+                events[range.clone()]
+                    .iter()
+                    .take(stats.depth as usize)
+                    .map(|e| u64::from(e.tokens))
+                    .sum()
+            });
         PrefixGroup {
             prefix_blocks: stats.depth,
-            prefix_tokens: stats.prefix_tokens,
-            count: stats.count,
+            prefix_tokens,
+            count: u64::from(stats.count),
             reusable_tokens: own,
             share_of_reusable: if total == 0 {
                 0.0
             } else {
                 own as f64 / total as f64
             },
-            what: representative.and_then(|r| describe(r, stats.prefix_tokens)),
+            what: representative.and_then(|r| describe(r, prefix_tokens)),
         }
     };
     let mut by_count = groups.clone();

@@ -2,8 +2,8 @@
 //! split, the leaderboards, and the traffic's shape (sessions, lengths, streaming, models, rate).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -381,11 +381,9 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
         .flat_map(|range| &replay.events[range.clone()])
         .map(|e| u64::from(e.tokens))
         .sum();
-    let next = if config.policies.contains(&Policy::Optimal) {
-        next_uses(&replay.events, &replay.starts, replay.parents.len())
-    } else {
-        Vec::new()
-    };
+    // Only optimal needs each block's next use: its first replay computes them while the
+    // other workers replay the other policies.
+    let next_use: OnceLock<Vec<u32>> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
     // (policy, capacity, prompts only): the ceiling, the trace semantics' ceiling where replies
@@ -416,15 +414,13 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
         let aiperf = scope.spawn(|| aiperf_cache_hit_rate(requests));
         let results = run_tasks(&tasks, |scratch, &(policy, capacity, prompts_only)| {
             let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
-            run_policy(
-                scratch,
-                &replay,
-                policy,
-                blocks,
-                &next,
-                warmup,
-                prompts_only,
-            )
+            let next: &[u32] = if policy == Policy::Optimal {
+                next_use
+                    .get_or_init(|| next_uses(&replay.events, &replay.starts, replay.parents.len()))
+            } else {
+                &[]
+            };
+            run_policy(scratch, &replay, policy, blocks, next, warmup, prompts_only)
         });
         (results, boards.join(), aiperf.join())
     });
