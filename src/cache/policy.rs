@@ -560,14 +560,6 @@ impl TrieCache {
         };
     }
 
-    fn touch(&mut self, node: u32, next_use: u64) {
-        if node == 0 || !self.nodes[node as usize].present() {
-            return;
-        }
-        self.set_key(node, next_use);
-        self.push_touched(node);
-    }
-
     fn is_current(&self, leaf: &Leaf) -> bool {
         let state = &self.nodes[leaf.node as usize];
         state.present() && state.child_count == 0 && state.key == self.key_of(leaf)
@@ -684,12 +676,16 @@ impl TrieCache {
             }
             state.protect(self.mark);
             served.hit(event);
-            self.touch(event.node(), next(i));
+            // A hit is touched: a new key, and a fresh entry if it is a leaf.
+            self.set_key(event.node(), next(i));
+            self.push_touched(event.node());
             hits += 1;
         }
 
         for (i, event) in events.iter().enumerate().skip(hits) {
             let n = event.node() as usize;
+            // Past the hits nothing is cached, but for ids folded into the last node at the
+            // node cap (`MAX_NODE`, not reached in memory): there, this keeps the counts right.
             if self.nodes[n].present() {
                 continue;
             }
