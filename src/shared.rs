@@ -26,17 +26,31 @@ impl<T: ?Sized> Default for Shared<T> {
 }
 
 impl<T: ?Sized + PartialEq> Shared<T> {
-    /// Replaces `value` by the copy already kept when one is equal in every field.
-    pub fn share(&mut self, key: u64, value: &mut Arc<T>) {
-        let first = self.first.entry(key).or_insert_with(|| Arc::clone(value));
+    /// Replaces `value` by the copy already kept when one is equal in every field; true when
+    /// `value` itself is kept now (no equal one was).
+    pub fn share(&mut self, key: u64, value: &mut Arc<T>) -> bool {
+        let mut kept = false;
+        let first = self.first.entry(key).or_insert_with(|| {
+            kept = true;
+            Arc::clone(value)
+        });
+        if kept {
+            return true;
+        }
         if Arc::ptr_eq(first, value) || **first == **value {
             *value = Arc::clone(first);
-            return;
+            return false;
         }
         let others = self.others.entry(key).or_default();
         match others.iter().find(|k| ***k == **value) {
-            Some(k) => *value = Arc::clone(k),
-            None => others.push(Arc::clone(value)),
+            Some(k) => {
+                *value = Arc::clone(k);
+                false
+            }
+            None => {
+                others.push(Arc::clone(value));
+                true
+            }
         }
     }
 
@@ -55,11 +69,11 @@ mod tests {
     fn values_under_one_key_that_differ_are_each_kept() {
         let mut shared: Shared<str> = Shared::default();
         let (mut a, mut b, mut a_again) = (Arc::from("a"), Arc::from("b"), Arc::from("a"));
-        shared.share(7, &mut a);
-        shared.share(7, &mut b);
-        shared.share(7, &mut a_again);
+        assert!(shared.share(7, &mut a));
+        assert!(shared.share(7, &mut b));
+        assert!(!shared.share(7, &mut a_again));
         let mut b_again: Arc<str> = Arc::from("b");
-        shared.share(7, &mut b_again);
+        assert!(!shared.share(7, &mut b_again));
         assert_eq!(shared.len(), 2);
         assert!(Arc::ptr_eq(&a, &a_again) && Arc::ptr_eq(&b, &b_again));
         assert_eq!((&*a, &*b), ("a", "b"));

@@ -387,6 +387,28 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
         let unkept = input::recording::read_keyed(bytes, name, &InputOptions::default());
         assert!(unkept.analysis.is_none());
         assert_eq!(unkept.requests, streamed.requests);
+        // Read twice (past a budget of nothing, or once a few texts are held), the same.
+        let owned = bytes.to_vec();
+        let reopen = move || -> std::io::Result<Box<dyn std::io::BufRead>> {
+            Ok(Box::new(std::io::Cursor::new(owned.clone())))
+        };
+        for budget in [0, 20_000] {
+            for options in [&options, &InputOptions::default()] {
+                let twice = input::recording::read_keyed_or_twice(
+                    bytes,
+                    Some(&reopen),
+                    budget,
+                    name,
+                    options,
+                );
+                let once = if options.keep_analysis {
+                    &streamed
+                } else {
+                    &unkept
+                };
+                assert_eq!(&twice, once, "{name}, read twice past {budget} bytes");
+            }
+        }
         (streamed, whole)
     };
     for file in &files {
@@ -416,6 +438,56 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
     );
     assert_eq!(whole.report.bad_rows.len(), 1);
     assert_eq!(streamed, whole);
+}
+
+/// A second read that does not give the first's requests ends them there, said as the read's
+/// error; records appended between the reads are not read.
+#[test]
+fn a_recording_read_twice_says_when_the_second_read_differs() {
+    let text = std::fs::read_to_string(path("recordings/llmp/llama.cpp/parallel.jsonl")).unwrap();
+    let once = input::recording::read_keyed(text.as_bytes(), "f", &InputOptions::default());
+    assert!(once.requests.len() > 4);
+    let twice_from = |second: String| {
+        let reopen = move || -> std::io::Result<Box<dyn std::io::BufRead>> {
+            Ok(Box::new(std::io::Cursor::new(second.clone().into_bytes())))
+        };
+        input::recording::read_keyed_or_twice(
+            text.as_bytes(),
+            Some(&reopen),
+            0,
+            "f",
+            &InputOptions::default(),
+        )
+    };
+    let appended = twice_from(format!("{text}\n{}", text.lines().last().unwrap()));
+    assert_eq!(appended, once);
+
+    let lines: Vec<&str> = text.lines().collect();
+    let truncated = twice_from(lines[..lines.len() / 2].join("\n"));
+    let error = truncated.report.read_error.clone().unwrap();
+    assert!(
+        error.contains("second read") && error.contains("changed between the reads"),
+        "{error}"
+    );
+    assert!(truncated.requests.len() < once.requests.len());
+    assert_eq!(truncated.report.requests, truncated.requests.len() as u64);
+    assert_eq!(
+        truncated.requests[..],
+        once.requests[..truncated.requests.len()]
+    );
+
+    let reopen =
+        || -> std::io::Result<Box<dyn std::io::BufRead>> { Err(std::io::Error::other("gone")) };
+    let gone = input::recording::read_keyed_or_twice(
+        text.as_bytes(),
+        Some(&reopen),
+        0,
+        "f",
+        &InputOptions::default(),
+    );
+    assert!(gone.requests.is_empty());
+    let error = gone.report.read_error.unwrap();
+    assert!(error.contains("cannot open it again: gone"), "{error}");
 }
 
 /// Every prompt count in `value` set to 0: a prompt with text is never 0 tokens, so the reader

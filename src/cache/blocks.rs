@@ -103,14 +103,18 @@ pub struct SharedTexts {
 }
 
 impl SharedTexts {
-    /// Points every text of `prompt` at the copy already held, or holds it.
-    pub fn share_prompt(&mut self, prompt: &mut Prompt) {
+    /// Points every text of `prompt` at the copy already held, or holds it; the bytes of text
+    /// held anew.
+    pub fn share_prompt(&mut self, prompt: &mut Prompt) -> usize {
+        let mut held = 0;
         for segment in prompt.tools.iter_mut().chain(prompt.messages.iter_mut()) {
-            self.share(segment);
+            held += self.share(segment);
         }
+        held
     }
 
-    pub fn share(&mut self, segment: &mut Segment) {
+    /// The bytes of text held anew.
+    pub fn share(&mut self, segment: &mut Segment) -> usize {
         self.share_short(&mut segment.kind);
         for short in [&mut segment.label, &mut segment.preview]
             .into_iter()
@@ -118,9 +122,16 @@ impl SharedTexts {
         {
             self.share_short(short);
         }
-        if let Some(text) = &mut segment.text {
-            self.by_hash
-                .share(xxh3_64_with_seed(text.as_bytes(), 0), text);
+        match &mut segment.text {
+            Some(text) => {
+                let key = xxh3_64_with_seed(text.as_bytes(), 0);
+                if self.by_hash.share(key, text) {
+                    text.len()
+                } else {
+                    0
+                }
+            }
+            None => 0,
         }
     }
 

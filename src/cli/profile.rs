@@ -197,7 +197,12 @@ pub fn run(args: ProfileArgs) -> u8 {
     let mut block_size = args.block_size;
     for (path, format, reader) in opened {
         let name = path.display().to_string();
-        let file = input::read(reader, &name, format, &options);
+        // A large recording is read twice rather than held beside its analysis; a pipe
+        // (`<(zcat …)`) cannot be, and is held.
+        let reopen = || input::open_decompressed(path);
+        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+        let reopen = regular.then_some(&reopen as input::recording::Reopen);
+        let file = input::read_or_twice(reader, reopen, &name, format, &options);
         for bad in &file.report.bad_rows {
             prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
         }

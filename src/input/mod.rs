@@ -542,8 +542,26 @@ pub fn detect(reader: &mut impl BufRead) -> std::io::Result<Option<Format>> {
 /// requests are keyed by the analysis's conversations ([`keyed_by_analysis`]), which it runs
 /// here; [`recording::read`] alone runs none.
 pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
+    read_or_twice(reader, None, name, format, options)
+}
+
+/// [`read`], which may read a large recording a second time through `reopen`, so as not to
+/// hold its requests beside the analysis ([`recording::read_keyed_or_twice`]).
+pub fn read_or_twice(
+    reader: impl BufRead,
+    reopen: Option<recording::Reopen>,
+    name: &str,
+    format: Format,
+    options: &InputOptions,
+) -> FileInput {
     match format {
-        Format::Recording => recording::read_keyed(reader, name, options),
+        Format::Recording => recording::read_keyed_or_twice(
+            reader,
+            reopen,
+            recording::HELD_PENDING_BYTES,
+            name,
+            options,
+        ),
         Format::Csv => gateway_csv::read(reader, name, options),
         Format::Mooncake | Format::Bailian => trace::read(reader, name, format, options),
     }

@@ -153,6 +153,15 @@ pub fn for_each_record<T: Send>(
     );
 }
 
+/// Opens an input once more from its start, decompressed, for a second read.
+pub type Reopen<'a> = &'a dyn Fn() -> std::io::Result<Box<dyn BufRead>>;
+
+/// What [`read_keyed_or_twice`] may hold of the pending requests (their structs and the texts
+/// they hold anew) beside the analysis engine before it reads the file a second time: 100,000
+/// real records hold about 150 MB and stay in one read; a million digest records held 1 GB
+/// beside a 1.4 GB engine, past a 2 GiB address space.
+pub const HELD_PENDING_BYTES: usize = 256 << 20;
+
 /// Reads a recording one record at a time, keyed by the analysis's conversations as
 /// [`super::keyed_by_analysis`] keys [`read`]'s (a test holds the two equal): each record goes
 /// into the incremental analysis and becomes its pending request, then is dropped, so the
@@ -160,6 +169,22 @@ pub fn for_each_record<T: Send>(
 /// past a 2 GiB address space). Requests come out in id order, as `read` sorts them; the
 /// analysis is kept beside them only when `options.keep_analysis` asks.
 pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
+    read_keyed_or_twice(reader, None, HELD_PENDING_BYTES, name, options)
+}
+
+/// [`read_keyed`], which holds every pending request beside the analysis engine until the
+/// block model is chosen; past `held_budget` bytes of them, when `reopen` can read the file
+/// again, it stops holding them and keeps only what a second read needs (the block model's
+/// evidence, each request's place in id order, the bad values): the second read cuts each
+/// request as its turn comes, after the engine has given its conversations and gone. The two
+/// give the same requests and report (a test holds them equal).
+pub fn read_keyed_or_twice(
+    reader: impl BufRead,
+    reopen: Option<Reopen>,
+    held_budget: usize,
+    name: &str,
+    options: &InputOptions,
+) -> FileInput {
     use crate::analysis::engine::{Analyzer, Prepared};
     let mut report = FileReport::new(name, Format::Recording);
     let mut analyzer = Analyzer::new(crate::analysis::Config::default());
@@ -167,6 +192,9 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
     let mut pending: Vec<(Pending, Vec<String>)> = Vec::new();
     // The prompts are all held until the block model is chosen: each text once.
     let mut texts = crate::cache::blocks::SharedTexts::default();
+    let mut held_bytes = 0usize;
+    // Set once the pending requests are no longer held.
+    let mut second: Option<SecondRead> = None;
     // What a record gives, worked out on the parser threads: its analysis input, its request
     // and the counts of what its request lacked.
     let prepare = |record: Record| {
@@ -183,18 +211,32 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
             Ok((prepared, request, mut own)) => {
                 analyzer.push_prepared(prepared);
                 let bad_values = own.move_counts_into(&mut report);
-                if let Some(mut request) = request {
-                    texts.share_prompt(&mut request.prompt);
-                    if let Some(reply) = &mut request.reply {
-                        texts.share(reply);
-                    }
-                    pending.push((request, bad_values));
+                let Some(mut request) = request else { return };
+                if let Some(second) = &mut second {
+                    second.add(&request, bad_values);
+                    return;
+                }
+                held_bytes += std::mem::size_of::<(Pending, Vec<String>)>()
+                    + texts.share_prompt(&mut request.prompt);
+                if let Some(reply) = &mut request.reply {
+                    held_bytes += texts.share(reply);
+                }
+                pending.push((request, bad_values));
+                if held_bytes > held_budget && reopen.is_some() {
+                    second = Some(SecondRead::of(std::mem::take(&mut pending)));
+                    texts = crate::cache::blocks::SharedTexts::default();
                 }
             }
             Err(bad) => bad_line(&mut report, bad),
         },
     );
-    pending.sort_by_key(|(request, _)| request.order);
+    let second = second.map(|mut second| {
+        second.report_bad_values(&mut report);
+        second
+    });
+    if second.is_none() {
+        pending.sort_by_key(|(request, _)| request.order);
+    }
     let pending: Vec<Pending> = pending
         .into_iter()
         .map(|(request, bad_values)| {
@@ -222,8 +264,119 @@ pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> F
         (super::conversations_by_record(rows, name), None)
     };
     drop(texts);
-    let input = cut_all(pending, report, options);
+    let input = match (second, reopen) {
+        (Some(second), Some(reopen)) => second.read(reopen, report, options),
+        _ => cut_all(pending, report, options),
+    };
     super::keyed_by_conversations(input, &conversations, analysis)
+}
+
+/// What the second read of [`read_keyed_or_twice`] needs from the first: the block model's
+/// evidence, and each request's place (its id, then its rank in the file: the sort of a single
+/// read is stable).
+struct SecondRead {
+    evidence: ModelEvidence,
+    places: Vec<(u64, u64)>,
+    /// Requests' bad values, by place (most have none).
+    bad_values: Vec<((u64, u64), Vec<String>)>,
+}
+
+impl SecondRead {
+    /// From the requests held so far, in file order.
+    fn of(held: Vec<(Pending, Vec<String>)>) -> SecondRead {
+        let mut second = SecondRead {
+            evidence: ModelEvidence::default(),
+            places: Vec::new(),
+            bad_values: Vec::new(),
+        };
+        for (request, bad_values) in &held {
+            second.add(request, bad_values.clone());
+        }
+        second
+    }
+
+    fn add(&mut self, request: &Pending, bad_values: Vec<String>) {
+        request.observe(&mut self.evidence);
+        let place = (request.order, self.places.len() as u64);
+        self.places.push(place);
+        if !bad_values.is_empty() {
+            self.bad_values.push((place, bad_values));
+        }
+    }
+
+    /// Puts the places in id order, and the bad values in the report in that order.
+    fn report_bad_values(&mut self, report: &mut FileReport) {
+        self.places.sort_unstable();
+        self.bad_values.sort_unstable_by_key(|(place, _)| *place);
+        for (_, values) in std::mem::take(&mut self.bad_values) {
+            values.into_iter().for_each(|what| report.bad_value(what));
+        }
+    }
+
+    /// Reads the file again and cuts each request in id order as soon as every one before it
+    /// is cut; a request read before its turn (files are written as exchanges end) waits. A
+    /// second read that does not give the first's requests (the file changed, or could not be
+    /// read) ends the requests there, said as the report's read error. Records appended since
+    /// the first read are not read.
+    fn read(self, reopen: Reopen, mut report: FileReport, options: &InputOptions) -> FileInput {
+        let (model, choice) = choose_block_model(options, &self.evidence);
+        report.block_model = Some(choice);
+        let mut cutter = Cutter::new(model);
+        let places = self.places;
+        let mut requests: Vec<Request> = Vec::with_capacity(places.len());
+        let mut waiting: std::collections::BTreeMap<(u64, u64), Pending> = Default::default();
+        let mut rank = 0u64;
+        let stopped = match reopen() {
+            Err(e) => Some(format!("cannot open it again: {e}")),
+            Ok(reader) => {
+                let mut read_error = None;
+                for_each_record(
+                    reader,
+                    super::parallel::workers(),
+                    |record| {
+                        let mut ignored = FileReport::new("", Format::Recording);
+                        pending_request(&record, &mut ignored)
+                            .map(|r| r.with_replies(options.replies))
+                    },
+                    |item| match item {
+                        Ok(Some(request)) => {
+                            if rank < places.len() as u64 {
+                                waiting.insert((request.order, rank), request);
+                            }
+                            rank += 1;
+                            while let Some(request) = places
+                                .get(requests.len())
+                                .and_then(|place| waiting.remove(place))
+                            {
+                                requests.push(request.cut(&mut cutter));
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(bad) => {
+                            if let Some(error) = bad.error.strip_prefix("read error: ") {
+                                read_error.get_or_insert(format!("line {}: {error}", bad.line));
+                            }
+                        }
+                    },
+                );
+                read_error
+            }
+        };
+        if requests.len() < places.len() && report.read_error.is_none() {
+            report.read_error = Some(format!(
+                "the second read (a large recording is read twice) gave {} of the first read's {} requests: {}",
+                requests.len(),
+                places.len(),
+                stopped.unwrap_or_else(|| "the file changed between the reads".to_string()),
+            ));
+        }
+        report.requests = requests.len() as u64;
+        FileInput {
+            requests,
+            report,
+            analysis: None,
+        }
+    }
 }
 
 /// A bad line in the report; a read error also stops the read there.
