@@ -34,7 +34,9 @@
 #
 # Environment knobs (defaults are the documented benchmark): DURATION=10 WARMUP=2 CONNS=64
 # THREADS=2 ROUNDS=3 QUIET_WAIT=900 RETRIES=3 OTHER_MAX_PCT=10 STEAL_MAX_PCT=5 PS_FLAGS= (extra flags for
-# `prefixscope record`, e.g. --no-probe) PS_COMPARE_FLAGS= (when set, a fourth target,
+# `prefixscope record`, e.g. --no-probe) PS_COMPARE_BIN= (a built binary, e.g. an earlier commit's:
+# the fourth target below runs it instead of this tree's build) PS_COMPARE_FLAGS= (when set, or
+# PS_COMPARE_BIN is, a fourth target,
 # `ps-compare`: a second `prefixscope record` with these flags, e.g. "--metrics 127.0.0.1:9464",
 # interleaved with the others in every round, so the two prefixscopes are compared in one run)
 # KEEP=0 (1 keeps the recordings;
@@ -55,6 +57,7 @@ PORT_PS=18481    # prefixscope
 PORT_LLMP=18482  # llmp
 PORT_PS2=18483   # prefixscope with PS_COMPARE_FLAGS
 PS_COMPARE_FLAGS=${PS_COMPARE_FLAGS:-}
+PS_COMPARE_BIN=${PS_COMPARE_BIN:-}
 LUA="$ROOT/bench/wrk-chat.lua"
 PS_BIN="$ROOT/target/release/prefixscope"
 LLMP_BIN=${LLMP_BIN:-$(command -v llmp || echo "$HOME/.cargo/bin/llmp")}
@@ -85,6 +88,12 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/prefixscope-bench.XXXXXX")
 # Run a copy: another session's cargo may replace target/release/prefixscope while we measure.
 cp "$PS_BIN" "$WORK/prefixscope"
 PS_BIN="$WORK/prefixscope"
+PS2_BIN="$PS_BIN"
+if [ -n "$PS_COMPARE_BIN" ]; then
+    [ -x "$PS_COMPARE_BIN" ] || die "PS_COMPARE_BIN $PS_COMPARE_BIN is not an executable"
+    cp "$PS_COMPARE_BIN" "$WORK/ps-compare"
+    PS2_BIN="$WORK/ps-compare"
+fi
 PIDS=()
 WRK_PID=""
 cleanup() {
@@ -328,7 +337,7 @@ run_wrk() { # mode target kind round threads conns duration cpus
 }
 
 TARGETS=(direct llmp prefixscope)
-[ -z "$PS_COMPARE_FLAGS" ] || TARGETS+=(ps-compare)
+[ -z "$PS_COMPARE_FLAGS$PS_COMPARE_BIN" ] || TARGETS+=(ps-compare)
 PS2_PID=""
 for mode in json sse; do
     if [ "$mode" = json ]; then UPSTREAM_PORT=$PORT_PLAIN STREAM=0; else UPSTREAM_PORT=$PORT_SSE STREAM=1; fi
@@ -348,10 +357,10 @@ for mode in json sse; do
     wait_port $PORT_PS $PS_PID
     wait_port $PORT_LLMP $LLMP_PID
     PS2_OUT="$WORK/ps-compare-$mode.jsonl"
-    if [ -n "$PS_COMPARE_FLAGS" ]; then
+    if [ -n "$PS_COMPARE_FLAGS$PS_COMPARE_BIN" ]; then
         rm -f "$PS2_OUT" "${PS2_OUT%.jsonl}".[0-9]*.jsonl
         # shellcheck disable=SC2086 # the flags are words
-        "$PS_BIN" record --upstream "http://127.0.0.1:$UPSTREAM_PORT" --listen "127.0.0.1:$PORT_PS2" \
+        "$PS2_BIN" record --upstream "http://127.0.0.1:$UPSTREAM_PORT" --listen "127.0.0.1:$PORT_PS2" \
             -o "$PS2_OUT" --quiet $PS_FLAGS $PS_COMPARE_FLAGS >"$WORK/ps-compare-$mode.log" 2>&1 &
         PS2_PID=$!
         PIDS+=("$PS2_PID")
@@ -470,7 +479,7 @@ echo "Runs disturbed by other load are run again (see below); * marks a target w
 echo
 
 # --- the aims -------------------------------------------------------------------------------------
-awk -v kn="$KIND_N" -v flags="$PS_COMPARE_FLAGS" '
+awk -v kn="$KIND_N" -v flags="${PS_COMPARE_BIN:+$PS_COMPARE_BIN }$PS_COMPARE_FLAGS" '
     function median(list,    a, n, i, j, x) {
         n = split(substr(list, 2), a, " ")
         for (i = 2; i <= n; i++) { x = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > x; j--) a[j + 1] = a[j]; a[j + 1] = x }

@@ -24,6 +24,41 @@ use crate::record::{ExchangeError, Record, record_line};
 /// Captures waiting to be recorded before the proxy holds the next request back.
 pub const RECORDER_QUEUE: usize = 1024;
 
+/// Captures recorded together at most: the lines of those already waiting go out in one write
+/// (nothing waits to fill a batch), and their records to the consumers after it.
+pub const RECORDER_BATCH: usize = 64;
+
+/// Who gets the recorder's records, and which.
+pub struct Consumer {
+    sender: Sender<Arc<Record>>,
+    probes_only: bool,
+}
+
+impl Consumer {
+    /// Only the records of the upstream probes (`record -q`'s status thread: it reads the
+    /// server's answers and prints nothing per record, so every other record would be sent,
+    /// received and freed on its thread for nothing).
+    pub fn probes_only(sender: Sender<Arc<Record>>) -> Consumer {
+        Consumer {
+            sender,
+            probes_only: true,
+        }
+    }
+
+    fn takes(&self, record: &Record) -> bool {
+        !self.probes_only || record.probe
+    }
+}
+
+impl From<Sender<Arc<Record>>> for Consumer {
+    fn from(sender: Sender<Arc<Record>>) -> Consumer {
+        Consumer {
+            sender,
+            probes_only: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct RecorderConfig {
     /// `None`: records go to consumers only.
@@ -116,7 +151,7 @@ impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
     /// Opens the first file (mode 0600: recordings hold prompts) and starts the thread.
     pub fn start(
         config: RecorderConfig,
-        consumers: Vec<Sender<Arc<Record>>>,
+        consumers: Vec<impl Into<Consumer>>,
     ) -> io::Result<Recorder<B>> {
         Recorder::start_enriched(config, consumers, None)
     }
@@ -124,9 +159,10 @@ impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
     /// `start`, with `enrich` run on every record.
     pub fn start_enriched(
         config: RecorderConfig,
-        consumers: Vec<Sender<Arc<Record>>>,
+        consumers: Vec<impl Into<Consumer>>,
         enrich: Option<Enrich>,
     ) -> io::Result<Recorder<B>> {
+        let consumers: Vec<Consumer> = consumers.into_iter().map(Into::into).collect();
         let stats = Arc::new(RecorderStats::default());
         let writer = match &config.path {
             Some(path) => Some(RotatingWriter::open(
@@ -189,44 +225,78 @@ fn run<B: AsRef<[u8]>>(
     mut writer: Option<RotatingWriter>,
     mode: BodyMode,
     mut enrich: Option<Enrich>,
-    consumers: Vec<Sender<Arc<Record>>>,
+    consumers: Vec<Consumer>,
     stats: Arc<RecorderStats>,
 ) {
-    for capture in receiver.iter() {
-        let waiting = receiver.len();
-        stats.queued.store(waiting as u64, Ordering::Relaxed);
-        let behind = waiting > ENRICH_BACKLOG;
-        if behind && enrich.is_some() {
-            stats.not_enriched.fetch_add(1, Ordering::Relaxed);
-        }
-        let record = match enrich.as_mut().filter(|_| !behind) {
-            Some(enrich) => {
-                let mut record = build_record(capture, BodyMode::Full);
-                enrich(&mut record);
-                if mode == BodyMode::Digest {
-                    crate::normalize::digest::apply_digest(&mut record);
+    let mut batch: Vec<Record> = Vec::with_capacity(RECORDER_BATCH);
+    while let Ok(first) = receiver.recv() {
+        // What is already waiting goes out in one write: one system call (and, on ext4, one
+        // partial block zeroed) for many records under load, and still one record per write
+        // when they come one by one.
+        let mut next = Some(first);
+        while let Some(capture) = next.take() {
+            let record = recorded(capture, &receiver, mode, enrich.as_mut(), &stats);
+            if let Some(writer) = writer.as_mut() {
+                let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
+                if dropped {
+                    stats.bodies_dropped.fetch_add(1, Ordering::Relaxed);
                 }
-                record
+                writer.push_line(&line);
             }
-            None => build_record(capture, mode),
-        };
-        if let Some(writer) = writer.as_mut() {
-            let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
-            if dropped {
-                stats.bodies_dropped.fetch_add(1, Ordering::Relaxed);
+            stats.records.fetch_add(1, Ordering::Relaxed);
+            batch.push(record);
+            if batch.len() < RECORDER_BATCH {
+                next = receiver.try_recv().ok();
             }
-            writer.write_line(&line);
         }
-        stats.records.fetch_add(1, Ordering::Relaxed);
-        let record = Arc::new(record);
-        for consumer in &consumers {
-            if let Err(crossbeam_channel::TrySendError::Full(_)) =
-                consumer.try_send(Arc::clone(&record))
-            {
-                stats
-                    .consumer_records_skipped
-                    .fetch_add(1, Ordering::Relaxed);
+        if let Some(writer) = writer.as_mut() {
+            writer.write_pending();
+        }
+        for record in batch.drain(..) {
+            hand_on(record, &consumers, &stats);
+        }
+    }
+}
+
+/// The capture's record, laid out by `enrich` unless captures are waiting.
+fn recorded<B: AsRef<[u8]>>(
+    capture: Capture<B>,
+    receiver: &Receiver<Capture<B>>,
+    mode: BodyMode,
+    enrich: Option<&mut Enrich>,
+    stats: &RecorderStats,
+) -> Record {
+    let waiting = receiver.len();
+    stats.queued.store(waiting as u64, Ordering::Relaxed);
+    let behind = waiting > ENRICH_BACKLOG;
+    if behind && enrich.is_some() {
+        stats.not_enriched.fetch_add(1, Ordering::Relaxed);
+    }
+    match enrich.filter(|_| !behind) {
+        Some(enrich) => {
+            let mut record = build_record(capture, BodyMode::Full);
+            enrich(&mut record);
+            if mode == BodyMode::Digest {
+                crate::normalize::digest::apply_digest(&mut record);
             }
+            record
+        }
+        None => build_record(capture, mode),
+    }
+}
+
+/// Sends the record to each consumer that takes it, never waiting; a record no one takes is
+/// freed here, on the thread that built it.
+fn hand_on(record: Record, consumers: &[Consumer], stats: &RecorderStats) {
+    if !consumers.iter().any(|c| c.takes(&record)) {
+        return;
+    }
+    let record = Arc::new(record);
+    for consumer in consumers.iter().filter(|c| c.takes(&record)) {
+        if let Err(TrySendError::Full(_)) = consumer.sender.try_send(Arc::clone(&record)) {
+            stats
+                .consumer_records_skipped
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -262,6 +332,9 @@ struct RotatingWriter {
     index: u32,
     /// The last write failed part-way: start the next line on a fresh line.
     partial: bool,
+    /// Lines waiting for the next write, and where each ends in it.
+    pending: Vec<u8>,
+    pending_ends: Vec<usize>,
     stats: Arc<RecorderStats>,
 }
 
@@ -287,41 +360,66 @@ impl RotatingWriter {
             size: 0,
             index: 0,
             partial: false,
+            pending: Vec::new(),
+            pending_ends: Vec::new(),
             stats,
         })
     }
 
-    fn write_line(&mut self, line: &[u8]) {
+    /// Adds a line to the next write; a line that would take the file past `--max-size`
+    /// writes what is pending and starts the next file first.
+    fn push_line(&mut self, line: &[u8]) {
+        let size = self.size + self.pending.len() as u64;
         if let Some(max) = self.max_size
-            && self.size > 0
-            && self.size + line.len() as u64 > max
+            && size > 0
+            && size + line.len() as u64 > max
         {
+            self.write_pending();
             self.rotate();
         }
-        let result = if self.partial {
-            self.file
-                .write_all(b"\n")
-                .and_then(|()| self.file.write_all(line))
-        } else {
-            self.file.write_all(line)
-        };
-        match result.and_then(|()| self.file.flush()) {
-            Ok(()) => {
-                self.partial = false;
-                self.size += line.len() as u64;
-                self.stats.written.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .bytes_written
-                    .fetch_add(line.len() as u64, Ordering::Relaxed);
-            }
+        self.pending.extend_from_slice(line);
+        self.pending_ends.push(self.pending.len());
+    }
+
+    /// Writes the pending lines in one write where the kernel takes it. On an error, the lines
+    /// wholly written count as written and the rest as not; a line cut part-way makes the next
+    /// write start on a fresh line.
+    fn write_pending(&mut self) {
+        if self.pending_ends.is_empty() {
+            return;
+        }
+        let mut result = Ok(());
+        if self.partial {
+            result = self.file.write_all(b"\n");
+        }
+        let mut done = 0;
+        if result.is_ok() {
+            (done, result) = write_counting(&mut self.file, &self.pending);
+        }
+        let (whole, written_bytes) = whole_lines(&self.pending_ends, done);
+        self.size += done as u64;
+        self.stats
+            .written
+            .fetch_add(whole as u64, Ordering::Relaxed);
+        self.stats
+            .bytes_written
+            .fetch_add(written_bytes as u64, Ordering::Relaxed);
+        match result {
+            Ok(()) => self.partial = false,
             Err(e) => {
-                self.partial = true;
-                self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+                // Cut inside a line, or unknown after the fresh-line write failed.
+                self.partial = done != written_bytes || done == 0;
+                let failed = self.pending_ends.len() - whole;
+                self.stats
+                    .write_errors
+                    .fetch_add(failed as u64, Ordering::Relaxed);
                 if let Ok(mut last) = self.stats.last_error.lock() {
                     *last = Some(format!("{}: {e}", self.current.display()));
                 }
             }
         }
+        self.pending.clear();
+        self.pending_ends.clear();
     }
 
     /// The next free `NAME.N.EXT`, created new (`O_EXCL | O_NOFOLLOW`, 0600): a name already
@@ -355,6 +453,27 @@ impl RotatingWriter {
             *last = Some(format!("cannot rotate to {}: {e}", next.display()));
         }
     }
+}
+
+/// Of lines ending at `ends` (offsets in one buffer), how many lie wholly within its first
+/// `done` bytes, and how many bytes they make.
+fn whole_lines(ends: &[usize], done: usize) -> (usize, usize) {
+    let whole = ends.partition_point(|&end| end <= done);
+    (whole, ends[..whole].last().copied().unwrap_or(0))
+}
+
+/// Writes `bytes` until done or an error, and says how many went out (`write_all` would not).
+fn write_counting(out: &mut impl Write, bytes: &[u8]) -> (usize, io::Result<()>) {
+    let mut done = 0;
+    while done < bytes.len() {
+        match out.write(&bytes[done..]) {
+            Ok(0) => return (done, Err(io::Error::from(io::ErrorKind::WriteZero))),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (done, Err(e)),
+        }
+    }
+    (done, Ok(()))
 }
 
 /// `rec.jsonl`, then `rec.1.jsonl`, `rec.2.jsonl`…
@@ -523,7 +642,7 @@ mod tests {
             max_size: Some(line * 2),
             ..Default::default()
         };
-        let recorder: Recorder<Vec<u8>> = Recorder::start(config, vec![]).unwrap();
+        let recorder: Recorder<Vec<u8>> = Recorder::start(config, Vec::<Consumer>::new()).unwrap();
         let sender = recorder.sender();
         for id in 1..=5 {
             sender.send_blocking(capture(id));
@@ -556,7 +675,7 @@ mod tests {
             max_size: Some(line),
             ..Default::default()
         };
-        let recorder: Recorder<Vec<u8>> = Recorder::start(config, vec![]).unwrap();
+        let recorder: Recorder<Vec<u8>> = Recorder::start(config, Vec::<Consumer>::new()).unwrap();
         // Made after the start (another run, a race): an old file and a symlink to one.
         std::fs::write(dir.join("rec.1.jsonl"), "an earlier run\n").unwrap();
         let elsewhere = dir.join("unrelated.txt");
@@ -606,7 +725,7 @@ mod tests {
                     path: Some(path.to_path_buf()),
                     ..Default::default()
                 },
-                vec![],
+                Vec::<Consumer>::new(),
             )
         };
         assert!(start(&empty).is_err_and(|e| e.kind() == io::ErrorKind::AlreadyExists));
@@ -643,6 +762,132 @@ mod tests {
         assert_eq!(slim.request.body, None);
         assert_eq!(slim.request.body_bytes, 4100);
         assert_eq!(slim.error, Some(ExchangeError::BodyTooLarge));
+    }
+
+    /// Takes `room` bytes, at most `step` a call, then fails as a full disk does.
+    struct FillingUp {
+        taken: Vec<u8>,
+        room: usize,
+        step: usize,
+    }
+
+    impl Write for FillingUp {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            let n = bytes.len().min(self.step).min(self.room - self.taken.len());
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::StorageFull));
+            }
+            self.taken.extend_from_slice(&bytes[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_cut_part_way_counts_the_lines_wholly_written() {
+        let lines = b"aaaa\nbbbb\ncccc\n";
+        let ends = [5, 10, 15];
+        let mut out = FillingUp {
+            taken: Vec::new(),
+            room: 12,
+            step: 3,
+        };
+        let (done, result) = write_counting(&mut out, lines);
+        assert_eq!(done, 12);
+        assert!(result.is_err_and(|e| e.kind() == io::ErrorKind::StorageFull));
+        assert_eq!(out.taken, b"aaaa\nbbbb\ncc");
+        // Two lines whole (10 bytes); the third cut, so the next write starts a fresh line.
+        assert_eq!(whole_lines(&ends, done), (2, 10));
+        assert_eq!(whole_lines(&ends, 10), (2, 10));
+        assert_eq!(whole_lines(&ends, 0), (0, 0));
+        assert_eq!(whole_lines(&ends, 15), (3, 15));
+        let mut roomy = FillingUp {
+            taken: Vec::new(),
+            room: 100,
+            step: 4,
+        };
+        assert_eq!(write_counting(&mut roomy, lines).0, 15);
+        assert_eq!(roomy.taken, lines);
+    }
+
+    #[test]
+    fn waiting_captures_are_written_together_in_order_and_rotate_between_lines() {
+        // The first record's enrichment holds the recorder while 40 more captures queue: they
+        // go out in batches, still one whole line each, in order, across rotated files. (Ids
+        // of two digits: every line is as long.)
+        let dir = temp_dir("batch");
+        let path = dir.join("rec.jsonl");
+        let line = record_line(&build_record(capture(10), BodyMode::Full)).len() as u64;
+        let (hold, held) = crossbeam_channel::bounded::<()>(0);
+        let (started, first_started) = crossbeam_channel::bounded::<()>(1);
+        let enrich: Enrich = Box::new(move |record: &mut Record| {
+            if record.id == 10 {
+                let _ = started.send(());
+                let _ = held.recv();
+            }
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let config = RecorderConfig {
+            path: Some(path.clone()),
+            max_size: Some(line * 16),
+            ..Default::default()
+        };
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start_enriched(config, vec![tx], Some(enrich)).unwrap();
+        let sender = recorder.sender();
+        sender.send_blocking(capture(10));
+        first_started.recv().unwrap();
+        for id in 11..=50 {
+            sender.send_blocking(capture(id));
+        }
+        let _ = hold.send(());
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(stats.written.load(Ordering::Relaxed), 41);
+        assert_eq!(stats.bytes_written.load(Ordering::Relaxed), 41 * line);
+        let sizes: Vec<u64> = stats
+            .files()
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .collect();
+        assert_eq!(sizes, vec![line * 16, line * 16, line * 9]);
+        let ids: Vec<u64> = stats
+            .files()
+            .iter()
+            .flat_map(|p| {
+                crate::record::read_jsonl(std::io::BufReader::new(File::open(p).unwrap())).records
+            })
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, (10..=50).collect::<Vec<u64>>());
+        let handed: Vec<u64> = rx.try_iter().map(|r| r.id).collect();
+        assert_eq!(handed, ids);
+    }
+
+    #[test]
+    fn a_probes_only_consumer_gets_the_probes_and_the_others_every_record() {
+        let (every, all) = crossbeam_channel::unbounded();
+        let (probes, probe_records) = crossbeam_channel::unbounded();
+        let recorder: Recorder<Vec<u8>> = Recorder::start(
+            RecorderConfig::default(),
+            vec![Consumer::from(every), Consumer::probes_only(probes)],
+        )
+        .unwrap();
+        let sender = recorder.sender();
+        for id in 1..=4 {
+            let mut c = capture(id);
+            c.probe = id % 2 == 0;
+            sender.send_blocking(c);
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(all.try_iter().count(), 4);
+        let got: Vec<u64> = probe_records.try_iter().map(|r| r.id).collect();
+        assert_eq!(got, vec![2, 4]);
+        assert_eq!(stats.consumer_records_skipped.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -72,7 +72,7 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: extra.contains(&"--swa-full"),
     };
-    let outcome = session::demo::Demo::start(config, Vec::new())
+    let outcome = session::demo::Demo::start(config, Vec::<prefixscope::recorder::Consumer>::new())
         .unwrap()
         .run_to_end(std::future::pending())
         .unwrap();

@@ -436,7 +436,7 @@ fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: false,
     };
-    let outcome = Demo::start(config, Vec::new())
+    let outcome = Demo::start(config, Vec::<prefixscope::recorder::Consumer>::new())
         .unwrap()
         .run_to_end(std::future::pending())
         .unwrap();

@@ -1092,7 +1092,7 @@ fn demo_screens(scenario: &str, then: Event) -> (Vec<Record>, Vec<String>, Engin
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: false,
     };
-    let outcome = Demo::start(config, Vec::new())
+    let outcome = Demo::start(config, Vec::<prefixscope::recorder::Consumer>::new())
         .unwrap()
         .run_to_end(std::future::pending())
         .unwrap();

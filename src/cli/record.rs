@@ -12,7 +12,7 @@ use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
 use prefixscope::metrics::serve::Endpoint;
 use prefixscope::proxy::DEFAULT_PORT;
 use prefixscope::record::Record;
-use prefixscope::recorder::RecorderStats;
+use prefixscope::recorder::{Consumer, RecorderStats};
 use prefixscope::session::capture::{Capture, CaptureConfig, stop_on_signal};
 use prefixscope::session::headless::record_line;
 use prefixscope::session::shutdown::Shutdown;
@@ -176,11 +176,20 @@ struct RecordSummary {
 pub fn run(args: RecordArgs) -> u8 {
     let shutdown = Shutdown::listen();
     let (status_tx, status_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
-    let mut consumers = vec![status_tx];
-    let metrics = match MetricsPlan::bind(&args.capture, &mut consumers) {
+    let mut metrics_consumer = Vec::new();
+    let metrics = match MetricsPlan::bind(&args.capture, &mut metrics_consumer) {
         Ok(metrics) => metrics,
         Err(code) => return code,
     };
+    // With -q the status thread prints nothing per record: it needs only the probes' answers.
+    let status = if args.quiet {
+        Consumer::probes_only(status_tx)
+    } else {
+        Consumer::from(status_tx)
+    };
+    let consumers: Vec<Consumer> = std::iter::once(status)
+        .chain(metrics_consumer.into_iter().map(Consumer::from))
+        .collect();
     let capture = match Capture::start(&args.capture.config(), consumers) {
         Ok(capture) => capture,
         Err(e) => return fail(e),

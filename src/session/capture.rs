@@ -133,10 +133,10 @@ pub fn exposure_warning(listen: SocketAddr) -> Option<String> {
 
 impl Capture {
     /// Checks the config, creates the recording and binds the listener; every record goes to
-    /// `consumers` too.
+    /// `consumers` too (or each probe's, to a `Consumer::probes_only`).
     pub fn start(
         args: &CaptureConfig,
-        consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
+        consumers: Vec<impl Into<crate::recorder::Consumer>>,
     ) -> Result<Capture, Error> {
         let upstream = Upstream::parse(&args.upstream).map_err(|e| Error::Usage(e.to_string()))?;
         if !(1..=crate::limits::MAX_CONNECT_TIMEOUT_SECS).contains(&args.connect_timeout) {

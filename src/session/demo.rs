@@ -79,7 +79,7 @@ impl Demo {
     /// `consumers` too.
     pub fn start(
         config: DemoConfig,
-        consumers: Vec<crossbeam_channel::Sender<Arc<Record>>>,
+        consumers: Vec<impl Into<crate::recorder::Consumer>>,
     ) -> Result<Demo, Error> {
         if !crate::limits::valid_speed(config.speed) {
             return Err(Error::Usage(format!(
