@@ -141,7 +141,24 @@ impl<B> CaptureSender<B> {
 /// Work done on each record on the recorder's thread, before it is written and handed on (the
 /// token layout of `tokenize::LiveLayout`): the record in full, digested after it if the mode
 /// says so.
-pub type Enrich = Box<dyn FnMut(&mut Record) + Send>;
+pub trait Enrichment: Send {
+    fn enrich(&mut self, record: &mut Record);
+
+    /// False once it will never change a record again (the layout stopped: the server has no
+    /// `/apply-template`): records are then built as the mode says, and none is counted as
+    /// skipped.
+    fn active(&self) -> bool {
+        true
+    }
+}
+
+impl<F: FnMut(&mut Record) + Send> Enrichment for F {
+    fn enrich(&mut self, record: &mut Record) {
+        self(record)
+    }
+}
+
+pub type Enrich = Box<dyn Enrichment>;
 
 /// Captures waiting past which the enrichment is skipped (counted in `not_enriched`), well below
 /// the queue's size, so the work it does on the recorder's thread never holds the proxy back.
@@ -269,14 +286,16 @@ fn recorded<B: AsRef<[u8]>>(
     let waiting = receiver.len();
     stats.queued.store(waiting as u64, Ordering::Relaxed);
     let behind = waiting > ENRICH_BACKLOG;
+    let enrich = enrich.filter(|e| e.active());
     if behind && enrich.is_some() {
         stats.not_enriched.fetch_add(1, Ordering::Relaxed);
     }
     match enrich.filter(|_| !behind) {
         Some(enrich) => {
             let mut record = build_record(capture, BodyMode::Full);
-            enrich(&mut record);
-            if mode == BodyMode::Digest {
+            enrich.enrich(&mut record);
+            // As `build_record` does: a probe's body is our own reading, kept in digest mode.
+            if mode == BodyMode::Digest && !record.probe {
                 crate::normalize::digest::apply_digest(&mut record);
             }
             record
@@ -865,6 +884,93 @@ mod tests {
         assert_eq!(ids, (10..=50).collect::<Vec<u64>>());
         let handed: Vec<u64> = rx.try_iter().map(|r| r.id).collect();
         assert_eq!(handed, ids);
+    }
+
+    /// Lays out the first record only, holding the recorder on it until told, then stops.
+    struct StopsAfterTheFirst {
+        started: Sender<()>,
+        held: Receiver<()>,
+        stopped: bool,
+    }
+
+    impl Enrichment for StopsAfterTheFirst {
+        fn enrich(&mut self, record: &mut Record) {
+            let _ = self.started.send(());
+            let _ = self.held.recv();
+            record.tokens = Some(crate::record::TokenCounts::default());
+            self.stopped = true;
+        }
+
+        fn active(&self) -> bool {
+            !self.stopped
+        }
+    }
+
+    #[test]
+    fn a_stopped_enrichment_is_not_called_and_no_record_counts_as_skipped_by_it() {
+        let (hold, held) = crossbeam_channel::bounded::<()>(0);
+        let (started, first_started) = crossbeam_channel::bounded::<()>(1);
+        let enrich: Enrich = Box::new(StopsAfterTheFirst {
+            started,
+            held,
+            stopped: false,
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start_enriched(RecorderConfig::default(), vec![tx], Some(enrich)).unwrap();
+        let sender = recorder.sender();
+        sender.send_blocking(capture(1));
+        first_started.recv().unwrap();
+        // Far more waiting than ENRICH_BACKLOG: an active enrichment would skip them, counted.
+        for id in 2..=1 + ENRICH_BACKLOG as u64 + 10 {
+            sender.send_blocking(capture(id));
+        }
+        let _ = hold.send(());
+        drop(sender);
+        let stats = recorder.finish();
+        let records: Vec<Arc<Record>> = rx.try_iter().collect();
+        assert_eq!(records.len(), ENRICH_BACKLOG + 11);
+        assert!(records[0].tokens.is_some());
+        assert!(records[1..].iter().all(|r| r.tokens.is_none()));
+        assert_eq!(stats.not_enriched.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn in_digest_mode_a_probe_keeps_its_reading_while_the_layout_runs() {
+        // The probes go out at the start, before the layout has seen a chat record and
+        // stopped: they took the enriched path, whose digest dropped their bodies.
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let enrich: Enrich = Box::new(|_: &mut Record| {});
+        let config = RecorderConfig {
+            mode: BodyMode::Digest,
+            ..Default::default()
+        };
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start_enriched(config, vec![tx], Some(enrich)).unwrap();
+        let sender = recorder.sender();
+        let mut probe = capture(1);
+        probe.path = "/props".into();
+        probe.probe = true;
+        probe.response = Some(crate::capture::ResponseCapture {
+            status: 200,
+            headers: BTreeMap::new(),
+            stream: None,
+            body: br#"{"total_slots":4}"#.to_vec(),
+            body_bytes: 17,
+            truncated: false,
+        });
+        let mut chat = capture(2);
+        chat.path = "/v1/chat/completions".into();
+        chat.request_body = Some(br#"{"messages":[{"role":"user","content":"hi"}]}"#.to_vec());
+        sender.send_blocking(probe);
+        sender.send_blocking(chat);
+        drop(sender);
+        recorder.finish();
+        let records: Vec<Arc<Record>> = rx.try_iter().collect();
+        let reading = records[0].response.as_ref().and_then(|r| r.body.clone());
+        assert_eq!(reading, Some(serde_json::json!({"total_slots": 4})));
+        assert_eq!(records[1].request.body, None);
+        assert!(records[1].request.digest.is_some());
     }
 
     #[test]

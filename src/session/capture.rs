@@ -176,10 +176,8 @@ impl Capture {
             .then(|| crate::tokenize::LiveLayout::new(&upstream.url()))
             .flatten();
         let layout = live_layout.as_ref().map(|l| Arc::clone(&l.stats));
-        let enrich = live_layout.map(|mut live_layout| {
-            Box::new(move |record: &mut Record| live_layout.lay_out(record))
-                as crate::recorder::Enrich
-        });
+        let enrich =
+            live_layout.map(|live_layout| Box::new(live_layout) as crate::recorder::Enrich);
         let recorder = Recorder::start_enriched(recorder_config, consumers, enrich)
             .map_err(|e| Error::Unreadable(format!("cannot create {}: {e}", path.display())))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -555,6 +555,16 @@ pub struct LiveLayout {
     pub stats: std::sync::Arc<LiveLayoutStats>,
 }
 
+impl crate::recorder::Enrichment for LiveLayout {
+    fn enrich(&mut self, record: &mut Record) {
+        self.lay_out(record);
+    }
+
+    fn active(&self) -> bool {
+        !self.stopped
+    }
+}
+
 impl LiveLayout {
     /// None for an upstream the tokenizer cannot reach (https) or a runtime that cannot start.
     pub fn new(upstream_url: &str) -> Option<LiveLayout> {
