@@ -142,11 +142,17 @@ pub fn build_record<B: AsRef<[u8]>>(capture: Capture<B>, mode: BodyMode) -> Reco
         tokens: None,
         probe,
     };
-    // A probe's body is our own reading (no prompt text), kept in digest mode too.
-    if mode == BodyMode::Digest && !probe {
-        apply_digest(&mut record);
-    }
+    apply_mode(&mut record, mode);
     record
+}
+
+/// The record as `mode` keeps it: in digest mode its texts give way to their digests, except a
+/// probe's body, which is our own reading (no prompt text). For a record built in full and
+/// enriched first (the recorder's layout) as for one built in its mode.
+pub fn apply_mode(record: &mut Record, mode: BodyMode) {
+    if mode == BodyMode::Digest && !record.probe {
+        apply_digest(record);
+    }
 }
 
 /// JSON when it parses (and isn't `null`), else the text with invalid bytes replaced.

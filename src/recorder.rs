@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use crate::capture::{BodyMode, Capture, build_record};
+use crate::capture::{BodyMode, Capture, apply_mode, build_record};
 use crate::limits::MAX_LINE_BYTES;
 use crate::output_file::create_new_private;
 use crate::record::{ExchangeError, Record, record_line};
@@ -294,10 +294,7 @@ fn recorded<B: AsRef<[u8]>>(
         Some(enrich) => {
             let mut record = build_record(capture, BodyMode::Full);
             enrich.enrich(&mut record);
-            // As `build_record` does: a probe's body is our own reading, kept in digest mode.
-            if mode == BodyMode::Digest && !record.probe {
-                crate::normalize::digest::apply_digest(&mut record);
-            }
+            apply_mode(&mut record, mode);
             record
         }
         None => build_record(capture, mode),
@@ -614,31 +611,71 @@ mod tests {
         }
     }
 
+    /// The test's side of a gate that holds the recorder inside one record's enrichment.
+    struct Gate {
+        started: Receiver<()>,
+        release: Sender<()>,
+    }
+
+    /// The enrichment's side: `hold` says it started and waits to be let go.
+    struct Held {
+        started: Sender<()>,
+        held: Receiver<()>,
+    }
+
+    impl Held {
+        fn hold(&self) {
+            let _ = self.started.send(());
+            let _ = self.held.recv();
+        }
+    }
+
+    fn gate() -> (Gate, Held) {
+        let (release, held) = crossbeam_channel::bounded::<()>(0);
+        let (started, started_rx) = crossbeam_channel::bounded::<()>(1);
+        (
+            Gate {
+                started: started_rx,
+                release,
+            },
+            Held { started, held },
+        )
+    }
+
+    /// Sends capture `first`, waits until its enrichment holds the recorder, queues `rest`
+    /// behind it, lets it go, and finishes.
+    fn record_behind_a_held_first(
+        recorder: Recorder<Vec<u8>>,
+        gate: Gate,
+        first: u64,
+        rest: std::ops::RangeInclusive<u64>,
+    ) -> Arc<RecorderStats> {
+        let sender = recorder.sender();
+        sender.send_blocking(capture(first));
+        gate.started.recv().unwrap();
+        for id in rest {
+            sender.send_blocking(capture(id));
+        }
+        let _ = gate.release.send(());
+        drop(sender);
+        recorder.finish()
+    }
+
     #[test]
     fn enrichment_runs_on_each_record_and_is_skipped_while_captures_wait() {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let (hold, held) = crossbeam_channel::bounded::<()>(0);
-        let (started, first_started) = crossbeam_channel::bounded::<()>(1);
+        let (gate, held) = gate();
         let enrich: Enrich = Box::new(move |record: &mut Record| {
             if record.id == 1 {
                 // The first record's enrichment is slow: the others pile up meanwhile.
-                let _ = started.send(());
-                let _ = held.recv();
+                held.hold();
             }
             record.tokens = Some(crate::record::TokenCounts::default());
         });
         let recorder: Recorder<Vec<u8>> =
             Recorder::start_enriched(RecorderConfig::default(), vec![tx], Some(enrich)).unwrap();
-        let sender = recorder.sender();
         let waiting = ENRICH_BACKLOG as u64 + 10;
-        sender.send_blocking(capture(1));
-        first_started.recv().unwrap();
-        for id in 2..=1 + waiting {
-            sender.send_blocking(capture(id));
-        }
-        let _ = hold.send(());
-        drop(sender);
-        let stats = recorder.finish();
+        let stats = record_behind_a_held_first(recorder, gate, 1, 2..=1 + waiting);
         let records: Vec<Arc<Record>> = rx.try_iter().collect();
         assert_eq!(records.len() as u64, 1 + waiting);
         let enriched = records.iter().filter(|r| r.tokens.is_some()).count() as u64;
@@ -840,12 +877,10 @@ mod tests {
         let dir = temp_dir("batch");
         let path = dir.join("rec.jsonl");
         let line = record_line(&build_record(capture(10), BodyMode::Full)).len() as u64;
-        let (hold, held) = crossbeam_channel::bounded::<()>(0);
-        let (started, first_started) = crossbeam_channel::bounded::<()>(1);
+        let (gate, held) = gate();
         let enrich: Enrich = Box::new(move |record: &mut Record| {
             if record.id == 10 {
-                let _ = started.send(());
-                let _ = held.recv();
+                held.hold();
             }
         });
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -856,15 +891,7 @@ mod tests {
         };
         let recorder: Recorder<Vec<u8>> =
             Recorder::start_enriched(config, vec![tx], Some(enrich)).unwrap();
-        let sender = recorder.sender();
-        sender.send_blocking(capture(10));
-        first_started.recv().unwrap();
-        for id in 11..=50 {
-            sender.send_blocking(capture(id));
-        }
-        let _ = hold.send(());
-        drop(sender);
-        let stats = recorder.finish();
+        let stats = record_behind_a_held_first(recorder, gate, 10, 11..=50);
         assert_eq!(stats.written.load(Ordering::Relaxed), 41);
         assert_eq!(stats.bytes_written.load(Ordering::Relaxed), 41 * line);
         let sizes: Vec<u64> = stats
@@ -888,15 +915,13 @@ mod tests {
 
     /// Lays out the first record only, holding the recorder on it until told, then stops.
     struct StopsAfterTheFirst {
-        started: Sender<()>,
-        held: Receiver<()>,
+        held: Held,
         stopped: bool,
     }
 
     impl Enrichment for StopsAfterTheFirst {
         fn enrich(&mut self, record: &mut Record) {
-            let _ = self.started.send(());
-            let _ = self.held.recv();
+            self.held.hold();
             record.tokens = Some(crate::record::TokenCounts::default());
             self.stopped = true;
         }
@@ -908,26 +933,17 @@ mod tests {
 
     #[test]
     fn a_stopped_enrichment_is_not_called_and_no_record_counts_as_skipped_by_it() {
-        let (hold, held) = crossbeam_channel::bounded::<()>(0);
-        let (started, first_started) = crossbeam_channel::bounded::<()>(1);
+        let (gate, held) = gate();
         let enrich: Enrich = Box::new(StopsAfterTheFirst {
-            started,
             held,
             stopped: false,
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let recorder: Recorder<Vec<u8>> =
             Recorder::start_enriched(RecorderConfig::default(), vec![tx], Some(enrich)).unwrap();
-        let sender = recorder.sender();
-        sender.send_blocking(capture(1));
-        first_started.recv().unwrap();
         // Far more waiting than ENRICH_BACKLOG: an active enrichment would skip them, counted.
-        for id in 2..=1 + ENRICH_BACKLOG as u64 + 10 {
-            sender.send_blocking(capture(id));
-        }
-        let _ = hold.send(());
-        drop(sender);
-        let stats = recorder.finish();
+        let stats =
+            record_behind_a_held_first(recorder, gate, 1, 2..=1 + ENRICH_BACKLOG as u64 + 10);
         let records: Vec<Arc<Record>> = rx.try_iter().collect();
         assert_eq!(records.len(), ENRICH_BACKLOG + 11);
         assert!(records[0].tokens.is_some());
