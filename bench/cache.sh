@@ -13,6 +13,8 @@
 # kvcache-simulator's figures agree to the token.
 #
 # Usage: bash bench/cache.sh [RUNS]
+#   PS_COMPARE_BIN=<a built prefixscope, e.g. an earlier commit's> adds it as a fourth tool,
+#   interleaved with the others and checked to give the same report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
@@ -26,6 +28,11 @@ trace="$work/conversation_trace.jsonl"
 gzip -dc tests/data/mooncake/conversation_trace.jsonl.gz > "$trace"
 cargo build --release --quiet
 prefixscope=$PWD/target/release/prefixscope
+compare=${PS_COMPARE_BIN:-}
+if [ -n "$compare" ]; then
+    [ -x "$compare" ] || { echo "PS_COMPARE_BIN $compare is not an executable" >&2; exit 1; }
+    cp "$compare" "$work/ps-compare"
+fi
 
 # GLM-5.2 caches 95,232 bytes per token: a 512-token block is 93 × 2^19 bytes, so
 # blocks × 93 / 2048 GiB is exact and floors back to 32, 128, 512, 2048, 8192, 32768 blocks.
@@ -36,6 +43,9 @@ commands=(
     "kvcache-simulator (C++)|kvcache-simulator run --trace $trace --model glm-5.2 --block-size 512 --budgets-gib $budgets --policies fifo,lru,optimal --backend cpp --no-progress --format json -o $work/kvcache.json"
     "llmtrafficlens|llmtrafficlens profile $trace --format mooncake -o $work/ltl"
 )
+if [ -n "$compare" ]; then
+    commands+=("prefixscope (PS_COMPARE_BIN)|$work/ps-compare profile $trace --format mooncake --block-size 512 --policies fifo,lru,optimal --capacities 32b,128b,512b,2048b,8192b,32768b -o $work/compare.json")
+fi
 
 for entry in "${commands[@]}"; do
     (cd "$work" && ${entry#*|} >/dev/null 2>&1) # untimed: compiles, warms the page cache
@@ -95,6 +105,12 @@ for point in kv["points"]:
         assert ours["measured_tokens"] == result["totalTokens"]
         checked += 1
 ltl = json.load(open(f"{work}/ltl.json"))
+try:
+    earlier = json.load(open(f"{work}/compare.json"))
+    assert earlier == ps, "PS_COMPARE_BIN's report differs"
+    print("\nPS_COMPARE_BIN's report is the same")
+except FileNotFoundError:
+    pass
 print(f"\nprefixscope = kvcache-simulator on all {checked} points and the ceiling "
       f"({ps['ceiling']['hit_tokens']:,} of {ps['measured_tokens']:,} tokens); "
       f"llmtrafficlens ceiling {ltl['reuse_potential']['ceiling']:.2%}; "

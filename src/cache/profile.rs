@@ -372,6 +372,19 @@ fn ratio(part: u64, whole: u64) -> f64 {
 
 /// The whole profile of `requests`, in the order given.
 pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
+    // AIPerf's rate needs only the requests: it runs while the replay is built and replayed.
+    std::thread::scope(|scope| {
+        let aiperf = scope.spawn(|| aiperf_cache_hit_rate(requests));
+        profile_beside(requests, config, || aiperf.join().unwrap_or_default())
+    })
+}
+
+/// The profile, with AIPerf's rate from `aiperf` (computed meanwhile).
+fn profile_beside(
+    requests: &[Request],
+    config: &ProfileConfig,
+    aiperf: impl FnOnce() -> Option<f64>,
+) -> ProfileReport {
     let replay = Replay::new(requests, !config.prompts_only);
     let warmup = warmup_requests(requests.len(), config.warmup);
     let warmup_pass = replay.first_pass_of(warmup);
@@ -400,8 +413,8 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
             }
         }
     }
-    // The leaderboards and AIPerf's rate need no cache: they run beside the replays.
-    let (results, boards, aiperf) = std::thread::scope(|scope| {
+    // The leaderboards need no cache: they run beside the replays.
+    let (results, boards) = std::thread::scope(|scope| {
         let boards = scope.spawn(|| {
             leaderboards(
                 requests,
@@ -411,7 +424,6 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
                 config.top_prefixes,
             )
         });
-        let aiperf = scope.spawn(|| aiperf_cache_hit_rate(requests));
         let results = run_tasks(&tasks, |scratch, &(policy, capacity, prompts_only)| {
             let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
             let next: &[u32] = if policy == Policy::Optimal {
@@ -422,10 +434,10 @@ pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
             };
             run_policy(scratch, &replay, policy, blocks, next, warmup, prompts_only)
         });
-        (results, boards.join(), aiperf.join())
+        (results, boards.join())
     });
     let boards = boards.unwrap_or_default();
-    let aiperf = aiperf.unwrap_or_default();
+    let aiperf = aiperf();
 
     let ceiling_totals = &results[0];
     let ceiling = point(

@@ -22,7 +22,7 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 
 /// Lines parsed together, at most: a chunk of short lines (`{}`) would otherwise hold millions
 /// of parsed rows, each far larger than its line.
-pub const CHUNK_LINES: usize = 4_096;
+pub const CHUNK_LINES: usize = 1_024;
 
 /// Parser threads: a bound whatever the machine says.
 pub const MAX_WORKERS: usize = 8;

@@ -211,7 +211,8 @@ pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOpt
     let workers = super::parallel::workers();
     let mut state = RowState::new(name, format, block_size);
     let mut requests: Vec<Request> = Vec::new();
-    super::parallel::for_each_parsed(reader, workers, parse_row, |item| {
+    let parse = |line: &[u8]| prepare(parse_row(line), format, block_size);
+    super::parallel::for_each_parsed(reader, workers, parse, |item| {
         use super::parallel::Item;
         let request = match item {
             Item::Parsed { number, parsed, .. } => state.accept(number, parsed),
@@ -247,6 +248,34 @@ enum ParsedRow {
     Empty,
     Row(Box<Row>),
     Bad(String),
+    /// A row made into its request (or its error) already, on a parser thread: what
+    /// [`request_of`] gives a row that needs nothing from the rows before it.
+    Made {
+        result: Result<Option<Box<Request>>, String>,
+        /// The row held a list of requests and no ids (the WEKA hint).
+        requests_without_ids: bool,
+    },
+}
+
+/// Makes a row's request where it depends on that row alone (not a bailian row, whose
+/// conversation is its chain's root, nor one whose ids need the interner's numbering), so the
+/// parser threads build the blocks and the reader's thread, which gives rows out in order, only
+/// collects them.
+fn prepare(parsed: ParsedRow, format: Format, block_size: u32) -> ParsedRow {
+    let ParsedRow::Row(row) = parsed else {
+        return parsed;
+    };
+    if format == Format::Bailian || matches!(row.hash_ids, Some(BoundedIds::Mixed(_))) {
+        return ParsedRow::Row(row);
+    }
+    let requests_without_ids = row.requests.is_some() && row.hash_ids.is_none();
+    // Neither is touched: no bailian root, no id that is not an integer.
+    let (mut no_ids, mut no_roots) = (IdInterner::default(), HashMap::new());
+    let result = request_of(*row, format, block_size, &mut no_ids, &mut no_roots);
+    ParsedRow::Made {
+        result: result.map(|request| request.map(Box::new)),
+        requests_without_ids,
+    }
 }
 
 /// Parses one line; depends on nothing else, so lines can be parsed on several threads.
@@ -492,26 +521,34 @@ impl RowState {
 
     /// The request of line `number`, or why there is none (counted in the report).
     fn accept(&mut self, number: usize, parsed: ParsedRow) -> Option<Request> {
-        let row = match parsed {
+        let (result, requests_without_ids) = match parsed {
             ParsedRow::Empty => return None,
             ParsedRow::Bad(error) => {
                 self.report.bad(number, error);
                 return None;
             }
-            ParsedRow::Row(row) => *row,
+            ParsedRow::Made {
+                result,
+                requests_without_ids,
+            } => (result.map(|r| r.map(|r| *r)), requests_without_ids),
+            ParsedRow::Row(row) => {
+                let requests_without_ids = row.requests.is_some() && row.hash_ids.is_none();
+                let result = request_of(
+                    *row,
+                    self.format,
+                    self.block_size,
+                    &mut self.ids,
+                    &mut self.root_of,
+                );
+                (result, requests_without_ids)
+            }
         };
-        if row.requests.is_some() && row.hash_ids.is_none() && self.report.hint.is_none() {
+        if requests_without_ids && self.report.hint.is_none() {
             self.report.hint = Some(
                 "its rows hold a list of requests, as a WEKA trace does: prefixscope writes WEKA traces (export --to weka) but reads only Mooncake and bailian".into(),
             );
         }
-        match request_of(
-            row,
-            self.format,
-            self.block_size,
-            &mut self.ids,
-            &mut self.root_of,
-        ) {
+        match result {
             Ok(Some(request)) => Some(request),
             Ok(None) => {
                 self.report.skip("no hash_ids");
@@ -802,6 +839,48 @@ mod tests {
         assert!(accepted > compared / 10, "{accepted} of {compared}");
         let row = fast::row(br#"{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2]}"#);
         assert!(row.is_some_and(|r| r.hash_ids.is_some_and(|ids| ids.len() == 3)));
+    }
+
+    /// The parser threads make most rows' requests themselves (`prepare`); what they make, and
+    /// every count of the report, equals the serial reader's, which makes each request on the
+    /// reader's thread: rows of every kind, over many chunks and both formats.
+    #[test]
+    fn requests_made_on_the_parser_threads_equal_the_serial_read() {
+        let kinds = [
+            r#"{"timestamp": 5, "input_length": 1300, "output_length": 7, "hash_ids": [0, 1, 2]}"#,
+            r#"{"timestamp": 6, "input_length": 600, "hash_ids": [0, "9", "x"], "session_id": "s1"}"#,
+            r#"{"timestamp": 7, "input_length": 600, "hash_ids": [0, "x"], "session_id": 4}"#,
+            r#"{"timestamp": 8, "input_tokens": 600, "hash_ids": [3]}"#,
+            r#"{"timestamp": 9, "input_length": 0, "hash_ids": [3]}"#,
+            r#"{"timestamp": 9, "input_length": 100, "hash_ids": [3], "block_size": 16}"#,
+            r#"{"requests": [{"input_length": 3}]}"#,
+            r#"{"timestamp": 1.5, "input_length": 10, "hash_ids": []}"#,
+            r#"{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 20, "hash_ids": [1, 2]}"#,
+            r#"{"chat_id": 2, "parent_chat_id": 1, "timestamp": 1.0, "input_length": 40, "hash_ids": [1, 2, 4]}"#,
+            "not json",
+            "",
+        ];
+        let mut text = String::new();
+        for i in 0..6_000usize {
+            text.push_str(kinds[(i * 7 + i / 13) % kinds.len()]);
+            text.push('\n');
+        }
+        let options = InputOptions {
+            block_size: Some(512),
+            ..InputOptions::default()
+        };
+        for format in [Format::Mooncake, Format::Bailian] {
+            let parallel = read(text.as_bytes(), "t", format, &options);
+            let mut rows = Rows::new(text.as_bytes(), "t", format, 512);
+            let serial: Vec<Request> = rows.by_ref().collect();
+            let mut report = rows.into_report();
+            report.requests = serial.len() as u64;
+            report.conversation_source = parallel.report.conversation_source.clone();
+            assert!(serial.len() > 1_000, "{format:?}: {}", serial.len());
+            assert_eq!(parallel.requests, serial, "{format:?}");
+            assert_eq!(parallel.report, report, "{format:?}");
+            assert!(parallel.report.hint.is_some() && !parallel.report.bad_rows.is_empty());
+        }
     }
 
     #[test]
