@@ -343,12 +343,14 @@ impl Fifo {
 ///
 /// An entry is current while its node is a cached leaf with the entry's key. A node's key only
 /// grows (LRU: the clock; optimal: its next use, which is later than the request that sets
-/// it), so an entry left from an earlier stay in the cache never matches again. Two current
+/// it), so an entry left from an earlier stay in the cache never matches again (LRU's
+/// renumbering lowers keys, but drops every entry and makes them again). 8 bytes, as keys are
+/// 32 bits: the heap and the deque hold twice the entries in a cache line. Two current
 /// entries of one node (one pushed when it was touched, one when its last child went) are
 /// equal, and either picks the same victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Leaf {
-    rank: u64,
+    rank: u32,
     node: u32,
 }
 
@@ -501,15 +503,15 @@ impl TrieCache {
 
     /// LRU pops the smallest clock, optimal the farthest next use; ties go to the higher node
     /// in both (the reference's comparator).
-    fn rank(&self, key: u64) -> u64 {
-        if self.optimal { key } else { u64::MAX - key }
+    fn rank(&self, key: u32) -> u32 {
+        if self.optimal { key } else { u32::MAX - key }
     }
 
-    fn key_of(&self, leaf: &Leaf) -> u64 {
+    fn key_of(&self, leaf: &Leaf) -> u32 {
         if self.optimal {
             leaf.rank
         } else {
-            u64::MAX - leaf.rank
+            u32::MAX - leaf.rank
         }
     }
 
@@ -520,7 +522,7 @@ impl TrieCache {
             return None;
         }
         Some(Leaf {
-            rank: self.rank(u64::from(state.key)),
+            rank: self.rank(state.key),
             node,
         })
     }
@@ -564,7 +566,7 @@ impl TrieCache {
 
     fn is_current(&self, leaf: &Leaf) -> bool {
         let state = &self.nodes[leaf.node as usize];
-        state.present() && state.child_count == 0 && u64::from(state.key) == self.key_of(leaf)
+        state.present() && state.child_count == 0 && state.key == self.key_of(leaf)
     }
 
     /// LRU's clock is 32 bits, so that a node's state is 12 bytes. Before a request could run
@@ -625,7 +627,7 @@ impl TrieCache {
         }
     }
 
-    fn evict_leaf(&mut self, parents: &[u32], candidate_key: u64) -> bool {
+    fn evict_leaf(&mut self, parents: &[u32], candidate_key: u32) -> bool {
         loop {
             let Some((top, source)) = self.best_candidate() else {
                 return false;
@@ -721,7 +723,7 @@ impl TrieCache {
                 continue;
             }
             if self.size >= self.capacity {
-                let candidate_key = if self.optimal { u64::from(next(i)) } else { 0 };
+                let candidate_key = if self.optimal { next(i) } else { 0 };
                 if !self.evict_leaf(parents, candidate_key) {
                     break;
                 }
@@ -934,6 +936,7 @@ mod tests {
     #[test]
     fn a_node_state_is_twelve_bytes_and_the_mark_keeps_the_cached_flag() {
         assert_eq!(std::mem::size_of::<NodeState>(), 12);
+        assert_eq!(std::mem::size_of::<Leaf>(), 8);
         let mut state = NodeState::default();
         state.set_present(true);
         state.protect(PRESENT - 2);
