@@ -39,6 +39,9 @@
 # PS_COMPARE_BIN is, a fourth target,
 # `ps-compare`: a second `prefixscope record` with these flags, e.g. "--metrics 127.0.0.1:9464",
 # interleaved with the others in every round, so the two prefixscopes are compared in one run)
+# PROXY_BOUND=0 (1 adds a fifth target, `nginx-proxy`: a second nginx, 2 workers, proxy_pass with
+# kept-alive upstream connections, recording nothing: what the machine lets any HTTP/1 proxy
+# reach here, the bound on the throughput aim; its ratio to llmp is printed with the aims)
 # KEEP=0 (1 keeps the recordings;
 # the wrk logs, proxy logs and results.tsv are always kept in the work dir, printed at the end).
 set -euo pipefail
@@ -56,6 +59,8 @@ PORT_SSE=18479   # fake server, streamed
 PORT_PS=18481    # prefixscope
 PORT_LLMP=18482  # llmp
 PORT_PS2=18483   # prefixscope with PS_COMPARE_FLAGS
+PORT_BOUND=18484 # nginx as a plain reverse proxy (PROXY_BOUND=1), 18485 for the stream
+PROXY_BOUND=${PROXY_BOUND:-0}
 PS_COMPARE_FLAGS=${PS_COMPARE_FLAGS:-}
 PS_COMPARE_BIN=${PS_COMPARE_BIN:-}
 LUA="$ROOT/bench/wrk-chat.lua"
@@ -261,6 +266,7 @@ url_of() { # target
         llmp) echo "http://127.0.0.1:$PORT_LLMP/v1/chat/completions" ;;
         prefixscope) echo "http://127.0.0.1:$PORT_PS/v1/chat/completions" ;;
         ps-compare) echo "http://127.0.0.1:$PORT_PS2/v1/chat/completions" ;;
+        nginx-proxy) echo "http://127.0.0.1:$BOUND_PORT/v1/chat/completions" ;;
     esac
 }
 pids_of() { # target -> the processes that serve the target's requests
@@ -269,11 +275,23 @@ pids_of() { # target -> the processes that serve the target's requests
         llmp) echo "$LLMP_PID $NGINX_WORKER" ;;
         prefixscope) echo "$PS_PID $NGINX_WORKER" ;;
         ps-compare) echo "$PS2_PID $NGINX_WORKER" ;;
+        nginx-proxy) echo "$BOUND_WORKERS $NGINX_WORKER" ;;
     esac
+}
+own_pids() { # target -> the processes whose CPU is the target's own (not the fake server's)
+    case $1 in
+        nginx-proxy) echo "$BOUND_WORKERS" ;; # both of its workers
+        *) pids_of "$1" | cut -d' ' -f1 ;;
+    esac
+}
+own_ticks() { # target
+    local pid sum=0
+    for pid in $(own_pids "$1"); do sum=$((sum + $(cpu_ticks "$pid"))); done
+    echo "$sum"
 }
 pin_all() { # cpu list: nginx worker and both proxies, all threads
     local pid
-    for pid in "$NGINX_WORKER" "$PS_PID" "$LLMP_PID" ${PS2_PID:+"$PS2_PID"}; do taskset -apc "$1" "$pid" >/dev/null; done
+    for pid in "$NGINX_WORKER" "$PS_PID" "$LLMP_PID" ${PS2_PID:+"$PS2_PID"} $BOUND_WORKERS; do taskset -apc "$1" "$pid" >/dev/null; done
 }
 
 # One wrk run. Another session may compile on the same cores: before each attempt we wait for
@@ -285,12 +303,11 @@ run_wrk() { # mode target kind round threads conns duration cpus
     local mode=$1 target=$2 kind=$3 round=$4 threads=$5 conns=$6 dur=$7 cpus=$8
     local log="$WORK/wrk-$mode-$target-$kind-$round.txt" main pid t0 t1 s0 s1 st0 st1 line
     local attempt=0 wpid seen c i wu ws wrk_t other state
-    main=$(pids_of "$target" | cut -d' ' -f1)
     while :; do
         attempt=$((attempt + 1))
         wait_quiet "$QUIET_WAIT"
         t0=0; for pid in $(pids_of "$target"); do t0=$((t0 + $(cpu_ticks "$pid"))); done
-        c0=$(cpu_ticks "$main")
+        c0=$(own_ticks "$target")
         read -r s0 st0 < <(sys_ticks)
         PS_BENCH_STREAM=$STREAM /usr/bin/time -f '%U %S' -o "$WORK/wrk.time" \
             taskset -c "$cpus" wrk -t"$threads" -c"$conns" -d"${dur}s" --latency \
@@ -306,7 +323,7 @@ run_wrk() { # mode target kind round threads conns duration cpus
         wait "$wpid" || die "wrk failed; see $log"
         WRK_PID=""
         read -r s1 st1 < <(sys_ticks)
-        c1=$(cpu_ticks "$main")
+        c1=$(own_ticks "$target")
         t1=0; for pid in $(pids_of "$target"); do t1=$((t1 + $(cpu_ticks "$pid"))); done
         read -r wu ws <"$WORK/wrk.time"
         wrk_t=$(awk -v u="$wu" -v s="$ws" -v tck="$CLK_TCK" 'BEGIN { printf "%d", (u + s) * tck + 0.5 }')
@@ -338,9 +355,50 @@ run_wrk() { # mode target kind round threads conns duration cpus
 
 TARGETS=(direct llmp prefixscope)
 [ -z "$PS_COMPARE_FLAGS$PS_COMPARE_BIN" ] || TARGETS+=(ps-compare)
+BOUND_WORKERS=""
+if [ "$PROXY_BOUND" = 1 ]; then
+    TARGETS+=(nginx-proxy)
+    # The bound: nginx as a plain reverse proxy in front of the same server, one port per mode,
+    # upstream connections kept alive, the stream passed on as it comes, nothing recorded.
+    mkdir -p "$WORK/bound/logs"
+    cat >"$WORK/bound/nginx.conf" <<EOF
+# bench/proxy.sh PROXY_BOUND=1: nginx proxying to the fake server, recording nothing (generated).
+worker_processes 2;
+daemon off;
+pid $WORK/bound/nginx.pid;
+error_log $WORK/bound/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    client_body_buffer_size 64k;
+    client_body_temp_path $WORK/bound/body;
+    proxy_temp_path $WORK/bound/proxy;
+    fastcgi_temp_path $WORK/bound/fastcgi;
+    uwsgi_temp_path $WORK/bound/uwsgi;
+    scgi_temp_path $WORK/bound/scgi;
+    upstream plain { server 127.0.0.1:$PORT_PLAIN; keepalive 128; keepalive_requests 1000000; }
+    upstream sse { server 127.0.0.1:$PORT_SSE; keepalive 128; keepalive_requests 1000000; }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_buffering off;
+    server { listen 127.0.0.1:$PORT_BOUND; location / { proxy_pass http://plain; } }
+    server { listen 127.0.0.1:$((PORT_BOUND + 1)); location / { proxy_pass http://sse; } }
+}
+EOF
+    nginx -t -q -p "$WORK/bound" -c "$WORK/bound/nginx.conf" -e "$WORK/bound/logs/error.log"
+    nginx -p "$WORK/bound" -c "$WORK/bound/nginx.conf" -e "$WORK/bound/logs/error.log" \
+        >"$WORK/nginx-proxy.log" 2>&1 &
+    BOUND_PID=$!
+    PIDS+=("$BOUND_PID")
+    wait_port $PORT_BOUND $BOUND_PID
+    wait_port $((PORT_BOUND + 1)) $BOUND_PID
+    BOUND_WORKERS=$(pgrep -P "$BOUND_PID" | paste -sd' ')
+fi
 PS2_PID=""
 for mode in json sse; do
-    if [ "$mode" = json ]; then UPSTREAM_PORT=$PORT_PLAIN STREAM=0; else UPSTREAM_PORT=$PORT_SSE STREAM=1; fi
+    if [ "$mode" = json ]; then UPSTREAM_PORT=$PORT_PLAIN STREAM=0 BOUND_PORT=$PORT_BOUND; else UPSTREAM_PORT=$PORT_SSE STREAM=1 BOUND_PORT=$((PORT_BOUND + 1)); fi
     NGINX_WORKER=$(pgrep -P "$NGINX_PID" | head -1)
     say "== mode $mode: upstream 127.0.0.1:$UPSTREAM_PORT"
     PS_OUT="$WORK/prefixscope-$mode.jsonl"
@@ -398,6 +456,7 @@ for mode in json sse; do
     [ -z "$PS2_PID" ] || thread_cpu "$PS2_PID" "ps-compare $mode"
     for target in "${TARGETS[@]:1}"; do
         case $target in
+            nginx-proxy) continue ;; # records nothing
             llmp) pid=$LLMP_PID out=$LLMP_OUT ;;
             prefixscope) pid=$PS_PID out=$PS_OUT ;;
             ps-compare) pid=$PS2_PID out=$PS2_OUT ;;
@@ -461,7 +520,7 @@ awk -v kn="$KIND_N" -v tck="$CLK_TCK" -v tl="${TARGETS[*]}" '
             dir ? "" : sprintf("%+d", m50 - d50), dir ? "" : sprintf("%+d", m99 - d99), r50[k],
             pin[k], dir ? "" : sprintf("%+d", pin[k] - pin[d]),
             mrps, rr[k], dir ? "1" : sprintf("%.2f", mrps / drps),
-            (t ~ /^p/) ? sprintf("%.2f", mrps / median(rps[m SUBSEP "llmp"])) : "",
+            (t ~ /^p|^nginx-proxy/) ? sprintf("%.2f", mrps / median(rps[m SUBSEP "llmp"])) : "",
             cpu[k] / tck * 1e6 / req[k], errs[k]
         }
       }
@@ -473,7 +532,7 @@ awk '{ printf "| %s | %s | %d | %d | %d | %d | %+d | %d | %d |\n", $2, ($1 == "j
 echo
 echo "p50/p99: medians over the rounds of the 1-connection runs; +: minus direct's. pinned: one 1-connection"
 echo "run with wrk, nginx and the proxy all on CPU 0. req/s: median over the @$CONNS rounds."
-echo "CPU µs/req: the proxy's own CPU time (all threads; nginx worker's for direct) over its @$CONNS runs / requests."
+echo "CPU µs/req: the proxy's own CPU time (all threads; nginx worker's for direct, both workers' for nginx-proxy) over its @$CONNS runs / requests."
 echo "wrk errors: socket (connect/read/write/timeout) + non-2xx responses, all runs of the target."
 echo "Runs disturbed by other load are run again (see below); * marks a target with a disturbed run kept."
 echo
@@ -496,6 +555,12 @@ awk -v kn="$KIND_N" -v flags="${PS_COMPARE_BIN:+$PS_COMPARE_BIN }$PS_COMPARE_FLA
         r = median(rps[m, "prefixscope"]) / median(rps[m, "llmp"])
         printf "aim %-4s added p50 <= 60 us: %+d us %s | added p99 <= 1000 us: %+d us %s | >= 2.5x llmp @%s: %.2fx %s\n", m,
           a50, (a50 <= 60 ? "MET" : "NOT MET"), a99, (a99 <= 1000 ? "MET" : "NOT MET"), substr(kn, 2), r, (r >= 2.5 ? "MET" : "NOT MET")
+        if (rps[m, "nginx-proxy"] != "") {
+          b = median(rps[m, "nginx-proxy"]) / median(rps[m, "llmp"])
+          printf "bound %-4s nginx as a plain proxy (records nothing) @%s: %.2fx llmp, %.2fx prefixscope: 2.5x llmp is %s\n", m,
+            substr(kn, 2), b, median(rps[m, "nginx-proxy"]) / median(rps[m, "prefixscope"]),
+            (b >= 2.5 ? "within what a proxy reaches here" : "beyond even a proxy that records nothing, here")
+        }
         if (rps[m, "ps-compare"] != "") {
           c = median(rps[m, "ps-compare"]) / median(rps[m, "prefixscope"])
           printf "aim %-4s ps-compare (%s) req/s within 5%% of prefixscope @%s: %+.1f%% %s\n", m, flags,

@@ -46,33 +46,35 @@ fn main() {
     let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
     println!("next uses {:>3.1} ms", ms(t));
     let capacities = [32usize, 128, 512, 2048, 8192, 32768];
+    // Each policy's six replays, five times over with the caches' memory recycled as the
+    // profile recycles it: the best time is the replays' own cost, without first-touch faults.
     for policy in [Policy::Ceiling, Policy::Fifo, Policy::Lru, Policy::Optimal] {
-        let t = Instant::now();
+        let mut best = f64::MAX;
         let mut hits = 0u64;
-        for &capacity in &capacities {
-            let (mut fifo, mut lru, mut ceiling) = (
-                Fifo::new(capacity),
-                if policy == Policy::Lru {
-                    TrieCache::lru(capacity)
-                } else {
-                    TrieCache::optimal(capacity)
-                },
-                Ceiling::default(),
-            );
-            for pass in 0..replay.passes() {
-                let range = replay.starts[pass]..replay.starts[pass + 1];
-                let events = &replay.events[range.clone()];
-                hits += match policy {
-                    Policy::Ceiling => ceiling.serve(replay.parents.len(), events).hit_tokens,
-                    Policy::Fifo => fifo.serve(replay.parents.len(), events).hit_tokens,
-                    _ => lru.serve(&replay.parents, events, &next[range]).hit_tokens,
-                };
+        let (mut fifo, mut trie) = (Fifo::new(0), TrieCache::lru(0));
+        for _ in 0..5 {
+            let t = Instant::now();
+            hits = 0;
+            for &capacity in &capacities {
+                fifo = fifo.recycle(capacity);
+                trie = trie.recycle(capacity, policy);
+                let mut ceiling = Ceiling::default();
+                for pass in 0..replay.passes() {
+                    let range = replay.starts[pass]..replay.starts[pass + 1];
+                    let events = &replay.events[range.clone()];
+                    hits += match policy {
+                        Policy::Ceiling => ceiling.serve(replay.parents.len(), events).hit_tokens,
+                        Policy::Fifo => fifo.serve(replay.parents.len(), events).hit_tokens,
+                        _ => trie.serve(&replay.parents, events, &next[range]).hit_tokens,
+                    };
+                }
+                if policy == Policy::Ceiling {
+                    break;
+                }
             }
-            if policy == Policy::Ceiling {
-                break;
-            }
+            best = best.min(ms(t));
         }
-        println!("{:<8} {:>6.1} ms (hits {hits})", policy.as_str(), ms(t));
+        println!("{:<8} {:>6.1} ms (hits {hits})", policy.as_str(), best);
     }
     let t = Instant::now();
     let ranges = replay.request_ranges();

@@ -9,6 +9,7 @@
 
 pub mod hash;
 mod jsonl;
+pub mod raw;
 
 use std::collections::BTreeMap;
 
