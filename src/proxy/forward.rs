@@ -102,15 +102,11 @@ impl Connection {
 /// The request as the upstream gets it: the client's, with hop-by-hop headers gone, our `Host`,
 /// the upstream's path, HTTP/1.1.
 fn upstream_request(
-    parts: &hyper::http::request::Parts,
+    mut parts: hyper::http::request::Parts,
     body: UpstreamBody,
 ) -> Request<UpstreamBody> {
-    let mut request = Request::new(body);
-    *request.method_mut() = parts.method.clone();
-    *request.uri_mut() = parts.uri.clone();
-    *request.headers_mut() = parts.headers.clone();
-    *request.version_mut() = Version::HTTP_11;
-    request
+    parts.version = Version::HTTP_11;
+    Request::from_parts(parts, body)
 }
 
 /// The exchange's capture until it is handed over. Dropping it unfinished (the client went away
@@ -262,8 +258,10 @@ pub(crate) async fn forward(
     parts
         .headers
         .insert(header::HOST, shared.host_header.clone());
-    parts.uri = upstream_uri(&shared.upstream.prefix, &path);
-    let upstream_request = upstream_request(&parts, upstream_body);
+    if !reusable_uri(&parts.uri, &shared.upstream.prefix) {
+        parts.uri = upstream_uri(&shared.upstream.prefix, &path);
+    }
+    let upstream_request = upstream_request(parts, upstream_body);
 
     let response = match connection.send(upstream_request).await {
         Ok(response) => response,
@@ -362,6 +360,15 @@ async fn read_up_to(mut body: Incoming, limit: usize) -> Result<RequestBody, ()>
     }
 }
 
+/// Whether the client's URI is already the upstream's: a path (origin form) and no prefix to
+/// add, as `upstream_uri` would make it, without building it again.
+fn reusable_uri(uri: &Uri, prefix: &str) -> bool {
+    prefix.is_empty()
+        && uri.scheme().is_none()
+        && uri.authority().is_none()
+        && uri.path().starts_with('/')
+}
+
 fn upstream_uri(prefix: &str, path: &str) -> Uri {
     let path = if path.starts_with('/') {
         path.to_string()
@@ -397,5 +404,27 @@ mod tests {
     fn upstream_uri_keeps_the_query_and_adds_the_prefix() {
         assert_eq!(upstream_uri("", "/v1/x?a=1"), "/v1/x?a=1");
         assert_eq!(upstream_uri("/openai", "/v1/x"), "/openai/v1/x");
+    }
+
+    #[test]
+    fn a_client_uri_is_reused_only_where_upstream_uri_would_make_the_same() {
+        for (uri, prefix) in [
+            ("/v1/x?a=1", ""),
+            ("/", ""),
+            ("/v1/x", "/openai"),
+            ("http://host:1/v1/x?a=1", ""),
+            ("*", ""),
+        ] {
+            let uri: Uri = uri.parse().unwrap();
+            let path = uri
+                .path_and_query()
+                .map_or_else(|| uri.path().to_string(), |pq| pq.as_str().to_string());
+            if reusable_uri(&uri, prefix) {
+                assert_eq!(uri, upstream_uri(prefix, &path), "{uri}");
+            }
+        }
+        assert!(reusable_uri(&"/v1/x?a=1".parse().unwrap(), ""));
+        assert!(!reusable_uri(&"/v1/x".parse().unwrap(), "/openai"));
+        assert!(!reusable_uri(&"http://h/v1".parse().unwrap(), ""));
     }
 }
