@@ -254,8 +254,7 @@ fn run<B: AsRef<[u8]>>(
     // it, the JSON bodies written as sent (`record::raw`) instead of parsed into `Value`s and
     // serialized again, which was most of this thread's work.
     let lines_only = writer.is_some() && consumers.iter().all(|c| c.probes_only);
-    let mut waiting = receiver.recv();
-    while let Ok(first) = waiting {
+    while let Ok(first) = receiver.recv() {
         // What is already waiting goes out in one write: one system call (and, on ext4, one
         // partial block zeroed) for many records under load, and still one record per write
         // when they come one by one.
@@ -297,12 +296,11 @@ fn run<B: AsRef<[u8]>>(
         // Let the next captures gather instead of waking for each: under load one write (and
         // one wake-up of this thread) serves many records, and no proxy thread pays a wake-up
         // per exchange. Nothing waits on it: the proxy's hand-over never blocks while the queue
-        // has room, and a record is late by at most this.
-        std::thread::sleep(RECORDER_LINGER);
-        waiting = match receiver.try_recv() {
-            Ok(capture) => Ok(capture),
-            Err(_) => receiver.recv(),
-        };
+        // has room, and a record is late by at most this. A full batch means a backlog: no
+        // pause then, so the queue drains at full speed.
+        if taken < RECORDER_BATCH {
+            std::thread::sleep(RECORDER_LINGER);
+        }
     }
 }
 

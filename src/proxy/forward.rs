@@ -186,6 +186,11 @@ pub(crate) async fn forward(
         || parts.uri.path().to_string(),
         |pq| pq.as_str().to_string(),
     );
+    parts.uri = upstream_uri(
+        &shared.upstream.prefix,
+        std::mem::take(&mut parts.uri),
+        &path,
+    );
     let mut flight = InFlight {
         capture: Some(Capture {
             id,
@@ -194,7 +199,7 @@ pub(crate) async fn forward(
             t_first_byte_ms: None,
             t_end_ms: t_start_ms,
             method: parts.method.to_string(),
-            path: path.clone(),
+            path,
             request_headers: recorded_headers(&parts.headers),
             request_body_bytes: 0,
             request_body: None,
@@ -258,9 +263,6 @@ pub(crate) async fn forward(
     parts
         .headers
         .insert(header::HOST, shared.host_header.clone());
-    if !reusable_uri(&parts.uri, &shared.upstream.prefix) {
-        parts.uri = upstream_uri(&shared.upstream.prefix, &path);
-    }
     let upstream_request = upstream_request(parts, upstream_body);
 
     let response = match connection.send(upstream_request).await {
@@ -360,16 +362,17 @@ async fn read_up_to(mut body: Incoming, limit: usize) -> Result<RequestBody, ()>
     }
 }
 
-/// Whether the client's URI is already the upstream's: a path (origin form) and no prefix to
-/// add, as `upstream_uri` would make it, without building it again.
-fn reusable_uri(uri: &Uri, prefix: &str) -> bool {
-    prefix.is_empty()
-        && uri.scheme().is_none()
-        && uri.authority().is_none()
-        && uri.path().starts_with('/')
-}
-
-fn upstream_uri(prefix: &str, path: &str) -> Uri {
+/// The URI the upstream gets: the upstream's prefix, then the client's path and query (`path`).
+/// A client URI that is already that (a path, no prefix to add) is kept as it came, not built
+/// and parsed again.
+fn upstream_uri(prefix: &str, client: Uri, path: &str) -> Uri {
+    if prefix.is_empty()
+        && client.scheme().is_none()
+        && client.authority().is_none()
+        && client.path().starts_with('/')
+    {
+        return client;
+    }
     let path = if path.starts_with('/') {
         path.to_string()
     } else {
@@ -400,31 +403,26 @@ fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn upstream_uri_keeps_the_query_and_adds_the_prefix() {
-        assert_eq!(upstream_uri("", "/v1/x?a=1"), "/v1/x?a=1");
-        assert_eq!(upstream_uri("/openai", "/v1/x"), "/openai/v1/x");
+    fn upstream(prefix: &str, client: &str) -> Uri {
+        let client: Uri = client.parse().unwrap();
+        let path = client
+            .path_and_query()
+            .map_or_else(|| client.path().to_string(), |pq| pq.as_str().to_string());
+        upstream_uri(prefix, client, &path)
     }
 
     #[test]
-    fn a_client_uri_is_reused_only_where_upstream_uri_would_make_the_same() {
-        for (uri, prefix) in [
-            ("/v1/x?a=1", ""),
-            ("/", ""),
-            ("/v1/x", "/openai"),
-            ("http://host:1/v1/x?a=1", ""),
-            ("*", ""),
-        ] {
-            let uri: Uri = uri.parse().unwrap();
-            let path = uri
-                .path_and_query()
-                .map_or_else(|| uri.path().to_string(), |pq| pq.as_str().to_string());
-            if reusable_uri(&uri, prefix) {
-                assert_eq!(uri, upstream_uri(prefix, &path), "{uri}");
-            }
-        }
-        assert!(reusable_uri(&"/v1/x?a=1".parse().unwrap(), ""));
-        assert!(!reusable_uri(&"/v1/x".parse().unwrap(), "/openai"));
-        assert!(!reusable_uri(&"http://h/v1".parse().unwrap(), ""));
+    fn upstream_uri_keeps_the_query_and_adds_the_prefix() {
+        assert_eq!(upstream("", "/v1/x?a=1"), "/v1/x?a=1");
+        assert_eq!(upstream("/openai", "/v1/x"), "/openai/v1/x");
+        assert_eq!(upstream("/openai", "/v1/x?a=1"), "/openai/v1/x?a=1");
+    }
+
+    #[test]
+    fn upstream_uri_drops_the_client_s_scheme_and_authority() {
+        assert_eq!(upstream("", "http://host:1/v1/x?a=1"), "/v1/x?a=1");
+        assert_eq!(upstream("", "/"), "/");
+        let absolute = upstream("", "http://host:1/v1");
+        assert!(absolute.scheme().is_none() && absolute.authority().is_none());
     }
 }
