@@ -29,7 +29,7 @@ pub const RECORDER_QUEUE: usize = 1024;
 /// (nothing waits to fill a batch), and their records to the consumers after it.
 pub const RECORDER_BATCH: usize = 64;
 
-/// How long the recorder lets captures gather after each batch it records.
+/// How long the recorder lets captures gather after a batch that did not fill.
 pub const RECORDER_LINGER: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// Who gets the recorder's records, and which.
@@ -294,7 +294,7 @@ fn run<B: AsRef<[u8]>>(
             hand_on(record, &consumers, &stats);
         }
         // Let the next captures gather instead of waking for each: under load one write (and
-        // one wake-up of this thread) serves many records, and no proxy thread pays a wake-up
+        // one wake-up of this thread) serves many records, where a proxy thread paid a wake-up
         // per exchange. Nothing waits on it: the proxy's hand-over never blocks while the queue
         // has room, and a record is late by at most this. A full batch means a backlog: no
         // pause then, so the queue drains at full speed.

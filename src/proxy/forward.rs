@@ -182,10 +182,7 @@ pub(crate) async fn forward(
     shared.stats.in_flight.fetch_add(1, Ordering::AcqRel);
 
     let (mut parts, body) = request.into_parts();
-    let path = parts.uri.path_and_query().map_or_else(
-        || parts.uri.path().to_string(),
-        |pq| pq.as_str().to_string(),
-    );
+    let path = client_path(&parts.uri);
     parts.uri = upstream_uri(
         &shared.upstream.prefix,
         std::mem::take(&mut parts.uri),
@@ -362,6 +359,12 @@ async fn read_up_to(mut body: Incoming, limit: usize) -> Result<RequestBody, ()>
     }
 }
 
+/// The client's path and query, as recorded and as forwarded (after the upstream's prefix).
+fn client_path(uri: &Uri) -> String {
+    uri.path_and_query()
+        .map_or_else(|| uri.path().to_string(), |pq| pq.as_str().to_string())
+}
+
 /// The URI the upstream gets: the upstream's prefix, then the client's path and query (`path`).
 /// A client URI that is already that (a path, no prefix to add) is kept as it came, not built
 /// and parsed again.
@@ -405,9 +408,7 @@ mod tests {
 
     fn upstream(prefix: &str, client: &str) -> Uri {
         let client: Uri = client.parse().unwrap();
-        let path = client
-            .path_and_query()
-            .map_or_else(|| client.path().to_string(), |pq| pq.as_str().to_string());
+        let path = client_path(&client);
         upstream_uri(prefix, client, &path)
     }
 
