@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
+use super::lru_stack::{longest_root_path, lru_stack};
 use super::policy::{Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses};
 use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
 use super::stats::{Distribution, distribution, mean_of_unit_values};
@@ -252,6 +253,13 @@ struct Totals {
     full_since: Option<u64>,
 }
 
+/// One unit of a profile's work: a replay of (policy, capacity, prompts only), or LRU at every
+/// capacity the stack gives.
+enum Task<'a> {
+    Replay(Policy, Option<&'a Capacity>, bool),
+    LruStack,
+}
+
 /// One policy over every pass of `replay`; only requests' prompts from `warmup` on count.
 /// `prompts_only`: the replies' passes are skipped (the ceiling of the trace semantics, on the
 /// same events).
@@ -399,17 +407,46 @@ fn profile_beside(
     let next_use: OnceLock<Vec<u32>> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
-    // (policy, capacity, prompts only): the ceiling, the trace semantics' ceiling where replies
-    // were cached, then every bounded policy at every capacity.
-    let mut tasks: Vec<(Policy, Option<&Capacity>, bool)> = vec![(Policy::Ceiling, None, false)];
+    // LRU at every capacity that holds the longest pass comes from one pass over the events
+    // (`lru_stack`); smaller capacities, FIFO and optimal are replayed.
+    let stacked: Vec<u64> = match longest_root_path(&replay.parents, &replay.events, &replay.starts)
+    {
+        Some(longest) if config.policies.contains(&Policy::Lru) => {
+            let mut blocks: Vec<u64> = config
+                .capacities
+                .iter()
+                .map(|c| c.blocks)
+                .filter(|&b| b > 0 && b >= longest as u64)
+                .collect();
+            blocks.sort_unstable();
+            blocks.dedup();
+            blocks
+        }
+        _ => Vec::new(),
+    };
+
+    // The ceiling, the trace semantics' ceiling where replies were cached, the LRU stack, then
+    // every bounded policy at every capacity that the stack does not give.
+    let mut tasks: Vec<Task> = vec![Task::Replay(Policy::Ceiling, None, false)];
     if with_replies {
-        tasks.push((Policy::Ceiling, None, true));
+        tasks.push(Task::Replay(Policy::Ceiling, None, true));
     }
-    let first_point = tasks.len();
+    let stack_task = (!stacked.is_empty()).then(|| {
+        tasks.push(Task::LruStack);
+        tasks.len() - 1
+    });
+    // Each point's policy and capacity, and where its totals come from: a task, or the stack.
+    let mut point_sources: Vec<(Policy, &Capacity, Option<usize>)> = Vec::new();
     for capacity in &config.capacities {
         for &policy in &config.policies {
-            if policy != Policy::Ceiling {
-                tasks.push((policy, Some(capacity), false));
+            if policy == Policy::Ceiling {
+                continue;
+            }
+            if policy == Policy::Lru && stacked.binary_search(&capacity.blocks).is_ok() {
+                point_sources.push((policy, capacity, None));
+            } else {
+                tasks.push(Task::Replay(policy, Some(capacity), false));
+                point_sources.push((policy, capacity, Some(tasks.len() - 1)));
             }
         }
     }
@@ -424,22 +461,49 @@ fn profile_beside(
                 config.top_prefixes,
             )
         });
-        let results = run_tasks(&tasks, |scratch, &(policy, capacity, prompts_only)| {
-            let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
-            let next: &[u32] = if policy == Policy::Optimal {
-                next_use
-                    .get_or_init(|| next_uses(&replay.events, &replay.starts, replay.parents.len()))
-            } else {
-                &[]
-            };
-            run_policy(scratch, &replay, policy, blocks, next, warmup, prompts_only)
+        let results = run_tasks(&tasks, |scratch, task| match *task {
+            Task::Replay(policy, capacity, prompts_only) => {
+                let blocks =
+                    capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
+                let next: &[u32] = if policy == Policy::Optimal {
+                    next_use.get_or_init(|| {
+                        next_uses(&replay.events, &replay.starts, replay.parents.len())
+                    })
+                } else {
+                    &[]
+                };
+                vec![run_policy(
+                    scratch,
+                    &replay,
+                    policy,
+                    blocks,
+                    next,
+                    warmup,
+                    prompts_only,
+                )]
+            }
+            Task::LruStack => lru_stack(
+                replay.parents.len(),
+                &replay.events,
+                &replay.starts,
+                &stacked,
+                |pass| replay.counted[pass].is_some_and(|r| r as usize >= warmup),
+            )
+            .into_iter()
+            .map(|stack| Totals {
+                hit_tokens: stack.hit_tokens,
+                same_conversation_tokens: stack.same_conversation_tokens,
+                per_request: Vec::new(),
+                full_since: stack.full_since,
+            })
+            .collect(),
         });
         (results, boards.join())
     });
     let boards = boards.unwrap_or_default();
     let aiperf = aiperf();
 
-    let ceiling_totals = &results[0];
+    let ceiling_totals = &results[0][0];
     let ceiling = point(
         Policy::Ceiling,
         None,
@@ -453,26 +517,31 @@ fn profile_beside(
             Policy::Ceiling,
             None,
             config.block_size,
-            &results[1],
+            &results[1][0],
             measured_tokens,
             warmup_pass,
         )
     } else {
         ceiling.clone()
     };
-    let points = tasks
+    let points = point_sources
         .iter()
-        .zip(&results)
-        .skip(first_point)
-        .map(|(&(policy, capacity, _), totals)| {
-            point(
+        .filter_map(|&(policy, capacity, source)| {
+            let totals = match source {
+                Some(task) => results[task].first()?,
+                None => {
+                    let position = stacked.binary_search(&capacity.blocks).ok()?;
+                    results[stack_task?].get(position)?
+                }
+            };
+            Some(point(
                 policy,
-                capacity,
+                Some(capacity),
                 config.block_size,
                 totals,
                 measured_tokens,
                 warmup_pass,
-            )
+            ))
         })
         .collect();
 
@@ -755,6 +824,27 @@ mod tests {
             naive.insert(id);
         }
         assert!(seen.small.len() > 9_016);
+    }
+
+    /// The LRU stack needs every pass to be a path from the root: prompts and the replies they
+    /// leave cached are, so LRU at every capacity from the longest pass comes from it.
+    #[test]
+    fn every_pass_is_a_path_from_the_root() {
+        let mut requests = vec![
+            request(&[1, 2, 3], 10),
+            request(&[1, 2, 4], 10),
+            request(&[5], 10),
+        ];
+        requests[0].cached_after = [1, 2, 3, 7]
+            .iter()
+            .map(|&id| Block { id, tokens: 10 })
+            .collect();
+        let replay = Replay::new(&requests, true);
+        assert_eq!(replay.passes(), 4);
+        assert_eq!(
+            longest_root_path(&replay.parents, &replay.events, &replay.starts),
+            Some(4)
+        );
     }
 
     #[test]
