@@ -2,6 +2,7 @@
 //! the leaderboards, the whole profile. Usage: profile_bench TRACE [BLOCK_SIZE]
 use std::time::Instant;
 
+use prefixscope::cache::fifo_sweep::fifo_sweep;
 use prefixscope::cache::lru_stack::{longest_root_path, lru_stack};
 use prefixscope::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
 use prefixscope::cache::prefixes::leaderboards;
@@ -77,21 +78,41 @@ fn main() {
         }
         println!("{:<8} {:>6.1} ms (hits {hits})", policy.as_str(), best);
     }
-    // LRU per capacity: where its six replays' time goes.
-    for &capacity in &capacities {
-        let mut best = f64::MAX;
-        let mut trie = TrieCache::lru(0);
-        for _ in 0..5 {
-            let t = Instant::now();
-            trie = trie.recycle(capacity, Policy::Lru);
-            for pass in 0..replay.passes() {
-                let range = replay.starts[pass]..replay.starts[pass + 1];
-                trie.serve(&replay.parents, &replay.events[range], &[]);
+    // LRU and optimal per capacity: where their six replays' time goes.
+    for policy in [Policy::Lru, Policy::Optimal] {
+        for &capacity in &capacities {
+            let mut best = f64::MAX;
+            let mut trie = TrieCache::lru(0);
+            for _ in 0..5 {
+                let t = Instant::now();
+                trie = trie.recycle(capacity, policy);
+                for pass in 0..replay.passes() {
+                    let range = replay.starts[pass]..replay.starts[pass + 1];
+                    trie.serve(&replay.parents, &replay.events[range.clone()], &next[range]);
+                }
+                best = best.min(ms(t));
             }
-            best = best.min(ms(t));
+            println!("{} {capacity:>6} {best:>6.1} ms", policy.as_str());
         }
-        println!("lru {capacity:>6} {best:>6.1} ms");
     }
+    // FIFO at the six capacities in one walk (what `profile` runs).
+    let all: Vec<u64> = capacities.iter().map(|&c| c as u64).collect();
+    let mut best = f64::MAX;
+    let mut hits = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let totals = fifo_sweep(
+            replay.parents.len(),
+            &replay.events,
+            &replay.starts,
+            &all,
+            |_| true,
+        )
+        .unwrap_or_default();
+        best = best.min(ms(t));
+        hits = totals.iter().map(|t| t.hit_tokens).sum::<u64>();
+    }
+    println!("fifo sweep {best:>6.1} ms (hits {hits})");
     // LRU at the four capacities that hold the longest pass, from one pass (what `profile` runs).
     let longest = longest_root_path(&replay.parents, &replay.events, &replay.starts);
     let stacked: Vec<u64> = capacities

@@ -30,7 +30,7 @@ const NEVER: u32 = u32::MAX;
 
 /// One capacity's figures from the one pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StackTotals {
+pub struct CapacityTotals {
     pub hit_tokens: u64,
     pub same_conversation_tokens: u64,
     /// The pass during which the cache first filled up.
@@ -90,14 +90,14 @@ impl Fenwick {
 
 /// LRU over every pass of `events`, at each of `capacities` (ascending, each at least the longest
 /// pass as [`longest_root_path`] gives it, and above 0); only the passes `counted` says count.
-/// Returns one [`StackTotals`] per capacity, in order.
+/// Returns one [`CapacityTotals`] per capacity, in order.
 pub fn lru_stack(
     node_count: usize,
     events: &[Event],
     starts: &[usize],
     capacities: &[u64],
     counted: impl Fn(usize) -> bool,
-) -> Vec<StackTotals> {
+) -> Vec<CapacityTotals> {
     let passes = starts.len().saturating_sub(1);
     let mut last_use = vec![NEVER; node_count];
     let mut by_last_use = Fenwick::new(passes);
@@ -158,7 +158,7 @@ pub fn lru_stack(
         .map(|k| {
             hits += hit_from[k];
             same += same_from[k];
-            StackTotals {
+            CapacityTotals {
                 hit_tokens: hits,
                 same_conversation_tokens: same,
                 full_since: full_since[k],
@@ -168,12 +168,15 @@ pub fn lru_stack(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::cache::policy::TrieCache;
 
     /// A small trie walked by random paths: many shared prefixes, evictions at every capacity.
-    fn generated(seed: u64, passes: usize) -> (Vec<u32>, Vec<Event>, Vec<usize>) {
+    pub(in crate::cache) fn generated(
+        seed: u64,
+        passes: usize,
+    ) -> (Vec<u32>, Vec<Event>, Vec<usize>) {
         let mut state = seed | 1;
         let mut next = move |bound: u64| {
             state ^= state << 13;
@@ -213,9 +216,9 @@ mod tests {
         starts: &[usize],
         capacity: u64,
         counted: impl Fn(usize) -> bool,
-    ) -> StackTotals {
+    ) -> CapacityTotals {
         let mut cache = TrieCache::lru(capacity as usize);
-        let mut totals = StackTotals::default();
+        let mut totals = CapacityTotals::default();
         for pass in 0..starts.len() - 1 {
             let served = cache.serve(parents, &events[starts[pass]..starts[pass + 1]], &[]);
             if counted(pass) {

@@ -759,6 +759,50 @@ impl TrieCache {
     }
 }
 
+/// The most nodes optimal must hold at once to miss nothing the ceiling hits: over the passes,
+/// the nodes seen so far that a later pass uses again, plus the pass's own nodes seen before
+/// that no later pass uses (its hits, which it protects). `next_use` is [`next_uses`]'s.
+///
+/// At a capacity of at least this, optimal hits exactly what the ceiling hits. By induction over
+/// the passes: every node seen before a pass and used by it is cached when it starts (so its
+/// hits are the ceiling's), and only nodes no later pass uses are ever evicted or bypassed.
+/// When a pass inserts a node a later pass uses, its ancestors on the path are used then too,
+/// so fewer than the capacity of the cached nodes are still needed or its protected hits, and
+/// a cached node no later pass uses is left: the deepest such is a leaf, not on the path,
+/// unprotected, and its key is "never", which no node used again reaches, so the victim is
+/// one of those (the newcomer's key is not "never": no bypass). A newcomer no later pass uses
+/// is bypassed when the cache is full (nothing is farther than "never"), and so is the rest of
+/// its path, which no later pass uses either. Until the cache is full nothing is evicted.
+pub fn optimal_working_set(events: &[Event], starts: &[usize], next_use: &[u32]) -> u64 {
+    let passes = starts.len().saturating_sub(1);
+    let mut seen: Vec<bool> = Vec::new();
+    // `ending[p]`: nodes whose wait for their next use ends at pass p.
+    let mut ending = vec![0u64; passes + 1];
+    let (mut waiting, mut most) = (0u64, 0u64);
+    for pass in 0..passes {
+        let range = starts[pass]..starts[pass + 1];
+        waiting -= ending[pass];
+        let mut protected_dead = 0;
+        for i in range.clone() {
+            let node = events[i].node() as usize;
+            grow(&mut seen, node + 1, false);
+            match next_use.get(i).map(|&n| n as usize) {
+                Some(next) if next > pass && next < passes => {
+                    waiting += 1;
+                    ending[next] += 1;
+                }
+                _ if seen[node] => protected_dead += 1,
+                _ => {}
+            }
+        }
+        for i in range {
+            seen[events[i].node() as usize] = true;
+        }
+        most = most.max(waiting + protected_dead);
+    }
+    most
+}
+
 /// For each event of `events` (requests delimited by `starts`), the index of the next request
 /// containing the same node, or `requests + 1` when there is none (the reference's "never").
 pub fn next_uses(events: &[Event], starts: &[usize], node_count: usize) -> Vec<u32> {
@@ -1046,5 +1090,37 @@ mod tests {
         }
         // 3 is never used again, so it bypasses the cache and both 1 and 2 hit.
         assert_eq!(hits, vec![0, 0, 0, 1, 1]);
+    }
+
+    /// At every capacity from the working set, optimal hits what the ceiling hits, request by
+    /// request; below it, it may not (the bound is sufficient, and close: the generated tries
+    /// lose hits a few blocks below it).
+    #[test]
+    fn optimal_from_its_working_set_hits_what_the_ceiling_hits() {
+        let mut below_lost = 0;
+        for seed in 1..40u64 {
+            let (parents, events, starts) = crate::cache::lru_stack::tests::generated(seed, 300);
+            let next = next_uses(&events, &starts, parents.len());
+            let working_set = optimal_working_set(&events, &starts, &next) as usize;
+            let mut ceiling = Ceiling::default();
+            let ceiling_hits: Vec<Served> = (0..starts.len() - 1)
+                .map(|p| ceiling.serve(parents.len(), &events[starts[p]..starts[p + 1]]))
+                .collect();
+            for capacity in [working_set.saturating_sub(3), working_set, working_set + 40] {
+                let mut optimal = TrieCache::optimal(capacity);
+                let hits: Vec<Served> = (0..starts.len() - 1)
+                    .map(|p| {
+                        let range = starts[p]..starts[p + 1];
+                        optimal.serve(&parents, &events[range.clone()], &next[range])
+                    })
+                    .collect();
+                if capacity >= working_set {
+                    assert_eq!(hits, ceiling_hits, "seed {seed}, capacity {capacity}");
+                } else if hits != ceiling_hits {
+                    below_lost += 1;
+                }
+            }
+        }
+        assert!(below_lost > 0);
     }
 }

@@ -7,8 +7,11 @@ use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use super::lru_stack::{longest_root_path, lru_stack};
-use super::policy::{Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses};
+use super::fifo_sweep::fifo_sweep;
+use super::lru_stack::{CapacityTotals, longest_root_path, lru_stack};
+use super::policy::{
+    Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses, optimal_working_set,
+};
 use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
 use super::stats::{Distribution, distribution, mean_of_unit_values};
 use super::{IdSet, PROFILE_REPORT_VERSION, Request};
@@ -253,11 +256,26 @@ struct Totals {
     full_since: Option<u64>,
 }
 
-/// One unit of a profile's work: a replay of (policy, capacity, prompts only), or LRU at every
-/// capacity the stack gives.
+/// One unit of a profile's work: a replay of (policy, capacity, prompts only), FIFO at every
+/// capacity, or LRU at every capacity the stack gives.
 enum Task<'a> {
     Replay(Policy, Option<&'a Capacity>, bool),
+    FifoSweep,
     LruStack,
+}
+
+/// Where a point's totals are: (task, position in the task's results).
+type ResultAt = (usize, usize);
+
+impl From<CapacityTotals> for Totals {
+    fn from(totals: CapacityTotals) -> Totals {
+        Totals {
+            hit_tokens: totals.hit_tokens,
+            same_conversation_tokens: totals.same_conversation_tokens,
+            per_request: Vec::new(),
+            full_since: totals.full_since,
+        }
+    }
 }
 
 /// One policy over every pass of `replay`; only requests' prompts from `warmup` on count.
@@ -336,6 +354,33 @@ fn run_policy(
     totals
 }
 
+/// Optimal at a capacity that holds its working set (`optimal_working_set`): it hits what the
+/// ceiling hits, and fills up during the pass whose new nodes bring the distinct nodes to the
+/// capacity (nothing is evicted or bypassed before).
+fn lossless_optimal(
+    scratch: &mut Scratch,
+    replay: &Replay,
+    capacity: usize,
+    warmup: usize,
+) -> Totals {
+    let mut totals = run_policy(scratch, replay, Policy::Ceiling, 0, &[], warmup, false);
+    totals.per_request = Vec::new();
+    let mut seen = vec![false; replay.parents.len()];
+    let mut distinct = 0usize;
+    totals.full_since = (0..replay.passes()).find_map(|pass| {
+        for event in &replay.events[replay.pass_range(pass)] {
+            if let Some(seen) = seen.get_mut(event.node() as usize)
+                && !*seen
+            {
+                *seen = true;
+                distinct += 1;
+            }
+        }
+        (distinct >= capacity).then_some(pass as u64)
+    });
+    totals
+}
+
 /// One worker's caches, kept between its replays so each replay reuses the memory of the one
 /// before instead of faulting in fresh pages (the kernel zeroing them was a third of the time).
 #[derive(Default)]
@@ -402,9 +447,9 @@ fn profile_beside(
         .flat_map(|range| &replay.events[range.clone()])
         .map(|e| u64::from(e.tokens))
         .sum();
-    // Only optimal needs each block's next use: its first replay computes them while the
-    // other workers replay the other policies.
-    let next_use: OnceLock<Vec<u32>> = OnceLock::new();
+    // Only optimal needs each block's next use (and the working set they give): its first
+    // replay computes them while the other workers replay the other policies.
+    let future: OnceLock<(Vec<u32>, u64)> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
     // LRU at every capacity that holds the longest pass comes from one pass over the events
@@ -425,31 +470,45 @@ fn profile_beside(
         _ => Vec::new(),
     };
 
-    // The ceiling, the trace semantics' ceiling where replies were cached, the LRU stack, then
-    // every bounded policy at every capacity that the stack does not give.
+    let fifo_capacities: Vec<u64> = if config.policies.contains(&Policy::Fifo) {
+        config.capacities.iter().map(|c| c.blocks).collect()
+    } else {
+        Vec::new()
+    };
+
+    // The ceiling, the trace semantics' ceiling where replies were cached, FIFO at every
+    // capacity, the LRU stack, then LRU below the longest pass and optimal at every capacity.
     let mut tasks: Vec<Task> = vec![Task::Replay(Policy::Ceiling, None, false)];
     if with_replies {
         tasks.push(Task::Replay(Policy::Ceiling, None, true));
     }
+    let fifo_task = (!fifo_capacities.is_empty()).then(|| {
+        tasks.push(Task::FifoSweep);
+        tasks.len() - 1
+    });
     let stack_task = (!stacked.is_empty()).then(|| {
         tasks.push(Task::LruStack);
         tasks.len() - 1
     });
-    // Each point's policy and capacity, and where its totals come from: a task, or the stack.
-    let mut point_sources: Vec<(Policy, &Capacity, Option<usize>)> = Vec::new();
-    for capacity in &config.capacities {
+    // Each point's policy and capacity, and where its totals come from.
+    let mut point_sources: Vec<(Policy, &Capacity, Option<ResultAt>)> = Vec::new();
+    for (position, capacity) in config.capacities.iter().enumerate() {
         for &policy in &config.policies {
-            if policy == Policy::Ceiling {
-                continue;
-            }
-            if policy == Policy::Lru && stacked.binary_search(&capacity.blocks).is_ok() {
-                point_sources.push((policy, capacity, None));
-            } else {
-                tasks.push(Task::Replay(policy, Some(capacity), false));
-                point_sources.push((policy, capacity, Some(tasks.len() - 1)));
-            }
+            let source = match policy {
+                Policy::Ceiling => continue,
+                Policy::Fifo => fifo_task.map(|task| (task, position)),
+                Policy::Lru if stacked.binary_search(&capacity.blocks).is_ok() => {
+                    stack_task.zip(stacked.binary_search(&capacity.blocks).ok())
+                }
+                Policy::Lru | Policy::Optimal => {
+                    tasks.push(Task::Replay(policy, Some(capacity), false));
+                    Some((tasks.len() - 1, 0))
+                }
+            };
+            point_sources.push((policy, capacity, source));
         }
     }
+    let measured = |pass: usize| replay.counted[pass].is_some_and(|r| r as usize >= warmup);
     // The leaderboards need no cache: they run beside the replays.
     let (results, boards) = std::thread::scope(|scope| {
         let boards = scope.spawn(|| {
@@ -466,9 +525,16 @@ fn profile_beside(
                 let blocks =
                     capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
                 let next: &[u32] = if policy == Policy::Optimal {
-                    next_use.get_or_init(|| {
-                        next_uses(&replay.events, &replay.starts, replay.parents.len())
-                    })
+                    let (next, working_set) = future.get_or_init(|| {
+                        let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
+                        let working_set =
+                            optimal_working_set(&replay.events, &replay.starts, &next);
+                        (next, working_set)
+                    });
+                    if blocks > 0 && blocks as u64 >= *working_set && !prompts_only {
+                        return vec![lossless_optimal(scratch, &replay, blocks, warmup)];
+                    }
+                    next
                 } else {
                     &[]
                 };
@@ -487,16 +553,28 @@ fn profile_beside(
                 &replay.events,
                 &replay.starts,
                 &stacked,
-                |pass| replay.counted[pass].is_some_and(|r| r as usize >= warmup),
+                measured,
             )
             .into_iter()
-            .map(|stack| Totals {
-                hit_tokens: stack.hit_tokens,
-                same_conversation_tokens: stack.same_conversation_tokens,
-                per_request: Vec::new(),
-                full_since: stack.full_since,
-            })
+            .map(Totals::from)
             .collect(),
+            Task::FifoSweep => match fifo_sweep(
+                replay.parents.len(),
+                &replay.events,
+                &replay.starts,
+                &fifo_capacities,
+                measured,
+            ) {
+                Some(swept) => swept.into_iter().map(Totals::from).collect(),
+                // More events than a stamp counts (never in memory): each capacity replayed.
+                None => fifo_capacities
+                    .iter()
+                    .map(|&blocks| {
+                        let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
+                        run_policy(scratch, &replay, Policy::Fifo, blocks, &[], warmup, false)
+                    })
+                    .collect(),
+            },
         });
         (results, boards.join())
     });
@@ -527,13 +605,8 @@ fn profile_beside(
     let points = point_sources
         .iter()
         .filter_map(|&(policy, capacity, source)| {
-            let totals = match source {
-                Some(task) => results[task].first()?,
-                None => {
-                    let position = stacked.binary_search(&capacity.blocks).ok()?;
-                    results[stack_task?].get(position)?
-                }
-            };
+            let (task, position) = source?;
+            let totals = results.get(task)?.get(position)?;
             Some(point(
                 policy,
                 Some(capacity),
@@ -845,6 +918,101 @@ mod tests {
             longest_root_path(&replay.parents, &replay.events, &replay.starts),
             Some(4)
         );
+    }
+
+    /// The profile's one-walk shortcuts (LRU's stack, FIFO's sweep, optimal at its working set)
+    /// give every point what a replay of that policy at that capacity gives: hits, the
+    /// conversation split and whether the cache filled before measuring, on requests with
+    /// replies cached, conversations, and capacities from one block to more than all.
+    #[test]
+    fn every_point_equals_its_replay() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut random = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let mut requests = Vec::new();
+        for i in 0..400u64 {
+            let stem = random(5);
+            let mut ids = vec![1000 + stem];
+            ids.extend((0..1 + random(14)).map(|k| {
+                if random(3) == 0 {
+                    5000 + i * 100 + k
+                } else {
+                    k
+                }
+            }));
+            let mut request = request(&ids, 1 + random(16) as u32);
+            if random(2) == 0 {
+                request.cached_after = request.blocks.clone();
+                request.cached_after.push(Block {
+                    id: 90_000 + i,
+                    tokens: 7,
+                });
+            }
+            request.conversation = Some(format!("c{}", random(6)));
+            requests.push(request);
+        }
+        let capacities: Vec<Capacity> = [1u64, 3, 8, 16, 20, 60, 200, 1000, 100_000]
+            .iter()
+            .map(|&blocks| Capacity {
+                blocks,
+                label: format!("{blocks}b"),
+            })
+            .collect();
+        let config = ProfileConfig {
+            warmup: 0.3,
+            capacities: capacities.clone(),
+            policies: vec![Policy::Fifo, Policy::Lru, Policy::Optimal],
+            ..ProfileConfig::default()
+        };
+        let report = profile(&requests, &config);
+        let replay = Replay::new(&requests, true);
+        assert!(replay.passes() > replay.requests());
+        let warmup = warmup_requests(requests.len(), config.warmup);
+        let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
+        let working_set = optimal_working_set(&replay.events, &replay.starts, &next);
+        let longest = longest_root_path(&replay.parents, &replay.events, &replay.starts);
+        // The shortcuts are taken for some capacities here and not for others.
+        assert!(longest.is_some_and(|l| l > 3 && l < 60), "{longest:?}");
+        assert!(working_set > 20 && working_set < 100_000, "{working_set}");
+        let mut scratch = Scratch::default();
+        for point in &report.points {
+            let blocks = point.capacity_blocks.unwrap_or_default() as usize;
+            let totals = run_policy(
+                &mut scratch,
+                &replay,
+                point.policy,
+                blocks,
+                &next,
+                warmup,
+                false,
+            );
+            let replayed = super::point(
+                point.policy,
+                capacities.iter().find(|c| c.blocks == blocks as u64),
+                config.block_size,
+                &totals,
+                report.measured_tokens,
+                replay.first_pass_of(warmup),
+            );
+            assert_eq!(*point, replayed, "{} at {blocks}", point.policy.as_str());
+            // The fill point itself, which the point only compares with the warmup.
+            if point.policy == Policy::Optimal && blocks as u64 >= working_set {
+                let lossless = lossless_optimal(&mut scratch, &replay, blocks, warmup);
+                assert_eq!(
+                    lossless.full_since, totals.full_since,
+                    "optimal at {blocks}"
+                );
+                assert_eq!(
+                    lossless.hit_tokens, totals.hit_tokens,
+                    "optimal at {blocks}"
+                );
+            }
+        }
+        assert_eq!(report.points.len(), 27);
     }
 
     #[test]

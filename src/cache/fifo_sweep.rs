@@ -1,0 +1,97 @@
+//! FIFO at several capacities, each from one walk over the events with one stamp per node: the
+//! same figures as [`super::policy::Fifo`] replayed at each, without its queue (on the Mooncake
+//! trace the six capacities take 4.1 ms against 7.0 ms replayed). The live view keeps `Fifo`,
+//! whose flags take a quarter of the stamps' memory for each of its capacities.
+//!
+//! A FIFO cache inserts only missing nodes and evicts the oldest insertion once full, so after T
+//! insertions it holds exactly the nodes inserted by the last min(T, C): a node evicted by the
+//! insertion C after its own cannot be that insertion, so the last C insertions are C distinct
+//! nodes. A node is therefore cached while its latest insertion's number s (from 1) satisfies
+//! s + C > T. Within a request the hits are its contiguous present prefix (no insertion happens
+//! before the first miss), then every missing node is inserted in order, as the replay does.
+
+use super::lru_stack::CapacityTotals;
+use super::policy::Event;
+
+/// FIFO over every pass of `events` (delimited by `starts`) at each of `capacities` (any order;
+/// 0 caches nothing); only the passes `counted` says count. One [`CapacityTotals`] per capacity, in
+/// order. `None` when the insertions could outnumber a stamp (2^32 − 1 events), never in memory.
+pub fn fifo_sweep(
+    node_count: usize,
+    events: &[Event],
+    starts: &[usize],
+    capacities: &[u64],
+    counted: impl Fn(usize) -> bool,
+) -> Option<Vec<CapacityTotals>> {
+    if u32::try_from(events.len()).ok()? == u32::MAX {
+        return None;
+    }
+    let mut totals = vec![CapacityTotals::default(); capacities.len()];
+    // `stamps[node]`: the number (from 1) of the node's latest insertion, 0 for none yet; one
+    // array for every capacity in turn, so the memory is touched once.
+    let mut stamps: Vec<u32> = Vec::new();
+    let passes = starts.len().saturating_sub(1);
+    for (&capacity, totals) in capacities.iter().zip(&mut totals) {
+        stamps.clear();
+        stamps.resize(node_count, 0);
+        let mut insertions = 0u64;
+        for pass in 0..passes {
+            let counts = counted(pass);
+            let mut hitting = true;
+            for event in &events[starts[pass]..starts[pass + 1]] {
+                let Some(stamp) = stamps.get_mut(event.node() as usize) else {
+                    continue;
+                };
+                if *stamp != 0 && u64::from(*stamp) + capacity > insertions {
+                    if hitting && counts {
+                        totals.hit_tokens += u64::from(event.tokens);
+                        if event.seen_in_conversation() {
+                            totals.same_conversation_tokens += u64::from(event.tokens);
+                        }
+                    }
+                    continue;
+                }
+                hitting = false;
+                insertions += 1;
+                // Below 2^32 - 1: one insertion per event at most.
+                *stamp = u32::try_from(insertions).unwrap_or(u32::MAX);
+                if insertions == capacity {
+                    totals.full_since = Some(pass as u64);
+                }
+            }
+        }
+    }
+    Some(totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::lru_stack::tests::generated;
+    use crate::cache::policy::Fifo;
+
+    #[test]
+    fn equals_the_replay_at_every_capacity() {
+        for seed in 1..40u64 {
+            let (parents, events, starts) = generated(seed, 300);
+            let capacities = [0u64, 1, 2, 3, 7, 20, 64, 200, 700, 5000];
+            let counted = |pass: usize| pass >= 100;
+            let swept =
+                fifo_sweep(parents.len(), &events, &starts, &capacities, counted).expect("small");
+            assert!(swept[1].hit_tokens < swept[9].hit_tokens, "seed {seed}");
+            for (&capacity, sweep) in capacities.iter().zip(&swept) {
+                let mut fifo = Fifo::new(capacity as usize);
+                let mut replay = CapacityTotals::default();
+                for pass in 0..starts.len() - 1 {
+                    let served = fifo.serve(parents.len(), &events[starts[pass]..starts[pass + 1]]);
+                    if counted(pass) {
+                        replay.hit_tokens += served.hit_tokens;
+                        replay.same_conversation_tokens += served.same_conversation_tokens;
+                    }
+                }
+                replay.full_since = fifo.full_since();
+                assert_eq!(*sweep, replay, "seed {seed}, capacity {capacity}");
+            }
+        }
+    }
+}
