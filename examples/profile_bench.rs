@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use prefixscope::cache::fifo_sweep::fifo_sweep;
-use prefixscope::cache::lru_stack::{longest_root_path, lru_stack};
+use prefixscope::cache::lru_stack::{all_paths_from_root, lru_stack};
 use prefixscope::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
 use prefixscope::cache::prefixes::leaderboards;
 use prefixscope::cache::profile::{
@@ -113,13 +113,9 @@ fn main() {
         hits = totals.iter().map(|t| t.hit_tokens).sum::<u64>();
     }
     println!("fifo sweep {best:>6.1} ms (hits {hits})");
-    // LRU at the four capacities that hold the longest pass, from one pass (what `profile` runs).
-    let longest = longest_root_path(&replay.parents, &replay.events, &replay.starts);
-    let stacked: Vec<u64> = capacities
-        .iter()
-        .map(|&c| c as u64)
-        .filter(|&c| longest.is_some_and(|l| c >= l as u64))
-        .collect();
+    // LRU at the six capacities from one walk (what `profile` runs).
+    let paths = all_paths_from_root(&replay.parents, &replay.events, &replay.starts);
+    let stacked: Vec<u64> = capacities.iter().map(|&c| c as u64).collect();
     let mut best = f64::MAX;
     let mut hits = 0;
     for _ in 0..5 {
@@ -134,7 +130,7 @@ fn main() {
         best = best.min(ms(t));
         hits = totals.iter().map(|t| t.hit_tokens).sum::<u64>();
     }
-    println!("lru stack {stacked:?} {best:>6.1} ms (hits {hits}; longest pass {longest:?})");
+    println!("lru stack {best:>6.1} ms (hits {hits}; paths from the root: {paths})");
     let t = Instant::now();
     let ranges = replay.request_ranges();
     let boards = leaderboards(&requests, &replay.events, &ranges, &replay.parents, 3);

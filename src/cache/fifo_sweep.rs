@@ -15,7 +15,8 @@ use super::policy::Event;
 
 /// FIFO over every pass of `events` (delimited by `starts`) at each of `capacities` (any order;
 /// 0 caches nothing); only the passes `counted` says count. One [`CapacityTotals`] per capacity, in
-/// order. `None` when the insertions could outnumber a stamp (2^32 − 1 events), never in memory.
+/// order. `None` when the insertions could outnumber a stamp (2^32 − 1 events); the caller
+/// replays then.
 pub fn fifo_sweep(
     node_count: usize,
     events: &[Event],
@@ -42,7 +43,8 @@ pub fn fifo_sweep(
                 let Some(stamp) = stamps.get_mut(event.node() as usize) else {
                     continue;
                 };
-                if *stamp != 0 && u64::from(*stamp) + capacity > insertions {
+                // A stamp is at most `insertions`: no sum to overflow at a capacity near u64::MAX.
+                if *stamp != 0 && insertions - u64::from(*stamp) < capacity {
                     if hitting && counts {
                         totals.hit_tokens += u64::from(event.tokens);
                         if event.seen_in_conversation() {
@@ -74,13 +76,26 @@ mod tests {
     fn equals_the_replay_at_every_capacity() {
         for seed in 1..40u64 {
             let (parents, events, starts) = generated(seed, 300);
-            let capacities = [0u64, 1, 2, 3, 7, 20, 64, 200, 700, 5000];
+            let capacities = [
+                0u64,
+                1,
+                2,
+                3,
+                7,
+                20,
+                64,
+                200,
+                700,
+                5000,
+                u64::MAX - 3,
+                u64::MAX,
+            ];
             let counted = |pass: usize| pass >= 100;
             let swept =
                 fifo_sweep(parents.len(), &events, &starts, &capacities, counted).expect("small");
             assert!(swept[1].hit_tokens < swept[9].hit_tokens, "seed {seed}");
             for (&capacity, sweep) in capacities.iter().zip(&swept) {
-                let mut fifo = Fifo::new(capacity as usize);
+                let mut fifo = Fifo::new(usize::try_from(capacity).unwrap_or(usize::MAX));
                 let mut replay = CapacityTotals::default();
                 for pass in 0..starts.len() - 1 {
                     let served = fifo.serve(parents.len(), &events[starts[pass]..starts[pass + 1]]);

@@ -1,27 +1,36 @@
-//! LRU at every large capacity in one pass: the trie LRU is a stack algorithm there (Mattson,
-//! Gecsei, Slutz and Traiger, 1970), so one walk over the events gives each block's stack
-//! distance, and a block hits at capacity C exactly when its distance is at most C.
+//! LRU at every capacity in one walk over the events. The trie LRU is nearly a stack algorithm
+//! (Mattson, Gecsei, Slutz and Traiger, 1970): nodes rank by the last pass that used them (later
+//! ranks higher), then by depth (shallower ranks higher), an order that does not depend on the capacity, and a cache of C blocks
+//! always holds the top of that order: C nodes, or C - 1 after a pass longer than C, until a
+//! pass inserts again. So one walk gives each block's stack distance (its place in the order),
+//! and a block hits at capacity C when its distance is at most what C holds.
 //!
-//! Why this equals [`super::policy::TrieCache`]'s LRU, step for step, when C is at least the
-//! longest pass (every pass a path from the root, as [`super::policy::EventBuilder`] makes them):
+//! Why, step for step against [`super::policy::TrieCache`] (every pass a path from the root, as
+//! [`super::policy::EventBuilder`] makes them; [`all_paths_from_root`] checks it):
 //!
-//! - No pass is cut short. When the cache is full and a pass inserts its k-th node, k - 1 ≤ C - 1
-//!   of the C cached nodes are on its path; the deepest cached node off the path is a leaf and
-//!   unprotected, so an eviction always succeeds, and a node's parent is always cached (a hit,
-//!   or inserted just before). After a pass, its whole path is cached.
-//! - The victim is the cached node of lowest rank, where a node ranks by the last pass whose
-//!   path holds it, then shallower first. A leaf's clock is the newest of its subtree (a pass
-//!   touches a node's ancestors before it), every pass through a node passes through its
-//!   parent, so the oldest leaf is the lowest node in that order; the current pass's nodes rank
-//!   highest, which is their protection. The rank does not depend on C.
-//! - Then, by induction over the passes, the cache of C blocks holds the C highest-ranked nodes
-//!   seen so far, and a node is cached at the start of a pass when fewer than C nodes rank above
-//!   it. Above a node x last used by pass q stand every node used by a later pass, and x's
-//!   ancestors that pass q used last too (they are a run of the path: along a path, the last
-//!   uses never grow with depth).
+//! - The order. Every pass through a node passes through its parent, so a cached child ranks
+//!   below its parent (an earlier last pass, or the same and deeper) and the lowest cached node
+//!   is a leaf. Two leaves never share a last pass (both would be on that pass's path), and a
+//!   pass touches a node's ancestors before it, so the lowest leaf is the one with the oldest
+//!   clock: the one the replay evicts. The current pass's cached nodes are its hits, which rank
+//!   highest: that is their protection.
+//! - A pass of at most C nodes. When the cache is full and the pass inserts its k-th node,
+//!   k - 1 ≤ C - 1 of the cached nodes are on its path, so the deepest cached node off the path
+//!   is an unprotected leaf: every eviction succeeds and takes the lowest node, and every
+//!   inserted node's parent is cached. After the pass the cache holds its path and the highest
+//!   of the rest: the top C of the new order (or still the top C - 1, if it inserted nothing).
+//! - A pass longer than C. Its insertions evict every node off its path, lowest first; then the
+//!   only unprotected leaf is the node it inserted last, which goes, and the next node's parent
+//!   is gone, so the pass stops: the cache holds the path's first C - 1 nodes, the top C - 1 of
+//!   the new order. If its hits alone fill the cache, nothing can be evicted and it keeps those
+//!   C.
+//! - By induction over the passes, a node is cached at a pass's start when its place in the
+//!   order is within what the cache holds. Above a node x last used by pass q stand every node a
+//!   later pass used, and x's ancestors that pass q used last too (a run of the path: along a
+//!   path the last uses never grow with depth).
 //!
-//! The capacities below the longest pass are replayed: there a pass can be cut, and the cut
-//! depends on C. `tests` checks both ways agree on generated traces and capacities.
+//! `tests` holds the walk equal to the replay on generated tries, at capacities from one block
+//! to more than all, so through passes longer than the cache.
 
 use super::policy::Event;
 
@@ -37,22 +46,20 @@ pub struct CapacityTotals {
     pub full_since: Option<u64>,
 }
 
-/// The longest pass, if every pass of `events` (delimited by `starts`) is a path from the root of
-/// `parents`; `None` when one is not (then every capacity is replayed).
-pub fn longest_root_path(parents: &[u32], events: &[Event], starts: &[usize]) -> Option<usize> {
-    let mut longest = 0;
-    for bounds in starts.windows(2) {
-        let pass = events.get(bounds[0]..bounds[1])?;
+/// Whether every pass of `events` (delimited by `starts`) is a path from the root of `parents`
+/// (else every capacity is replayed).
+pub fn all_paths_from_root(parents: &[u32], events: &[Event], starts: &[usize]) -> bool {
+    starts.windows(2).all(|bounds| {
+        let Some(pass) = events.get(bounds[0]..bounds[1]) else {
+            return false;
+        };
         let mut parent = 0u32;
-        for event in pass {
-            if parents.get(event.node() as usize) != Some(&parent) {
-                return None;
-            }
+        pass.iter().all(|event| {
+            let on_path = event.node() != 0 && parents.get(event.node() as usize) == Some(&parent);
             parent = event.node();
-        }
-        longest = longest.max(pass.len());
-    }
-    Some(longest)
+            on_path
+        })
+    })
 }
 
 /// Counts of nodes by the pass that used them last, with prefix sums in O(log passes).
@@ -88,8 +95,8 @@ impl Fenwick {
     }
 }
 
-/// LRU over every pass of `events`, at each of `capacities` (ascending, each at least the longest
-/// pass as [`longest_root_path`] gives it, and above 0); only the passes `counted` says count.
+/// LRU over every pass of `events` (paths from the root: [`all_paths_from_root`]), at each of
+/// `capacities` (ascending, distinct, each above 0); only the passes `counted` says count.
 /// Returns one [`CapacityTotals`] per capacity, in order.
 pub fn lru_stack(
     node_count: usize,
@@ -107,18 +114,27 @@ pub fn lru_stack(
     let mut same_from = vec![0u64; capacities.len()];
     let mut full_since = vec![None; capacities.len()];
     let mut not_full = 0;
+    // How much of the top of the order each capacity holds: C, or C - 1 after a pass longer
+    // than C until a pass inserts again. Ascending, as the capacities are.
+    let mut held: Vec<u64> = capacities.to_vec();
+    // Per pass: its blocks whose smallest capacity to hit is the k-th.
+    let mut first_hits = vec![0u64; capacities.len()];
     for pass in 0..passes {
         let path = &events[starts[pass]..starts[pass + 1]];
+        let length = path.len() as u64;
         let counts = counted(pass);
         // The path's last uses fall with depth, in runs of one pass each.
         let mut run_pass = NEVER;
         let mut run_start = 0;
         let mut ranked_above = 0u64;
         let mut fresh = 0u64;
+        first_hits.fill(0);
         for (depth, event) in path.iter().enumerate() {
-            let node = event.node() as usize;
-            let last = last_use.get(node).copied().unwrap_or(NEVER);
-            last_use[node] = u32::try_from(pass).unwrap_or(NEVER - 1);
+            // Every node is below `node_count` (the paths are checked against the parents).
+            let Some(slot) = last_use.get_mut(event.node() as usize) else {
+                continue;
+            };
+            let last = std::mem::replace(slot, u32::try_from(pass).unwrap_or(NEVER - 1));
             if last == NEVER {
                 fresh += 1;
                 continue;
@@ -131,15 +147,29 @@ pub fn lru_stack(
                 run_start = depth;
                 ranked_above = seen - by_last_use.prefix(last as usize);
             }
-            if counts {
-                let distance = ranked_above + (depth - run_start) as u64 + 1;
-                let first = capacities.partition_point(|&c| c < distance);
-                if first < capacities.len() {
+            let distance = ranked_above + (depth - run_start) as u64 + 1;
+            let first = held.partition_point(|&h| h < distance);
+            if first < capacities.len() {
+                first_hits[first] += 1;
+                if counts {
                     hit_from[first] += u64::from(event.tokens);
                     if event.seen_in_conversation() {
                         same_from[first] += u64::from(event.tokens);
                     }
                 }
+            }
+        }
+        let mut hits = 0;
+        for (k, &capacity) in capacities.iter().enumerate() {
+            hits += first_hits[k];
+            if length > capacity {
+                held[k] = if hits >= capacity {
+                    capacity
+                } else {
+                    capacity - 1
+                };
+            } else if length > hits {
+                held[k] = capacity;
             }
         }
         if run_pass != NEVER {
@@ -231,19 +261,21 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn equals_the_replay_at_every_capacity_from_the_longest_pass() {
+    fn equals_the_replay_at_every_capacity() {
         for seed in 1..40u64 {
             let (parents, events, starts) = generated(seed, 300);
-            let longest = longest_root_path(&parents, &events, &starts).expect("paths");
-            let capacities: Vec<u64> = [0, 1, 2, 5, 17, 60, 250, 5000]
-                .iter()
-                .map(|&extra| longest as u64 + extra)
-                .collect();
+            assert!(all_paths_from_root(&parents, &events, &starts));
+            // Passes are 1 to 12 blocks long: the small capacities see passes longer than
+            // themselves, back to back and between shorter ones.
+            let capacities = [1u64, 2, 3, 4, 5, 7, 9, 11, 12, 13, 17, 60, 250, 5000];
             let warmup = 100;
             let counted = |pass: usize| pass >= warmup;
             let stacked = lru_stack(parents.len(), &events, &starts, &capacities, counted);
             // Evictions at the smaller capacities: the figures grow with the capacity.
-            assert!(stacked[0].hit_tokens < stacked[7].hit_tokens, "seed {seed}");
+            assert!(
+                stacked[0].hit_tokens < stacked[13].hit_tokens,
+                "seed {seed}"
+            );
             for (&capacity, stack) in capacities.iter().zip(&stacked) {
                 let replay = replayed(&parents, &events, &starts, capacity, counted);
                 assert_eq!(*stack, replay, "seed {seed}, capacity {capacity}");
@@ -255,10 +287,10 @@ pub(super) mod tests {
     fn a_pass_that_is_not_a_path_from_the_root_is_refused() {
         let parents = vec![0, 0, 1];
         let path = [Event::new(1, 1, false), Event::new(2, 1, false)];
-        assert_eq!(longest_root_path(&parents, &path, &[0, 2]), Some(2));
+        assert!(all_paths_from_root(&parents, &path, &[0, 2]));
         let skipped = [Event::new(2, 1, false)];
-        assert_eq!(longest_root_path(&parents, &skipped, &[0, 1]), None);
+        assert!(!all_paths_from_root(&parents, &skipped, &[0, 1]));
         let unknown = [Event::new(9, 1, false)];
-        assert_eq!(longest_root_path(&parents, &unknown, &[0, 1]), None);
+        assert!(!all_paths_from_root(&parents, &unknown, &[0, 1]));
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use super::fifo_sweep::fifo_sweep;
-use super::lru_stack::{CapacityTotals, longest_root_path, lru_stack};
+use super::lru_stack::{CapacityTotals, all_paths_from_root, lru_stack};
 use super::policy::{
     Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses, optimal_working_set,
 };
@@ -400,7 +400,7 @@ fn point(
     Point {
         policy,
         capacity_blocks: capacity.map(|c| c.blocks),
-        capacity_tokens: capacity.map(|c| c.blocks * u64::from(block_size)),
+        capacity_tokens: capacity.map(|c| c.blocks.saturating_mul(u64::from(block_size))),
         capacity: capacity.map(|c| c.label.clone()),
         hit_tokens: totals.hit_tokens,
         measured_tokens,
@@ -452,22 +452,22 @@ fn profile_beside(
     let future: OnceLock<(Vec<u32>, u64)> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
-    // LRU at every capacity that holds the longest pass comes from one pass over the events
-    // (`lru_stack`); smaller capacities, FIFO and optimal are replayed.
-    let stacked: Vec<u64> = match longest_root_path(&replay.parents, &replay.events, &replay.starts)
-    {
-        Some(longest) if config.policies.contains(&Policy::Lru) => {
-            let mut blocks: Vec<u64> = config
-                .capacities
-                .iter()
-                .map(|c| c.blocks)
-                .filter(|&b| b > 0 && b >= longest as u64)
-                .collect();
-            blocks.sort_unstable();
-            blocks.dedup();
-            blocks
-        }
-        _ => Vec::new(),
+    // The shortcuts' proofs take every pass as a path from the root, as the event builder makes
+    // them; where one is not, every point is replayed.
+    let paths_from_root = all_paths_from_root(&replay.parents, &replay.events, &replay.starts);
+    // LRU at every capacity comes from one walk over the events (`lru_stack`).
+    let stacked: Vec<u64> = if paths_from_root && config.policies.contains(&Policy::Lru) {
+        let mut blocks: Vec<u64> = config
+            .capacities
+            .iter()
+            .map(|c| c.blocks)
+            .filter(|&b| b > 0)
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        blocks
+    } else {
+        Vec::new()
     };
 
     let fifo_capacities: Vec<u64> = if config.policies.contains(&Policy::Fifo) {
@@ -477,7 +477,8 @@ fn profile_beside(
     };
 
     // The ceiling, the trace semantics' ceiling where replies were cached, FIFO at every
-    // capacity, the LRU stack, then LRU below the longest pass and optimal at every capacity.
+    // capacity, the LRU stack, then optimal at every capacity (and LRU where the stack is not
+    // taken).
     let mut tasks: Vec<Task> = vec![Task::Replay(Policy::Ceiling, None, false)];
     if with_replies {
         tasks.push(Task::Replay(Policy::Ceiling, None, true));
@@ -531,7 +532,11 @@ fn profile_beside(
                             optimal_working_set(&replay.events, &replay.starts, &next);
                         (next, working_set)
                     });
-                    if blocks > 0 && blocks as u64 >= *working_set && !prompts_only {
+                    if paths_from_root
+                        && blocks > 0
+                        && blocks as u64 >= *working_set
+                        && !prompts_only
+                    {
                         return vec![lossless_optimal(scratch, &replay, blocks, warmup)];
                     }
                     next
@@ -899,8 +904,8 @@ mod tests {
         assert!(seen.small.len() > 9_016);
     }
 
-    /// The LRU stack needs every pass to be a path from the root: prompts and the replies they
-    /// leave cached are, so LRU at every capacity from the longest pass comes from it.
+    /// The shortcuts need every pass to be a path from the root: prompts and the replies they
+    /// leave cached are.
     #[test]
     fn every_pass_is_a_path_from_the_root() {
         let mut requests = vec![
@@ -914,10 +919,11 @@ mod tests {
             .collect();
         let replay = Replay::new(&requests, true);
         assert_eq!(replay.passes(), 4);
-        assert_eq!(
-            longest_root_path(&replay.parents, &replay.events, &replay.starts),
-            Some(4)
-        );
+        assert!(all_paths_from_root(
+            &replay.parents,
+            &replay.events,
+            &replay.starts
+        ));
     }
 
     /// The profile's one-walk shortcuts (LRU's stack, FIFO's sweep, optimal at its working set)
@@ -955,64 +961,79 @@ mod tests {
             request.conversation = Some(format!("c{}", random(6)));
             requests.push(request);
         }
-        let capacities: Vec<Capacity> = [1u64, 3, 8, 16, 20, 60, 200, 1000, 100_000]
-            .iter()
-            .map(|&blocks| Capacity {
-                blocks,
-                label: format!("{blocks}b"),
-            })
-            .collect();
-        let config = ProfileConfig {
-            warmup: 0.3,
-            capacities: capacities.clone(),
-            policies: vec![Policy::Fifo, Policy::Lru, Policy::Optimal],
-            ..ProfileConfig::default()
-        };
-        let report = profile(&requests, &config);
         let replay = Replay::new(&requests, true);
         assert!(replay.passes() > replay.requests());
-        let warmup = warmup_requests(requests.len(), config.warmup);
+        assert!(all_paths_from_root(
+            &replay.parents,
+            &replay.events,
+            &replay.starts
+        ));
+        let warmup = warmup_requests(requests.len(), 0.3);
         let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
         let working_set = optimal_working_set(&replay.events, &replay.starts, &next);
-        let longest = longest_root_path(&replay.parents, &replay.events, &replay.starts);
-        // The shortcuts are taken for some capacities here and not for others.
-        assert!(longest.is_some_and(|l| l > 3 && l < 60), "{longest:?}");
+        // Optimal's shortcut is taken at some capacities and not at others; passes are up to 17
+        // blocks long, longer than the small capacities.
         assert!(working_set > 20 && working_set < 100_000, "{working_set}");
         let mut scratch = Scratch::default();
-        for point in &report.points {
-            let blocks = point.capacity_blocks.unwrap_or_default() as usize;
-            let totals = run_policy(
-                &mut scratch,
-                &replay,
-                point.policy,
-                blocks,
-                &next,
-                warmup,
-                false,
-            );
-            let replayed = super::point(
-                point.policy,
-                capacities.iter().find(|c| c.blocks == blocks as u64),
-                config.block_size,
-                &totals,
-                report.measured_tokens,
-                replay.first_pass_of(warmup),
-            );
-            assert_eq!(*point, replayed, "{} at {blocks}", point.policy.as_str());
-            // The fill point itself, which the point only compares with the warmup.
-            if point.policy == Policy::Optimal && blocks as u64 >= working_set {
-                let lossless = lossless_optimal(&mut scratch, &replay, blocks, warmup);
-                assert_eq!(
-                    lossless.full_since, totals.full_since,
-                    "optimal at {blocks}"
+        // In order; then unsorted, given twice, 0 and past any count, with a policy left out (the
+        // points find their figures by position).
+        let cases: [(&[u64], &[Policy]); 3] = [
+            (
+                &[1, 3, 8, 16, 20, 60, 200, 1000, 100_000],
+                &[Policy::Fifo, Policy::Lru, Policy::Optimal],
+            ),
+            (
+                &[4, u64::MAX, 4, 0, 2, u64::MAX - 3],
+                &[Policy::Lru, Policy::Fifo],
+            ),
+            (&[60, 0, 7, 60], &[Policy::Optimal, Policy::Lru]),
+        ];
+        for (blocks, policies) in cases {
+            let capacities: Vec<Capacity> = blocks
+                .iter()
+                .map(|&blocks| Capacity {
+                    blocks,
+                    label: format!("{blocks}b"),
+                })
+                .collect();
+            let config = ProfileConfig {
+                warmup: 0.3,
+                capacities: capacities.clone(),
+                policies: policies.to_vec(),
+                ..ProfileConfig::default()
+            };
+            let report = profile(&requests, &config);
+            assert_eq!(report.points.len(), blocks.len() * policies.len());
+            let expected = capacities
+                .iter()
+                .flat_map(|capacity| policies.iter().map(move |&policy| (policy, capacity)));
+            for (point, (policy, capacity)) in report.points.iter().zip(expected) {
+                let blocks = usize::try_from(capacity.blocks).unwrap_or(usize::MAX);
+                let totals =
+                    run_policy(&mut scratch, &replay, policy, blocks, &next, warmup, false);
+                let replayed = super::point(
+                    policy,
+                    Some(capacity),
+                    config.block_size,
+                    &totals,
+                    report.measured_tokens,
+                    replay.first_pass_of(warmup),
                 );
-                assert_eq!(
-                    lossless.hit_tokens, totals.hit_tokens,
-                    "optimal at {blocks}"
-                );
+                assert_eq!(*point, replayed, "{} at {blocks}", policy.as_str());
+                // The fill point itself, which the point only compares with the warmup.
+                if policy == Policy::Optimal && capacity.blocks >= working_set {
+                    let lossless = lossless_optimal(&mut scratch, &replay, blocks, warmup);
+                    assert_eq!(
+                        lossless.full_since, totals.full_since,
+                        "optimal at {blocks}"
+                    );
+                    assert_eq!(
+                        lossless.hit_tokens, totals.hit_tokens,
+                        "optimal at {blocks}"
+                    );
+                }
             }
         }
-        assert_eq!(report.points.len(), 27);
     }
 
     #[test]
