@@ -8,8 +8,8 @@
 //! - [`blocks`]: the block model for requests that carry a prompt (render, cut, chained hash);
 //! - [`policy`]: the trie of blocks and the policies (ceiling, FIFO, LRU, optimal), each exactly
 //!   as kvcache-simulator 0.1.3 computes it;
-//! - [`fifo_sweep`]: FIFO at several capacities in one walk;
-//! - [`lru_stack`]: LRU at every capacity that holds the longest request, in one pass;
+//! - [`fifo_sweep`]: FIFO at every capacity from insertion stamps, without a queue;
+//! - [`lru_stack`]: LRU at every capacity from one walk (stack distances);
 //! - [`profile`]: the batch report (curve, split, leaderboards, distributions, AIPerf's rate);
 //! - [`live`]: the same policies fed one request at a time (a cold replay) for the live views.
 
