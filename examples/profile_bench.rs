@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use prefixscope::cache::fifo_sweep::fifo_sweep;
-use prefixscope::cache::lru_stack::{all_paths_from_root, lru_stack};
+use prefixscope::cache::lru_stack::{CapacityTotals, all_paths_from_root, lru_stack};
 use prefixscope::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
 use prefixscope::cache::prefixes::leaderboards;
 use prefixscope::cache::profile::{
@@ -95,41 +95,29 @@ fn main() {
             println!("{} {capacity:>6} {best:>6.1} ms", policy.as_str());
         }
     }
-    // FIFO at the six capacities in one walk (what `profile` runs).
+    // FIFO and LRU at the six capacities, each from its walk (what `profile` runs).
     let all: Vec<u64> = capacities.iter().map(|&c| c as u64).collect();
-    let mut best = f64::MAX;
-    let mut hits = 0;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let totals = fifo_sweep(
+    let (best, hits) = best_of_five(|| {
+        fifo_sweep(
             replay.parents.len(),
             &replay.events,
             &replay.starts,
             &all,
             |_| true,
         )
-        .unwrap_or_default();
-        best = best.min(ms(t));
-        hits = totals.iter().map(|t| t.hit_tokens).sum::<u64>();
-    }
+        .unwrap_or_default()
+    });
     println!("fifo sweep {best:>6.1} ms (hits {hits})");
-    // LRU at the six capacities from one walk (what `profile` runs).
     let paths = all_paths_from_root(&replay.parents, &replay.events, &replay.starts);
-    let stacked: Vec<u64> = capacities.iter().map(|&c| c as u64).collect();
-    let mut best = f64::MAX;
-    let mut hits = 0;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let totals = lru_stack(
+    let (best, hits) = best_of_five(|| {
+        lru_stack(
             replay.parents.len(),
             &replay.events,
             &replay.starts,
-            &stacked,
+            &all,
             |_| true,
-        );
-        best = best.min(ms(t));
-        hits = totals.iter().map(|t| t.hit_tokens).sum::<u64>();
-    }
+        )
+    });
     println!("lru stack {best:>6.1} ms (hits {hits}; paths from the root: {paths})");
     let t = Instant::now();
     let ranges = replay.request_ranges();
@@ -153,6 +141,19 @@ fn main() {
     let t = Instant::now();
     let report = profile(&requests, &config);
     println!("profile {:>5.1} ms ({} points)", ms(t), report.points.len());
+}
+
+/// The best of five runs of a walk over every capacity, and the hits it found at all of them.
+fn best_of_five(walk: impl Fn() -> Vec<CapacityTotals>) -> (f64, u64) {
+    let mut best = f64::MAX;
+    let mut hits = 0;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let totals = walk();
+        best = best.min(ms(t));
+        hits = totals.iter().map(|t| t.hit_tokens).sum();
+    }
+    (best, hits)
 }
 
 fn ms(t: Instant) -> f64 {

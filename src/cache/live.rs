@@ -228,7 +228,7 @@ impl LiveSimulator {
         Point {
             policy,
             capacity_blocks: capacity.map(|c| c.blocks),
-            capacity_tokens: capacity.map(|c| c.blocks.saturating_mul(u64::from(self.block_size))),
+            capacity_tokens: capacity.map(|c| c.tokens(self.block_size)),
             capacity: capacity.map(|c| c.label.clone()),
             hit_tokens: running.hit_tokens,
             measured_tokens: self.measured_tokens,

@@ -23,6 +23,13 @@ pub struct Capacity {
     pub label: String,
 }
 
+impl Capacity {
+    /// The tokens it holds at `block_size` (at most `u64::MAX`: a capacity is a flag's number).
+    pub fn tokens(&self, block_size: u32) -> u64 {
+        self.blocks.saturating_mul(u64::from(block_size))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileConfig {
     pub block_size: u32,
@@ -400,7 +407,7 @@ fn point(
     Point {
         policy,
         capacity_blocks: capacity.map(|c| c.blocks),
-        capacity_tokens: capacity.map(|c| c.blocks.saturating_mul(u64::from(block_size))),
+        capacity_tokens: capacity.map(|c| c.tokens(block_size)),
         capacity: capacity.map(|c| c.label.clone()),
         hit_tokens: totals.hit_tokens,
         measured_tokens,

@@ -1099,7 +1099,7 @@ impl Engine {
             .cache
             .capacities()
             .last()
-            .map_or(0, |c| c.blocks.saturating_mul(u64::from(block_size.max(1))));
+            .map_or(0, |c| c.tokens(block_size.max(1)));
         if self.cache.distinct_tokens() > axis_top {
             let (_, capacities) = capacity_axis(block_size, self.cache.distinct_tokens());
             self.cache.set_capacities(capacities);
