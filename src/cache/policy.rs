@@ -117,8 +117,16 @@ pub struct EventBuilder {
     /// Every other `(parent, id)`: a small id met under a second parent, any large id.
     edges: IdMap<(u32, u64), u32>,
     conversation_names: std::collections::HashMap<String, u32>,
-    seen_by_conversation: IdSet<(u32, u32)>,
+    /// Per node, the first conversation that asked for it (`NO_CONVERSATION`: none yet). Most
+    /// nodes are asked for by one conversation only, so this array answers "seen by this
+    /// conversation before" for them without a hash set.
+    first_conversation: Vec<u32>,
+    /// The other `(conversation, node)` pairs seen: a node asked for by a second conversation.
+    seen_by_other_conversations: IdSet<(u32, u32)>,
 }
+
+/// `EventBuilder::first_conversation` of a node no conversation asked for yet.
+const NO_CONVERSATION: u32 = u32::MAX;
 
 impl EventBuilder {
     pub fn new() -> EventBuilder {
@@ -140,6 +148,7 @@ impl EventBuilder {
     /// Room for about `blocks` more distinct nodes.
     pub fn reserve(&mut self, blocks: usize) {
         self.parent.reserve(blocks);
+        self.first_conversation.reserve(blocks);
     }
 
     /// The node of block `id` after node `parent`, made (numbered next) when new.
@@ -200,7 +209,9 @@ impl EventBuilder {
         out: &mut Vec<Event>,
     ) {
         let conversation = conversation.map(|name| {
-            let next = u32::try_from(self.conversation_names.len()).unwrap_or(u32::MAX);
+            // Below `NO_CONVERSATION`; past 2^32 - 2 names (never in memory) they share one.
+            let next = u32::try_from(self.conversation_names.len())
+                .map_or(NO_CONVERSATION - 1, |n| n.min(NO_CONVERSATION - 1));
             match self.conversation_names.get(name) {
                 Some(&known) => known,
                 None => {
@@ -214,10 +225,28 @@ impl EventBuilder {
             let node = self.node_of(parent, block.id);
             // A node occurs at most once per request (its depth is its position), so testing and
             // inserting in one pass equals "seen in an earlier request of this conversation".
-            let seen_in_conversation =
-                conversation.is_some_and(|c| !self.seen_by_conversation.insert((c, node)));
+            let seen_in_conversation = conversation.is_some_and(|c| self.seen_before(c, node));
             out.push(Event::new(node, block.tokens, seen_in_conversation));
             parent = node;
+        }
+    }
+}
+
+impl EventBuilder {
+    /// Whether `conversation` asked for `node` before, and from now on it has: the node's
+    /// first conversation has, and any other is in the set.
+    fn seen_before(&mut self, conversation: u32, node: u32) -> bool {
+        let index = node as usize;
+        grow(&mut self.first_conversation, index + 1, NO_CONVERSATION);
+        match self.first_conversation[index] {
+            NO_CONVERSATION => {
+                self.first_conversation[index] = conversation;
+                false
+            }
+            first if first == conversation => true,
+            _ => !self
+                .seen_by_other_conversations
+                .insert((conversation, node)),
         }
     }
 }
@@ -856,6 +885,47 @@ mod tests {
         let mut out = Vec::new();
         builder.push(&request(ids), &mut out);
         out
+    }
+
+    #[test]
+    fn seen_in_conversation_is_what_a_set_of_pairs_says() {
+        // Conversations interleave over shared and own prefixes; each flag must be "this
+        // conversation asked for this node before", as a set of every (conversation, node)
+        // pair answers it.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        let mut builder = EventBuilder::new();
+        let mut pairs = std::collections::HashSet::new();
+        let mut flagged = 0;
+        for _ in 0..3_000 {
+            let conversation = match next(6) {
+                0 => None,
+                c => Some(format!("c{c}")),
+            };
+            let len = 1 + next(8);
+            let ids: Vec<u64> = (0..len).map(|_| next(12)).collect();
+            let mut events = Vec::new();
+            builder.push(
+                &Request {
+                    conversation: conversation.clone(),
+                    ..request(&ids)
+                },
+                &mut events,
+            );
+            for event in events {
+                let expected = conversation
+                    .as_ref()
+                    .is_some_and(|c| !pairs.insert((c.clone(), event.node())));
+                assert_eq!(event.seen_in_conversation(), expected);
+                flagged += usize::from(expected);
+            }
+        }
+        assert!(flagged > 1_000, "{flagged}");
     }
 
     #[test]

@@ -264,11 +264,13 @@ struct Totals {
 }
 
 /// One unit of a profile's work: a replay of (policy, capacity, prompts only), FIFO at every
-/// capacity, or LRU at every capacity the stack gives.
+/// capacity, LRU at every capacity the stack gives, optimal's next uses, or the leaderboards.
 enum Task<'a> {
     Replay(Policy, Option<&'a Capacity>, bool),
     FifoSweep,
     LruStack,
+    NextUses,
+    Leaderboards,
 }
 
 /// Where a point's totals are: (task, position in the task's results).
@@ -361,20 +363,13 @@ fn run_policy(
     totals
 }
 
-/// Optimal at a capacity that holds its working set (`optimal_working_set`): it hits what the
+/// Optimal at a capacity that holds its working set (`optimal_working_set`) hits what the
 /// ceiling hits, and fills up during the pass whose new nodes bring the distinct nodes to the
-/// capacity (nothing is evicted or bypassed before).
-fn lossless_optimal(
-    scratch: &mut Scratch,
-    replay: &Replay,
-    capacity: usize,
-    warmup: usize,
-) -> Totals {
-    let mut totals = run_policy(scratch, replay, Policy::Ceiling, 0, &[], warmup, false);
-    totals.per_request = Vec::new();
+/// capacity (nothing is evicted or bypassed before): that pass.
+fn lossless_full_since(replay: &Replay, capacity: usize) -> Option<u64> {
     let mut seen = vec![false; replay.parents.len()];
     let mut distinct = 0usize;
-    totals.full_since = (0..replay.passes()).find_map(|pass| {
+    (0..replay.passes()).find_map(|pass| {
         for event in &replay.events[replay.pass_range(pass)] {
             if let Some(seen) = seen.get_mut(event.node() as usize)
                 && !*seen
@@ -384,8 +379,7 @@ fn lossless_optimal(
             }
         }
         (distinct >= capacity).then_some(pass as u64)
-    });
-    totals
+    })
 }
 
 /// One worker's caches, kept between its replays so each replay reuses the memory of the one
@@ -432,18 +426,85 @@ fn ratio(part: u64, whole: u64) -> f64 {
 
 /// The whole profile of `requests`, in the order given.
 pub fn profile(requests: &[Request], config: &ProfileConfig) -> ProfileReport {
-    // AIPerf's rate needs only the requests: it runs while the replay is built and replayed.
+    // What the report says of the requests alone (their shape and AIPerf's rate) is computed on
+    // another core while the replay is built, which only one core can do.
     std::thread::scope(|scope| {
-        let aiperf = scope.spawn(|| aiperf_cache_hit_rate(requests));
-        profile_beside(requests, config, || aiperf.join().unwrap_or_default())
+        let shape = scope.spawn(|| traffic_shape(requests, config));
+        profile_beside(requests, config, || match shape.join() {
+            Ok(shape) => shape,
+            Err(panic) => std::panic::resume_unwind(panic),
+        })
     })
 }
 
-/// The profile, with AIPerf's rate from `aiperf` (computed meanwhile).
+/// The report's figures that need the requests only, not a replay.
+struct TrafficShape {
+    cuts: BTreeMap<String, u64>,
+    block_keys: BTreeMap<String, u64>,
+    conversations: Conversations,
+    replies_cached: u64,
+    aiperf_cache_hit_rate: Option<f64>,
+    sessions: Sessions,
+    lengths: Lengths,
+    streaming_share: Option<f64>,
+    models: BTreeMap<String, u64>,
+    request_rate: Option<RequestRate>,
+}
+
+fn traffic_shape(requests: &[Request], config: &ProfileConfig) -> TrafficShape {
+    TrafficShape {
+        cuts: count_by(requests, |r| r.cut.map(|c| c.as_str().to_string())),
+        block_keys: count_by(requests, |r| {
+            r.keys.map(|k| {
+                serde_json::to_value(k)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            })
+        }),
+        conversations: conversations(requests, &config.conversation_source),
+        replies_cached: requests
+            .iter()
+            .filter(|r| !config.prompts_only && !r.cached_after.is_empty())
+            .count() as u64,
+        aiperf_cache_hit_rate: aiperf_cache_hit_rate(requests),
+        sessions: sessions(requests),
+        lengths: Lengths {
+            input_tokens: distribution(
+                &mut requests.iter().map(|r| r.input_tokens).collect::<Vec<_>>(),
+            ),
+            output_tokens: distribution(
+                &mut requests
+                    .iter()
+                    .filter_map(|r| r.output_tokens)
+                    .collect::<Vec<_>>(),
+            ),
+        },
+        streaming_share: streaming_share(requests),
+        models: count_by(requests, |r| {
+            Some(r.model.clone().unwrap_or_else(|| "unknown".into()))
+        }),
+        request_rate: request_rate(requests),
+    }
+}
+
+/// What a task leaves: totals (one per capacity it covers), or, for optimal at a capacity that
+/// holds its working set, only when it filled up (its hits are the ceiling's, which another
+/// task replays).
+enum TaskOutput {
+    Totals(Vec<Totals>),
+    Lossless {
+        full_since: Option<u64>,
+    },
+    /// The task's result went elsewhere (the next uses, the leaderboards).
+    Done,
+}
+
+/// The profile, with the traffic's shape from `shape` (computed meanwhile).
 fn profile_beside(
     requests: &[Request],
     config: &ProfileConfig,
-    aiperf: impl FnOnce() -> Option<f64>,
+    shape: impl FnOnce() -> TrafficShape,
 ) -> ProfileReport {
     let replay = Replay::new(requests, !config.prompts_only);
     let warmup = warmup_requests(requests.len(), config.warmup);
@@ -454,9 +515,10 @@ fn profile_beside(
         .flat_map(|range| &replay.events[range.clone()])
         .map(|e| u64::from(e.tokens))
         .sum();
-    // Only optimal needs each block's next use (and the working set they give): its first
-    // replay computes them while the other workers replay the other policies.
+    // Only optimal needs each block's next use (and the working set they give): the first task
+    // computes them while the other worker starts on the rest.
     let future: OnceLock<(Vec<u32>, u64)> = OnceLock::new();
+    let boards: OnceLock<Leaderboards> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
     // The shortcuts' proofs take every pass as a path from the root, as the event builder makes
@@ -483,13 +545,23 @@ fn profile_beside(
         Vec::new()
     };
 
-    // The ceiling, the trace semantics' ceiling where replies were cached, FIFO at every
-    // capacity, the LRU stack, then optimal at every capacity (and LRU where the stack is not
-    // taken).
-    let mut tasks: Vec<Task> = vec![Task::Replay(Policy::Ceiling, None, false)];
-    if with_replies {
-        tasks.push(Task::Replay(Policy::Ceiling, None, true));
+    // The tasks, longest first where that is known, so that neither worker waits on the other:
+    // optimal's next uses (which its replays wait for), the leaderboards, the ceiling, the
+    // trace semantics' ceiling where replies were cached, FIFO at every capacity, the LRU
+    // stack, then optimal at every capacity (and LRU where the stack is not taken).
+    let mut tasks: Vec<Task> = Vec::new();
+    let optimal_replays =
+        config.policies.contains(&Policy::Optimal) && !config.capacities.is_empty();
+    if optimal_replays {
+        tasks.push(Task::NextUses);
     }
+    tasks.push(Task::Leaderboards);
+    tasks.push(Task::Replay(Policy::Ceiling, None, false));
+    let ceiling_task = tasks.len() - 1;
+    let ceiling_prompts_only_task = with_replies.then(|| {
+        tasks.push(Task::Replay(Policy::Ceiling, None, true));
+        tasks.len() - 1
+    });
     let fifo_task = (!fifo_capacities.is_empty()).then(|| {
         tasks.push(Task::FifoSweep);
         tasks.len() - 1
@@ -498,69 +570,89 @@ fn profile_beside(
         tasks.push(Task::LruStack);
         tasks.len() - 1
     });
+    // The replays left, largest capacity first: below its working set, optimal's replay takes
+    // longer the more it holds, and the last task to start should be a short one.
+    let needs_replay = |policy: Policy, capacity: &Capacity| match policy {
+        Policy::Ceiling | Policy::Fifo => false,
+        Policy::Lru => stacked.binary_search(&capacity.blocks).is_err(),
+        Policy::Optimal => true,
+    };
+    let mut largest_first: Vec<usize> = (0..config.capacities.len()).collect();
+    largest_first.sort_by_key(|&position| std::cmp::Reverse(config.capacities[position].blocks));
+    // The replay task of each (capacity, policy), by their positions in the config.
+    let mut replay_task = vec![vec![None; config.policies.len()]; config.capacities.len()];
+    for position in largest_first {
+        let capacity = &config.capacities[position];
+        for (k, &policy) in config.policies.iter().enumerate() {
+            if needs_replay(policy, capacity) {
+                tasks.push(Task::Replay(policy, Some(capacity), false));
+                replay_task[position][k] = Some(tasks.len() - 1);
+            }
+        }
+    }
     // Each point's policy and capacity, and where its totals come from.
     let mut point_sources: Vec<(Policy, &Capacity, Option<ResultAt>)> = Vec::new();
     for (position, capacity) in config.capacities.iter().enumerate() {
-        for &policy in &config.policies {
+        for (k, &policy) in config.policies.iter().enumerate() {
             let source = match policy {
                 Policy::Ceiling => continue,
                 Policy::Fifo => fifo_task.map(|task| (task, position)),
-                Policy::Lru if stacked.binary_search(&capacity.blocks).is_ok() => {
+                Policy::Lru if !needs_replay(policy, capacity) => {
                     stack_task.zip(stacked.binary_search(&capacity.blocks).ok())
                 }
-                Policy::Lru | Policy::Optimal => {
-                    tasks.push(Task::Replay(policy, Some(capacity), false));
-                    Some((tasks.len() - 1, 0))
-                }
+                Policy::Lru | Policy::Optimal => replay_task[position][k].map(|task| (task, 0)),
             };
             point_sources.push((policy, capacity, source));
         }
     }
     let measured = |pass: usize| replay.counted[pass].is_some_and(|r| r as usize >= warmup);
-    // The leaderboards need no cache: they run beside the replays.
-    let (results, boards) = std::thread::scope(|scope| {
-        let boards = scope.spawn(|| {
-            leaderboards(
+    let next_uses_and_working_set = || {
+        future.get_or_init(|| {
+            let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
+            let working_set = optimal_working_set(&replay.events, &replay.starts, &next);
+            (next, working_set)
+        })
+    };
+    let results = run_tasks(&tasks, |scratch, task| match *task {
+        Task::NextUses => {
+            next_uses_and_working_set();
+            TaskOutput::Done
+        }
+        Task::Leaderboards => {
+            let _ = boards.set(leaderboards(
                 requests,
                 &replay.events,
                 &request_ranges,
                 &replay.parents,
                 config.top_prefixes,
-            )
-        });
-        let results = run_tasks(&tasks, |scratch, task| match *task {
-            Task::Replay(policy, capacity, prompts_only) => {
-                let blocks =
-                    capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
-                let next: &[u32] = if policy == Policy::Optimal {
-                    let (next, working_set) = future.get_or_init(|| {
-                        let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
-                        let working_set =
-                            optimal_working_set(&replay.events, &replay.starts, &next);
-                        (next, working_set)
-                    });
-                    if paths_from_root
-                        && blocks > 0
-                        && blocks as u64 >= *working_set
-                        && !prompts_only
-                    {
-                        return vec![lossless_optimal(scratch, &replay, blocks, warmup)];
-                    }
-                    next
-                } else {
-                    &[]
-                };
-                vec![run_policy(
-                    scratch,
-                    &replay,
-                    policy,
-                    blocks,
-                    next,
-                    warmup,
-                    prompts_only,
-                )]
-            }
-            Task::LruStack => lru_stack(
+            ));
+            TaskOutput::Done
+        }
+        Task::Replay(policy, capacity, prompts_only) => {
+            let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
+            let next: &[u32] = if policy == Policy::Optimal {
+                let (next, working_set) = next_uses_and_working_set();
+                if paths_from_root && blocks > 0 && blocks as u64 >= *working_set && !prompts_only {
+                    return TaskOutput::Lossless {
+                        full_since: lossless_full_since(&replay, blocks),
+                    };
+                }
+                next
+            } else {
+                &[]
+            };
+            TaskOutput::Totals(vec![run_policy(
+                scratch,
+                &replay,
+                policy,
+                blocks,
+                next,
+                warmup,
+                prompts_only,
+            )])
+        }
+        Task::LruStack => TaskOutput::Totals(
+            lru_stack(
                 replay.parents.len(),
                 &replay.events,
                 &replay.starts,
@@ -570,7 +662,9 @@ fn profile_beside(
             .into_iter()
             .map(Totals::from)
             .collect(),
-            Task::FifoSweep => match fifo_sweep(
+        ),
+        Task::FifoSweep => TaskOutput::Totals(
+            match fifo_sweep(
                 replay.parents.len(),
                 &replay.events,
                 &replay.starts,
@@ -587,13 +681,16 @@ fn profile_beside(
                     })
                     .collect(),
             },
-        });
-        (results, boards.join())
+        ),
     });
-    let boards = boards.unwrap_or_default();
-    let aiperf = aiperf();
-
-    let ceiling_totals = &results[0][0];
+    let shape = shape();
+    let totals_of = |task: usize| match results.get(task) {
+        Some(TaskOutput::Totals(totals)) => totals.as_slice(),
+        _ => &[],
+    };
+    let Some(ceiling_totals) = totals_of(ceiling_task).first() else {
+        unreachable!("the ceiling's task always leaves its totals")
+    };
     let ceiling = point(
         Policy::Ceiling,
         None,
@@ -602,23 +699,36 @@ fn profile_beside(
         measured_tokens,
         warmup_pass,
     );
-    let ceiling_prompts_only = if with_replies {
-        point(
-            Policy::Ceiling,
-            None,
-            config.block_size,
-            &results[1][0],
-            measured_tokens,
-            warmup_pass,
-        )
-    } else {
-        ceiling.clone()
-    };
+    let ceiling_prompts_only =
+        match ceiling_prompts_only_task.and_then(|task| totals_of(task).first()) {
+            Some(totals) => point(
+                Policy::Ceiling,
+                None,
+                config.block_size,
+                totals,
+                measured_tokens,
+                warmup_pass,
+            ),
+            None => ceiling.clone(),
+        };
     let points = point_sources
         .iter()
         .filter_map(|&(policy, capacity, source)| {
             let (task, position) = source?;
-            let totals = results.get(task)?.get(position)?;
+            let lossless;
+            let totals = match results.get(task)? {
+                TaskOutput::Totals(totals) => totals.get(position)?,
+                &TaskOutput::Lossless { full_since } => {
+                    lossless = Totals {
+                        hit_tokens: ceiling_totals.hit_tokens,
+                        same_conversation_tokens: ceiling_totals.same_conversation_tokens,
+                        per_request: Vec::new(),
+                        full_since,
+                    };
+                    &lossless
+                }
+                TaskOutput::Done => return None,
+            };
             Some(point(
                 policy,
                 Some(capacity),
@@ -638,44 +748,22 @@ fn profile_beside(
         warmup_requests: warmup as u64,
         measured_tokens,
         unique_blocks: replay.parents.len() as u64 - 1,
-        cuts: count_by(requests, |r| r.cut.map(|c| c.as_str().to_string())),
-        block_keys: count_by(requests, |r| {
-            r.keys.map(|k| {
-                serde_json::to_value(k)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            })
-        }),
-        conversations: conversations(requests, &config.conversation_source),
+        cuts: shape.cuts,
+        block_keys: shape.block_keys,
+        conversations: shape.conversations,
         prompts_only: config.prompts_only,
-        replies_cached: requests
-            .iter()
-            .filter(|r| !config.prompts_only && !r.cached_after.is_empty())
-            .count() as u64,
+        replies_cached: shape.replies_cached,
         ceiling,
         ceiling_prompts_only,
         points,
-        aiperf_cache_hit_rate: aiperf,
+        aiperf_cache_hit_rate: shape.aiperf_cache_hit_rate,
         server_observed: server_observed(requests, &ceiling_totals.per_request),
-        top_prefixes: boards,
-        sessions: sessions(requests),
-        lengths: Lengths {
-            input_tokens: distribution(
-                &mut requests.iter().map(|r| r.input_tokens).collect::<Vec<_>>(),
-            ),
-            output_tokens: distribution(
-                &mut requests
-                    .iter()
-                    .filter_map(|r| r.output_tokens)
-                    .collect::<Vec<_>>(),
-            ),
-        },
-        streaming_share: streaming_share(requests),
-        models: count_by(requests, |r| {
-            Some(r.model.clone().unwrap_or_else(|| "unknown".into()))
-        }),
-        request_rate: request_rate(requests),
+        top_prefixes: boards.into_inner().unwrap_or_default(),
+        sessions: shape.sessions,
+        lengths: shape.lengths,
+        streaming_share: shape.streaming_share,
+        models: shape.models,
+        request_rate: shape.request_rate,
     }
 }
 
@@ -1029,13 +1117,23 @@ mod tests {
                 assert_eq!(*point, replayed, "{} at {blocks}", policy.as_str());
                 // The fill point itself, which the point only compares with the warmup.
                 if policy == Policy::Optimal && capacity.blocks >= working_set {
-                    let lossless = lossless_optimal(&mut scratch, &replay, blocks, warmup);
                     assert_eq!(
-                        lossless.full_since, totals.full_since,
+                        lossless_full_since(&replay, blocks),
+                        totals.full_since,
                         "optimal at {blocks}"
                     );
+                    let ceiling = run_policy(
+                        &mut scratch,
+                        &replay,
+                        Policy::Ceiling,
+                        0,
+                        &[],
+                        warmup,
+                        false,
+                    );
                     assert_eq!(
-                        lossless.hit_tokens, totals.hit_tokens,
+                        (ceiling.hit_tokens, ceiling.same_conversation_tokens),
+                        (totals.hit_tokens, totals.same_conversation_tokens),
                         "optimal at {blocks}"
                     );
                 }

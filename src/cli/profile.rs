@@ -281,20 +281,33 @@ pub fn run(args: ProfileArgs) -> u8 {
         inputs: &reports,
         profile: &profile,
     };
-    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-    if let Some(path) = &args.output {
-        // `-o report.json` or `-o report`: report.json and report.html beside it.
-        let (json_path, html_path) = super::report_paths(path);
-        if let Err(code) =
-            super::write_output(&json_path, &args.files, format!("{json}\n").as_bytes())
-        {
-            return code;
+    let to_json = || serde_json::to_string_pretty(&report).unwrap_or_default();
+    let json = match &args.output {
+        Some(path) => {
+            // `-o report.json` or `-o report`: report.json and report.html beside it. The page
+            // is built and written on another core while the JSON is, so that the two files'
+            // syncs overlap; each file is replaced whole or not at all.
+            let (json_path, html_path) = super::report_paths(path);
+            let (json, json_written, html_written) = std::thread::scope(|scope| {
+                let html = scope.spawn(|| {
+                    let html =
+                        prefixscope::html_report::profile_page(&profile, &reports, &analyses);
+                    super::write_output(&html_path, &args.files, html.as_bytes())
+                });
+                let json = to_json();
+                let written =
+                    super::write_output(&json_path, &args.files, format!("{json}\n").as_bytes());
+                (json, written, html.join())
+            });
+            let html_written =
+                html_written.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            if let Err(code) = json_written.and(html_written) {
+                return code;
+            }
+            json
         }
-        let html = prefixscope::html_report::profile_page(&profile, &reports, &analyses);
-        if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
-            return code;
-        }
-    }
+        None => to_json(),
+    };
     if args.json {
         super::print_json(&json);
     } else {
