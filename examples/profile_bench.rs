@@ -2,8 +2,9 @@
 //! the leaderboards, the whole profile. Usage: profile_bench TRACE [BLOCK_SIZE]
 use std::time::Instant;
 
+use prefixscope::cache::CapacityTotals;
 use prefixscope::cache::fifo_sweep::fifo_sweep;
-use prefixscope::cache::lru_stack::{CapacityTotals, all_paths_from_root, lru_stack};
+use prefixscope::cache::lru_stack::{all_paths_from_root, lru_stack};
 use prefixscope::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
 use prefixscope::cache::prefixes::leaderboards;
 use prefixscope::cache::profile::{

@@ -48,6 +48,8 @@ pub mod recorder;
 pub mod session;
 pub mod shared;
 pub mod sim;
+#[cfg(test)]
+mod test_support;
 pub mod text;
 pub mod units;
 

@@ -10,7 +10,7 @@
 //! s + C > T. Within a request the hits are its contiguous present prefix (no insertion happens
 //! before the first miss), then every missing node is inserted in order, as the replay does.
 
-use super::lru_stack::CapacityTotals;
+use super::CapacityTotals;
 use super::policy::Event;
 
 /// FIFO over every pass of `events` (delimited by `starts`) at each of `capacities` (any order;

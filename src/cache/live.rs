@@ -310,13 +310,8 @@ mod tests {
     #[test]
     fn live_equals_a_cold_batch_replay_at_every_step() {
         // A small pseudo-random workload: shared stems, conversations that grow, strays.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut random = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = crate::test_support::Xorshift::new(0x2545_f491_4f6c_dd1du64);
+        let mut random = move |n: u64| rng.below(n);
         let mut requests = Vec::new();
         for i in 0..300u64 {
             let stem = random(4);

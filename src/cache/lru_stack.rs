@@ -32,19 +32,11 @@
 //! `tests` holds the walk equal to the replay on generated tries, at capacities from one block
 //! to more than all, so through passes longer than the cache.
 
+use super::CapacityTotals;
 use super::policy::Event;
 
 /// "Never used": a node seen in no pass yet.
 const NEVER: u32 = u32::MAX;
-
-/// One capacity's figures from the one pass.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CapacityTotals {
-    pub hit_tokens: u64,
-    pub same_conversation_tokens: u64,
-    /// The pass during which the cache first filled up.
-    pub full_since: Option<u64>,
-}
 
 /// Whether every pass of `events` (delimited by `starts`) is a path from the root of `parents`
 /// (else every capacity is replayed).
@@ -207,13 +199,8 @@ pub(super) mod tests {
         seed: u64,
         passes: usize,
     ) -> (Vec<u32>, Vec<Event>, Vec<usize>) {
-        let mut state = seed | 1;
-        let mut next = move |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut rng = crate::test_support::Xorshift::new(seed);
+        let mut next = move |bound: u64| rng.below(bound);
         let mut parents = vec![0u32];
         let mut children: Vec<Vec<u32>> = vec![Vec::new()];
         let mut events = Vec::new();

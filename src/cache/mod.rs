@@ -31,6 +31,16 @@ pub use live::LiveSimulator;
 pub use policy::Policy;
 pub use profile::{Capacity, ProfileConfig, ProfileReport, profile};
 
+/// One capacity's figures from a walk that serves several at once ([`lru_stack`],
+/// [`fifo_sweep`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapacityTotals {
+    pub hit_tokens: u64,
+    pub same_conversation_tokens: u64,
+    /// The pass during which the cache first filled up.
+    pub full_since: Option<u64>,
+}
+
 /// Version of the profile report format.
 /// 2: `ceiling` caches each request's reply after its prompt (where the reply is known);
 /// `ceiling_prompts_only` and `prompts_only` added.

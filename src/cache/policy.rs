@@ -892,13 +892,8 @@ mod tests {
         // Conversations interleave over shared and own prefixes; each flag must be "this
         // conversation asked for this node before", as a set of every (conversation, node)
         // pair answers it.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut rng = crate::test_support::Xorshift::new(0x9e37_79b9_7f4a_7c15u64);
+        let mut next = move |bound: u64| rng.below(bound);
         let mut builder = EventBuilder::new();
         let mut pairs = std::collections::HashSet::new();
         let mut flagged = 0;
@@ -948,13 +943,8 @@ mod tests {
         let mut builder = EventBuilder::new();
         let mut naive: std::collections::HashMap<(u32, u64), u32> = Default::default();
         let mut naive_parents = vec![0u32];
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut random = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = crate::test_support::Xorshift::new(0x2545_f491_4f6c_dd1du64);
+        let mut random = move || rng.next();
         for request in 0..4_000u64 {
             let len = 1 + (random() % 6) as usize;
             let ids: Vec<u64> = (0..len)
@@ -1100,13 +1090,8 @@ mod tests {
     /// served: a cache whose clock is near its end serves a sequence as a fresh one does.
     #[test]
     fn the_lru_clock_is_renumbered_without_changing_what_is_served() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut random = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = crate::test_support::Xorshift::new(0x9e37_79b9_7f4a_7c15u64);
+        let mut random = move |n: u64| rng.below(n);
         // Paths that share prefixes, so leaves, inner nodes and uncovered parents all occur.
         let sequence: Vec<Vec<u64>> = (0..400)
             .map(|_| {

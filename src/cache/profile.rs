@@ -8,13 +8,13 @@ use std::sync::{Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use super::fifo_sweep::fifo_sweep;
-use super::lru_stack::{CapacityTotals, all_paths_from_root, lru_stack};
+use super::lru_stack::{all_paths_from_root, lru_stack};
 use super::policy::{
     Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses, optimal_working_set,
 };
 use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
 use super::stats::{Distribution, distribution, mean_of_unit_values};
-use super::{IdSet, PROFILE_REPORT_VERSION, Request};
+use super::{CapacityTotals, IdSet, PROFILE_REPORT_VERSION, Request};
 
 /// A cache size, always a whole number of blocks; `label` is how the user gave it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -978,11 +978,9 @@ mod tests {
     fn seen_ids_hold_what_a_hash_set_holds() {
         let mut seen = SeenIds::default();
         let mut naive = std::collections::HashSet::new();
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::test_support::Xorshift::new(0x9e37_79b9_7f4a_7c15);
         for step in 0..20_000u64 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
+            let state = rng.next();
             let id = match state % 3 {
                 0 => 9_000 + state % 16,
                 1 => state % 50_000,
@@ -1027,13 +1025,8 @@ mod tests {
     /// replies cached, conversations, and capacities from one block to more than all.
     #[test]
     fn every_point_equals_its_replay() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut random = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = crate::test_support::Xorshift::new(0x2545_f491_4f6c_dd1du64);
+        let mut random = move |n: u64| rng.below(n);
         let mut requests = Vec::new();
         for i in 0..400u64 {
             let stem = random(5);

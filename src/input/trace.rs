@@ -750,13 +750,8 @@ mod tests {
     /// refuses: random rows of every shape, valid and not, each read both ways.
     #[test]
     fn the_fast_row_reader_agrees_with_serde() {
-        let mut state = 0x1234_5678_9abc_def1u64;
-        let mut random = move |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % n
-        };
+        let mut rng = crate::test_support::Xorshift::new(0x1234_5678_9abc_def1u64);
+        let mut random = move |n: u64| rng.below(n);
         let keys = [
             "timestamp",
             "input_length",

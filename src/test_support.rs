@@ -1,0 +1,23 @@
+//! What the unit tests share.
+
+/// A seeded xorshift64 generator, so a generated workload is the same on every run.
+pub struct Xorshift(u64);
+
+impl Xorshift {
+    /// Any seed; an even one is made odd (zero would stay zero).
+    pub fn new(seed: u64) -> Xorshift {
+        Xorshift(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `bound` (at least 1).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+}
