@@ -230,9 +230,7 @@ impl EventBuilder {
             parent = node;
         }
     }
-}
 
-impl EventBuilder {
     /// Whether `conversation` asked for `node` before, and from now on it has: the node's
     /// first conversation has, and any other is in the set.
     fn seen_before(&mut self, conversation: u32, node: u32) -> bool {
