@@ -496,7 +496,8 @@ enum TaskOutput {
     Lossless {
         full_since: Option<u64>,
     },
-    /// The task's result went elsewhere (the next uses, the leaderboards).
+    Leaderboards(Leaderboards),
+    /// The task's result went to the optimal replays that wait for it (the next uses).
     Done,
 }
 
@@ -518,7 +519,6 @@ fn profile_beside(
     // Only optimal needs each block's next use (and the working set they give): the first task
     // computes them while the other worker starts on the rest.
     let future: OnceLock<(Vec<u32>, u64)> = OnceLock::new();
-    let boards: OnceLock<Leaderboards> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
     // The shortcuts' proofs take every pass as a path from the root, as the event builder makes
@@ -556,6 +556,7 @@ fn profile_beside(
         tasks.push(Task::NextUses);
     }
     tasks.push(Task::Leaderboards);
+    let boards_task = tasks.len() - 1;
     tasks.push(Task::Replay(Policy::Ceiling, None, false));
     let ceiling_task = tasks.len() - 1;
     let ceiling_prompts_only_task = with_replies.then(|| {
@@ -613,21 +614,18 @@ fn profile_beside(
             (next, working_set)
         })
     };
-    let results = run_tasks(&tasks, |scratch, task| match *task {
+    let mut results = run_tasks(&tasks, |scratch, task| match *task {
         Task::NextUses => {
             next_uses_and_working_set();
             TaskOutput::Done
         }
-        Task::Leaderboards => {
-            let _ = boards.set(leaderboards(
-                requests,
-                &replay.events,
-                &request_ranges,
-                &replay.parents,
-                config.top_prefixes,
-            ));
-            TaskOutput::Done
-        }
+        Task::Leaderboards => TaskOutput::Leaderboards(leaderboards(
+            requests,
+            &replay.events,
+            &request_ranges,
+            &replay.parents,
+            config.top_prefixes,
+        )),
         Task::Replay(policy, capacity, prompts_only) => {
             let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
             let next: &[u32] = if policy == Policy::Optimal {
@@ -684,6 +682,10 @@ fn profile_beside(
         ),
     });
     let shape = shape();
+    let boards = match results.get_mut(boards_task) {
+        Some(TaskOutput::Leaderboards(boards)) => std::mem::take(boards),
+        _ => Leaderboards::default(),
+    };
     let totals_of = |task: usize| match results.get(task) {
         Some(TaskOutput::Totals(totals)) => totals.as_slice(),
         _ => &[],
@@ -727,7 +729,7 @@ fn profile_beside(
                     };
                     &lossless
                 }
-                TaskOutput::Done => return None,
+                TaskOutput::Leaderboards(_) | TaskOutput::Done => return None,
             };
             Some(point(
                 policy,
@@ -758,7 +760,7 @@ fn profile_beside(
         points,
         aiperf_cache_hit_rate: shape.aiperf_cache_hit_rate,
         server_observed: server_observed(requests, &ceiling_totals.per_request),
-        top_prefixes: boards.into_inner().unwrap_or_default(),
+        top_prefixes: boards,
         sessions: shape.sessions,
         lengths: shape.lengths,
         streaming_share: shape.streaming_share,
