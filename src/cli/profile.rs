@@ -200,8 +200,11 @@ pub fn run(args: ProfileArgs) -> u8 {
         // A large recording is read twice rather than held beside its analysis; a pipe
         // (`<(zcat …)`) cannot be, and is held.
         let reopen = || input::open_decompressed(path);
-        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-        let reopen = regular.then_some(&reopen as input::recording::Reopen);
+        let metadata = std::fs::metadata(path).ok().filter(|m| m.is_file());
+        let reopen = metadata
+            .is_some()
+            .then_some(&reopen as input::recording::Reopen);
+        options.file_bytes = metadata.map(|m| m.len());
         let file = input::read_or_twice(reader, reopen, &name, format, &options);
         for bad in &file.report.bad_rows {
             prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);

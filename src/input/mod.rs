@@ -90,6 +90,10 @@ pub struct InputOptions {
     /// the HTML report; off, it is dropped once its conversations are taken (its rows are the
     /// size of the file's): a recording's before its requests are cut, a gateway log's after.
     pub keep_analysis: bool,
+    /// The file's size, when known: a trace's reader reserves room for its rows from it and
+    /// from its first lines' length, rather than grow by doubling, which copies and faults in
+    /// each size on the way ([`trace::read`]).
+    pub file_bytes: Option<u64>,
 }
 
 impl Default for InputOptions {
@@ -102,6 +106,7 @@ impl Default for InputOptions {
             keys_from_messages: false,
             replies: true,
             keep_analysis: false,
+            file_bytes: None,
         }
     }
 }

@@ -203,14 +203,22 @@ pub fn block_tokens(input_length: u64, block_size: u32, index: usize) -> u32 {
     remaining.clamp(1, block_size) as u32
 }
 
-pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOptions) -> FileInput {
+pub fn read(
+    mut reader: impl BufRead,
+    name: &str,
+    format: Format,
+    options: &InputOptions,
+) -> FileInput {
     let block_size = options
         .block_size
         .unwrap_or_else(|| format.default_block_size());
     // The rows are parsed on every core; what they become is decided in file order.
     let workers = super::parallel::workers();
     let mut state = RowState::new(name, format, block_size);
-    let mut requests: Vec<Request> = Vec::new();
+    let rows = reader
+        .fill_buf()
+        .map_or(0, |head| expected_rows(head, options.file_bytes));
+    let mut requests: Vec<Request> = Vec::with_capacity(rows);
     let parse = |line: &[u8]| prepare(parse_row(line), format, block_size);
     super::parallel::for_each_parsed(reader, workers, parse, |item| {
         use super::parallel::Item;
@@ -241,6 +249,31 @@ pub fn read(reader: impl BufRead, name: &str, format: Format, options: &InputOpt
         report,
         analysis: None,
     }
+}
+
+/// The most rows [`expected_rows`] reserves for: 65 MB of address space at 248 bytes a request,
+/// which a file of short first lines and long later ones could leave unused (untouched, so not
+/// resident). A larger trace grows past it.
+const MAX_EXPECTED_ROWS: usize = 1 << 18;
+
+/// How many rows a file of `file_bytes` holds if it goes on as its first bytes (`head`) do,
+/// plus one in sixteen; none when its size is unknown or no line ends in `head`. A guess only
+/// sizes a reservation: a wrong one costs a copy or untouched memory, never a row.
+fn expected_rows(head: &[u8], file_bytes: Option<u64>) -> usize {
+    let (Some(file_bytes), lines) = (file_bytes, memchr::memchr_iter(b'\n', head).count()) else {
+        return 0;
+    };
+    if lines == 0 {
+        return 0;
+    }
+    let rows = if file_bytes <= head.len() as u64 {
+        lines as u64 + 1
+    } else {
+        let per_line = (head.len() / lines).max(1) as u64;
+        (file_bytes / per_line).saturating_add(1)
+    };
+    let rows = rows.saturating_add(rows / 16);
+    usize::try_from(rows).map_or(MAX_EXPECTED_ROWS, |rows| rows.min(MAX_EXPECTED_ROWS))
 }
 
 /// One line as parsed, before the rows before it are known.
@@ -875,6 +908,38 @@ mod tests {
             assert_eq!(parallel.requests, serial, "{format:?}");
             assert_eq!(parallel.report, report, "{format:?}");
             assert!(parallel.report.hint.is_some() && !parallel.report.bad_rows.is_empty());
+        }
+    }
+
+    /// The reservation follows the first lines and stays bounded whatever the file claims; a
+    /// size that is wrong either way reads the same requests.
+    #[test]
+    fn rows_are_expected_from_the_first_lines_and_bounded() {
+        let head = b"{\"a\": 1}\n{\"a\": 2}\n";
+        assert_eq!(expected_rows(head, None), 0);
+        assert_eq!(expected_rows(b"{\"a\": 1", Some(1 << 30)), 0);
+        // The whole file in the head: its lines, and one for a last line without its end.
+        assert_eq!(expected_rows(head, Some(head.len() as u64)), 3);
+        // 9 bytes a line: a 9,000-byte file holds about 1,000, and one in sixteen more.
+        assert_eq!(expected_rows(head, Some(9_000)), 1_001 + 1_001 / 16);
+        assert_eq!(expected_rows(head, Some(u64::MAX)), MAX_EXPECTED_ROWS);
+        assert_eq!(expected_rows(b"\n\n\n", Some(u64::MAX)), MAX_EXPECTED_ROWS);
+
+        let row = r#"{"timestamp": 5, "input_length": 1300, "output_length": 7, "hash_ids": [0, 1, 2]}"#;
+        let text = format!("{row}\n").repeat(3_000);
+        let read_with = |file_bytes| {
+            let options = InputOptions {
+                file_bytes,
+                ..InputOptions::default()
+            };
+            read(text.as_bytes(), "t", Format::Mooncake, &options)
+        };
+        let unknown = read_with(None);
+        assert_eq!(unknown.requests.len(), 3_000);
+        for claimed in [0, 10, text.len() as u64, u64::MAX] {
+            let input = read_with(Some(claimed));
+            assert_eq!(input.requests, unknown.requests, "{claimed}");
+            assert_eq!(input.report, unknown.report, "{claimed}");
         }
     }
 
