@@ -16,6 +16,7 @@
 pub mod blocks;
 pub mod capacity;
 pub mod fifo_sweep;
+mod leaf_heap;
 pub mod live;
 pub mod lru_stack;
 pub mod policy;

@@ -17,7 +17,9 @@
 //! Each policy is a struct fed one request at a time, so the batch profile and the live view run
 //! the same code.
 
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
+
+use super::leaf_heap::QuaternaryHeap;
 
 use serde::{Deserialize, Serialize};
 
@@ -386,6 +388,13 @@ impl Leaf {
     fn order(&self) -> u64 {
         (u64::from(self.rank) << 32) | u64::from(self.node)
     }
+
+    fn from_order(order: u64) -> Leaf {
+        Leaf {
+            rank: (order >> 32) as u32,
+            node: order as u32,
+        }
+    }
 }
 
 impl Ord for Leaf {
@@ -442,7 +451,7 @@ impl NodeState {
 #[derive(Default)]
 struct Buffers {
     nodes: Vec<NodeState>,
-    heap: Vec<Leaf>,
+    heap: Vec<u64>,
     ordered: VecDeque<Leaf>,
     skipped: Vec<Leaf>,
 }
@@ -467,7 +476,7 @@ pub struct TrieCache {
     capacity: usize,
     nodes: Vec<NodeState>,
     mark: u32,
-    heap: BinaryHeap<Leaf>,
+    heap: QuaternaryHeap,
     /// LRU only: leaves in key order. A touched leaf has the newest key and goes to the back; a
     /// parent left a leaf by an eviction usually has the oldest and goes to the front; the
     /// rare one that fits neither end goes to `heap`. Most LRU traffic then costs O(1).
@@ -528,7 +537,7 @@ impl TrieCache {
             capacity,
             nodes,
             mark: 1,
-            heap: BinaryHeap::from(heap),
+            heap: QuaternaryHeap::from_vec(heap),
             ordered,
             newest: None,
             size: 0,
@@ -582,7 +591,7 @@ impl TrieCache {
 
     fn push_newest_key(&mut self, leaf: Leaf) {
         if self.optimal {
-            self.heap.push(leaf);
+            self.heap.push(leaf.order());
         } else {
             self.ordered.push_back(leaf);
         }
@@ -595,8 +604,8 @@ impl TrieCache {
         };
         // Ranks fall with the LRU key: a larger rank than the front's is an older key.
         match self.ordered.front() {
-            _ if self.optimal => self.heap.push(leaf),
-            Some(front) if leaf.rank <= front.rank => self.heap.push(leaf),
+            _ if self.optimal => self.heap.push(leaf.order()),
+            Some(front) if leaf.rank <= front.rank => self.heap.push(leaf.order()),
             _ => self.ordered.push_front(leaf),
         }
     }
@@ -644,14 +653,17 @@ impl TrieCache {
     /// request ends, so keeping them aside until then picks the same victims.
     fn restore_skipped(&mut self) {
         for leaf in self.skipped.drain(..) {
-            self.heap.push(leaf);
+            self.heap.push(leaf.order());
         }
     }
 
     /// The next eviction candidate: whichever of the heap's top, the front of `ordered` and
     /// `newest` ranks first.
     fn best_candidate(&self) -> Option<(Leaf, Source)> {
-        let mut best: Option<(Leaf, Source)> = self.heap.peek().map(|&l| (l, Source::Heap));
+        let mut best: Option<(Leaf, Source)> = self
+            .heap
+            .peek()
+            .map(|l| (Leaf::from_order(l), Source::Heap));
         if let Some(&front) = self.ordered.front()
             && best.as_ref().is_none_or(|(b, _)| front > *b)
         {
@@ -711,9 +723,9 @@ impl TrieCache {
     /// (current entries are totally ordered by rank and node).
     fn compact(&mut self) {
         if self.heap.len() + self.ordered.len() > 2 * self.size + 1024 {
-            let entries = std::mem::take(&mut self.heap).into_vec();
-            let current: Vec<Leaf> = entries.into_iter().filter(|l| self.is_current(l)).collect();
-            self.heap = BinaryHeap::from(current);
+            let mut entries = std::mem::take(&mut self.heap).into_vec();
+            entries.retain(|&l| self.is_current(&Leaf::from_order(l)));
+            self.heap = QuaternaryHeap::from_vec(entries);
             let mut ordered = std::mem::take(&mut self.ordered);
             ordered.retain(|l| self.is_current(l));
             self.ordered = ordered;

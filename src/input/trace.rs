@@ -925,7 +925,8 @@ mod tests {
         assert_eq!(expected_rows(head, Some(u64::MAX)), MAX_EXPECTED_ROWS);
         assert_eq!(expected_rows(b"\n\n\n", Some(u64::MAX)), MAX_EXPECTED_ROWS);
 
-        let row = r#"{"timestamp": 5, "input_length": 1300, "output_length": 7, "hash_ids": [0, 1, 2]}"#;
+        let row =
+            r#"{"timestamp": 5, "input_length": 1300, "output_length": 7, "hash_ids": [0, 1, 2]}"#;
         let text = format!("{row}\n").repeat(3_000);
         let read_with = |file_bytes| {
             let options = InputOptions {
