@@ -73,13 +73,27 @@ pub fn read_line_bounded<R: std::io::BufRead + ?Sized>(
     max: usize,
 ) -> std::io::Result<Line> {
     buffer.clear();
+    append_line_bounded(reader, buffer, max)
+}
+
+/// [`read_line_bounded`], the line appended to what `buffer` holds, so that lines gathered
+/// together are copied once; a line past `max` leaves `buffer` as it was.
+pub fn append_line_bounded<R: std::io::BufRead + ?Sized>(
+    reader: &mut R,
+    buffer: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Line> {
+    let start = buffer.len();
     let mut total: u64 = 0;
     let mut too_long = false;
     loop {
         let available = match reader.fill_buf() {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => {
+                buffer.truncate(start);
+                return Err(e);
+            }
         };
         if available.is_empty() {
             return Ok(match (too_long, total) {
@@ -88,13 +102,13 @@ pub fn read_line_bounded<R: std::io::BufRead + ?Sized>(
                 (false, _) => Line::Read { complete: false },
             });
         }
-        let end = available.iter().position(|&b| b == b'\n');
+        let end = memchr::memchr(b'\n', available);
         let n = end.map_or(available.len(), |i| i + 1);
         if !too_long {
-            let content = buffer.len() + n - usize::from(end.is_some());
+            let content = buffer.len() - start + n - usize::from(end.is_some());
             if content > max {
                 too_long = true;
-                buffer.clear();
+                buffer.truncate(start);
             } else {
                 buffer.extend_from_slice(&available[..n]);
             }
@@ -279,6 +293,40 @@ mod tests {
             Line::TooLong { bytes: 13 }
         );
         assert!(buffer.is_empty());
+    }
+
+    /// Appended lines follow what the buffer held, each bounded on its own; one past the bound,
+    /// or cut by a read error, leaves the buffer as it was.
+    #[test]
+    fn appended_lines_are_bounded_each_and_a_skipped_one_leaves_nothing() {
+        let text = b"0123456789\nab\n0123456789abc\ncd";
+        let mut reader = std::io::BufReader::with_capacity(3, &text[..]);
+        let mut buffer = b"held|".to_vec();
+        let mut next = |buffer: &mut Vec<u8>| append_line_bounded(&mut reader, buffer, 10).unwrap();
+        assert_eq!(next(&mut buffer), Line::Read { complete: true });
+        assert_eq!(next(&mut buffer), Line::Read { complete: true });
+        assert_eq!(next(&mut buffer), Line::TooLong { bytes: 14 });
+        assert_eq!(buffer, b"held|0123456789\nab\n");
+        assert_eq!(next(&mut buffer), Line::Read { complete: false });
+        assert_eq!(next(&mut buffer), Line::Eof);
+        assert_eq!(buffer, b"held|0123456789\nab\ncd");
+
+        /// Three bytes, then a failure.
+        struct Failing(usize);
+        impl std::io::Read for Failing {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(std::io::Error::other("disk gone"));
+                }
+                self.0 -= 1;
+                out[0] = b'x';
+                Ok(1)
+            }
+        }
+        let mut failing = std::io::BufReader::with_capacity(1, Failing(3));
+        let mut buffer = b"held|".to_vec();
+        assert!(append_line_bounded(&mut failing, &mut buffer, 10).is_err());
+        assert_eq!(buffer, b"held|");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! The caller's thread reads lines into chunks of at most [`CHUNK_BYTES`] and [`CHUNK_LINES`]
 //! (the line that passes the bytes ends its chunk, up to the line bound of
-//! [`read_line_bounded`]) and hands each chunk whole to the next free parser thread; the parsed
+//! [`append_line_bounded`]) and hands each chunk whole to the next free parser thread; the parsed
 //! chunks come back in any order and are given out in file order. The reader runs ahead of the
 //! parsers by a few chunks only: at most [`IN_FLIGHT_PER_WORKER`] chunks per parser, and as
 //! many [`CHUNK_BYTES`] (and their parsed lines), are held at a time, on at most
@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::io::BufRead;
 
-use crate::limits::{Line, MAX_LINE_BYTES, read_line_bounded};
+use crate::limits::{Line, MAX_LINE_BYTES, append_line_bounded};
 
 /// Bytes of lines parsed together: enough that a hand-over between threads (a few µs) is
 /// noise, small enough that the chunks in flight and their parsed lines stay a few MB each.
@@ -117,7 +117,6 @@ impl Chunk {
 /// The caller's side of the read: lines into chunks.
 struct Reading<R> {
     reader: R,
-    line: Vec<u8>,
     done: bool,
 }
 
@@ -128,14 +127,13 @@ impl<R: BufRead> Reading<R> {
         bytes.clear();
         let mut slots = Vec::new();
         while bytes.len() < CHUNK_BYTES && slots.len() < CHUNK_LINES {
-            match read_line_bounded(&mut self.reader, &mut self.line, MAX_LINE_BYTES) {
+            let start = bytes.len();
+            match append_line_bounded(&mut self.reader, &mut bytes, MAX_LINE_BYTES) {
                 Ok(Line::Eof) => {
                     self.done = true;
                     break;
                 }
                 Ok(Line::Read { complete }) => {
-                    let start = bytes.len();
-                    bytes.extend_from_slice(&self.line);
                     slots.push(Slot::Line {
                         range: start..bytes.len(),
                         complete,
@@ -174,7 +172,6 @@ pub fn for_each_parsed<R: BufRead, T: Send>(
     let workers = workers.clamp(1, MAX_WORKERS);
     let mut reading = Reading {
         reader,
-        line: Vec::new(),
         done: false,
     };
     let first = reading.chunk(chunk_buffer());
