@@ -39,16 +39,27 @@ pub struct Leaderboards {
     pub by_reusable_tokens: Vec<PrefixGroup>,
 }
 
-/// Per trie node, 24 bytes: a trace's nodes are many and each is faulted in. The prefix's
-/// tokens are summed again for the few groups shown, from their first request's events.
+/// Per trie node, 16 bytes: a trace's nodes are many and each is faulted in. A node's first
+/// request and depth are read, for the groups only, from its first event; the prefix's tokens
+/// are summed again for the few groups shown, from that request's events.
 #[derive(Debug, Clone, Copy, Default)]
 struct NodeStats {
     /// The node's tokens in every occurrence after its first.
     reusable_tokens: u64,
     count: u32,
-    first_request: u32,
+    /// The index in `events` of the node's first occurrence.
+    first_event: u32,
+}
+
+/// A group's node, the tokens credited to it, and where it was first met.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    node: usize,
+    own: u64,
+    count: u32,
+    first_request: usize,
+    /// The prefix's blocks: the node's depth in its first request.
     depth: u32,
-    carried_by_a_child: bool,
 }
 
 /// `events` of all requests, each request's prompt at its range; `parents` from the same `EventBuilder`.
@@ -60,22 +71,23 @@ pub fn leaderboards(
     top: usize,
 ) -> Leaderboards {
     let mut nodes = vec![NodeStats::default(); parents.len()];
-    for (request, range) in request_ranges.iter().enumerate() {
-        for (depth, event) in events[range.clone()].iter().enumerate() {
+    for range in request_ranges {
+        for (index, event) in events[range.clone()].iter().enumerate() {
             let stats = &mut nodes[event.node() as usize];
             if stats.count == 0 {
-                stats.first_request = u32::try_from(request).unwrap_or(u32::MAX);
-                stats.depth = u32::try_from(depth + 1).unwrap_or(u32::MAX);
+                // Past 2^32 events (32 GiB of them) the index saturates; no input gets there.
+                stats.first_event = u32::try_from(range.start + index).unwrap_or(u32::MAX);
             } else {
                 stats.reusable_tokens += u64::from(event.tokens);
             }
             stats.count = stats.count.saturating_add(1);
         }
     }
+    let mut carried_by_a_child = vec![false; nodes.len()];
     for node in 1..nodes.len() {
         let parent = parents[node] as usize;
         if parent != 0 && nodes[node].count == nodes[parent].count {
-            nodes[parent].carried_by_a_child = true;
+            carried_by_a_child[parent] = true;
         }
     }
 
@@ -83,7 +95,7 @@ pub fn leaderboards(
     let mut total = 0u64;
     for node in 1..nodes.len() {
         let stats = nodes[node];
-        if stats.count < 2 || stats.carried_by_a_child {
+        if stats.count < 2 || carried_by_a_child[node] {
             continue;
         }
         let mut own = 0u64;
@@ -97,47 +109,58 @@ pub fn leaderboards(
             walk = parent;
         }
         total += own;
-        groups.push((node, own));
+        // The request whose range holds the first event: the last to start at or before it.
+        let first_event = stats.first_event as usize;
+        let first_request = request_ranges
+            .partition_point(|range| range.start <= first_event)
+            .saturating_sub(1);
+        let depth = request_ranges
+            .get(first_request)
+            .map_or(0, |range| first_event.saturating_sub(range.start) + 1);
+        groups.push(Group {
+            node,
+            own,
+            count: stats.count,
+            first_request,
+            depth: u32::try_from(depth).unwrap_or(u32::MAX),
+        });
     }
 
-    let entry = |&(node, own): &(usize, u64)| {
-        let stats = nodes[node];
-        let representative = requests.get(stats.first_request as usize);
-        let prefix_tokens = request_ranges
-            .get(stats.first_request as usize)
-            .map_or(0, |range| {
-                events[range.clone()]
-                    .iter()
-                    .take(stats.depth as usize)
-                    .map(|e| u64::from(e.tokens))
-                    .sum()
-            });
+    let entry = |group: &Group| {
+        let representative = requests.get(group.first_request);
+        let prefix_tokens = request_ranges.get(group.first_request).map_or(0, |range| {
+            events[range.clone()]
+                .iter()
+                .take(group.depth as usize)
+                .map(|e| u64::from(e.tokens))
+                .sum()
+        });
         PrefixGroup {
-            prefix_blocks: stats.depth,
+            prefix_blocks: group.depth,
             prefix_tokens,
-            count: u64::from(stats.count),
-            reusable_tokens: own,
+            count: u64::from(group.count),
+            reusable_tokens: group.own,
             share_of_reusable: if total == 0 {
                 0.0
             } else {
-                own as f64 / total as f64
+                group.own as f64 / total as f64
             },
             what: representative.and_then(|r| describe(r, prefix_tokens)),
         }
     };
     let mut by_count = groups.clone();
     by_count.sort_by(|a, b| {
-        let (x, y) = (nodes[a.0], nodes[b.0]);
-        y.count
-            .cmp(&x.count)
-            .then(y.depth.cmp(&x.depth))
-            .then(a.0.cmp(&b.0))
+        b.count
+            .cmp(&a.count)
+            .then(b.depth.cmp(&a.depth))
+            .then(a.node.cmp(&b.node))
     });
     let mut by_tokens = groups.clone();
     by_tokens.sort_by(|a, b| {
-        b.1.cmp(&a.1)
-            .then(nodes[b.0].count.cmp(&nodes[a.0].count))
-            .then(a.0.cmp(&b.0))
+        b.own
+            .cmp(&a.own)
+            .then(b.count.cmp(&a.count))
+            .then(a.node.cmp(&b.node))
     });
     Leaderboards {
         groups: groups.len() as u64,
@@ -219,5 +242,45 @@ mod tests {
         assert_eq!(boards.by_reusable_tokens[0].reusable_tokens, 30);
         assert_eq!(boards.by_count[1].prefix_tokens, 30);
         assert_eq!(boards.by_count[1].reusable_tokens, 20);
+    }
+
+    /// Empty requests between the others, and groups first met in later requests: each group's
+    /// blocks and tokens are those of the request it was first met in.
+    #[test]
+    fn a_group_is_measured_in_the_request_it_was_first_met_in() {
+        let paths: [&[u64]; 7] = [&[], &[1, 2], &[], &[3], &[1, 2, 4], &[3, 5], &[3, 5]];
+        // Request i's blocks are 10 + i tokens each, so a prefix's tokens name its request.
+        let requests: Vec<Request> = (0u32..)
+            .zip(paths)
+            .map(|(i, ids)| Request {
+                blocks: ids.iter().map(|&id| Block { id, tokens: 10 + i }).collect(),
+                ..Request::default()
+            })
+            .collect();
+        let mut builder = EventBuilder::new();
+        let mut events = Vec::new();
+        let mut starts = vec![0];
+        for r in &requests {
+            builder.push(r, &mut events);
+            starts.push(events.len());
+        }
+        let ranges: Vec<_> = starts.windows(2).map(|w| w[0]..w[1]).collect();
+        let boards = leaderboards(&requests, &events, &ranges, builder.parents(), 20);
+        let shown = |groups: &[PrefixGroup]| -> Vec<(u32, u64, u64, u64)> {
+            groups
+                .iter()
+                .map(|g| (g.prefix_blocks, g.prefix_tokens, g.count, g.reusable_tokens))
+                .collect()
+        };
+        // [3] three times from request 3; [1, 2] twice from request 1; [3, 5] twice from 5.
+        assert_eq!(
+            shown(&boards.by_count),
+            vec![(1, 13, 3, 31), (2, 22, 2, 28), (2, 30, 2, 16)]
+        );
+        assert_eq!(
+            shown(&boards.by_reusable_tokens),
+            vec![(1, 13, 3, 31), (2, 22, 2, 28), (2, 30, 2, 16)]
+        );
+        assert_eq!((boards.groups, boards.reusable_tokens), (3, 75));
     }
 }
