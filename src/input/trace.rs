@@ -338,6 +338,9 @@ mod fast {
     use super::{BoundedIds, Row};
     use serde_json::Value;
 
+    /// The most digits a number read here may have: 18 fit either sign without overflow.
+    const MAX_DIGITS: usize = 18;
+
     struct Cursor<'a> {
         bytes: &'a [u8],
         at: usize,
@@ -388,7 +391,7 @@ mod fast {
             let mut value: i64 = 0;
             while let Some(&digit @ b'0'..=b'9') = self.bytes.get(self.at) {
                 // A 19th digit could overflow: such a number is serde's to read.
-                if self.at - start == 18 {
+                if self.at - start == MAX_DIGITS {
                     return None;
                 }
                 value = value * 10 + i64::from(digit - b'0');
@@ -401,6 +404,29 @@ mod fast {
                 return None;
             }
             Some(if negative { -value } else { value })
+        }
+
+        /// A non-negative integer as [`Cursor::integer`] reads one, without its sign's
+        /// branches: most of a trace's bytes are such ids. Anything else (a sign, a leading
+        /// zero, a fraction, a 19th digit) is `None`, as there.
+        fn id(&mut self) -> Option<u64> {
+            self.skip_space();
+            let rest = self.bytes.get(self.at..)?;
+            let digits = rest
+                .iter()
+                .take(MAX_DIGITS + 1)
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let leading_zero = digits > 1 && rest[0] == b'0';
+            let fraction = matches!(rest.get(digits), Some(b'.' | b'e' | b'E'));
+            if digits == 0 || digits > MAX_DIGITS || leading_zero || fraction {
+                return None;
+            }
+            let value = rest[..digits]
+                .iter()
+                .fold(0u64, |value, &digit| value * 10 + u64::from(digit - b'0'));
+            self.at += digits;
+            Some(value)
         }
 
         /// A scalar value as serde_json reads it into a `Value` (`None` for `null` when
@@ -440,7 +466,7 @@ mod fast {
                 return Some(Some(BoundedIds::Integers(ids)));
             }
             loop {
-                let id = u64::try_from(self.integer()?).ok()?;
+                let id = self.id()?;
                 if ids.len() == crate::limits::MAX_HASH_IDS_PER_ROW {
                     return None;
                 }
@@ -830,6 +856,15 @@ mod tests {
             "\"é\"",
             "[1,]",
             "[1 2]",
+            "[007, 1]",
+            "[0, 10]",
+            "[ 4 , 5 ]",
+            "[123456789012345678, 0]",
+            "[1234567890123456789]",
+            "[1e3]",
+            "[0.5]",
+            "[-0]",
+            "[5, -]",
             "nul",
         ];
         let spaces = ["", " ", "\t", "  "];
