@@ -48,8 +48,11 @@ pub struct CapacityTotals {
 pub const PROFILE_REPORT_VERSION: u32 = 2;
 
 /// One block of a request's prompt: its id (a chained hash below 2^53, or a trace's raw hash id)
-/// and how many prompt tokens it stands for.
+/// and how many prompt tokens it stands for. Packed to 12 bytes, not 16: the blocks are most of
+/// a trace's requests (3.5 MB of the Mooncake trace's, once 4.6), and each page of them is
+/// faulted in. Fields are read by value (a reference to a packed field does not compile).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(C, packed(4))]
 pub struct Block {
     pub id: u64,
     pub tokens: u32,
@@ -190,3 +193,29 @@ pub(crate) fn small_id_slot(id: u64, array_len: usize, held: usize) -> Option<us
 pub type IdBuildHasher = std::hash::BuildHasherDefault<IdHasher>;
 pub type IdMap<K, V> = std::collections::HashMap<K, V, IdBuildHasher>;
 pub type IdSet<K> = std::collections::HashSet<K, IdBuildHasher>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_twelve_bytes_and_reads_back_what_it_was_given() {
+        assert_eq!(std::mem::size_of::<Block>(), 12);
+        let blocks = [
+            Block {
+                id: u64::MAX,
+                tokens: u32::MAX,
+            },
+            Block {
+                id: 1 << 53,
+                tokens: 7,
+            },
+        ];
+        let (first, second) = (blocks[0], blocks[1]);
+        assert_eq!((first.id, first.tokens), (u64::MAX, u32::MAX));
+        assert_eq!((second.id, second.tokens), (1 << 53, 7));
+        let json = serde_json::to_string(&blocks[1]).unwrap_or_default();
+        assert_eq!(json, r#"{"id":9007199254740992,"tokens":7}"#);
+        assert_eq!(serde_json::from_str::<Block>(&json).ok(), Some(blocks[1]));
+    }
+}
