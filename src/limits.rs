@@ -311,19 +311,12 @@ mod tests {
         assert_eq!(next(&mut buffer), Line::Eof);
         assert_eq!(buffer, b"held|0123456789\nab\ncd");
 
-        /// Three bytes, then a failure.
-        struct Failing(usize);
-        impl std::io::Read for Failing {
-            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-                if self.0 == 0 {
-                    return Err(std::io::Error::other("disk gone"));
-                }
-                self.0 -= 1;
-                out[0] = b'x';
-                Ok(1)
-            }
-        }
-        let mut failing = std::io::BufReader::with_capacity(1, Failing(3));
+        // Three bytes, then a failure.
+        let failing = crate::test_support::FailingReader {
+            piece: b"x",
+            reads: 3,
+        };
+        let mut failing = std::io::BufReader::with_capacity(1, failing);
         let mut buffer = b"held|".to_vec();
         assert!(append_line_bounded(&mut failing, &mut buffer, 10).is_err());
         assert_eq!(buffer, b"held|");

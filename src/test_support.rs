@@ -21,3 +21,21 @@ impl Xorshift {
         self.next() % bound
     }
 }
+
+/// A reader that gives `piece` on each of its first `reads` reads, then fails ("disk gone").
+/// `piece` must fit the caller's buffer: a `BufReader` of at least its length.
+pub struct FailingReader {
+    pub piece: &'static [u8],
+    pub reads: usize,
+}
+
+impl std::io::Read for FailingReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.reads == 0 {
+            return Err(std::io::Error::other("disk gone"));
+        }
+        self.reads -= 1;
+        out[..self.piece.len()].copy_from_slice(self.piece);
+        Ok(self.piece.len())
+    }
+}

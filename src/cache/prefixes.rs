@@ -214,6 +214,19 @@ mod tests {
     use crate::cache::Block;
     use crate::cache::policy::EventBuilder;
 
+    /// The leaderboards of `requests`, each a prompt from the trie's root, 20 a board.
+    fn leaderboards_of(requests: &[Request]) -> Leaderboards {
+        let mut builder = EventBuilder::new();
+        let mut events = Vec::new();
+        let mut starts = vec![0];
+        for r in requests {
+            builder.push(r, &mut events);
+            starts.push(events.len());
+        }
+        let ranges: Vec<_> = starts.windows(2).map(|w| w[0]..w[1]).collect();
+        leaderboards(requests, &events, &ranges, builder.parents(), 20)
+    }
+
     #[test]
     fn nested_groups_are_not_counted_twice() {
         // Four requests share [1]; two of them share [1, 2, 3] as well.
@@ -225,15 +238,7 @@ mod tests {
                 ..Request::default()
             })
             .collect();
-        let mut builder = EventBuilder::new();
-        let mut events = Vec::new();
-        let mut starts = vec![0];
-        for r in &requests {
-            builder.push(r, &mut events);
-            starts.push(events.len());
-        }
-        let ranges: Vec<_> = starts.windows(2).map(|w| w[0]..w[1]).collect();
-        let boards = leaderboards(&requests, &events, &ranges, builder.parents(), 20);
+        let boards = leaderboards_of(&requests);
         assert_eq!(boards.groups, 2);
         // [1] is reused 3 times (30 tokens); [2, 3] once more each (20 tokens), not 3 × 10 + 20.
         assert_eq!(boards.reusable_tokens, 50);
@@ -257,15 +262,7 @@ mod tests {
                 ..Request::default()
             })
             .collect();
-        let mut builder = EventBuilder::new();
-        let mut events = Vec::new();
-        let mut starts = vec![0];
-        for r in &requests {
-            builder.push(r, &mut events);
-            starts.push(events.len());
-        }
-        let ranges: Vec<_> = starts.windows(2).map(|w| w[0]..w[1]).collect();
-        let boards = leaderboards(&requests, &events, &ranges, builder.parents(), 20);
+        let boards = leaderboards_of(&requests);
         let shown = |groups: &[PrefixGroup]| -> Vec<(u32, u64, u64, u64)> {
             groups
                 .iter()

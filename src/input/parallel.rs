@@ -323,18 +323,11 @@ mod tests {
 
     #[test]
     fn a_read_error_is_the_last_item() {
-        struct Failing(usize);
-        impl std::io::Read for Failing {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                if self.0 == 0 {
-                    return Err(std::io::Error::other("disk gone"));
-                }
-                self.0 -= 1;
-                buf[..2].copy_from_slice(b"a\n");
-                Ok(2)
-            }
-        }
-        let reader = std::io::BufReader::with_capacity(2, Failing(3));
+        let failing = crate::test_support::FailingReader {
+            piece: b"a\n",
+            reads: 3,
+        };
+        let reader = std::io::BufReader::with_capacity(2, failing);
         let mut out = Vec::new();
         for_each_parsed(
             reader,
