@@ -55,10 +55,16 @@ pub struct ResponseCapture {
 
 /// How a response body is streamed, from its content type.
 pub fn stream_kind_of(content_type: &str) -> Option<StreamKind> {
-    let content_type = content_type.to_ascii_lowercase();
-    if content_type.contains("text/event-stream") {
+    // Every exchange asks: compared in place, with no lowercased copy.
+    let contains = |needle: &[u8]| {
+        content_type
+            .as_bytes()
+            .windows(needle.len())
+            .any(|window| window.eq_ignore_ascii_case(needle))
+    };
+    if contains(b"text/event-stream") {
         Some(StreamKind::Sse)
-    } else if content_type.contains("ndjson") {
+    } else if contains(b"ndjson") {
         Some(StreamKind::Ndjson)
     } else {
         None
@@ -214,6 +220,22 @@ fn lossy_text(bytes: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_stream_kind_is_found_in_any_case_anywhere_in_the_content_type() {
+        for (content_type, kind) in [
+            ("text/event-stream", Some(StreamKind::Sse)),
+            ("Text/Event-Stream; charset=utf-8", Some(StreamKind::Sse)),
+            ("application/x-ndjson", Some(StreamKind::Ndjson)),
+            ("APPLICATION/NDJSON", Some(StreamKind::Ndjson)),
+            ("application/json", None),
+            ("text/event-strea", None),
+            ("", None),
+            ("é text/event-stream", Some(StreamKind::Sse)),
+        ] {
+            assert_eq!(stream_kind_of(content_type), kind, "{content_type}");
+        }
+    }
 
     fn capture(path: &str, request: &[u8], response: Option<ResponseCapture>) -> Capture {
         Capture {

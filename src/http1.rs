@@ -1,5 +1,5 @@
-//! The HTTP/1.1 client connection every edge opens: the proxy to its upstream, the tokenizer
-//! client, the demo's agents and the tests. Feature `net`.
+//! The HTTP/1.1 client connection the edges open: the tokenizer client, the demo's agents and
+//! the tests (the proxy drives its upstream connections itself: `proxy::upstream`). Feature `net`.
 
 use std::fmt;
 
@@ -36,18 +36,6 @@ impl std::error::Error for ConnectError {}
 pub async fn handshake<S>(stream: S) -> hyper::Result<Sender>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    handshake_with_body(stream).await
-}
-
-/// [`handshake`] for requests with bodies of type `B` (the proxy streams request bodies too
-/// large to keep).
-pub async fn handshake_with_body<S, B>(stream: S) -> hyper::Result<SendRequest<B>>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {

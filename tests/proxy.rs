@@ -379,6 +379,76 @@ async fn an_upstream_that_hangs_up_before_or_during_the_response_is_a_reset_reco
     assert_eq!(response.body_text.as_deref(), Some("{\"partial\":"));
 }
 
+/// The proxy drives each upstream connection from the client connection's task: a server that
+/// closes a kept-alive connection between two requests (saying so with `connection: close`, or
+/// not) is seen closed when the next request comes, and that request goes out on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_connection_closed_between_requests_is_reopened_for_the_next() {
+    for says_close in [false, true] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                tokio::spawn(async move {
+                    // One request per connection: its head and its body (two bytes, "{}").
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !seen.ends_with(b"\r\n\r\n{}") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => seen.extend_from_slice(&buf[..k]),
+                        }
+                    }
+                    let body = format!("{{\"connection\":{n}}}");
+                    let close = if says_close {
+                        "connection: close\r\n"
+                    } else {
+                        ""
+                    };
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{close}content-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(format!("{head}{body}").as_bytes()).await;
+                    let _ = stream.flush().await;
+                    drop(stream);
+                });
+            }
+        });
+        let proxy = start_proxy(addr, "reopened", Options::default()).await;
+        let mut client = client(proxy.addr).await;
+        let mut bodies = Vec::new();
+        for _ in 0..3 {
+            let response = client.send_request(post(CHAT, "{}")).await.unwrap();
+            assert_eq!(
+                response.status(),
+                StatusCode::OK,
+                "says close: {says_close}"
+            );
+            bodies.push(response.into_body().collect().await.unwrap().to_bytes());
+            // The server's close reaches the proxy before the next request.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            bodies,
+            [
+                r#"{"connection":1}"#,
+                r#"{"connection":2}"#,
+                r#"{"connection":3}"#
+            ]
+            .map(Bytes::from),
+            "says close: {says_close}"
+        );
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+        let records = proxy.stop().await;
+        assert_eq!(records.len(), 3);
+        assert!(records.iter().all(|r| r.error.is_none()), "{records:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_is_a_client_disconnected_record() {
     let senders: Arc<Mutex<Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>>> = Arc::default();

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 
 use super::body::{RecordingBody, StreamedBody, StreamedCount};
 use super::headers::{recorded_headers, strip_hop_by_hop};
-use super::upstream::{self, UpstreamBody, UpstreamSender};
+use super::upstream::{self, UpstreamBody, UpstreamDriver, UpstreamSender};
 use super::{Shared, now_ms};
 use crate::capture::{Capture, ResponseCapture, stream_kind_of};
 use crate::record::ExchangeError;
@@ -25,6 +25,8 @@ pub(crate) struct Connection {
     id: u64,
     shared: Arc<Shared>,
     upstream: tokio::sync::Mutex<Option<UpstreamSender>>,
+    /// The upstream connection's work, polled here (`drive`) by this client connection's task.
+    driver: std::sync::Mutex<Option<UpstreamDriver>>,
     /// Set when the previous exchange's capture is waiting for room in the recorder: the next
     /// request on this connection waits for it (back-pressure lands between exchanges, never
     /// inside a response).
@@ -37,7 +39,19 @@ impl Connection {
             id,
             shared,
             upstream: tokio::sync::Mutex::new(None),
+            driver: std::sync::Mutex::new(None),
             pending_delivery: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Lets the upstream connection read and write what it can; it wakes this task when it can
+    /// do more. Done once the connection has closed.
+    pub(crate) fn drive(&self, cx: &mut std::task::Context<'_>) {
+        if let Ok(mut slot) = self.driver.lock()
+            && let Some(driver) = slot.as_mut()
+            && driver.as_mut().poll(cx).is_ready()
+        {
+            *slot = None;
         }
     }
 
@@ -49,6 +63,12 @@ impl Connection {
         request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ExchangeError> {
         let mut slot = self.upstream.lock().await;
+        // What the upstream did since the last exchange (closed an idle connection) is seen now.
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
         let mut request = Some(request);
         for _ in 0..2 {
             let reused = slot.as_ref().is_some_and(|sender| !sender.is_closed());
@@ -61,7 +81,12 @@ impl Connection {
                 )
                 .await
                 {
-                    Ok(sender) => *slot = Some(sender),
+                    Ok((sender, driver)) => {
+                        *slot = Some(sender);
+                        if let Ok(mut running) = self.driver.lock() {
+                            *running = Some(driver);
+                        }
+                    }
                     Err(failure) => {
                         shared.stats.set_upstream_error(&failure.reason);
                         return Err(failure.kind);
@@ -71,7 +96,12 @@ impl Connection {
             let Some(sender) = slot.as_mut() else {
                 return Err(ExchangeError::UpstreamUnreachable);
             };
-            if sender.ready().await.is_err() {
+            let ready = std::future::poll_fn(|cx| {
+                self.drive(cx);
+                sender.poll_ready(cx)
+            })
+            .await;
+            if ready.is_err() {
                 *slot = None;
                 if reused {
                     continue;
@@ -81,7 +111,13 @@ impl Connection {
             let Some(next) = request.take() else {
                 return Err(ExchangeError::UpstreamReset);
             };
-            match sender.try_send_request(next).await {
+            let mut sent = std::pin::pin!(sender.try_send_request(next));
+            let sent = std::future::poll_fn(|cx| {
+                self.drive(cx);
+                sent.as_mut().poll(cx)
+            })
+            .await;
+            match sent {
                 Ok(response) => return Ok(response),
                 Err(mut e) => {
                     *slot = None;
@@ -119,6 +155,11 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// The upstream connection's work, done on the task that streams its response.
+    pub(crate) fn drive_upstream(&self, cx: &mut std::task::Context<'_>) {
+        self.connection.drive(cx);
+    }
+
     pub(crate) fn capture_mut(&mut self) -> Option<&mut Capture<Bytes>> {
         self.capture.as_mut()
     }

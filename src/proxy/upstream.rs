@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use crate::http1;
 use crate::record::ExchangeError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +134,24 @@ pub(crate) type UpstreamBody = http_body_util::combinators::BoxBody<bytes::Bytes
 
 pub(crate) type UpstreamSender = hyper::client::conn::http1::SendRequest<UpstreamBody>;
 
+/// An upstream connection's own work (writing requests, reading responses off its socket). It
+/// runs on no task of its own: the client connection's task polls it wherever it waits on the
+/// upstream (`forward::Connection::drive`), so an exchange never hops between tasks.
+pub(crate) type UpstreamDriver = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// HTTP/1.1 over `stream`: the sender, and the connection's work for its user to drive.
+async fn handshake<S>(stream: S) -> hyper::Result<(UpstreamSender, UpstreamDriver)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let driver: UpstreamDriver = Box::pin(async move {
+        let _ = connection.await;
+    });
+    Ok((sender, driver))
+}
+
 /// Why the upstream could not be reached: the record's kind, and the reason for the status
 /// line and the proxy's 502 (the TLS error, the OS error, the handshake that timed out).
 #[derive(Debug, Clone)]
@@ -148,7 +165,7 @@ pub(crate) async fn connect(
     upstream: &Upstream,
     tls: Option<&tokio_rustls::TlsConnector>,
     timeout: Duration,
-) -> Result<UpstreamSender, ConnectFailure> {
+) -> Result<(UpstreamSender, UpstreamDriver), ConnectFailure> {
     let fail = |kind, reason: String| ConnectFailure { kind, reason };
     let authority = upstream.authority();
     let address = (upstream.host.as_str(), upstream.port);
@@ -198,7 +215,7 @@ pub(crate) async fn connect(
                     ));
                 }
             };
-            http1::handshake_with_body(tls_stream).await.map_err(|e| {
+            handshake(tls_stream).await.map_err(|e| {
                 fail(
                     ExchangeError::UpstreamUnreachable,
                     format!("HTTP/1.1 handshake with {authority} failed: {e}"),
@@ -209,7 +226,7 @@ pub(crate) async fn connect(
             ExchangeError::UpstreamUnreachable,
             "no TLS configuration for an https:// upstream".to_string(),
         )),
-        (false, _) => http1::handshake_with_body(stream).await.map_err(|e| {
+        (false, _) => handshake(stream).await.map_err(|e| {
             fail(
                 ExchangeError::UpstreamUnreachable,
                 format!("HTTP/1.1 handshake with {authority} failed: {e}"),
