@@ -32,7 +32,7 @@ pub fn merge(api: Api, kind: StreamKind, raw: &[u8]) -> Merged {
 
 /// The `data` of each SSE event (several `data:` lines join with `\n`), `[DONE]` left out.
 fn sse_events(raw: &[u8]) -> Vec<String> {
-    let text = String::from_utf8_lossy(raw);
+    let text = crate::text::utf8_lossy(raw);
     let mut events = Vec::new();
     let mut data: Option<String> = None;
     for line in text.split('\n') {
@@ -357,7 +357,7 @@ fn merge_responses(events: &[String]) -> Merged {
 /// Ollama NDJSON: `message.content` and `message.thinking` concatenated, tool calls collected,
 /// counters from the final object.
 fn merge_ndjson(raw: &[u8]) -> Merged {
-    let text = String::from_utf8_lossy(raw);
+    let text = crate::text::utf8_lossy(raw);
     let mut chunks = 0u32;
     let mut bad_chunks = 0u32;
     let mut top = Map::new();
