@@ -90,29 +90,41 @@ struct CallAcc {
 
 /// OpenAI chat and completions: deltas concatenated, tool calls merged by index, the last
 /// non-null value of every other top-level field kept (`usage`, `timings`).
+///
+/// The events are read last first: once a later event has given a field its value, an earlier
+/// one's is only checked (`Checked`: what a `Value` accepts, through the same parse) instead of
+/// built and dropped. An event that would not parse as a JSON object counts as bad and gives
+/// nothing, as when each event was parsed into a `Value` whole (a test holds the two equal).
 fn merge_openai(events: &[String]) -> Merged {
-    let (parsed, chunks, bad_chunks) = parse_events(events);
-    if parsed.is_empty() {
+    let chunks = u32::try_from(events.len()).unwrap_or(u32::MAX);
+    let mut bad_chunks = 0u32;
+    let mut top = Map::new();
+    // Each good event's `choices`, last event first.
+    let mut choices_of_events: Vec<Option<Value>> = Vec::new();
+    for event in events.iter().rev() {
+        let Some(read) = read_openai_event(event, &top) else {
+            bad_chunks += 1;
+            continue;
+        };
+        for (key, value) in read.fields {
+            if !value.is_null() {
+                top.entry(key).or_insert(value);
+            }
+        }
+        choices_of_events.push(read.choices);
+    }
+    if choices_of_events.is_empty() {
         return Merged {
             body: Value::Null,
             chunks,
             bad_chunks,
         };
     }
-    let mut top = Map::new();
     let mut choices: BTreeMap<u64, Choice> = BTreeMap::new();
-    for event in parsed {
-        for (key, value) in event {
-            match (key.as_str(), value) {
-                ("choices", Value::Array(items)) => {
-                    for (position, item) in items.iter().enumerate() {
-                        merge_choice(&mut choices, position, item);
-                    }
-                }
-                ("choices", _) | (_, Value::Null) => {}
-                (_, value) => {
-                    top.insert(key, value);
-                }
+    for event_choices in choices_of_events.iter().rev() {
+        if let Some(Value::Array(items)) = event_choices {
+            for (position, item) in items.iter().enumerate() {
+                merge_choice(&mut choices, position, item);
             }
         }
     }
@@ -133,6 +145,97 @@ fn merge_openai(events: &[String]) -> Merged {
         body: Value::Object(top),
         chunks,
         bad_chunks,
+    }
+}
+
+/// What one OpenAI event gives the merge: its `choices`, and its top-level fields that no later
+/// event has settled (a repeated key keeps its last value, as in a `Value`).
+struct OpenaiEvent {
+    fields: Vec<(String, Value)>,
+    choices: Option<Value>,
+}
+
+/// The event, if it is a JSON object; `settled` holds the fields later events gave.
+fn read_openai_event(event: &str, settled: &Map<String, Value>) -> Option<OpenaiEvent> {
+    use serde::de::DeserializeSeed;
+    let mut deserializer = serde_json::Deserializer::from_str(event);
+    let read = OpenaiEventSeed { settled }
+        .deserialize(&mut deserializer)
+        .ok()?;
+    deserializer.end().ok()?;
+    Some(read)
+}
+
+/// A key of an event: borrowed from the event's text unless it had escapes.
+struct EventKey<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for EventKey<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<EventKey<'de>, D::Error> {
+        struct KeyVisitor;
+        impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+            type Value = EventKey<'de>;
+
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<EventKey<'de>, E> {
+                Ok(EventKey(std::borrow::Cow::Borrowed(key)))
+            }
+
+            fn visit_str<E>(self, key: &str) -> Result<EventKey<'de>, E> {
+                Ok(EventKey(std::borrow::Cow::Owned(key.to_string())))
+            }
+        }
+        // As a `Value`'s keys are read (`deserialize_str`).
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+struct OpenaiEventSeed<'a> {
+    settled: &'a Map<String, Value>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for OpenaiEventSeed<'_> {
+    type Value = OpenaiEvent;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<OpenaiEvent, D::Error> {
+        // `deserialize_any`, as a `Value` is read: anything but an object is an error here.
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for OpenaiEventSeed<'_> {
+    type Value = OpenaiEvent;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OpenaiEvent, A::Error> {
+        let mut read = OpenaiEvent {
+            fields: Vec::new(),
+            choices: None,
+        };
+        while let Some(EventKey(key)) = map.next_key::<EventKey<'de>>()? {
+            if key == "choices" {
+                read.choices = Some(map.next_value::<Value>()?);
+            } else if self.settled.contains_key(key.as_ref()) {
+                map.next_value::<crate::record::raw::Checked>()?;
+            } else {
+                let value = map.next_value::<Value>()?;
+                match read.fields.iter_mut().find(|(known, _)| *known == key) {
+                    Some(field) => field.1 = value,
+                    None => read.fields.push((key.into_owned(), value)),
+                }
+            }
+        }
+        Ok(read)
     }
 }
 
@@ -433,6 +536,155 @@ mod tests {
         }
         out.push_str("data: [DONE]\n\n");
         out.into_bytes()
+    }
+
+    /// The merge as it was: every event parsed into a `Value` whole, fields taken in order.
+    fn merge_openai_by_values(events: &[String]) -> Merged {
+        let (parsed, chunks, bad_chunks) = parse_events(events);
+        if parsed.is_empty() {
+            return Merged {
+                body: Value::Null,
+                chunks,
+                bad_chunks,
+            };
+        }
+        let mut top = Map::new();
+        let mut choices: BTreeMap<u64, Choice> = BTreeMap::new();
+        for event in parsed {
+            for (key, value) in event {
+                match (key.as_str(), value) {
+                    ("choices", Value::Array(items)) => {
+                        for (position, item) in items.iter().enumerate() {
+                            merge_choice(&mut choices, position, item);
+                        }
+                    }
+                    ("choices", _) | (_, Value::Null) => {}
+                    (_, value) => {
+                        top.insert(key, value);
+                    }
+                }
+            }
+        }
+        let completion = choices.values().any(|c| c.text.is_some());
+        if let Some(object) = top.get_mut("object") {
+            *object = Value::from(if completion {
+                "text_completion"
+            } else {
+                "chat.completion"
+            });
+        }
+        let choices = choices
+            .into_iter()
+            .map(|(index, choice)| finish_choice(index, choice))
+            .collect();
+        top.insert("choices".into(), Value::Array(choices));
+        Merged {
+            body: Value::Object(top),
+            chunks,
+            bad_chunks,
+        }
+    }
+
+    /// Event text as servers send it and as they should not: repeated and escaped keys, nulls,
+    /// numbers past f64, lone surrogates, deep nesting, non-objects, cut and trailing text.
+    fn random_event(rng: &mut crate::test_support::Xorshift) -> String {
+        const KEYS: [&str; 10] = [
+            "\"id\"",
+            "\"object\"",
+            "\"model\"",
+            "\"created\"",
+            "\"usage\"",
+            "\"timings\"",
+            "\"choices\"",
+            "\"system_fingerprint\"",
+            "\"mod\\u0065l\"",
+            "\"x\\n\"",
+        ];
+        const VALUES: [&str; 22] = [
+            "null",
+            "1",
+            "-7",
+            "1.5",
+            "1e400",
+            "-1e400",
+            "1e-400",
+            "123456789012345678901234567890",
+            "\"chatcmpl-1\"",
+            "\"gemma\"",
+            "\"esc\\\"aped \\u00e9\"",
+            "\"lone \\ud800\"",
+            "\"pair \\ud83d\\ude00\"",
+            "\"bad \\x\"",
+            "true",
+            "[]",
+            "[1,{\"a\":null}]",
+            "{\"prompt_tokens\":3,\"completion_tokens\":null}",
+            "{\"cache_n\":1e400}",
+            "{}",
+            "\"chat.completion.chunk\"",
+            "\"text_completion\"",
+        ];
+        const CHOICES: [&str; 9] = [
+            "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}]",
+            "[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"finish_reason\":null}]",
+            "[{\"index\":0,\"delta\":{\"content\":\"lo \\ud800\"}}]",
+            "[{\"index\":1,\"text\":\"t\"}]",
+            "[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\"}}]}}]",
+            "[{\"delta\":{\"reasoning_content\":\"r\"},\"finish_reason\":\"stop\"}]",
+            "[{\"index\":0,\"delta\":{\"content\":\"x\"},\"n\":1e400}]",
+            "null",
+            "{}",
+        ];
+        match rng.below(12) {
+            0 => [
+                "5",
+                "[1]",
+                "\"s\"",
+                "null",
+                "{",
+                "",
+                "{\"a\":1} x",
+                "{\"a\":1,}",
+                "{} ",
+            ][rng.below(9) as usize]
+                .to_string(),
+            1 => format!("{}{{\"id\":1}}{}", "[".repeat(130), "]".repeat(130)),
+            _ => {
+                let fields: Vec<String> = (0..rng.below(7))
+                    .map(|_| {
+                        let key = KEYS[rng.below(KEYS.len() as u64) as usize];
+                        let value = if key == "\"choices\"" && rng.below(4) > 0 {
+                            CHOICES[rng.below(CHOICES.len() as u64) as usize]
+                        } else {
+                            VALUES[rng.below(VALUES.len() as u64) as usize]
+                        };
+                        format!("{key}:{value}")
+                    })
+                    .collect();
+                format!("{{{}}}", fields.join(","))
+            }
+        }
+    }
+
+    #[test]
+    fn openai_merge_read_last_first_equals_every_event_as_a_value() {
+        let mut rng = crate::test_support::Xorshift::new(16);
+        for case in 0..30_000 {
+            let events: Vec<String> = (0..rng.below(7)).map(|_| random_event(&mut rng)).collect();
+            assert_eq!(
+                merge_openai(&events),
+                merge_openai_by_values(&events),
+                "case {case}: {events:#?}"
+            );
+        }
+        // Real shapes: the bench's llama.cpp stream and the tests' own.
+        let stream = [
+            r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1,"id":"c","model":"m","system_fingerprint":"b","object":"chat.completion.chunk"}"#,
+            r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"It"}}],"created":1,"id":"c","model":"m","system_fingerprint":"b","object":"chat.completion.chunk"}"#,
+            r#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":2,"id":"c","model":"m","system_fingerprint":"b","object":"chat.completion.chunk","usage":{"completion_tokens":2,"prompt_tokens":9,"total_tokens":11},"timings":{"cache_n":0,"prompt_n":9}}"#,
+        ]
+        .map(String::from);
+        assert_eq!(merge_openai(&stream), merge_openai_by_values(&stream));
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub fn compact_json_body(bytes: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Accepts what a `Value` accepts, through the same `deserialize_any`, keeping nothing.
-struct Checked;
+pub(crate) struct Checked;
 
 impl<'de> Deserialize<'de> for Checked {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Checked, D::Error> {
