@@ -128,6 +128,16 @@ fn merge_openai(events: &[String]) -> Merged {
             }
         }
     }
+    openai_merged(top, choices, chunks, bad_chunks)
+}
+
+/// The merged body: the last top-level fields, the merged choices, the non-streamed `object`.
+fn openai_merged(
+    mut top: Map<String, Value>,
+    choices: BTreeMap<u64, Choice>,
+    chunks: u32,
+    bad_chunks: u32,
+) -> Merged {
     let completion = choices.values().any(|c| c.text.is_some());
     if let Some(object) = top.get_mut("object") {
         *object = Value::from(if completion {
@@ -565,24 +575,7 @@ mod tests {
                 }
             }
         }
-        let completion = choices.values().any(|c| c.text.is_some());
-        if let Some(object) = top.get_mut("object") {
-            *object = Value::from(if completion {
-                "text_completion"
-            } else {
-                "chat.completion"
-            });
-        }
-        let choices = choices
-            .into_iter()
-            .map(|(index, choice)| finish_choice(index, choice))
-            .collect();
-        top.insert("choices".into(), Value::Array(choices));
-        Merged {
-            body: Value::Object(top),
-            chunks,
-            bad_chunks,
-        }
+        openai_merged(top, choices, chunks, bad_chunks)
     }
 
     /// Event text as servers send it and as they should not: repeated and escaped keys, nulls,
