@@ -619,6 +619,87 @@ async fn a_full_recorder_queue_holds_requests_back_and_loses_nothing() {
     .await;
 }
 
+/// Connections served on threads of their own, each with its own runtime (what `record` and
+/// `watch` do): every exchange recorded exactly once, each connection's on one connection id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_served_on_three_threads_make_exactly_ten_thousand_records() {
+    load(
+        200,
+        50,
+        Options {
+            serving_threads: 3,
+            ..Options::default()
+        },
+        "load-threads",
+    )
+    .await;
+}
+
+/// Back-pressure from a serving thread: the capture waits in that thread's blocking pool, and
+/// the proxy's stop waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_recorder_queue_holds_requests_back_on_serving_threads_too() {
+    load(
+        50,
+        20,
+        Options {
+            queue: Some(1),
+            serving_threads: 2,
+            ..Options::default()
+        },
+        "backpressure-threads",
+    )
+    .await;
+}
+
+/// A stop while a serving thread has an exchange under way: the client gets the whole answer,
+/// the record is written, and the proxy stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_finishes_the_exchange_under_way_on_a_serving_thread() {
+    let upstream = fake_upstream(handler(|_req| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(full("{\"choices\":[]}"))
+            .unwrap()
+    }))
+    .await;
+    let proxy = start_proxy(
+        upstream,
+        "stop-threads",
+        Options {
+            serving_threads: 2,
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut client = client(proxy.addr).await;
+    let answer = tokio::spawn(async move {
+        let response = client
+            .send_request(post(CHAT, "{\"model\":\"m\"}"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await.unwrap().to_bytes()
+    });
+    let started = std::time::Instant::now();
+    while proxy.stats.in_flight() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the request arrives"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let records = proxy.stop().await;
+    assert_eq!(
+        answer.await.unwrap(),
+        Bytes::from_static(b"{\"choices\":[]}")
+    );
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, None);
+    assert_eq!(records[0].response.as_ref().map(|r| r.status), Some(200));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_path_prefix_is_added_and_the_record_keeps_the_clients_path() {
     let paths: Arc<Mutex<Vec<String>>> = Arc::default();

@@ -23,7 +23,7 @@ use hyper::server::conn::http1 as server_http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::capture::Capture;
@@ -56,6 +56,9 @@ pub struct ProxyConfig {
     /// live engine predicts what it will do to the server's slots). Never waited on: a full
     /// channel drops the start (counted in `ProxyStats::starts_dropped`).
     pub request_starts: Option<crossbeam_channel::Sender<Capture<Bytes>>>,
+    /// Threads that serve connections, each with a runtime of its own (see [`Proxy::run`]); 0
+    /// or 1 serves them on the runtime that runs the proxy.
+    pub serving_threads: usize,
 }
 
 impl ProxyConfig {
@@ -68,6 +71,7 @@ impl ProxyConfig {
             extra_ca_pem: None,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
+            serving_threads: 1,
         }
     }
 }
@@ -133,6 +137,13 @@ impl ProxyStats {
         }
     }
 
+    fn note_accept_error(&self, error: &io::Error) {
+        self.accept_errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = self.last_accept_error.lock() {
+            *last = Some(error.to_string());
+        }
+    }
+
     pub fn last_upstream_error(&self) -> Option<String> {
         self.last_upstream_error.lock().ok().and_then(|e| e.clone())
     }
@@ -186,6 +197,7 @@ pub struct Proxy {
     listener: TcpListener,
     shared: Arc<Shared>,
     header_timeout: Duration,
+    serving_threads: usize,
 }
 
 impl Proxy {
@@ -216,6 +228,7 @@ impl Proxy {
             listener,
             shared,
             header_timeout: config.header_timeout,
+            serving_threads: config.serving_threads.min(MAX_SERVING_THREADS),
         })
     }
 
@@ -229,13 +242,36 @@ impl Proxy {
 
     /// Serves until `shutdown` resolves, then stops accepting, lets the exchanges under way
     /// finish, and returns once every one of them has reached the recorder.
+    ///
+    /// With more than one serving thread, this task only accepts: each connection is handed, in
+    /// turn, to a thread that runs a current-thread runtime of its own and serves it there, the
+    /// upstream connection included, until it closes (what nginx's worker processes do). A
+    /// work-stealing runtime moves an exchange's halves between its workers, and each move wakes
+    /// the other worker (a futex and an epoll wake-up, measured in BENCHMARKS.md).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let Proxy {
             listener,
             shared,
             header_timeout,
+            serving_threads,
         } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
+        let serve = Serve {
+            shared: Arc::clone(&shared),
+            header_timeout,
+            stop: stop_rx,
+        };
+        let mut shards = Vec::new();
+        if serving_threads > 1 {
+            for index in 0..serving_threads {
+                match Shard::start(index, serve.clone()) {
+                    Ok(shard) => shards.push(shard),
+                    // No thread (out of memory or threads): the ones started, or this runtime,
+                    // serve instead; said like a failed accept.
+                    Err(e) => shared.stats.note_accept_error(&e),
+                }
+            }
+        }
         let mut connections = JoinSet::new();
         let mut next_conn = 1u64;
         tokio::pin!(shutdown);
@@ -247,23 +283,33 @@ impl Proxy {
                     Ok((stream, _)) => {
                         let _ = stream.set_nodelay(true);
                         shared.stats.connections.fetch_add(1, Ordering::Relaxed);
-                        let connection = Arc::new(forward::Connection::new(next_conn, Arc::clone(&shared)));
+                        let id = next_conn;
                         next_conn += 1;
-                        connections.spawn(serve_connection(
-                            stream,
-                            connection,
-                            Arc::clone(&shared.stats),
-                            header_timeout,
-                            stop_rx.clone(),
-                        ));
+                        if shards.is_empty() {
+                            connections.spawn(serve.clone().connection(stream, id));
+                            continue;
+                        }
+                        let shard = &shards[(id % shards.len() as u64) as usize];
+                        match stream.into_std() {
+                            Ok(stream) => {
+                                if let Err(returned) = shard.streams.send((stream, id)) {
+                                    // The thread is gone: serve the connection here.
+                                    let (stream, id) = returned.0;
+                                    match tokio::net::TcpStream::from_std(stream) {
+                                        Ok(stream) => {
+                                            connections.spawn(serve.clone().connection(stream, id));
+                                        }
+                                        Err(e) => shared.stats.note_accept_error(&e),
+                                    }
+                                }
+                            }
+                            Err(e) => shared.stats.note_accept_error(&e),
+                        }
                     }
                     // Out of file descriptors and the like: counted, then back off instead of
                     // spinning.
                     Err(e) => {
-                        shared.stats.accept_errors.fetch_add(1, Ordering::Relaxed);
-                        if let Ok(mut last) = shared.stats.last_accept_error.lock() {
-                            *last = Some(e.to_string());
-                        }
+                        shared.stats.note_accept_error(&e);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 },
@@ -271,8 +317,87 @@ impl Proxy {
         }
         drop(listener);
         let _ = stop_tx.send(true);
+        for shard in shards {
+            drop(shard.streams);
+            let _ = shard.done.await;
+        }
         while connections.join_next().await.is_some() {}
         shared.stats.wait_idle().await;
+    }
+}
+
+/// At most this many serving threads, whatever the machine says it has: a proxy in front of one
+/// server needs no more, and with [`BLOCKING_THREADS_PER_SERVING_THREAD`] the threads that can
+/// wait for a recorder that is behind stay at tokio's default of 512 for one runtime.
+pub const MAX_SERVING_THREADS: usize = 16;
+/// Each serving thread's blocking pool: a capture waits there for a recorder that is behind
+/// (one thread per waiting capture; more wait in the pool's queue).
+const BLOCKING_THREADS_PER_SERVING_THREAD: usize = 32;
+
+/// What serving a connection needs, wherever it runs.
+#[derive(Clone)]
+struct Serve {
+    shared: Arc<Shared>,
+    header_timeout: Duration,
+    stop: watch::Receiver<bool>,
+}
+
+impl Serve {
+    fn connection(self, stream: tokio::net::TcpStream, id: u64) -> impl Future<Output = ()> {
+        let connection = Arc::new(forward::Connection::new(id, Arc::clone(&self.shared)));
+        serve_connection(
+            stream,
+            connection,
+            Arc::clone(&self.shared.stats),
+            self.header_timeout,
+            self.stop,
+        )
+    }
+}
+
+/// A serving thread: the connections handed to it, and when it has finished.
+struct Shard {
+    streams: mpsc::UnboundedSender<(std::net::TcpStream, u64)>,
+    done: oneshot::Receiver<()>,
+}
+
+impl Shard {
+    fn start(index: usize, serve: Serve) -> io::Result<Shard> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(BLOCKING_THREADS_PER_SERVING_THREAD)
+            .thread_name(format!("prefixscope-serve-{index}-blocking"))
+            .build()?;
+        // Unbounded: each entry is an accepted connection, bounded by the descriptor limit.
+        let (streams, mut incoming) = mpsc::unbounded_channel::<(std::net::TcpStream, u64)>();
+        let (done_tx, done) = oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("prefixscope-serve-{index}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let mut connections = JoinSet::new();
+                    loop {
+                        tokio::select! {
+                            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                            received = incoming.recv() => match received {
+                                Some((stream, id)) => match tokio::net::TcpStream::from_std(stream) {
+                                    Ok(stream) => {
+                                        connections.spawn(serve.clone().connection(stream, id));
+                                    }
+                                    Err(e) => serve.shared.stats.note_accept_error(&e),
+                                },
+                                None => break,
+                            },
+                        }
+                    }
+                    while connections.join_next().await.is_some() {}
+                });
+                // Dropping the runtime waits for its blocking pool: the captures it hands to a
+                // recorder that was behind.
+                drop(runtime);
+                let _ = done_tx.send(());
+            })?;
+        Ok(Shard { streams, done })
     }
 }
 

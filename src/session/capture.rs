@@ -188,6 +188,7 @@ impl Capture {
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
         config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
+        config.serving_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let starts = args.announce_starts.then(|| {
             let (sender, receiver) = crossbeam_channel::bounded(STARTS_QUEUE);
             config.request_starts = Some(sender);

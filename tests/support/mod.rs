@@ -117,6 +117,8 @@ pub struct Options {
     pub header_timeout: Duration,
     /// Where each request goes as it starts (`ProxyConfig::request_starts`).
     pub request_starts: Option<crossbeam_channel::Sender<prefixscope::capture::Capture<Bytes>>>,
+    /// `ProxyConfig::serving_threads`: 1 serves on the test's runtime.
+    pub serving_threads: usize,
 }
 
 impl Default for Options {
@@ -131,6 +133,7 @@ impl Default for Options {
             host: "127.0.0.1".into(),
             header_timeout: prefixscope::proxy::DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
+            serving_threads: 1,
         }
     }
 }
@@ -183,6 +186,7 @@ pub async fn start_proxy(upstream: SocketAddr, name: &str, options: Options) -> 
     config.extra_ca_pem = options.https_ca;
     config.header_timeout = options.header_timeout;
     config.request_starts = options.request_starts;
+    config.serving_threads = options.serving_threads;
     let proxy = Proxy::bind(config, recorder.sender()).await.unwrap();
     let addr = proxy.local_addr().unwrap();
     let stats = proxy.stats();
