@@ -503,10 +503,10 @@ awk -v kn="$KIND_N" -v tck="$CLK_TCK" -v tl="${TARGETS[*]}" '
     { if ($3 == "c1") { p50[k] = p50[k] " " $7; p99[k] = p99[k] " " $8; r50[k] = r50[k] (r50[k] == "" ? "" : "/") $7 }
       if ($3 == "c1pin") pin[k] = $7
       if ($3 == kn) { rps[k] = rps[k] " " $5 / ($6 / 1e6); rr[k] = rr[k] (rr[k] == "" ? "" : "/") sprintf("%.0f", $5 / ($6 / 1e6))
-                      cpu[k] += $14; req[k] += $5 } }
+                      q99[k] = q99[k] " " $8; cpu[k] += $14; req[k] += $5 } }
     END {
-      printf "| target | mode | p50 µs | p99 µs | +p50 µs | +p99 µs | p50 per round | p50 pinned µs | +p50 pinned | req/s @%s | req/s per round | ×direct | prefixscope/llmp | CPU µs/req | wrk errors |\n", substr(kn, 2)
-      print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+      printf "| target | mode | p50 µs | p99 µs | +p50 µs | +p99 µs | p50 per round | p50 pinned µs | +p50 pinned | req/s @%s | req/s per round | p99 µs @%s | ×direct | prefixscope/llmp | CPU µs/req | wrk errors |\n", substr(kn, 2), substr(kn, 2)
+      print "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
       split("json sse", modes, " "); nt = split(tl, targets, " ")
       for (i = 1; i <= 2; i++) {
         m = modes[i]; d = m SUBSEP "direct"
@@ -515,11 +515,11 @@ awk -v kn="$KIND_N" -v tck="$CLK_TCK" -v tl="${TARGETS[*]}" '
           t = targets[j]; k = m SUBSEP t
           m50 = median(p50[k]); m99 = median(p99[k]); mrps = median(rps[k])
           dir = (t == "direct")
-          printf "| %s%s | %s | %d | %d | %s | %s | %s | %d | %s | %.0f | %s | %s | %s | %.1f | %d |\n",
+          printf "| %s%s | %s | %d | %d | %s | %s | %s | %d | %s | %.0f | %s | %d | %s | %s | %.1f | %d |\n",
             t, dist[k], (m == "json" ? "non-streamed" : "streamed"), m50, m99,
             dir ? "" : sprintf("%+d", m50 - d50), dir ? "" : sprintf("%+d", m99 - d99), r50[k],
             pin[k], dir ? "" : sprintf("%+d", pin[k] - pin[d]),
-            mrps, rr[k], dir ? "1" : sprintf("%.2f", mrps / drps),
+            mrps, rr[k], median(q99[k]), dir ? "1" : sprintf("%.2f", mrps / drps),
             (t ~ /^p|^nginx-proxy/) ? sprintf("%.2f", mrps / median(rps[m SUBSEP "llmp"])) : "",
             cpu[k] / tck * 1e6 / req[k], errs[k]
         }
@@ -531,7 +531,7 @@ echo "|---|---|--:|--:|--:|--:|--:|--:|--:|"
 awk '{ printf "| %s | %s | %d | %d | %d | %d | %+d | %d | %d |\n", $2, ($1 == "json" ? "non-streamed" : "streamed"), $3, $4, $5, $6, $3 - $6, $7, $8 }' "$COUNTS"
 echo
 echo "p50/p99: medians over the rounds of the 1-connection runs; +: minus direct's. pinned: one 1-connection"
-echo "run with wrk, nginx and the proxy all on CPU 0. req/s: median over the @$CONNS rounds."
+echo "run with wrk, nginx and the proxy all on CPU 0. req/s, p99 @$CONNS: medians over the @$CONNS rounds."
 echo "CPU µs/req: the proxy's own CPU time (all threads; nginx worker's for direct, both workers' for nginx-proxy) over its @$CONNS runs / requests."
 echo "wrk errors: socket (connect/read/write/timeout) + non-2xx responses, all runs of the target."
 echo "Runs disturbed by other load are run again (see below); * marks a target with a disturbed run kept."
