@@ -652,46 +652,6 @@ async fn a_full_recorder_queue_holds_requests_back_on_serving_threads_too() {
     .await;
 }
 
-/// Serving threads run under `SCHED_BATCH` (Linux): they do not preempt the recorder when they
-/// wake (see `serve_without_preempting`). Read from /proc, field 41 of each thread's `stat`.
-#[cfg(target_os = "linux")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serving_threads_run_under_sched_batch() {
-    const SCHED_BATCH: u32 = 3;
-    let upstream = echo_upstream().await;
-    let proxy = start_proxy(
-        upstream,
-        "batch-threads",
-        Options {
-            serving_threads: 2,
-            ..Options::default()
-        },
-    )
-    .await;
-    // One exchange on each thread: both have started.
-    for _ in 0..2 {
-        let mut client = client(proxy.addr).await;
-        let response = client.send_request(post(CHAT, "{}")).await.unwrap();
-        response.into_body().collect().await.unwrap();
-    }
-    let mut policies = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
-        let Some((name, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
-        else {
-            continue;
-        };
-        if name.starts_with("prefixscope-ser") {
-            // Fields from the state on: the policy is field 41 of the whole line, 39th here.
-            let policy: u32 = rest.split(' ').nth(38).unwrap().parse().unwrap();
-            policies.push(policy);
-        }
-    }
-    assert!(policies.len() >= 2, "{policies:?}");
-    assert!(policies.iter().all(|&p| p == SCHED_BATCH), "{policies:?}");
-    assert_eq!(proxy.stop().await.len(), 2);
-}
-
 /// A stop while a serving thread has an exchange under way: the client gets the whole answer,
 /// the record is written, and the proxy stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

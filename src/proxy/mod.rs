@@ -374,7 +374,6 @@ impl Shard {
         std::thread::Builder::new()
             .name(format!("prefixscope-serve-{index}"))
             .spawn(move || {
-                serve_without_preempting();
                 runtime.block_on(async move {
                     let mut connections = JoinSet::new();
                     loop {
@@ -399,22 +398,6 @@ impl Shard {
                 let _ = done_tx.send(());
             })?;
         Ok(Shard { streams, done })
-    }
-}
-
-/// Puts the calling serving thread under `SCHED_BATCH` (Linux; best effort): waking, it waits
-/// for the task on its CPU to finish its slice instead of preempting it. A serving thread is
-/// always busy under load, so the recorder thread (which lingers between batches) often woke to
-/// find both CPUs taken and waited as long as it ran; its queue filled and every connection
-/// waited on it (a p99 of 8-17 ms at 64 connections in about half of 40 s runs). Under
-/// `SCHED_BATCH` the same runs keep the p99 at 4-6 ms and serve 2-4% more requests a second,
-/// and one connection's latency is unchanged (BENCHMARKS.md, "Threads of their own").
-fn serve_without_preempting() {
-    #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: pid 0 is the calling thread; the struct is only read. Refused, nothing changes.
-        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
     }
 }
 
