@@ -285,25 +285,12 @@ impl Proxy {
                         shared.stats.connections.fetch_add(1, Ordering::Relaxed);
                         let id = next_conn;
                         next_conn += 1;
-                        if shards.is_empty() {
+                        let here = match shards.get((id % shards.len().max(1) as u64) as usize) {
+                            Some(shard) => shard.take(stream, id, &shared.stats),
+                            None => Some(stream),
+                        };
+                        if let Some(stream) = here {
                             connections.spawn(serve.clone().connection(stream, id));
-                            continue;
-                        }
-                        let shard = &shards[(id % shards.len() as u64) as usize];
-                        match stream.into_std() {
-                            Ok(stream) => {
-                                if let Err(returned) = shard.streams.send((stream, id)) {
-                                    // The thread is gone: serve the connection here.
-                                    let (stream, id) = returned.0;
-                                    match tokio::net::TcpStream::from_std(stream) {
-                                        Ok(stream) => {
-                                            connections.spawn(serve.clone().connection(stream, id));
-                                        }
-                                        Err(e) => shared.stats.note_accept_error(&e),
-                                    }
-                                }
-                            }
-                            Err(e) => shared.stats.note_accept_error(&e),
                         }
                     }
                     // Out of file descriptors and the like: counted, then back off instead of
@@ -398,6 +385,26 @@ impl Shard {
                 let _ = done_tx.send(());
             })?;
         Ok(Shard { streams, done })
+    }
+
+    /// Hands the connection to the thread; gives it back to be served here if the thread is
+    /// gone. A connection that cannot move between runtimes is counted as not accepted.
+    fn take(
+        &self,
+        stream: tokio::net::TcpStream,
+        id: u64,
+        stats: &ProxyStats,
+    ) -> Option<tokio::net::TcpStream> {
+        let moved = stream
+            .into_std()
+            .and_then(|stream| match self.streams.send((stream, id)) {
+                Ok(()) => Ok(None),
+                Err(returned) => tokio::net::TcpStream::from_std(returned.0.0).map(Some),
+            });
+        moved.unwrap_or_else(|e| {
+            stats.note_accept_error(&e);
+            None
+        })
     }
 }
 
