@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::RECORD_VERSION;
 use crate::normalize::digest::apply_digest;
-use crate::normalize::{Api, stream};
+use crate::normalize::{Api, stream, stream_raw};
 use crate::record::{ExchangeError, Record, RequestRecord, ResponseRecord, StreamKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -117,20 +117,16 @@ fn build<B: AsRef<[u8]>>(
     let response = capture.response.map(|response| {
         let (body, body_text, chunks, bad_chunks) = match (response.stream, keep) {
             (_, false) => (None, None, None, None),
-            (Some(kind), true) => {
-                let merged = stream::merge(api, kind, &response.body);
-                let (body, body_text) = if merged.body.is_null() {
-                    (None, lossy_text(&response.body))
-                } else {
-                    (Some(merged.body), None)
-                };
-                (
-                    body,
-                    body_text,
-                    Some(merged.chunks),
-                    Some(merged.bad_chunks),
-                )
+            (Some(kind), true) if form == BodyForm::Raw => {
+                match stream_raw::merge_raw(api, kind, &response.body) {
+                    Some((merged, chunks)) => {
+                        raw.response = Some(merged);
+                        (None, None, Some(chunks), Some(0))
+                    }
+                    None => merged_stream(api, kind, &response.body),
+                }
             }
+            (Some(kind), true) => merged_stream(api, kind, &response.body),
             (None, true) => {
                 let (body, body_text) = stored_body(&response.body, form, &mut raw.response);
                 (body, body_text, None, None)
@@ -181,6 +177,26 @@ fn build<B: AsRef<[u8]>>(
     };
     apply_mode(&mut record, mode);
     (record, raw)
+}
+
+/// A stream merged through `Value`s: its body (or its text when no event reads), its counts.
+fn merged_stream(
+    api: Api,
+    kind: StreamKind,
+    body: &[u8],
+) -> (Option<Value>, Option<String>, Option<u32>, Option<u32>) {
+    let merged = stream::merge(api, kind, body);
+    let (body, body_text) = if merged.body.is_null() {
+        (None, lossy_text(body))
+    } else {
+        (Some(merged.body), None)
+    };
+    (
+        body,
+        body_text,
+        Some(merged.chunks),
+        Some(merged.bad_chunks),
+    )
 }
 
 /// The record as `mode` keeps it: in digest mode its texts give way to their digests, except a
@@ -386,6 +402,60 @@ mod tests {
             crate::record::parse_record_line(&raw_line[..raw_line.len() - 1]),
             crate::record::parse_record_line(&value_line[..value_line.len() - 1])
         );
+    }
+
+    #[test]
+    fn a_streamed_raw_line_reads_as_the_record_of_the_value_line() {
+        let streams: [(&str, &[u8], bool); 5] = [
+            (
+                "/v1/chat/completions",
+                b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}],\"timings\":{\"cache_n\":3,\"prompt_ms\":1.5E1}}\n\ndata: [DONE]\n\n",
+                true,
+            ),
+            (
+                "/v1/completions",
+                b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"index\":0,\"text\":\"b\"}]}\n\n",
+                true,
+            ),
+            // A bad event: the `Value` merge counts it.
+            (
+                "/v1/chat/completions",
+                b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {oops\n\n",
+                false,
+            ),
+            // No event at all: the text is kept.
+            ("/v1/chat/completions", b"upstream said no\n", false),
+            (
+                "/v1/messages",
+                b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[]}}\n\n",
+                false,
+            ),
+        ];
+        for (path, body, taken) in streams {
+            let response = ResponseCapture {
+                status: 200,
+                stream: Some(StreamKind::Sse),
+                body: body.to_vec(),
+                body_bytes: body.len() as u64,
+                ..ResponseCapture::default()
+            };
+            let capture = capture(path, br#"{"stream":true}"#, Some(response));
+            let value_line =
+                crate::record::record_line(&build_record(capture.clone(), BodyMode::Full));
+            let (record, raw) = build_record_raw(capture);
+            assert_eq!(raw.response.is_some(), taken, "{path}");
+            let raw_line = crate::record::raw::record_line_with_bodies(
+                &record,
+                raw.request.as_deref(),
+                raw.response.as_deref(),
+            );
+            assert_eq!(raw_line.iter().filter(|&&b| b == b'\n').count(), 1);
+            assert_eq!(
+                crate::record::parse_record_line(&raw_line[..raw_line.len() - 1]),
+                crate::record::parse_record_line(&value_line[..value_line.len() - 1]),
+                "{path}"
+            );
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub fn merge(api: Api, kind: StreamKind, raw: &[u8]) -> Merged {
 }
 
 /// The `data` of each SSE event (several `data:` lines join with `\n`), `[DONE]` left out.
-fn sse_events(raw: &[u8]) -> Vec<String> {
+pub(super) fn sse_events(raw: &[u8]) -> Vec<String> {
     let text = crate::text::utf8_lossy(raw);
     let mut events = Vec::new();
     let mut data: Option<String> = None;
@@ -70,7 +70,7 @@ fn parse_events(events: &[String]) -> (Vec<Map<String, Value>>, u32, u32) {
 }
 
 #[derive(Default)]
-struct Choice {
+pub(super) struct Choice {
     role: Option<String>,
     content: Option<String>,
     text: Option<String>,
@@ -124,7 +124,7 @@ fn merge_openai(events: &[String]) -> Merged {
     for event_choices in choices_of_events.iter().rev() {
         if let Some(Value::Array(items)) = event_choices {
             for (position, item) in items.iter().enumerate() {
-                merge_choice(&mut choices, position, item);
+                merge_choice(&mut choices, position, choice_view(item));
             }
         }
     }
@@ -138,13 +138,8 @@ fn openai_merged(
     chunks: u32,
     bad_chunks: u32,
 ) -> Merged {
-    let completion = choices.values().any(|c| c.text.is_some());
     if let Some(object) = top.get_mut("object") {
-        *object = Value::from(if completion {
-            "text_completion"
-        } else {
-            "chat.completion"
-        });
+        *object = Value::from(merged_object(&choices));
     }
     let choices = choices
         .into_iter()
@@ -155,6 +150,15 @@ fn openai_merged(
         body: Value::Object(top),
         chunks,
         bad_chunks,
+    }
+}
+
+/// The merged body's `object`: the non-streamed twin's.
+pub(super) fn merged_object(choices: &BTreeMap<u64, Choice>) -> &'static str {
+    if choices.values().any(|c| c.text.is_some()) {
+        "text_completion"
+    } else {
+        "chat.completion"
     }
 }
 
@@ -177,7 +181,7 @@ fn read_openai_event(event: &str, settled: &Map<String, Value>) -> Option<Openai
 }
 
 /// A key of an event: borrowed from the event's text unless it had escapes.
-struct EventKey<'de>(std::borrow::Cow<'de, str>);
+pub(super) struct EventKey<'de>(pub std::borrow::Cow<'de, str>);
 
 impl<'de> serde::Deserialize<'de> for EventKey<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(
@@ -249,67 +253,121 @@ impl<'de> serde::de::Visitor<'de> for OpenaiEventSeed<'_> {
     }
 }
 
-fn merge_choice(choices: &mut BTreeMap<u64, Choice>, position: usize, item: &Value) {
-    let index = item
-        .get("index")
-        .and_then(Value::as_u64)
-        .unwrap_or(position as u64);
+/// What the merge reads of one item of an event's `choices`: from a `Value` here, from the
+/// typed read of `stream_raw` there, merged by the one `merge_choice`, so the two agree.
+pub(super) struct ChoiceView<'a> {
+    pub index: Option<u64>,
+    /// Not `null`.
+    pub finish_reason: Option<&'a Value>,
+    pub text: Option<&'a str>,
+    /// `delta`, else `message`: present (even `null`) when the item has one.
+    pub delta: Option<DeltaView<'a>>,
+}
+
+#[derive(Default)]
+pub(super) struct DeltaView<'a> {
+    pub role: Option<&'a str>,
+    pub content: Option<&'a str>,
+    /// The first of `reasoning_content` and `reasoning` that is a string, with its key.
+    pub reasoning: Option<(&'static str, &'a str)>,
+    pub tool_calls: Vec<CallView<'a>>,
+}
+
+pub(super) struct CallView<'a> {
+    pub index: Option<u64>,
+    pub id: Option<&'a str>,
+    pub kind: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub arguments: Option<&'a str>,
+}
+
+pub(super) const REASONING_KEYS: [&str; 2] = ["reasoning_content", "reasoning"];
+
+fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
+}
+
+fn choice_view(item: &Value) -> ChoiceView<'_> {
+    ChoiceView {
+        index: item.get("index").and_then(Value::as_u64),
+        finish_reason: item.get("finish_reason").filter(|r| !r.is_null()),
+        text: text(item, "text"),
+        delta: item
+            .get("delta")
+            .or_else(|| item.get("message"))
+            .map(|delta| DeltaView {
+                role: text(delta, "role"),
+                content: text(delta, "content"),
+                reasoning: REASONING_KEYS
+                    .into_iter()
+                    .find_map(|key| text(delta, key).map(|reasoning| (key, reasoning))),
+                tool_calls: delta
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|call| CallView {
+                        index: call.get("index").and_then(Value::as_u64),
+                        id: text(call, "id"),
+                        kind: text(call, "type"),
+                        name: call.pointer("/function/name").and_then(Value::as_str),
+                        arguments: call.pointer("/function/arguments").and_then(Value::as_str),
+                    })
+                    .collect(),
+            }),
+    }
+}
+
+pub(super) fn merge_choice(
+    choices: &mut BTreeMap<u64, Choice>,
+    position: usize,
+    item: ChoiceView<'_>,
+) {
+    let index = item.index.unwrap_or(position as u64);
     let choice = choices.entry(index).or_default();
-    if let Some(reason) = item.get("finish_reason").filter(|r| !r.is_null()) {
+    if let Some(reason) = item.finish_reason {
         choice.finish_reason = Some(reason.clone());
     }
-    if let Some(text) = item.get("text").and_then(Value::as_str) {
+    if let Some(text) = item.text {
         choice.text.get_or_insert_with(String::new).push_str(text);
     }
-    let Some(delta) = item.get("delta").or_else(|| item.get("message")) else {
+    let Some(delta) = item.delta else {
         return;
     };
-    if let Some(role) = delta.get("role").and_then(Value::as_str) {
+    if let Some(role) = delta.role {
         choice.role = Some(role.to_string());
     }
-    if let Some(content) = delta.get("content").and_then(Value::as_str) {
+    if let Some(content) = delta.content {
         choice
             .content
             .get_or_insert_with(String::new)
             .push_str(content);
     }
-    for key in ["reasoning_content", "reasoning"] {
-        if let Some(reasoning) = delta.get(key).and_then(Value::as_str) {
-            choice.reasoning_key.get_or_insert(key);
-            choice.reasoning.push_str(reasoning);
-            break;
-        }
+    if let Some((key, reasoning)) = delta.reasoning {
+        choice.reasoning_key.get_or_insert(key);
+        choice.reasoning.push_str(reasoning);
     }
-    for (position, call) in delta
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let slot = call
-            .get("index")
-            .and_then(Value::as_u64)
-            .unwrap_or(position as u64);
+    for (position, call) in delta.tool_calls.into_iter().enumerate() {
+        let slot = call.index.unwrap_or(position as u64);
         let acc = choice.tool_calls.entry(slot).or_default();
-        if let Some(id) = call.get("id").and_then(Value::as_str) {
+        if let Some(id) = call.id {
             acc.id = Some(id.to_string());
         }
-        if let Some(kind) = call.get("type").and_then(Value::as_str) {
+        if let Some(kind) = call.kind {
             acc.kind = Some(kind.to_string());
         }
-        if let Some(name) = call.pointer("/function/name").and_then(Value::as_str)
+        if let Some(name) = call.name
             && acc.name.is_empty()
         {
             acc.name = name.to_string();
         }
-        if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
+        if let Some(arguments) = call.arguments {
             acc.arguments.push_str(arguments);
         }
     }
 }
 
-fn finish_choice(index: u64, choice: Choice) -> Value {
+pub(super) fn finish_choice(index: u64, choice: Choice) -> Value {
     let mut out = Map::new();
     out.insert("index".into(), Value::from(index));
     out.insert(
@@ -535,7 +593,7 @@ fn merge_ndjson(raw: &[u8]) -> Merged {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -565,7 +623,7 @@ mod tests {
                 match (key.as_str(), value) {
                     ("choices", Value::Array(items)) => {
                         for (position, item) in items.iter().enumerate() {
-                            merge_choice(&mut choices, position, item);
+                            merge_choice(&mut choices, position, choice_view(item));
                         }
                     }
                     ("choices", _) | (_, Value::Null) => {}
@@ -580,7 +638,7 @@ mod tests {
 
     /// Event text as servers send it and as they should not: repeated and escaped keys, nulls,
     /// numbers past f64, lone surrogates, deep nesting, non-objects, cut and trailing text.
-    fn random_event(rng: &mut crate::test_support::Xorshift) -> String {
+    pub(in crate::normalize) fn random_event(rng: &mut crate::test_support::Xorshift) -> String {
         const KEYS: [&str; 10] = [
             "\"id\"",
             "\"object\"",
