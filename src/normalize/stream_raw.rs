@@ -5,10 +5,10 @@
 //!
 //! The body read back is the `Value` of [`stream::merge`](super::stream::merge) (a test holds
 //! the two equal): each event's `choices` are read into typed items that the one
-//! `merge_choice` takes, its other fields as `Value`s (read last first: a field a later event
-//! settled is only checked), everything else checked as a `Value` reads it. A stream this read
-//! does not take whole (a bad event, an item of another shape) gives `None`, and the caller
-//! merges it through `Value`s as before.
+//! `merge_choice` takes, its other fields kept as the text they were read from (compacted;
+//! read last first, so the last non-null value of each is kept), everything checked as a
+//! `Value` reads it. A stream this read does not take whole (a bad event, an item of another
+//! shape) gives `None`, and the caller merges it through `Value`s as before.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -44,12 +44,18 @@ fn merge_openai_sse(raw: &[u8]) -> Option<(Vec<u8>, u32)> {
     let chunks = u32::try_from(events.len()).unwrap_or(u32::MAX);
     // Read last first, as `stream::merge` does: a field a later event settled is only checked
     // in the earlier ones, not built.
-    let mut top: BTreeMap<Cow<'_, str>, Value> = BTreeMap::new();
+    let mut top: BTreeMap<Cow<'_, str>, &str> = BTreeMap::new();
     let mut choices_of_events = Vec::with_capacity(events.len());
     for event in events.iter().rev() {
+        // Each value is read (and checked) from where it starts, one level less deep than in
+        // its event: an event that could be nested near a `Value`'s limit (128) is checked whole.
+        if bracket_count(event) >= 100 {
+            serde_json::from_str::<Checked>(event).ok()?;
+        }
         let read = read_event(event, &top)?;
         for (key, value) in read.fields {
-            if !value.is_null() {
+            // Checked as a `Value` reads it: `null` is spelt `null`.
+            if value != "null" {
                 top.entry(key).or_insert(value);
             }
         }
@@ -90,7 +96,7 @@ fn merge_openai_sse(raw: &[u8]) -> Option<(Vec<u8>, u32)> {
             out.extend_from_slice(object.as_bytes());
             out.push(b'"');
         } else {
-            let _ = serde_json::to_writer(&mut out, value);
+            crate::record::raw::compact_into(value.as_bytes(), &mut out);
         }
         out.push(b',');
     }
@@ -103,53 +109,83 @@ fn merge_openai_sse(raw: &[u8]) -> Option<(Vec<u8>, u32)> {
     Some((out, chunks))
 }
 
+/// `[` and `{` in the event, strings included: at least its nesting depth.
+fn bracket_count(event: &str) -> usize {
+    memchr::memchr2_iter(b'[', b'{', event.as_bytes()).count()
+}
+
 /// One event: its top-level fields but `choices` (a repeated key keeps its last value, as in a
 /// `Value`), and its `choices` typed.
 struct Event<'a> {
-    fields: Vec<(Cow<'a, str>, Value)>,
+    fields: Vec<(Cow<'a, str>, &'a str)>,
     choices: Option<Vec<ChoiceItem<'a>>>,
 }
 
 /// The event, if it reads whole; `settled` holds the fields later events gave.
-fn read_event<'a>(event: &'a str, settled: &BTreeMap<Cow<'a, str>, Value>) -> Option<Event<'a>> {
-    let mut deserializer = serde_json::Deserializer::from_str(event);
-    let read =
-        serde::Deserializer::deserialize_map(&mut deserializer, EventVisitor { settled }).ok()?;
-    deserializer.end().ok()?;
-    Some(read)
-}
-
-struct EventVisitor<'s, 'a> {
-    settled: &'s BTreeMap<Cow<'a, str>, Value>,
-}
-
-impl<'a> Visitor<'a> for EventVisitor<'_, 'a> {
-    type Value = Event<'a>;
-
-    fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-        formatter.write_str("a JSON object")
+///
+/// The object's own braces, colons and commas are walked here, each value read by serde_json
+/// from where it starts: a kept field's text is then the span it was read from. Only JSON's
+/// four whitespace bytes are skipped, as serde_json does.
+fn read_event<'a>(event: &'a str, settled: &BTreeMap<Cow<'a, str>, &'a str>) -> Option<Event<'a>> {
+    let bytes = event.as_bytes();
+    let skip = |mut at: usize| {
+        while matches!(bytes.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            at += 1;
+        }
+        at
+    };
+    let mut read = Event {
+        fields: Vec::new(),
+        choices: None,
+    };
+    let mut at = skip(0);
+    if bytes.get(at) != Some(&b'{') {
+        return None;
     }
-
-    fn visit_map<A: MapAccess<'a>>(self, mut map: A) -> Result<Event<'a>, A::Error> {
-        let mut read = Event {
-            fields: Vec::new(),
-            choices: None,
-        };
-        while let Some(EventKey(key)) = map.next_key::<EventKey<'a>>()? {
-            if key == "choices" {
-                read.choices = map.next_value()?;
-            } else if self.settled.contains_key(&key) {
-                map.next_value::<Checked>()?;
-            } else {
-                let value: Value = map.next_value()?;
+    at = skip(at + 1);
+    if bytes.get(at) == Some(&b'}') {
+        return (skip(at + 1) == bytes.len()).then_some(read);
+    }
+    loop {
+        if bytes.get(at) != Some(&b'"') {
+            return None;
+        }
+        let (EventKey(key), length) = value_at::<EventKey<'a>>(event, at)?;
+        at = skip(at + length);
+        if bytes.get(at) != Some(&b':') {
+            return None;
+        }
+        at = skip(at + 1);
+        let length = if key == "choices" {
+            let (choices, length) = value_at(event, at)?;
+            read.choices = choices;
+            length
+        } else {
+            let (Checked, length) = value_at::<Checked>(event, at)?;
+            if !settled.contains_key(&key) {
+                let value = event.get(at..at + length)?;
                 match read.fields.iter_mut().find(|(known, _)| *known == key) {
                     Some(field) => field.1 = value,
                     None => read.fields.push((key, value)),
                 }
             }
+            length
+        };
+        at = skip(at + length);
+        match bytes.get(at) {
+            Some(b',') => at = skip(at + 1),
+            Some(b'}') => break,
+            _ => return None,
         }
-        Ok(read)
     }
+    (skip(at + 1) == bytes.len()).then_some(read)
+}
+
+/// The value that starts at `at` in `event`, and its length in bytes.
+fn value_at<'a, T: Deserialize<'a>>(event: &'a str, at: usize) -> Option<(T, usize)> {
+    let mut values = serde_json::Deserializer::from_str(event.get(at..)?).into_iter::<T>();
+    let value = values.next()?.ok()?;
+    Some((value, values.byte_offset()))
 }
 
 /// A string field, borrowed from the event's text unless it had escapes. Anything but a string
@@ -548,6 +584,65 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The event's object is walked here, not by serde_json: each way to get its punctuation
+    /// or whitespace wrong, in front of a good event, is read as the `Value` merge reads it.
+    #[test]
+    fn an_event_object_is_read_as_a_value_reads_it() {
+        let choices = r#""choices":[{"delta":{"content":"a"}}]"#;
+        let objects = [
+            format!("{{{choices}}}"),
+            format!(" \t{{ {choices} , \"id\" : \"x\" }}\r"),
+            format!("{{{choices},\"id\" \"x\"}}"),
+            format!("{{{choices},\"id\"::\"x\"}}"),
+            format!("{{{choices},\"id\":\"x\" \"m\":1}}"),
+            format!("{{,{choices}}}"),
+            format!("{{{choices},}}"),
+            format!("{{{choices}}}}}"),
+            format!("{{{choices},\"id\"}}"),
+            format!("{{{choices},\"id\":}}"),
+            format!("{{{choices}"),
+            format!("\u{c}{{{choices}}}"),
+            format!("{{\u{c}{choices}}}"),
+            format!("{{{choices},\"id\":\u{c}1}}"),
+            format!("{{{choices}}}\u{c}"),
+            format!("{{{choices},\"id\":1}}x"),
+            format!("{{{choices},id:1}}"),
+            format!("{{{choices},\"id\":1.}}"),
+            format!("{{{choices},\"id\":01}}"),
+            format!("{{{choices},\"id\":1e400}}"),
+            format!("{{{choices},\"id\":[1,]}}"),
+            format!("{{{choices},\"id\":1,\"id\":null}}"),
+            format!("{{{choices},\"id\"x1}}"),
+            format!("{{{choices},,\"id\":1}}"),
+            "{}x".to_string(),
+            "{}".to_string(),
+            " {} ".to_string(),
+            "{".to_string(),
+            String::new(),
+        ];
+        let good = r#"{"id":"y","choices":[{"delta":{"content":"b"}}]}"#;
+        let mut taken = 0;
+        for object in objects {
+            let raw = format!("data: {good}\n\ndata:{object}\n\n");
+            let merged = merge(Api::OpenaiChat, StreamKind::Sse, raw.as_bytes());
+            if let Some((body, chunks)) =
+                merge_raw(Api::OpenaiChat, StreamKind::Sse, raw.as_bytes())
+            {
+                taken += 1;
+                let read = serde_json::from_slice::<Value>(&body).ok();
+                assert_eq!(read, Some(merged.body), "{object:?}");
+                assert_eq!(
+                    (chunks, 0),
+                    (merged.chunks, merged.bad_chunks),
+                    "{object:?}"
+                );
+            } else {
+                assert!(merged.bad_chunks > 0, "a good event left: {object:?}");
+            }
+        }
+        assert_eq!(taken, 5);
     }
 
     /// serde_json's `raw_value` feature makes a `Value` read an object whose first key is this

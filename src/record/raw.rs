@@ -85,6 +85,12 @@ impl<'de> Visitor<'de> for CheckedVisitor {
 /// a run at a time (`memchr`): they are most of a prompt.
 fn compact(json: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(json.len());
+    compact_into(json, &mut out);
+    out
+}
+
+/// [`compact`], appended to `out`.
+pub(crate) fn compact_into(json: &[u8], out: &mut Vec<u8>) {
     let mut at = 0;
     while at < json.len() {
         let byte = json[at];
@@ -93,12 +99,11 @@ fn compact(json: &[u8]) -> Vec<u8> {
             b' ' | b'\t' | b'\n' | b'\r' => {}
             b'"' => {
                 out.push(b'"');
-                at = copy_string_rest(json, at, &mut out);
+                at = copy_string_rest(json, at, out);
             }
             _ => out.push(byte),
         }
     }
-    out
 }
 
 /// Copies a string from just after its opening quote through its closing one; returns where
