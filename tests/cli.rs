@@ -817,3 +817,89 @@ fn analyze_streamed_equals_analyze_of_the_whole_file() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An upstream that keeps each request head as its bytes came (one request a connection,
+/// bodies by `content-length`) and answers a fixed JSON.
+async fn head_keeping_upstream() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let kept = Arc::clone(&heads);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let kept = Arc::clone(&kept);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.ends_with(b"\r\n\r\n{}") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&seen).into_owned());
+                let body =
+                    r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// `record` forwards with its own loop, which passes header names in the case they were sent;
+/// `--hyper-forwarding` goes through hyper, which writes them in lower case. The records are
+/// the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyper_forwarding_is_hyper_s_path_and_records_alike() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut records = Vec::new();
+    for hyper_forwarding in [false, true] {
+        let (upstream, heads) = head_keeping_upstream().await;
+        let port = free_port();
+        let file = temp_file(&format!("forwarding-{hyper_forwarding}.jsonl"));
+        let mut extra = vec!["-o", file.to_str().unwrap(), "-q"];
+        if hyper_forwarding {
+            extra.push("--hyper-forwarding");
+        }
+        let child = spawn_record(upstream, port, &extra);
+        wait_listening(port).await;
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        stream
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Mixed-Case: 1\r\nContent-Length: 2\r\n\r\n{}")
+            .await
+            .unwrap();
+        let mut answer = vec![0u8; 4096];
+        let n = stream.read(&mut answer).await.unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+        drop(stream);
+        interrupt(&child);
+        let (code, _, stderr) = tokio::task::spawn_blocking(move || finish(child))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(0), "{stderr}");
+        let head = heads.lock().unwrap()[0].clone();
+        let expected = if hyper_forwarding {
+            "x-mixed-case: 1\r\n"
+        } else {
+            "X-Mixed-Case: 1\r\n"
+        };
+        assert!(head.contains(expected), "{head}");
+        let mut read =
+            prefixscope::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+        assert_eq!(read.len(), 1);
+        let record = &mut read[0];
+        (record.t_start_ms, record.t_first_byte_ms, record.t_end_ms) = (0, None, 0);
+        records.push(read.remove(0));
+    }
+    assert_eq!(records[0], records[1]);
+}

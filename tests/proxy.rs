@@ -15,6 +15,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use prefixscope::capture::BodyMode;
+use prefixscope::proxy::Forwarding;
+use prefixscope::record::Record;
 use prefixscope::record::{ExchangeError, StreamKind};
 use support::*;
 
@@ -35,8 +37,9 @@ struct Seen {
     body: Bytes,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn randomized_bodies_and_headers_pass_unchanged_streamed_and_not() {
+/// 40 random exchanges (statuses, headers, bodies up to 20 KB, streamed and not) through the
+/// proxy forwarding with `forwarding`: everything arrives unchanged both ways; the records.
+async fn randomized_exchanges(forwarding: Forwarding) -> Vec<Record> {
     let seed = 0x5eed_2026_u64;
     let mut rng = Rng(seed);
     let specs: Arc<Mutex<HashMap<String, Spec>>> = Arc::default();
@@ -79,7 +82,11 @@ async fn randomized_bodies_and_headers_pass_unchanged_streamed_and_not() {
         }))
         .await
     };
-    let proxy = start_proxy(upstream, "passthrough", Options::default()).await;
+    let options = Options {
+        forwarding,
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, &format!("passthrough-{forwarding:?}"), options).await;
     let mut sent = BTreeMap::new();
     let mut client = client(proxy.addr).await;
     for i in 0..40 {
@@ -208,6 +215,31 @@ async fn randomized_bodies_and_headers_pass_unchanged_streamed_and_not() {
                 .keys()
                 .all(|k| ["user-agent", "content-type", "content-length"].contains(&k.as_str()))
         );
+    }
+    records
+}
+
+/// The proxy's own loop and hyper's forward the same exchanges unchanged, and record them
+/// alike: the same record for each, but for its times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_bodies_and_headers_pass_unchanged_streamed_and_not() {
+    let untimed = |mut records: Vec<Record>| {
+        for record in &mut records {
+            record.t_start_ms = 0;
+            record.t_end_ms = 0;
+            assert!(
+                record.t_first_byte_ms.is_some()
+                    || record.response.as_ref().is_some_and(|r| r.body_bytes == 0)
+            );
+            record.t_first_byte_ms = None;
+        }
+        records
+    };
+    let relayed = untimed(randomized_exchanges(Forwarding::Relay).await);
+    let by_hyper = untimed(randomized_exchanges(Forwarding::Hyper).await);
+    assert_eq!(relayed.len(), by_hyper.len());
+    for (relayed, by_hyper) in relayed.iter().zip(&by_hyper) {
+        assert_eq!(relayed, by_hyper);
     }
 }
 
@@ -1067,4 +1099,371 @@ async fn a_request_is_announced_at_its_start_and_a_full_channel_never_holds_it_b
     );
     assert_eq!(starts.len(), 1);
     assert_eq!(proxy.stop().await.len(), 4);
+}
+
+/// A scripted upstream that speaks HTTP/1.1 itself: for the n-th request (counted across its
+/// connections from 1; a head and a `content-length` body) it writes `answer(n)`'s bytes, then
+/// closes the connection if `answer` says so. Returns its address and how many connections it
+/// accepted.
+async fn raw_upstream(
+    answer: impl Fn(usize) -> (Vec<u8>, bool) + Send + Sync + 'static,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let answer = Arc::new(answer);
+    let counted = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let (answer, requests) = (Arc::clone(&answer), Arc::clone(&requests));
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some((_, body_end)) = read_message(&mut stream, &mut buf).await else {
+                        return;
+                    };
+                    buf.drain(..body_end);
+                    let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
+                    let (bytes, close) = answer(n);
+                    if stream.write_all(&bytes).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Reads one message with a `content-length` body (or none) from `stream` into `buf`: its head
+/// as text and where its body ends in `buf`. `None` at the end of the stream.
+async fn read_message(
+    stream: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) -> Option<(String, usize)> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return Some((head, end + 4 + length));
+            }
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Reads one response (head and `content-length` body) from the proxy: head, body.
+async fn read_response(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
+    let (head, end) = tokio::time::timeout(Duration::from_secs(10), read_message(stream, buf))
+        .await
+        .expect("a response in time")
+        .expect("a response");
+    let body = buf[head.len()..end].to_vec();
+    buf.drain(..end);
+    (head, body)
+}
+
+/// Answers after an informational one, and an answer with no length (it ends when the upstream
+/// closes): each reaches the client whole, the second on a connection the proxy then closes
+/// (and says so), and the next request reaches the upstream on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_without_a_length_or_after_an_informational_one_arrive_whole() {
+    let (upstream, accepted) = raw_upstream(|n| match n {
+        1 => (
+            b"HTTP/1.1 103 Early Hints\r\nlink: </s>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"first\":1}".to_vec(),
+            false,
+        ),
+        2 => (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"second\":2}".to_vec(),
+            true,
+        ),
+        _ => (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"third\":3}".to_vec(),
+            false,
+        ),
+    })
+    .await;
+    let proxy = start_proxy(upstream, "until-close", Options::default()).await;
+    let mut client_conn = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+    client_conn.write_all(request.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let (head, body) = read_response(&mut client_conn, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, b"{\"first\":1}");
+    client_conn.write_all(request.as_bytes()).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), client_conn.read_to_end(&mut rest))
+        .await
+        .expect("the proxy closes after an answer that ends with a close")
+        .unwrap();
+    let rest = String::from_utf8(rest).unwrap();
+    assert!(
+        rest.starts_with("HTTP/1.1 200 OK\r\n") && rest.contains("connection: close\r\n"),
+        "{rest}"
+    );
+    assert!(rest.ends_with("\r\n\r\n{\"second\":2}"), "{rest}");
+    let response = client(proxy.addr)
+        .await
+        .send_request(post(CHAT, "{}"))
+        .await
+        .unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, Bytes::from_static(b"{\"third\":3}"));
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let records = proxy.stop().await;
+    let bodies: Vec<_> = records
+        .iter()
+        .map(|r| r.response.as_ref().unwrap().body.clone().unwrap())
+        .collect();
+    assert_eq!(
+        bodies,
+        [
+            serde_json::json!({"first": 1}),
+            serde_json::json!({"second": 2}),
+            serde_json::json!({"third": 3})
+        ]
+    );
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:?}");
+}
+
+/// Two requests sent at once, the second asking to close: both answered in order, the second
+/// saying it closes, then the connection ends; each is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order_and_a_client_s_close_is_kept() {
+    let upstream = fake_upstream(handler(|req| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(full(body))
+            .unwrap()
+    }))
+    .await;
+    let proxy = start_proxy(upstream, "pipelined", Options::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nConnection: close\r\n\r\n{\"b\":2}")
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut all))
+        .await
+        .expect("the connection closes after the second answer")
+        .unwrap();
+    let all = String::from_utf8(all).unwrap();
+    let (first, second) = all.split_at(all.rfind("HTTP/1.1 200").unwrap());
+    assert!(
+        first.starts_with("HTTP/1.1 200") && first.ends_with("{\"a\":1}"),
+        "{all}"
+    );
+    assert!(!first.contains("connection: close"), "{all}");
+    assert!(
+        second.contains("connection: close\r\n") && second.ends_with("{\"b\":2}"),
+        "{all}"
+    );
+    let records = proxy.stop().await;
+    let bodies: Vec<_> = records
+        .iter()
+        .map(|r| r.request.body.clone().unwrap())
+        .collect();
+    assert_eq!(
+        bodies,
+        [serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]
+    );
+    assert!(
+        records
+            .iter()
+            .all(|r| r.error.is_none() && r.conn == records[0].conn)
+    );
+}
+
+/// Requests the proxy's loop does not take on (a chunked body, `Expect: 100-continue`,
+/// HTTP/1.0) are served by hyper, with what was read so far, and the connection goes on there;
+/// a HEAD's answer has no body, and the connection goes on after it. Every exchange recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_left_to_hyper_are_served_and_recorded_on_the_same_connection() {
+    let upstream = fake_upstream(handler(|req| async move {
+        let is_head = req.method() == hyper::Method::HEAD;
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let body = if is_head {
+            Bytes::from_static(b"{\"head\":1}")
+        } else {
+            body
+        };
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(full(body))
+            .unwrap()
+    }))
+    .await;
+    let proxy = start_proxy(upstream, "hand-off", Options::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut buf = Vec::new();
+    // Relayed: a HEAD (its answer says a length and has no body), then a POST.
+    stream
+        .write_all(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                buf.drain(..end + 4);
+                return (head, ());
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.contains("content-length: 10"),
+        "{head}"
+    );
+    for (raw, expected) in [
+        (&b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}"[..], &b"{\"a\":1}"[..]),
+        // Chunked: from here on, hyper serves this connection.
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"b\r\n4\r\n\":2}\r\n0\r\n\r\n", b"{\"b\":2}"),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"c\":3}", b"{\"c\":3}"),
+    ] {
+        stream.write_all(raw).await.unwrap();
+        let (head, body) = read_response(&mut stream, &mut buf).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(body, expected);
+    }
+    assert!(buf.is_empty());
+    // `Expect: 100-continue` on a new connection: hyper asks for the body, then answers.
+    let mut expecting = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    expecting
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nExpect: 100-continue\r\n\r\n")
+        .await
+        .unwrap();
+    let mut interim = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), expecting.read(&mut interim))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(interim[..n].starts_with(b"HTTP/1.1 100 Continue"));
+    expecting.write_all(b"{\"d\":4}").await.unwrap();
+    let mut buf = Vec::new();
+    let (_, body) = read_response(&mut expecting, &mut buf).await;
+    assert_eq!(body, b"{\"d\":4}");
+    // HTTP/1.0, which closes after its answer.
+    let mut old = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    old.write_all(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: 7\r\n\r\n{\"e\":5}")
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), old.read_to_end(&mut all))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        all.ends_with(b"{\"e\":5}"),
+        "{}",
+        String::from_utf8_lossy(&all)
+    );
+
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 6);
+    assert!(records.iter().all(|r| r.error.is_none()), "{records:?}");
+    assert_eq!(records[0].request.method, "HEAD");
+    assert_eq!(records[0].response.as_ref().unwrap().body_bytes, 0);
+    let bodies: Vec<_> = records[1..]
+        .iter()
+        .map(|r| r.request.body.clone().unwrap())
+        .collect();
+    let expected: Vec<_> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| serde_json::json!({ *k: i + 1 }))
+        .collect();
+    assert_eq!(bodies, expected);
+    assert!(records[..4].iter().all(|r| r.conn == records[0].conn));
+}
+
+/// A client that leaves while the upstream has not answered yet (a long prefill) is seen at
+/// once: recorded as gone, and the upstream connection given up; a HEAD the upstream cannot
+/// take gets a 502 without a body, so the next answer on the connection reads right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_the_answer_and_a_head_s_502_are_handled() {
+    // Reads each request and never answers.
+    let (slow, _) = raw_upstream(|_| (Vec::new(), false)).await;
+    let proxy = start_proxy(slow, "gone-before-head", Options::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    while proxy.stats.in_flight() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let left = std::time::Instant::now();
+    drop(stream);
+    let record = proxy.next_record().await;
+    assert!(
+        left.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        left.elapsed()
+    );
+    assert_eq!(record.error, Some(ExchangeError::ClientDisconnected));
+    assert!(record.response.is_none());
+    proxy.stop().await;
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = start_proxy(closed, "head-502", Options::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let answers = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if text.matches("HTTP/1.1 502").count() == 2 && text.ends_with('}') {
+                return text;
+            }
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "{text}");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .unwrap();
+    let second = answers.rfind("HTTP/1.1 502").unwrap();
+    assert!(
+        answers[..second].ends_with("\r\n\r\n"),
+        "no body after the HEAD's head: {answers}"
+    );
+    assert!(answers[second..].contains("\"prefixscope: "), "{answers}");
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 2);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.error == Some(ExchangeError::UpstreamUnreachable))
+    );
 }

@@ -8,7 +8,6 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::forward::InFlight;
-use super::now_ms;
 use crate::record::ExchangeError;
 
 pub(crate) struct RecordingBody {
@@ -27,23 +26,7 @@ impl RecordingBody {
     }
 
     fn on_data(&mut self, data: &Bytes) {
-        let Some(capture) = self.flight.capture_mut() else {
-            return;
-        };
-        if capture.t_first_byte_ms.is_none() && !data.is_empty() {
-            capture.t_first_byte_ms = Some(now_ms());
-        }
-        let Some(response) = capture.response.as_mut() else {
-            return;
-        };
-        response.body_bytes += data.len() as u64;
-        let room = self.max_body.saturating_sub(response.body.len());
-        if data.len() > room {
-            response.truncated = true;
-        }
-        response
-            .body
-            .extend_from_slice(&data[..data.len().min(room)]);
+        self.flight.record_data(data, self.max_body);
     }
 }
 

@@ -44,6 +44,19 @@ impl Connection {
         }
     }
 
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Back-pressure between exchanges: waits until the previous exchange's capture, if it
+    /// waited for room in the recorder, has been handed over.
+    pub(crate) async fn wait_for_previous_delivery(&self) {
+        let previous = self.pending_delivery.lock().ok().and_then(|mut p| p.take());
+        if let Some(previous) = previous {
+            let _ = previous.await;
+        }
+    }
+
     /// Lets the upstream connection read and write what it can; it wakes this task when it can
     /// do more. Done once the connection has closed.
     pub(crate) fn drive(&self, cx: &mut std::task::Context<'_>) {
@@ -155,6 +168,61 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// An exchange starts: counted, numbered, and its capture opened with the request's head.
+    pub(crate) fn begin(
+        connection: &Arc<Connection>,
+        method: String,
+        path: String,
+        request_headers: std::collections::BTreeMap<String, String>,
+    ) -> InFlight {
+        let t_start_ms = now_ms();
+        let shared = &connection.shared;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        shared.stats.exchanges.fetch_add(1, Ordering::Relaxed);
+        shared.stats.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight {
+            capture: Some(Capture {
+                id,
+                conn: connection.id,
+                t_start_ms,
+                t_first_byte_ms: None,
+                t_end_ms: t_start_ms,
+                method,
+                path,
+                request_headers,
+                request_body_bytes: 0,
+                request_body: None,
+                response: None,
+                error: None,
+                probe: false,
+            }),
+            connection: Arc::clone(connection),
+            streamed: None,
+        }
+    }
+
+    /// A piece of the response body on its way to the client: timed if first, counted, and
+    /// kept up to `max_body`.
+    pub(crate) fn record_data(&mut self, data: &[u8], max_body: usize) {
+        let Some(capture) = self.capture.as_mut() else {
+            return;
+        };
+        if capture.t_first_byte_ms.is_none() && !data.is_empty() {
+            capture.t_first_byte_ms = Some(now_ms());
+        }
+        let Some(response) = capture.response.as_mut() else {
+            return;
+        };
+        response.body_bytes += data.len() as u64;
+        let room = max_body.saturating_sub(response.body.len());
+        if data.len() > room {
+            response.truncated = true;
+        }
+        response
+            .body
+            .extend_from_slice(&data[..data.len().min(room)]);
+    }
+
     /// The upstream connection's work, done on the task that streams its response.
     pub(crate) fn drive_upstream(&self, cx: &mut std::task::Context<'_>) {
         self.connection.drive(cx);
@@ -216,12 +284,7 @@ pub(crate) async fn forward(
     connection: Arc<Connection>,
     request: Request<Incoming>,
 ) -> Response<ProxyBody> {
-    let t_start_ms = now_ms();
     let shared = Arc::clone(&connection.shared);
-    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    shared.stats.exchanges.fetch_add(1, Ordering::Relaxed);
-    shared.stats.in_flight.fetch_add(1, Ordering::AcqRel);
-
     let (mut parts, body) = request.into_parts();
     let path = client_path(&parts.uri);
     parts.uri = upstream_uri(
@@ -229,34 +292,13 @@ pub(crate) async fn forward(
         std::mem::take(&mut parts.uri),
         &path,
     );
-    let mut flight = InFlight {
-        capture: Some(Capture {
-            id,
-            conn: connection.id,
-            t_start_ms,
-            t_first_byte_ms: None,
-            t_end_ms: t_start_ms,
-            method: parts.method.to_string(),
-            path,
-            request_headers: recorded_headers(&parts.headers),
-            request_body_bytes: 0,
-            request_body: None,
-            response: None,
-            error: None,
-            probe: false,
-        }),
-        connection: Arc::clone(&connection),
-        streamed: None,
-    };
-
-    let previous = connection
-        .pending_delivery
-        .lock()
-        .ok()
-        .and_then(|mut p| p.take());
-    if let Some(previous) = previous {
-        let _ = previous.await;
-    }
+    let mut flight = InFlight::begin(
+        &connection,
+        parts.method.to_string(),
+        path,
+        recorded_headers(&parts.headers),
+    );
+    connection.wait_for_previous_delivery().await;
 
     // Read whole up to `--max-body` (kept for the record, and sent whole); a body announced
     // or found larger is streamed to the upstream as it arrives, never held.
@@ -306,25 +348,8 @@ pub(crate) async fn forward(
     let response = match connection.send(upstream_request).await {
         Ok(response) => response,
         Err(error) => {
-            shared
-                .stats
-                .upstream_failures
-                .fetch_add(1, Ordering::Relaxed);
-            shared
-                .stats
-                .last_upstream_failure_ms
-                .store(now_ms().max(0) as u64, Ordering::Relaxed);
+            let message = note_upstream_failure(&shared, error);
             flight.finish(Some(error));
-            let reason = shared.stats.last_upstream_error().unwrap_or_default();
-            let message = match error {
-                ExchangeError::Timeout => {
-                    format!("connecting to the upstream server timed out: {reason}")
-                }
-                ExchangeError::UpstreamUnreachable => {
-                    format!("the upstream server is unreachable: {reason}")
-                }
-                _ => "the upstream server closed the connection before answering".to_string(),
-            };
             return error_response(StatusCode::BAD_GATEWAY, &message);
         }
     };
@@ -352,10 +377,38 @@ pub(crate) async fn forward(
     Response::from_parts(parts, body.boxed())
 }
 
+/// An exchange that could not reach the upstream or got no answer from it: counted, and the
+/// message of the proxy's 502.
+pub(crate) fn note_upstream_failure(shared: &Shared, error: ExchangeError) -> String {
+    shared
+        .stats
+        .upstream_failures
+        .fetch_add(1, Ordering::Relaxed);
+    shared
+        .stats
+        .last_upstream_failure_ms
+        .store(now_ms().max(0) as u64, Ordering::Relaxed);
+    let reason = shared.stats.last_upstream_error().unwrap_or_default();
+    match error {
+        ExchangeError::Timeout => format!("connecting to the upstream server timed out: {reason}"),
+        ExchangeError::UpstreamUnreachable => {
+            format!("the upstream server is unreachable: {reason}")
+        }
+        _ => "the upstream server closed the connection before answering".to_string(),
+    }
+}
+
+/// The body of the proxy's own answers (never the upstream's), in a shape OpenAI clients
+/// display.
+pub(crate) fn error_body(message: &str) -> String {
+    serde_json::json!({"error": {"message": format!("prefixscope: {message}"), "type": "proxy_error"}})
+        .to_string()
+}
+
 /// The request, whole, to whoever predicts what it will do (`ProxyConfig::request_starts`),
 /// before it goes upstream (no response yet): its head cloned, its body a shared handle;
 /// never waited for.
-fn announce_start(shared: &Shared, capture: &Capture<Bytes>) {
+pub(crate) fn announce_start(shared: &Shared, capture: &Capture<Bytes>) {
     // Disconnected: nobody reads them any more (a headless run), nothing lost.
     if let Some(starts) = &shared.request_starts
         && let Err(crossbeam_channel::TrySendError::Full(_)) = starts.try_send(capture.clone())
@@ -429,9 +482,8 @@ fn upstream_uri(prefix: &str, client: Uri, path: &str) -> Uri {
 
 /// The proxy's own answers (never the upstream's) say so, in a shape OpenAI clients display.
 fn error_response(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({"error": {"message": format!("prefixscope: {message}"), "type": "proxy_error"}});
     let mut response = Response::new(
-        Full::new(Bytes::from(body.to_string()))
+        Full::new(Bytes::from(error_body(message)))
             .map_err(|never| match never {})
             .boxed(),
     );

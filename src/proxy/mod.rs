@@ -9,6 +9,7 @@
 mod body;
 mod forward;
 pub mod headers;
+mod relay;
 pub mod upstream;
 
 use std::future::Future;
@@ -59,6 +60,19 @@ pub struct ProxyConfig {
     /// Threads that serve connections, each with a runtime of its own (see [`Proxy::run`]); 0
     /// or 1 serves them on the runtime that runs the proxy.
     pub serving_threads: usize,
+    /// Which HTTP/1.1 code forwards the traffic of plain-HTTP upstreams.
+    pub forwarding: Forwarding,
+}
+
+/// Who forwards a plain-HTTP upstream's traffic. `https://` upstreams, and every request the
+/// loop does not take on, are served by hyper either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Forwarding {
+    /// The proxy's own loop (`relay`): heads parsed and rewritten, bodies relayed as they come.
+    #[default]
+    Relay,
+    /// hyper's server and client for every request.
+    Hyper,
 }
 
 impl ProxyConfig {
@@ -72,6 +86,7 @@ impl ProxyConfig {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
             serving_threads: 1,
+            forwarding: Forwarding::Relay,
         }
     }
 }
@@ -198,6 +213,7 @@ pub struct Proxy {
     shared: Arc<Shared>,
     header_timeout: Duration,
     serving_threads: usize,
+    forwarding: Forwarding,
 }
 
 impl Proxy {
@@ -229,6 +245,7 @@ impl Proxy {
             shared,
             header_timeout: config.header_timeout,
             serving_threads: config.serving_threads.min(MAX_SERVING_THREADS),
+            forwarding: config.forwarding,
         })
     }
 
@@ -254,9 +271,11 @@ impl Proxy {
             shared,
             header_timeout,
             serving_threads,
+            forwarding,
         } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
         let serve = Serve {
+            relay: forwarding == Forwarding::Relay && shared.tls.is_none(),
             shared: Arc::clone(&shared),
             header_timeout,
             stop: stop_rx,
@@ -324,6 +343,8 @@ const BLOCKING_THREADS_PER_SERVING_THREAD: usize = 32;
 /// What serving a connection needs, wherever it runs.
 #[derive(Clone)]
 struct Serve {
+    /// Served by the proxy's own loop (`relay`), not hyper's.
+    relay: bool,
     shared: Arc<Shared>,
     header_timeout: Duration,
     stop: watch::Receiver<bool>,
@@ -332,13 +353,14 @@ struct Serve {
 impl Serve {
     fn connection(self, stream: tokio::net::TcpStream, id: u64) -> impl Future<Output = ()> {
         let connection = Arc::new(forward::Connection::new(id, Arc::clone(&self.shared)));
-        serve_connection(
-            stream,
-            connection,
-            Arc::clone(&self.shared.stats),
-            self.header_timeout,
-            self.stop,
-        )
+        let stats = Arc::clone(&self.shared.stats);
+        async move {
+            if self.relay {
+                relay::serve(stream, connection, stats, self.header_timeout, self.stop).await;
+            } else {
+                serve_connection(stream, connection, stats, self.header_timeout, self.stop).await;
+            }
+        }
     }
 }
 
@@ -408,13 +430,15 @@ impl Shard {
     }
 }
 
-async fn serve_connection(
-    stream: tokio::net::TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     connection: Arc<forward::Connection>,
     stats: Arc<ProxyStats>,
     header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |request| {
         let connection = Arc::clone(&connection);
         async move { Ok::<_, std::convert::Infallible>(forward::forward(connection, request).await) }

@@ -160,6 +160,33 @@ pub(crate) struct ConnectFailure {
     pub reason: String,
 }
 
+/// Opens a TCP connection to the upstream within `timeout` (no delay on small writes).
+pub(crate) async fn connect_tcp(
+    upstream: &Upstream,
+    timeout: Duration,
+) -> Result<TcpStream, ConnectFailure> {
+    let fail = |kind, reason: String| ConnectFailure { kind, reason };
+    let authority = upstream.authority();
+    let address = (upstream.host.as_str(), upstream.port);
+    match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) => Err(fail(
+            ExchangeError::UpstreamUnreachable,
+            format!("cannot connect to {authority}: {e}"),
+        )),
+        Err(_) => Err(fail(
+            ExchangeError::Timeout,
+            format!(
+                "connecting to {authority} took longer than {} s",
+                timeout.as_secs()
+            ),
+        )),
+    }
+}
+
 /// Connects (within `timeout`) and performs the HTTP/1.1 handshake.
 pub(crate) async fn connect(
     upstream: &Upstream,
@@ -168,26 +195,7 @@ pub(crate) async fn connect(
 ) -> Result<(UpstreamSender, UpstreamDriver), ConnectFailure> {
     let fail = |kind, reason: String| ConnectFailure { kind, reason };
     let authority = upstream.authority();
-    let address = (upstream.host.as_str(), upstream.port);
-    let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(e)) => {
-            return Err(fail(
-                ExchangeError::UpstreamUnreachable,
-                format!("cannot connect to {authority}: {e}"),
-            ));
-        }
-        Err(_) => {
-            return Err(fail(
-                ExchangeError::Timeout,
-                format!(
-                    "connecting to {authority} took longer than {} s",
-                    timeout.as_secs()
-                ),
-            ));
-        }
-    };
-    let _ = stream.set_nodelay(true);
+    let stream = connect_tcp(upstream, timeout).await?;
     match (upstream.https, tls) {
         (true, Some(tls)) => {
             let name =
