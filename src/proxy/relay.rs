@@ -53,6 +53,7 @@ pub(super) async fn serve(
     let mut relay = Relay {
         client,
         client_buf: BytesMut::with_capacity(READ_SIZE),
+        client_done_sending: false,
         upstream: None,
         upstream_buf: BytesMut::new(),
         connection,
@@ -89,6 +90,9 @@ struct Relay {
     client: TcpStream,
     /// What the client sent that is not yet handled (the next head, pipelined requests).
     client_buf: BytesMut,
+    /// The client has shut its side while a request of its was still in `client_buf`: it waits
+    /// for its answers (as hyper's server answers them), and is no longer watched.
+    client_done_sending: bool,
     upstream: Option<TcpStream>,
     upstream_buf: BytesMut,
     connection: Arc<Connection>,
@@ -173,19 +177,32 @@ impl Relay {
         let mut flight = InFlight::begin(&self.connection, head.method, head.path, head.recorded);
         self.connection.wait_for_previous_delivery().await;
 
-        // The body, whole (its length is known and within `--max-body`).
-        while self.client_buf.len() < head.content_length {
-            self.client_buf
-                .reserve((head.content_length - self.client_buf.len()).min(1 << 20));
-            match self.client.read_buf(&mut self.client_buf).await {
-                Ok(0) | Err(_) => {
-                    flight.finish(Some(ExchangeError::ClientDisconnected));
-                    return After::Close;
+        // The body, whole (its length is known and within `--max-body`). One past what is
+        // buffered is read into its own buffer, so the connection's does not keep its size.
+        let body = if self.client_buf.len() >= head.content_length {
+            self.client_buf.split_to(head.content_length).freeze()
+        } else {
+            // Grown as bytes come (a length alone reserves little).
+            let mut body = BytesMut::with_capacity(head.content_length.min(READ_SIZE * 4));
+            body.extend_from_slice(&self.client_buf);
+            self.client_buf.clear();
+            while body.len() < head.content_length {
+                let missing = head.content_length - body.len();
+                body.reserve(missing.min(1 << 20));
+                match (&mut self.client)
+                    .take(missing as u64)
+                    .read_buf(&mut body)
+                    .await
+                {
+                    Ok(0) | Err(_) => {
+                        flight.finish(Some(ExchangeError::ClientDisconnected));
+                        return After::Close;
+                    }
+                    Ok(_) => {}
                 }
-                Ok(_) => {}
             }
-        }
-        let body = self.client_buf.split_to(head.content_length).freeze();
+            body.freeze()
+        };
         if let Some(capture) = flight.capture_mut() {
             capture.request_body_bytes = body.len() as u64;
             capture.request_body = Some(body.clone());
@@ -332,19 +349,17 @@ impl Relay {
                 scanned = self.upstream_buf.len();
             }
             self.upstream_buf.reserve(READ_SIZE);
-            let watch_client = self.client_buf.len() < MAX_REQUEST_HEAD;
-            if watch_client {
-                self.client_buf.reserve(1024);
-            }
+            let watch_client = watch_client(&mut self.client_buf, self.client_done_sending);
             tokio::select! {
                 read = stream.read_buf(&mut self.upstream_buf) => match read {
                     Ok(0) | Err(_) => return Err(HeadFailure::Upstream),
                     Ok(_) => {}
                 },
-                read = self.client.read_buf(&mut self.client_buf), if watch_client => match read {
-                    Ok(0) | Err(_) => return Err(HeadFailure::ClientGone),
-                    Ok(_) => {}
-                },
+                read = self.client.read_buf(&mut self.client_buf), if watch_client => {
+                    if client_gone(read, &self.client_buf, &mut self.client_done_sending) {
+                        return Err(HeadFailure::ClientGone);
+                    }
+                }
             }
         }
     }
@@ -384,10 +399,7 @@ impl Relay {
                 return BodyEnd::Failed(ExchangeError::UpstreamReset);
             };
             self.upstream_buf.reserve(READ_SIZE);
-            let watch_client = self.client_buf.len() < MAX_REQUEST_HEAD;
-            if watch_client {
-                self.client_buf.reserve(1024);
-            }
+            let watch_client = watch_client(&mut self.client_buf, self.client_done_sending);
             tokio::select! {
                 read = stream.read_buf(&mut self.upstream_buf) => match read {
                     Ok(0) if body.until_close() => {
@@ -397,10 +409,11 @@ impl Relay {
                     Ok(_) => {}
                 },
                 // A pipelined request waits in the buffer; an end means the client has gone.
-                read = self.client.read_buf(&mut self.client_buf), if watch_client => match read {
-                    Ok(0) | Err(_) => return BodyEnd::Failed(ExchangeError::ClientDisconnected),
-                    Ok(_) => {}
-                },
+                read = self.client.read_buf(&mut self.client_buf), if watch_client => {
+                    if client_gone(read, &self.client_buf, &mut self.client_done_sending) {
+                        return BodyEnd::Failed(ExchangeError::ClientDisconnected);
+                    }
+                }
             }
         }
     }
@@ -429,6 +442,34 @@ impl Relay {
             return After::Close;
         }
         After::KeepAlive
+    }
+}
+
+/// Whether the client is read while the upstream is waited for (to see it leave, and to take
+/// pipelined requests), making room for that read.
+fn watch_client(client_buf: &mut BytesMut, client_done_sending: bool) -> bool {
+    let watch = !client_done_sending && client_buf.len() < MAX_REQUEST_HEAD;
+    if watch {
+        client_buf.reserve(1024);
+    }
+    watch
+}
+
+/// Whether a read from the client while its answer is awaited says it has gone: an error, or an
+/// end with nothing of its in the buffer. An end after a pipelined request only says it sends
+/// no more (hyper's server answers what it has, too).
+fn client_gone(
+    read: std::io::Result<usize>,
+    client_buf: &BytesMut,
+    client_done_sending: &mut bool,
+) -> bool {
+    match read {
+        Ok(0) if !client_buf.is_empty() => {
+            *client_done_sending = true;
+            false
+        }
+        Ok(0) | Err(_) => true,
+        Ok(_) => false,
     }
 }
 
@@ -482,16 +523,40 @@ enum ParsedRequest {
     Complete(RequestHead, usize),
 }
 
-/// A `content-length` value: digits, or a list of equal ones (what hyper accepts; anything else
-/// is refused or left to hyper).
+/// A request target hyper's server reads as it came: origin form (a path, then perhaps a
+/// query) of the bytes `http`'s URI takes there unescaped. Anything else (an absolute URI, `*`,
+/// a fragment, `<` `>` or a backquote in the path, `"` `<` `>` in the query, other bytes) is
+/// left to hyper, which answers or refuses it.
+fn is_plain_target(target: &str) -> bool {
+    let (path, query) = match target.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (target, None),
+    };
+    let visible = |b: u8| (0x21..=0x7e).contains(&b) && b != b'#';
+    path.starts_with('/')
+        && path
+            .bytes()
+            .all(|b| visible(b) && !matches!(b, b'<' | b'>' | b'`'))
+        && query.is_none_or(|q| {
+            q.bytes()
+                .all(|b| visible(b) && !matches!(b, b'"' | b'<' | b'>'))
+        })
+}
+
+/// A length of digits only (what hyper's server takes as a request's).
+fn parse_digits(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// A response's `content-length` value: digits, or a list of equal ones (what hyper's client
+/// accepts; anything else it refuses).
 fn parse_length(value: &[u8]) -> Option<u64> {
     let mut length = None;
     for item in value.split(|&b| b == b',') {
-        let item = item.trim_ascii();
-        if item.is_empty() || item.len() > 19 || !item.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        let n: u64 = std::str::from_utf8(item).ok()?.parse().ok()?;
+        let n = parse_digits(item.trim_ascii())?;
         if length.is_some_and(|m| m != n) {
             return None;
         }
@@ -509,20 +574,34 @@ fn may_end_head(buf: &[u8], scanned: usize) -> bool {
 }
 
 /// The names a `connection` header lists (hop-by-hop for this message), and whether it says
-/// `close`.
-fn connection_tokens<'a>(headers: &'a [httparse::Header<'a>]) -> Result<(Vec<&'a str>, bool), ()> {
+/// `close`. A value that is not visible ASCII is passed over, as hyper passes over one its
+/// `to_str` refuses.
+fn connection_tokens<'a>(headers: &'a [httparse::Header<'a>]) -> (Vec<&'a str>, bool) {
     let mut listed = Vec::new();
     let mut close = false;
     for header in headers {
-        if header.name.eq_ignore_ascii_case("connection") {
-            let value = std::str::from_utf8(header.value).map_err(|_| ())?;
+        if header.name.eq_ignore_ascii_case("connection")
+            && let Some(value) = header_str(header.value)
+        {
             for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
                 close |= token.eq_ignore_ascii_case("close");
                 listed.push(token);
             }
         }
     }
-    Ok((listed, close))
+    (listed, close)
+}
+
+/// A header value as `http`'s `HeaderValue::to_str` reads it: visible ASCII and tabs only.
+fn header_str(value: &[u8]) -> Option<&str> {
+    if value
+        .iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+    {
+        std::str::from_utf8(value).ok()
+    } else {
+        None
+    }
 }
 
 fn is_forwarded(name: &str, listed: &[&str]) -> bool {
@@ -533,7 +612,8 @@ fn parse_request(buf: &[u8], prefix: &str, host: &[u8], max_body: usize) -> Pars
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut headers);
     let length = match request.parse(buf) {
-        Ok(httparse::Status::Complete(length)) => length,
+        // A longer head (its target past what hyper's URI holds, 414) is hyper's to answer.
+        Ok(httparse::Status::Complete(length)) if length <= MAX_REQUEST_HEAD => length,
         Ok(httparse::Status::Partial) if buf.len() <= MAX_REQUEST_HEAD => {
             return ParsedRequest::Partial;
         }
@@ -543,13 +623,7 @@ fn parse_request(buf: &[u8], prefix: &str, host: &[u8], max_body: usize) -> Pars
     else {
         return ParsedRequest::HandOff;
     };
-    // An origin-form target of visible ASCII: hyper's URI reads it as it came. Anything else
-    // (an absolute URI, `*`, a fragment, other bytes) is left to hyper's reading.
-    let plain_path = path.starts_with('/')
-        && path
-            .bytes()
-            .all(|b| (0x21..=0x7e).contains(&b) && b != b'#');
-    if method == "CONNECT" || !plain_path {
+    if method == "CONNECT" || !is_plain_target(path) {
         return ParsedRequest::HandOff;
     }
     let headers = &*request.headers;
@@ -563,16 +637,16 @@ fn parse_request(buf: &[u8], prefix: &str, host: &[u8], max_body: usize) -> Pars
             return ParsedRequest::HandOff;
         }
         if name.eq_ignore_ascii_case("content-length") {
-            match parse_length(header.value) {
-                Some(n) if content_length.is_none_or(|m| m == n) => content_length = Some(n),
+            // One length of digits (hyper's server refuses a list, and drops a repeated header
+            // from what it forwards and records: both are left to it).
+            match parse_digits(header.value) {
+                Some(n) if content_length.is_none() => content_length = Some(n),
                 _ => return ParsedRequest::HandOff,
             }
         }
     }
     let content_length = content_length.unwrap_or(0);
-    let Ok((listed, close)) = connection_tokens(headers) else {
-        return ParsedRequest::HandOff;
-    };
+    let (listed, close) = connection_tokens(headers);
     let Some(content_length) = usize::try_from(content_length)
         .ok()
         .filter(|&n| n <= max_body)
@@ -682,25 +756,29 @@ fn parse_response(buf: &[u8], request_is_head: bool, client_close: bool) -> Pars
         return ParsedResponse::Informational(length);
     }
     let headers = &*response.headers;
-    let Ok((listed, upstream_says_close)) = connection_tokens(headers) else {
-        return ParsedResponse::Invalid;
-    };
+    let (listed, upstream_says_close) = connection_tokens(headers);
     let mut chunked = None;
     let mut content_length: Option<u64> = None;
+    let mut bad_length = false;
     for header in headers {
         if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            // The last coding says how the message ends.
-            let Ok(value) = std::str::from_utf8(header.value) else {
-                return ParsedResponse::Invalid;
-            };
-            let last = value.rsplit(',').next().unwrap_or("").trim();
-            chunked = Some(last.eq_ignore_ascii_case("chunked"));
+            // The last coding of the last header says how the message ends (one hyper cannot
+            // read is not chunked: the body ends with the connection).
+            chunked = Some(header_str(header.value).is_some_and(|value| {
+                let last = value.rsplit(',').next().unwrap_or("").trim();
+                last.eq_ignore_ascii_case("chunked")
+            }));
         } else if header.name.eq_ignore_ascii_case("content-length") {
             match parse_length(header.value) {
                 Some(n) if content_length.is_none_or(|m| m == n) => content_length = Some(n),
-                _ => return ParsedResponse::Invalid,
+                _ => bad_length = true,
             }
         }
+    }
+    // As hyper's client reads it: a coding on HTTP/1.0 is refused; beside a coding, the length
+    // is not read at all.
+    if (chunked.is_some() && version == 0) || (chunked.is_none() && bad_length) {
+        return ParsedResponse::Invalid;
     }
     let framing = if request_is_head || status == 204 || status == 304 {
         Framing::Empty
@@ -742,7 +820,7 @@ fn parse_response(buf: &[u8], request_is_head: bool, client_close: bool) -> Pars
     let content_type = headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-type"))
-        .and_then(|h| std::str::from_utf8(h.value).ok())
+        .and_then(|h| header_str(h.value))
         .unwrap_or_default();
     ParsedResponse::Complete(
         ResponseHead {
@@ -1054,6 +1132,13 @@ mod tests {
             "POST / HTTP/1.1\r\nContent-Length: 1048577\r\n\r\n",
             "NOT HTTP AT ALL\r\n\r\n",
             "GET / HTTP/1.1\r\nBad Header: x\r\n\r\n",
+            // What hyper's server refuses (400) or reads its own way, it answers itself.
+            "GET /v1/models<x> HTTP/1.1\r\n\r\n",
+            "GET /a`b HTTP/1.1\r\n\r\n",
+            "GET /v1/models?q=\"a\" HTTP/1.1\r\n\r\n",
+            "GET /?a>b HTTP/1.1\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n",
         ] {
             assert!(
                 matches!(request(raw), ParsedRequest::HandOff),
@@ -1061,16 +1146,25 @@ mod tests {
                 request(raw)
             );
         }
-        let not_utf8 = b"GET / HTTP/1.1\r\nConnection: \xff\r\n\r\n";
-        assert!(matches!(
-            parse_request(not_utf8, "", HOST, 0),
-            ParsedRequest::HandOff
-        ));
-        // Repeated equal lengths are one length.
-        let (head, _) = complete(request(
-            "POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n",
-        ));
-        assert_eq!(head.content_length, 2);
+        // What hyper's URI takes unescaped stays here: JSON in a path, a backquote in a query.
+        for raw in [
+            "GET /a{\"b\"}|~!$&'()*+,;=:@ HTTP/1.1\r\n\r\n",
+            "GET /a?b=`{}|~'?/ HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(
+                matches!(request(raw), ParsedRequest::Complete(..)),
+                "{raw:?}"
+            );
+        }
+        // A `connection` value hyper cannot read is passed over, as hyper passes it over.
+        let not_utf8 = b"GET / HTTP/1.1\r\nConnection: close, \xff\r\nX-A: 1\r\n\r\n";
+        let (head, _) = complete(parse_request(not_utf8, "", HOST, 0));
+        assert!(!head.close);
+        assert!(head.upstream_head.windows(5).any(|w| w == b"X-A: "));
+        // A head that completes past 64 KiB in one read (a target past hyper's URI limit) is
+        // hyper's, which answers 414.
+        let long = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+        assert!(matches!(request(&long), ParsedRequest::HandOff));
         // Too many headers, and a head that does not end.
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: 1\r\n")).collect();
         assert!(matches!(
@@ -1127,6 +1221,55 @@ mod tests {
             false,
         );
         assert_eq!(head.framing, Framing::Length(5));
+        // Requests take one length of digits; lists and repeats are hyper's to read.
+        assert_eq!(parse_digits(b"12"), Some(12));
+        assert_eq!(parse_digits(b"5, 5"), None);
+    }
+
+    #[test]
+    fn a_response_head_is_read_as_hyper_s_client_reads_it() {
+        // Beside a coding, a length is not read.
+        let (head, _) = response(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: abc\r\n\r\n",
+            false,
+            false,
+        );
+        assert_eq!(head.framing, Framing::Chunked);
+        assert!(!String::from_utf8_lossy(&head.client_head).contains("abc"));
+        // A coding hyper cannot read is not chunked: the body ends with the connection.
+        let (head, _) = response(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\u{e9}\r\n\r\n",
+            false,
+            false,
+        );
+        assert_eq!(head.framing, Framing::UntilClose);
+        // HTTP/1.0 with a coding is refused.
+        assert!(matches!(
+            parse_response(
+                b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false,
+                false
+            ),
+            ParsedResponse::Invalid
+        ));
+        // A content type that is not visible ASCII is no stream's (hyper's `to_str` refuses it).
+        let (head, _) = response(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; x=\u{e9}\r\nContent-Length: 0\r\n\r\n",
+            false,
+            false,
+        );
+        assert_eq!(head.stream, None);
+        // A `connection` value it cannot read is passed over: the answer is relayed.
+        let (head, _) = match parse_response(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, x\xff\r\nContent-Length: 0\r\n\r\n",
+            false,
+            false,
+        ) {
+            ParsedResponse::Complete(head, length) => (head, length),
+            other => panic!("{other:?}"),
+        };
+        assert!(!head.close_upstream);
+        assert_eq!(head.framing, Framing::Length(0));
     }
 
     #[test]
@@ -1234,13 +1377,20 @@ mod tests {
                 "{raw:?}"
             );
         }
+        // A coding hyper cannot read is not chunked (the body ends with the connection).
         assert!(matches!(
             parse_response(
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: \xff\r\n\r\n",
                 false,
                 false
             ),
-            ParsedResponse::Invalid
+            ParsedResponse::Complete(
+                ResponseHead {
+                    framing: Framing::UntilClose,
+                    ..
+                },
+                _
+            )
         ));
         assert!(matches!(
             parse_response(b"HTTP/1.1 200 OK\r\nX: ", false, false),
