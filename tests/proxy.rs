@@ -1525,8 +1525,8 @@ async fn through_both_paths(
 }
 
 /// A client that pipelines two requests and then shuts its sending side gets both answers
-/// (a review found the loop took the end for the client gone; hyper's server answers only the
-/// first).
+/// (a review found the loop took the end for the client gone; hyper's server may answer only
+/// the first).
 /// Targets and lengths hyper's server refuses are refused alike (400 or 414, no record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_closed_pipeline_and_requests_hyper_refuses_fare_alike_on_both_paths() {
@@ -1542,9 +1542,12 @@ async fn a_half_closed_pipeline_and_requests_hyper_refuses_fare_alike_on_both_pa
         ],
         "{seen:#?}"
     );
-    // hyper's server answers the first and drops the second without a record: the loop does
-    // not copy that.
-    assert_eq!(seen[1].1[1..], seen[0].1[1..2], "{seen:#?}");
+    // hyper's server answers the first, and the second only when it has read it before the
+    // client's end (a race; the lost one leaves no record): the loop does not copy that.
+    assert!(
+        seen[1].1.len() >= 2 && seen[1].1[1] == seen[0].1[1],
+        "{seen:#?}"
+    );
     let long: &'static [u8] = Box::leak(
         format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000))
             .into_bytes()
