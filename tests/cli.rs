@@ -821,7 +821,7 @@ fn analyze_streamed_equals_analyze_of_the_whole_file() {
 /// An upstream that keeps each request head as its bytes came (one request a connection,
 /// bodies by `content-length`) and answers a fixed JSON.
 async fn head_keeping_upstream() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let heads: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
@@ -830,17 +830,11 @@ async fn head_keeping_upstream() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String
         while let Ok((mut stream, _)) = listener.accept().await {
             let kept = Arc::clone(&kept);
             tokio::spawn(async move {
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !seen.ends_with(b"\r\n\r\n{}") {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => seen.extend_from_slice(&buf[..n]),
-                    }
-                }
-                kept.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&seen).into_owned());
+                let mut buf = Vec::new();
+                let Some((head, _)) = read_message(&mut stream, &mut buf).await else {
+                    return;
+                };
+                kept.lock().unwrap().push(head);
                 let body =
                     r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}"#;
                 let answer = format!(

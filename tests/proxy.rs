@@ -1143,35 +1143,6 @@ async fn raw_upstream(
     (addr, accepted)
 }
 
-/// Reads one message with a `content-length` body (or none) from `stream` into `buf`: its head
-/// as text and where its body ends in `buf`. `None` at the end of the stream.
-async fn read_message(
-    stream: &mut tokio::net::TcpStream,
-    buf: &mut Vec<u8>,
-) -> Option<(String, usize)> {
-    let mut chunk = [0u8; 8192];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
-            let length: usize = head
-                .lines()
-                .find_map(|l| {
-                    let (name, value) = l.split_once(':')?;
-                    name.eq_ignore_ascii_case("content-length")
-                        .then(|| value.trim().parse().ok())?
-                })
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + length {
-                return Some((head, end + 4 + length));
-            }
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
 /// Reads one response (head and `content-length` body) from the proxy: head, body.
 async fn read_response(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
     let (head, end) = tokio::time::timeout(Duration::from_secs(10), read_message(stream, buf))

@@ -523,24 +523,16 @@ enum ParsedRequest {
     Complete(RequestHead, usize),
 }
 
-/// A request target hyper's server reads as it came: origin form (a path, then perhaps a
-/// query) of the bytes `http`'s URI takes there unescaped. Anything else (an absolute URI, `*`,
-/// a fragment, `<` `>` or a backquote in the path, `"` `<` `>` in the query, other bytes) is
-/// left to hyper, which answers or refuses it.
+/// A request target hyper's server reads as it came: origin form (a path, perhaps a query) of
+/// visible ASCII that `http`'s URI, which hyper reads it with, takes. Anything else (an
+/// absolute URI, `*`, a fragment, `<` `>` or a backquote in the path, `"` `<` `>` in the query,
+/// other bytes) is left to hyper, which answers or refuses it.
 fn is_plain_target(target: &str) -> bool {
-    let (path, query) = match target.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (target, None),
-    };
-    let visible = |b: u8| (0x21..=0x7e).contains(&b) && b != b'#';
-    path.starts_with('/')
-        && path
+    target.starts_with('/')
+        && target
             .bytes()
-            .all(|b| visible(b) && !matches!(b, b'<' | b'>' | b'`'))
-        && query.is_none_or(|q| {
-            q.bytes()
-                .all(|b| visible(b) && !matches!(b, b'"' | b'<' | b'>'))
-        })
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b'#')
+        && hyper::http::uri::PathAndQuery::try_from(target).is_ok()
 }
 
 /// A length of digits only (what hyper's server takes as a request's).
