@@ -52,6 +52,16 @@ enum Command {
 fn main() -> ExitCode {
     without_huge_pages();
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Records(_)
+            | Command::Analyze(_)
+            | Command::Profile(_)
+            | Command::Export(_)
+            | Command::Whatif(_)
+    ) {
+        prefixscope::session::shutdown::exit_on_signal();
+    }
     let code = match cli.command {
         Command::Record(args) => cli::record::run(args),
         Command::Records(args) => cli::records::run(args),

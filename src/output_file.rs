@@ -1,12 +1,17 @@
-//! Files prefixscope writes, made safely (issue #17, item 6). Every whole-file output (`-o` of
-//! `records`, `analyze`, `profile`, `export`, the TUI's `s` snapshots and its export dialog) is
-//! written to a new temporary file beside the target, created `O_EXCL | O_NOFOLLOW` with mode
-//! 0600, and renamed over the target only once the write succeeded:
+//! Files prefixscope writes, made safely. An output never replaces anything it did not create
+//! as a regular file:
 //!
-//! - a symlink at the target is replaced, never written through;
-//! - the target being one of the inputs (the same device and inode, hard links included, or a
-//!   symlink to one) is refused before anything is written;
-//! - a failed write removes the temporary file and leaves an existing target as it was.
+//! - a regular file (or nothing yet) is written to a new temporary file beside the target,
+//!   created `O_EXCL | O_NOFOLLOW` with mode 0600, and renamed over the target only once the
+//!   write succeeded; a symlink at the target is replaced, never written through; the target
+//!   being one of the inputs (the same device and inode, hard links included, or a symlink to
+//!   one) is refused before anything is written; a failed write, a panic or a stopping signal
+//!   ([`exit_removing_temporaries`]) removes the temporary file and leaves an existing target as it was;
+//! - a character device or a FIFO (`/dev/null`, `/dev/stdout`, a named pipe), or a symlink to
+//!   one, is opened and written as it is: replacing `/dev/null` with a file breaks every
+//!   program on the machine;
+//! - `-` is standard output;
+//! - a block device, a directory or a socket is refused.
 //!
 //! Streamed recordings (`record -o`, `watch -o`, rotation) are created new with
 //! [`create_new_private`]: never an existing file, never through a symlink.
@@ -17,6 +22,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Opens a new file only this user can read: `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600. An
@@ -32,6 +38,84 @@ pub fn create_new_private(path: &Path) -> io::Result<File> {
     options.open(path)
 }
 
+/// How an output path is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// `-`: standard output.
+    Stdout,
+    /// An existing character device or FIFO, or a symlink to one: opened and written as it is.
+    Stream,
+    /// A regular file or nothing yet (a symlink to either is replaced): written whole through a
+    /// temporary file.
+    File,
+}
+
+impl OutputKind {
+    /// Whether the output is a file of its own (`File`), where a second output (an HTML page)
+    /// can go beside it.
+    pub fn is_file(self) -> bool {
+        self == OutputKind::File
+    }
+}
+
+/// How `target` would be written, or why it cannot be (`InvalidInput`: a block device, a
+/// directory, a socket).
+pub fn output_kind(target: &Path) -> io::Result<OutputKind> {
+    if target.as_os_str() == "-" {
+        return Ok(OutputKind::Stdout);
+    }
+    let meta = match std::fs::symlink_metadata(target) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutputKind::File),
+        Err(e) => return Err(e),
+    };
+    let meta = if meta.file_type().is_symlink() {
+        match std::fs::metadata(target) {
+            // A symlink to a regular file, or to nothing: the link itself is replaced.
+            Ok(pointed) if pointed.is_file() => return Ok(OutputKind::File),
+            Ok(pointed) => pointed,
+            Err(_) => return Ok(OutputKind::File),
+        }
+    } else {
+        meta
+    };
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return Ok(OutputKind::File);
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_char_device() || kind.is_fifo() {
+            return Ok(OutputKind::Stream);
+        }
+    }
+    let what = if kind.is_dir() {
+        "a directory"
+    } else {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if kind.is_block_device() {
+                "a block device"
+            } else if kind.is_socket() {
+                "a socket"
+            } else {
+                "not a file"
+            }
+        }
+        #[cfg(not(unix))]
+        "not a file"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{} is {what}: an output is a regular file (made new or replaced whole), a character device or FIFO (written as it is), or - for standard output",
+            target.display()
+        ),
+    ))
+}
+
 /// The identity of a file: device and inode.
 #[cfg(unix)]
 fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
@@ -39,9 +123,14 @@ fn identity(meta: &std::fs::Metadata) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
-/// The input `target` is, if it is one: the same file (device and inode, so a hard link or a
-/// second path to it counts), the symlink itself given as an input, or a symlink to an input.
+/// The input `target` is, if it is one and writing `target` would replace it: the same file
+/// (device and inode, so a hard link or a second path to it counts), the symlink itself given
+/// as an input, or a symlink to an input. A device, a FIFO or `-` is written as it is and
+/// replaces nothing, so it is never an input here.
 pub fn input_at(target: &Path, inputs: &[&Path]) -> Option<PathBuf> {
+    if !matches!(output_kind(target), Ok(OutputKind::File)) {
+        return None;
+    }
     #[cfg(unix)]
     {
         let of = |path: &Path| {
@@ -87,21 +176,80 @@ fn is_an_input(target: &Path, input: &Path) -> io::Error {
     )
 }
 
-/// A whole-file output being written: a temporary file beside the target until `commit`
-/// renames it over the target. Dropped uncommitted (an error, a panic), the temporary file is
-/// removed and the target is untouched.
+/// The temporary files being written now, removed by [`exit_removing_temporaries`] when a signal
+/// stops the process before their `OutputFile`s are dropped.
+static TEMPORARIES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn temporaries() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    TEMPORARIES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes every temporary file of an `OutputFile` not yet committed, then exits with `code`:
+/// what a stopping signal does. The list stays locked until the process is gone, so an output
+/// created meanwhile is not left behind.
+pub fn exit_removing_temporaries(code: i32) -> ! {
+    let held = temporaries();
+    for temp in held.iter() {
+        let _ = std::fs::remove_file(temp);
+    }
+    std::process::exit(code);
+}
+
+fn forget_temporary(temp: &Path) {
+    temporaries().retain(|t| t != temp);
+}
+
+/// Where an `OutputFile` writes.
+enum Writer {
+    File(io::BufWriter<File>),
+    Stdout(io::BufWriter<io::Stdout>),
+}
+
+/// A whole-file output being written. For a regular file, a temporary file beside the target
+/// until `commit` renames it over the target; dropped uncommitted (an error, a panic), the
+/// temporary file is removed and the target is untouched. A device, FIFO or standard output is
+/// written directly (`OutputKind`).
 pub struct OutputFile {
     target: PathBuf,
-    temp: PathBuf,
-    file: Option<io::BufWriter<File>>,
+    /// The temporary file, while there is one to rename or remove.
+    temp: Option<PathBuf>,
+    writer: Option<Writer>,
 }
 
 static TEMP_COUNTER: AtomicU32 = AtomicU32::new(0);
 
 impl OutputFile {
-    /// Refuses a target that is one of `inputs`, then creates the temporary file
-    /// (`.NAME.prefixscope-PID-N.tmp` in the target's directory, 0600, `O_EXCL | O_NOFOLLOW`).
+    /// Opens `target` as `output_kind` says. For a regular file: refuses a target that is one
+    /// of `inputs`, then creates the temporary file (`.NAME.prefixscope-PID-N.tmp` in the
+    /// target's directory, 0600, `O_EXCL | O_NOFOLLOW`).
     pub fn create(target: &Path, inputs: &[&Path]) -> io::Result<OutputFile> {
+        let direct = |writer| OutputFile {
+            target: target.to_path_buf(),
+            temp: None,
+            writer: Some(writer),
+        };
+        match output_kind(target)? {
+            OutputKind::Stdout => {
+                return Ok(direct(Writer::Stdout(io::BufWriter::new(io::stdout()))));
+            }
+            OutputKind::Stream => {
+                let file = OpenOptions::new().write(true).open(target)?;
+                // Replaced by a regular file since `output_kind` looked: not written into.
+                if file.metadata()?.is_file() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("{} changed while it was opened", target.display()),
+                    ));
+                }
+                return Ok(direct(Writer::File(io::BufWriter::with_capacity(
+                    1 << 16,
+                    file,
+                ))));
+            }
+            OutputKind::File => {}
+        }
         if let Some(input) = input_at(target, inputs) {
             return Err(is_an_input(target, &input));
         }
@@ -121,75 +269,90 @@ impl OutputFile {
                 ".{name}.prefixscope-{}-{n}.tmp",
                 std::process::id()
             ));
+            // Registered before it exists, so a signal in between still removes it.
+            temporaries().push(temp.clone());
             match create_new_private(&temp) {
                 Ok(file) => {
                     return Ok(OutputFile {
                         target: target.to_path_buf(),
-                        temp,
-                        file: Some(io::BufWriter::with_capacity(1 << 16, file)),
+                        temp: Some(temp),
+                        writer: Some(Writer::File(io::BufWriter::with_capacity(1 << 16, file))),
                     });
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    forget_temporary(&temp);
+                    if e.kind() != io::ErrorKind::AlreadyExists {
+                        return Err(e);
+                    }
+                    last = Some(e);
+                }
             }
         }
         Err(last.unwrap_or_else(|| io::Error::other("no temporary file name free")))
     }
 
-    /// The file it will replace.
+    /// The file it writes.
     pub fn target(&self) -> &Path {
         &self.target
     }
 
-    /// Flushes, syncs and renames the temporary file over the target.
+    /// Flushes; for a regular file, syncs and renames the temporary file over the target.
     pub fn commit(mut self) -> io::Result<()> {
-        let Some(writer) = self.file.take() else {
-            return Err(io::Error::other("already committed"));
+        let file = match self.writer.take() {
+            None => return Err(io::Error::other("already committed")),
+            Some(Writer::Stdout(mut stdout)) => return stdout.flush(),
+            Some(Writer::File(writer)) => writer.into_inner().map_err(|e| e.into_error())?,
         };
-        let file = writer.into_inner().map_err(|e| e.into_error())?;
+        let Some(temp) = &self.temp else {
+            return Ok(());
+        };
         file.sync_all()?;
         drop(file);
-        std::fs::rename(&self.temp, &self.target)?;
+        std::fs::rename(temp, &self.target)?;
         // Renamed: nothing left for `Drop` to remove.
-        self.temp = PathBuf::new();
+        forget_temporary(temp);
+        self.temp = None;
         Ok(())
+    }
+
+    fn writer(&mut self) -> io::Result<&mut dyn Write> {
+        match self.writer.as_mut() {
+            Some(Writer::File(file)) => Ok(file),
+            Some(Writer::Stdout(stdout)) => Ok(stdout),
+            None => Err(io::Error::other("already committed")),
+        }
     }
 }
 
 impl Write for OutputFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self.file.as_mut() {
-            Some(file) => file.write(buf),
-            None => Err(io::Error::other("already committed")),
-        }
+        self.writer()?.write(buf)
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        match self.file.as_mut() {
-            Some(file) => file.write_all(buf),
-            None => Err(io::Error::other("already committed")),
-        }
+        self.writer()?.write_all(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match self.file.as_mut() {
-            Some(file) => file.flush(),
-            None => Ok(()),
+        match self.writer.is_some() {
+            true => self.writer()?.flush(),
+            false => Ok(()),
         }
     }
 }
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        self.file = None;
-        if !self.temp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.temp);
+        self.writer = None;
+        if let Some(temp) = self.temp.take() {
+            let _ = std::fs::remove_file(&temp);
+            forget_temporary(&temp);
         }
     }
 }
 
-/// Writes `bytes` as the whole of `target` (see the module: temporary file, rename, inputs
-/// refused).
+/// Writes `bytes` as the whole of `target` (see the module: temporary file and rename for a
+/// regular file, a device or FIFO written as it is, inputs refused).
 pub fn write_whole(target: &Path, inputs: &[&Path], bytes: &[u8]) -> io::Result<()> {
     let mut out = OutputFile::create(target, inputs)?;
     out.write_all(bytes)?;
@@ -318,5 +481,34 @@ mod tests {
         std::os::unix::fs::symlink(dir.join("target"), &link).unwrap();
         assert!(create_new_private(&link).is_err());
         assert!(!dir.join("target").exists());
+    }
+
+    #[test]
+    fn output_kinds_follow_what_is_at_the_path() {
+        let dir = dir("kinds");
+        assert_eq!(output_kind(Path::new("-")).unwrap(), OutputKind::Stdout);
+        assert_eq!(output_kind(&dir.join("new")).unwrap(), OutputKind::File);
+        std::fs::write(dir.join("old"), "x").unwrap();
+        assert_eq!(output_kind(&dir.join("old")).unwrap(), OutputKind::File);
+        // /dev/null is only looked at here, never opened for writing.
+        assert_eq!(
+            output_kind(Path::new("/dev/null")).unwrap(),
+            OutputKind::Stream
+        );
+        std::os::unix::fs::symlink("/dev/null", dir.join("to-null")).unwrap();
+        assert_eq!(
+            output_kind(&dir.join("to-null")).unwrap(),
+            OutputKind::Stream
+        );
+        std::os::unix::fs::symlink(dir.join("old"), dir.join("to-old")).unwrap();
+        assert_eq!(output_kind(&dir.join("to-old")).unwrap(), OutputKind::File);
+        let e = output_kind(&dir).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("is a directory"), "{e}");
+        // A device is never one of the inputs: writing it replaces nothing.
+        assert_eq!(
+            input_at(Path::new("/dev/null"), &[Path::new("/dev/null")]),
+            None
+        );
     }
 }

@@ -305,3 +305,251 @@ fn a_recording_is_always_a_new_file() {
         "an earlier run\n"
     );
 }
+
+/// A node made in `dir` with mknod(2): a character device with /dev/null's numbers (1, 3), a
+/// FIFO, or a block device; `None` when this user may not make it (devices need root).
+fn node(dir: &Path, name: &str, kind: libc::mode_t, device: (u32, u32)) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = dir.join(name);
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let dev = libc::makedev(device.0, device.1);
+    // SAFETY: a valid NUL-terminated path; mknod reads nothing else of ours.
+    let made = unsafe { libc::mknod(c_path.as_ptr(), kind | 0o600, dev) };
+    (made == 0).then_some(path)
+}
+
+fn is_node(path: &Path, kind: libc::mode_t) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.mode() & libc::S_IFMT == kind)
+}
+
+/// Every command that writes a named output, pointed at `out`: the whole-file ones, analyze's
+/// metrics file, and a recording (record, whose `-o` is a stream of lines).
+fn writing_commands(input: &Path, out: &Path) -> Vec<Vec<String>> {
+    let (i, o) = (input.display().to_string(), out.display().to_string());
+    let mut all = commands(input, out);
+    all.push(
+        ["analyze", &i, "--prometheus", &o]
+            .map(str::to_string)
+            .to_vec(),
+    );
+    all.push(
+        ["export", &i, "--to", "bailian", "-o", &o]
+            .map(str::to_string)
+            .to_vec(),
+    );
+    all
+}
+
+/// Reads a FIFO to its end on a thread of its own (a writer's open waits for a reader).
+fn drain(fifo: &Path) -> std::thread::JoinHandle<Vec<u8>> {
+    let fifo = fifo.to_path_buf();
+    std::thread::spawn(move || std::fs::read(&fifo).unwrap_or_default())
+}
+
+#[test]
+fn a_device_or_a_fifo_is_written_as_it_is_never_replaced() {
+    let dir = dir("nodes");
+    let input = dir.join("session.jsonl");
+    std::fs::copy(recording("llmp/llama.cpp/session.jsonl"), &input).unwrap();
+    let device = node(&dir, "null", libc::S_IFCHR, (1, 3));
+    if device.is_none() {
+        eprintln!("not root: the character device half is not run (mknod refused)");
+    }
+    let fifo = node(&dir, "fifo", libc::S_IFIFO, (0, 0)).expect("mkfifo");
+    for args in writing_commands(&input, Path::new("OUT")) {
+        if let Some(device) = &device {
+            let argv: Vec<String> = args
+                .iter()
+                .map(|a| a.replace("OUT", device.to_str().unwrap()))
+                .collect();
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            let result = run(&dir, &argv);
+            assert_eq!(
+                result.status.code(),
+                Some(0),
+                "{argv:?}: {}",
+                stderr(&result)
+            );
+            assert!(
+                is_node(device, libc::S_IFCHR),
+                "{argv:?} replaced the device"
+            );
+        }
+        let argv: Vec<String> = args
+            .iter()
+            .map(|a| a.replace("OUT", fifo.to_str().unwrap()))
+            .collect();
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let reader = drain(&fifo);
+        let result = run(&dir, &argv);
+        let read = reader.join().unwrap();
+        assert_eq!(
+            result.status.code(),
+            Some(0),
+            "{argv:?}: {}",
+            stderr(&result)
+        );
+        assert!(is_node(&fifo, libc::S_IFIFO), "{argv:?} replaced the FIFO");
+        assert!(!read.is_empty(), "{argv:?} wrote nothing into the FIFO");
+        if argv[0] == "analyze" && argv[2] == "-o" || argv[0] == "profile" {
+            // The JSON report itself, and no page beside a FIFO.
+            let report: serde_json::Value = serde_json::from_slice(&read).unwrap();
+            assert!(report.is_object(), "{argv:?}");
+        }
+    }
+    // Nothing was made beside them (the export's salt aside): no page, no `.json` next to the
+    // FIFO, no temporary.
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut expected = vec!["config", "fifo", "session.jsonl"];
+    if device.is_some() {
+        expected.push("null");
+    }
+    expected.sort();
+    assert_eq!(names, expected);
+}
+
+#[test]
+fn a_recording_goes_into_a_device_or_fifo_as_it_is() {
+    let dir = dir("record-nodes");
+    let fifo = node(&dir, "fifo", libc::S_IFIFO, (0, 0)).expect("mkfifo");
+    let mut targets = vec![(fifo.clone(), libc::S_IFIFO)];
+    if let Some(device) = node(&dir, "null", libc::S_IFCHR, (1, 3)) {
+        targets.push((device, libc::S_IFCHR));
+    }
+    for (target, kind) in targets {
+        let reader = (kind == libc::S_IFIFO).then(|| drain(&target));
+        let mut child = Command::new(BIN)
+            .args([
+                "record",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--no-probe", "-o", target.to_str().unwrap()])
+            .current_dir(&dir)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().unwrap();
+        if let Some(reader) = reader {
+            reader.join().unwrap();
+        }
+        assert_eq!(status.code(), Some(0), "{target:?}");
+        assert!(is_node(&target, kind), "{target:?} replaced");
+    }
+}
+
+#[test]
+fn a_dash_is_stdout_and_the_summary_moves_to_stderr() {
+    let dir = dir("dash");
+    let input = recording("llmp/llama.cpp/session.jsonl");
+    let i = input.to_str().unwrap();
+    for argv in [vec!["analyze", i, "-o", "-"], vec!["profile", i, "-o", "-"]] {
+        let result = run(&dir, &argv);
+        assert_eq!(
+            result.status.code(),
+            Some(0),
+            "{argv:?}: {}",
+            stderr(&result)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&result.stdout)
+            .unwrap_or_else(|e| panic!("{argv:?}: stdout is not the report: {e}"));
+        assert!(report.is_object());
+        assert!(
+            !stderr(&result).is_empty(),
+            "{argv:?}: the summary went nowhere"
+        );
+    }
+    let result = run(&dir, &["records", i, "-o", "-"]);
+    assert_eq!(result.status.code(), Some(0), "{}", stderr(&result));
+    let lines = String::from_utf8(result.stdout).unwrap();
+    assert!(lines.lines().count() > 1);
+    for line in lines.lines() {
+        serde_json::from_str::<serde_json::Value>(line).unwrap();
+    }
+    // Nothing named `-` was made.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+#[test]
+fn a_directory_or_a_block_device_is_refused_untouched() {
+    let dir = dir("refused");
+    let input = dir.join("session.jsonl");
+    std::fs::copy(recording("llmp/llama.cpp/session.jsonl"), &input).unwrap();
+    let sub = dir.join("sub.json");
+    std::fs::create_dir(&sub).unwrap();
+    let mut targets = vec![(sub, "is a directory")];
+    // A loop device's numbers; refused before it is opened.
+    if let Some(block) = node(&dir, "block", libc::S_IFBLK, (7, 250)) {
+        targets.push((block, "is a block device"));
+    }
+    for (target, said) in &targets {
+        for args in writing_commands(&input, target) {
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let result = run(&dir, &argv);
+            assert_eq!(
+                result.status.code(),
+                Some(2),
+                "{argv:?}: {}",
+                stderr(&result)
+            );
+            assert!(
+                stderr(&result).contains(said),
+                "{argv:?}: {}",
+                stderr(&result)
+            );
+        }
+    }
+    assert!(dir.join("sub.json").is_dir());
+    if targets.len() > 1 {
+        assert!(is_node(&dir.join("block"), libc::S_IFBLK));
+    }
+    assert!(temporaries(&dir).is_empty());
+}
+
+#[test]
+fn an_export_stopped_by_a_signal_leaves_no_temporary_file() {
+    use std::io::Write;
+    let dir = dir("stopped");
+    let input = node(&dir, "input.jsonl", libc::S_IFIFO, (0, 0)).expect("mkfifo");
+    let out = dir.join("trace.jsonl");
+    let mut child = Command::new(BIN)
+        .args(["export", input.to_str().unwrap(), "--to", "mooncake", "-o"])
+        .arg(&out)
+        .current_dir(&dir)
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The export reads the FIFO and waits for more: its output is open, not yet whole.
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&input)
+        .unwrap();
+    let line = std::fs::read_to_string(recording("llmp/llama.cpp/session.jsonl")).unwrap();
+    writer.write_all(line.as_bytes()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while temporaries(&dir).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no temporary file appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    drop(writer);
+    assert_eq!(status.code(), Some(130));
+    assert!(temporaries(&dir).is_empty(), "{:?}", temporaries(&dir));
+    assert!(!out.exists());
+}

@@ -103,9 +103,15 @@ pub struct AnalyzeArgs {
     /// Print the JSON report on stdout instead of the text summary.
     #[arg(long)]
     json: bool,
-    /// Write the JSON report to this file (the summary still goes to stdout).
+    /// Write the JSON report to this file (the summary still goes to stdout) and the HTML page
+    /// beside it; a device or FIFO is written as it is, `-` is stdout (the summary then goes to
+    /// stderr).
     #[arg(short, long)]
     out: Option<PathBuf>,
+    /// Write the HTML page here (instead of beside `-o`; with a device, FIFO or `-` as `-o`,
+    /// the page is written only when asked for here).
+    #[arg(long, value_name = "FILE", requires = "out")]
+    html: Option<PathBuf>,
     /// A pause longer than this (per model) starts a new session.
     #[arg(long, default_value_t = 60)]
     gap_seconds: u64,
@@ -124,7 +130,7 @@ pub struct AnalyzeArgs {
 }
 
 pub fn run(args: AnalyzeArgs) -> u8 {
-    for out in [&args.out, &args.prometheus] {
+    for out in [&args.out, &args.prometheus, &args.html] {
         if let Err(code) = super::check_output(out.as_deref(), &args.files) {
             return code;
         }
@@ -167,15 +173,17 @@ pub fn run(args: AnalyzeArgs) -> u8 {
     };
     if let Some(out) = &args.out {
         // `-o report.json` or `-o report`: report.json and report.html beside it.
-        let (json_path, html_path) = super::report_paths(out);
+        let (json_path, html_path) = super::report_paths(out, args.html.as_deref());
         if let Err(code) =
             super::write_output(&json_path, &args.files, format!("{json}\n").as_bytes())
         {
             return code;
         }
-        let html = prefixscope::html_report::analysis_page(&report);
-        if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
-            return code;
+        if let Some(html_path) = html_path {
+            let html = prefixscope::html_report::analysis_page(&report);
+            if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
+                return code;
+            }
         }
     }
     if let Some(out) = &args.prometheus {

@@ -13,25 +13,37 @@ pub mod replay;
 pub mod watch;
 pub mod whatif;
 
+use std::io::Write;
+
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_UNREADABLE: u8 = 1;
 pub const EXIT_USAGE: u8 = 2;
+
+/// `-o -` was given: standard output carries that output, and what the command would print
+/// there goes to stderr instead.
+static STDOUT_TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Where the command's own text goes: stdout, or stderr when `-o -` took stdout.
+pub fn text_out() -> Box<dyn std::io::Write> {
+    if STDOUT_TAKEN.load(std::sync::atomic::Ordering::Relaxed) {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    }
+}
 
 /// The command's final text on stdout. After a SIGHUP the terminal may be gone: a write error
 /// is not worth a panic (`print!` would panic).
 /// Control characters of recorded text are escaped (`prefixscope::text`).
 pub fn print_stdout(text: &str) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(prefixscope::text::printable(text).as_bytes());
-    let _ = stdout.flush();
+    let mut out = text_out();
+    let _ = out.write_all(prefixscope::text::printable(text).as_bytes());
+    let _ = out.flush();
 }
 
 /// JSON on stdout, a line: DEL and C1 escaped too (`prefixscope::text::printable_json`).
 pub fn print_json(json: &str) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "{}", prefixscope::text::printable_json(json));
+    let _ = writeln!(text_out(), "{}", prefixscope::text::printable_json(json));
 }
 
 /// A session's error on stderr, and its exit code.
@@ -44,12 +56,23 @@ pub fn fail(error: prefixscope::session::Error) -> u8 {
     }
 }
 
-/// `-o` refused (exit 2) when it is one of the inputs: said before anything is read.
+/// `-o` refused (exit 2) when it is one of the inputs, or cannot be an output (a directory, a
+/// block device): said before anything is read. `-o -` takes stdout (`text_out`).
 pub fn check_output(
     out: Option<&std::path::Path>,
     inputs: &[std::path::PathBuf],
 ) -> Result<(), u8> {
     let Some(out) = out else { return Ok(()) };
+    match prefixscope::output_file::output_kind(out) {
+        Ok(prefixscope::output_file::OutputKind::Stdout) => {
+            STDOUT_TAKEN.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(_) => {}
+        Err(e) => {
+            prefixscope::stderr_line!("prefixscope: -o {e}");
+            return Err(EXIT_USAGE);
+        }
+    }
     let inputs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
     match prefixscope::output_file::input_at(out, &inputs) {
         Some(input) => {
@@ -229,10 +252,20 @@ impl Recordings {
     }
 }
 
-/// Where `-o PATH` writes a report: `report.json` → itself and `report.html`; `report` (no
-/// extension) → `report.json` and `report.html`; any other name → itself and NAME.html.
-pub fn report_paths(path: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    match path.extension().and_then(|e| e.to_str()) {
+/// Where `-o PATH` writes a report and its page: `report.json` → itself and `report.html`;
+/// `report` (no extension) → `report.json` and `report.html`; any other name → itself and
+/// NAME.html; `--html FILE` puts the page there instead. A device, a FIFO or `-` gets the JSON
+/// as it is, and a page only with `--html`.
+pub fn report_paths(
+    path: &std::path::Path,
+    html: Option<&std::path::Path>,
+) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
+    let is_file = prefixscope::output_file::output_kind(path).is_ok_and(|kind| kind.is_file());
+    if !is_file {
+        // A device, a FIFO or stdout: the JSON as it is, and the page only where asked.
+        return (path.to_path_buf(), html.map(std::path::Path::to_path_buf));
+    }
+    let (json, beside) = match path.extension().and_then(|e| e.to_str()) {
         Some("json") => (path.to_path_buf(), path.with_extension("html")),
         None => (path.with_extension("json"), path.with_extension("html")),
         Some(_) => {
@@ -240,7 +273,11 @@ pub fn report_paths(path: &std::path::Path) -> (std::path::PathBuf, std::path::P
             html.push(".html");
             (path.to_path_buf(), html.into())
         }
-    }
+    };
+    (
+        json,
+        Some(html.map_or(beside, std::path::Path::to_path_buf)),
+    )
 }
 
 /// Reads every file it can (recordings, and gateway logs as the records a proxy would have

@@ -56,9 +56,14 @@ pub struct ProfileArgs {
     /// Print the JSON report on stdout instead of the summary.
     #[arg(long)]
     json: bool,
-    /// Write the JSON report to this file.
+    /// Write the JSON report to this file and the HTML page beside it; a device or FIFO is
+    /// written as it is, `-` is stdout (the summary then goes to stderr).
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Write the HTML page here (instead of beside `-o`; with a device, FIFO or `-` as `-o`,
+    /// the page is written only when asked for here).
+    #[arg(long, value_name = "FILE", requires = "output")]
+    html: Option<PathBuf>,
 }
 
 /// The JSON report: what was read, then the profile.
@@ -136,8 +141,10 @@ pub fn run(args: ProfileArgs) -> u8 {
         Ok(s) => s,
         Err(message) => return usage(message),
     };
-    if let Err(code) = super::check_output(args.output.as_deref(), &args.files) {
-        return code;
+    for out in [&args.output, &args.html] {
+        if let Err(code) = super::check_output(out.as_deref(), &args.files) {
+            return code;
+        }
     }
 
     // Capacities are sized once the block size is known (after reading); their syntax is
@@ -290,9 +297,12 @@ pub fn run(args: ProfileArgs) -> u8 {
             // `-o report.json` or `-o report`: report.json and report.html beside it. The page
             // is built and written on another core while the JSON is, so that the two files'
             // syncs overlap; each file is replaced whole or not at all.
-            let (json_path, html_path) = super::report_paths(path);
+            let (json_path, html_path) = super::report_paths(path, args.html.as_deref());
             let (json, json_written, html_written) = std::thread::scope(|scope| {
                 let html = scope.spawn(|| {
+                    let Some(html_path) = html_path else {
+                        return Ok(());
+                    };
                     let html =
                         prefixscope::html_report::profile_page(&profile, &reports, &analyses);
                     super::write_output(&html_path, &args.files, html.as_bytes())

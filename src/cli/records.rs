@@ -20,7 +20,8 @@ pub struct RecordsArgs {
     /// Print a JSON summary on stdout instead of text.
     #[arg(long)]
     json: bool,
-    /// Write the merged records, in time order, to this file (a recording).
+    /// Write the merged records, in time order, to this file (a recording); a device or FIFO
+    /// is written as it is, `-` is stdout (the listing then goes to stderr).
     #[arg(short, long)]
     out: Option<PathBuf>,
 }
@@ -63,7 +64,7 @@ pub fn run(args: RecordsArgs) -> u8 {
             return code;
         }
     }
-    let mut stdout = std::io::stdout().lock();
+    let mut stdout = super::text_out();
     if args.json {
         let _ = writeln!(
             stdout,

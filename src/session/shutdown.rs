@@ -3,7 +3,8 @@
 //! `on_stop`: stop accepting, finish the exchanges in flight, write their records, leave the
 //! TUI), and the command then exits 0 as if it had been quit. A second signal forces: the
 //! terminal is restored first, then the process exits with 128 + the signal's number, like a
-//! shell reports a process killed by it.
+//! shell reports a process killed by it. Either way, the temporary files of outputs not yet
+//! written whole are removed first (`output_file`).
 
 use std::sync::{Arc, Mutex};
 
@@ -159,7 +160,26 @@ fn force(signal: Signal) -> ! {
         "prefixscope: {} again: exiting now; exchanges still in flight are not recorded",
         signal.name()
     );
-    std::process::exit(signal.forced_exit_code());
+    crate::output_file::exit_removing_temporaries(signal.forced_exit_code());
+}
+
+/// For a command with nothing to finish gracefully (`analyze`, `export`…): the first SIGINT,
+/// SIGTERM or SIGHUP exits at once with 128 + its number, as the default would, but with the
+/// temporary files of unfinished outputs removed.
+pub fn exit_on_signal() {
+    #[cfg(unix)]
+    {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        if let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+            std::thread::spawn(move || {
+                if let Some(number) = signals.forever().next() {
+                    crate::output_file::exit_removing_temporaries(
+                        Signal(number).forced_exit_code(),
+                    );
+                }
+            });
+        }
+    }
 }
 
 #[cfg(test)]
