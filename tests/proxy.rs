@@ -15,7 +15,6 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use prefixscope::capture::BodyMode;
-use prefixscope::proxy::Forwarding;
 use prefixscope::record::Record;
 use prefixscope::record::{ExchangeError, StreamKind};
 use support::*;
@@ -38,8 +37,8 @@ struct Seen {
 }
 
 /// 40 random exchanges (statuses, headers, bodies up to 20 KB, streamed and not) through the
-/// proxy forwarding with `forwarding`: everything arrives unchanged both ways; the records.
-async fn randomized_exchanges(forwarding: Forwarding) -> Vec<Record> {
+/// proxy: everything arrives unchanged both ways; the records.
+async fn randomized_exchanges() -> Vec<Record> {
     let seed = 0x5eed_2026_u64;
     let mut rng = Rng(seed);
     let specs: Arc<Mutex<HashMap<String, Spec>>> = Arc::default();
@@ -82,11 +81,7 @@ async fn randomized_exchanges(forwarding: Forwarding) -> Vec<Record> {
         }))
         .await
     };
-    let options = Options {
-        forwarding,
-        ..Options::default()
-    };
-    let proxy = start_proxy(upstream, &format!("passthrough-{forwarding:?}"), options).await;
+    let proxy = start_proxy(upstream, "passthrough", Options::default()).await;
     let mut sent = BTreeMap::new();
     let mut client = client(proxy.addr).await;
     for i in 0..40 {
@@ -219,27 +214,16 @@ async fn randomized_exchanges(forwarding: Forwarding) -> Vec<Record> {
     records
 }
 
-/// The proxy's own loop and hyper's forward the same exchanges unchanged, and record them
-/// alike: the same record for each, but for its times.
+/// Random exchanges pass unchanged, and each is recorded with its times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized_bodies_and_headers_pass_unchanged_streamed_and_not() {
-    let untimed = |mut records: Vec<Record>| {
-        for record in &mut records {
-            record.t_start_ms = 0;
-            record.t_end_ms = 0;
-            assert!(
-                record.t_first_byte_ms.is_some()
-                    || record.response.as_ref().is_some_and(|r| r.body_bytes == 0)
-            );
-            record.t_first_byte_ms = None;
-        }
-        records
-    };
-    let relayed = untimed(randomized_exchanges(Forwarding::Relay).await);
-    let by_hyper = untimed(randomized_exchanges(Forwarding::Hyper).await);
-    assert_eq!(relayed.len(), by_hyper.len());
-    for (relayed, by_hyper) in relayed.iter().zip(&by_hyper) {
-        assert_eq!(relayed, by_hyper);
+    let records = randomized_exchanges().await;
+    assert_eq!(records.len(), 40);
+    for record in &records {
+        assert!(
+            record.t_first_byte_ms.is_some()
+                || record.response.as_ref().is_some_and(|r| r.body_bytes == 0)
+        );
     }
 }
 
@@ -1155,8 +1139,8 @@ async fn read_response(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) ->
 }
 
 /// Answers after an informational one, and an answer with no length (it ends when the upstream
-/// closes): each reaches the client whole, the second on a connection the proxy then closes
-/// (and says so), and the next request reaches the upstream on a new connection.
+/// closes): each reaches the client whole, the second chunked, and the next request reaches the
+/// upstream on a new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_without_a_length_or_after_an_informational_one_arrive_whole() {
     let (upstream, accepted) = raw_upstream(|n| match n {
@@ -1183,17 +1167,22 @@ async fn answers_without_a_length_or_after_an_informational_one_arrive_whole() {
     assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
     assert_eq!(body, b"{\"first\":1}");
     client_conn.write_all(request.as_bytes()).await.unwrap();
-    let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), client_conn.read_to_end(&mut rest))
-        .await
-        .expect("the proxy closes after an answer that ends with a close")
-        .unwrap();
-    let rest = String::from_utf8(rest).unwrap();
-    assert!(
-        rest.starts_with("HTTP/1.1 200 OK\r\n") && rest.contains("connection: close\r\n"),
-        "{rest}"
-    );
-    assert!(rest.ends_with("\r\n\r\n{\"second\":2}"), "{rest}");
+    // The answer without a length reaches the client chunked, on a connection kept open.
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if buf.ends_with(b"0\r\n\r\n") {
+                return String::from_utf8(std::mem::take(&mut buf)).unwrap();
+            }
+            let n = client_conn.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("the second answer whole");
+    assert!(rest.starts_with("HTTP/1.1 200 OK\r\n"), "{rest}");
+    assert!(rest.contains("\r\n{\"second\":2}\r\n"), "{rest}");
     let response = client(proxy.addr)
         .await
         .send_request(post(CHAT, "{}"))
@@ -1261,9 +1250,8 @@ async fn pipelined_requests_are_answered_in_order_and_a_client_s_close_is_kept()
     );
 }
 
-/// Requests the proxy's loop does not take on (a chunked body, `Expect: 100-continue`,
-/// HTTP/1.0) are served by hyper, with what was read so far, and the connection goes on there;
-/// a HEAD's answer has no body, and the connection goes on after it. Every exchange recorded.
+/// A HEAD, a chunked body, `Expect: 100-continue` and HTTP/1.0 are served, and the
+/// connection goes on after each (a HEAD's answer has no body). Every exchange recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_left_to_hyper_are_served_and_recorded_on_the_same_connection() {
     let upstream = fake_upstream(handler(|req| async move {
@@ -1283,7 +1271,7 @@ async fn requests_left_to_hyper_are_served_and_recorded_on_the_same_connection()
     let proxy = start_proxy(upstream, "hand-off", Options::default()).await;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let mut buf = Vec::new();
-    // Relayed: a HEAD (its answer says a length and has no body), then a POST.
+    // A HEAD (its answer says a length and has no body), then a POST.
     stream
         .write_all(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -1309,7 +1297,7 @@ async fn requests_left_to_hyper_are_served_and_recorded_on_the_same_connection()
     );
     for (raw, expected) in [
         (&b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}"[..], &b"{\"a\":1}"[..]),
-        // Chunked: from here on, hyper serves this connection.
+        // Chunked.
         (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"b\r\n4\r\n\":2}\r\n0\r\n\r\n", b"{\"b\":2}"),
         (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"c\":3}", b"{\"c\":3}"),
     ] {
@@ -1437,105 +1425,77 @@ async fn a_client_gone_before_the_answer_and_a_head_s_502_are_handled() {
     );
 }
 
-/// What a client sends as hyper reads it, through either path: the answers it gets (status
-/// lines and bodies), the records (method, target, status, error) and the requests hyper
-/// refused.
-async fn through_both_paths(
-    name: &str,
-    send: &'static [u8],
-    half_close: bool,
-) -> Vec<(String, Vec<String>, u64)> {
-    let mut seen = Vec::new();
-    for forwarding in [Forwarding::Relay, Forwarding::Hyper] {
-        // Bodies echoed; `{"a":1}` after a while, so a client's end comes while it is awaited.
-        let upstream = fake_upstream(handler(|req| async move {
-            let body = req.into_body().collect().await.unwrap().to_bytes();
-            if &body[..] == b"{\"a\":1}" {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Response::builder()
-                .header("content-type", "application/json")
-                .body(full(body))
-                .unwrap()
-        }))
-        .await;
-        let options = Options {
-            forwarding,
-            ..Options::default()
-        };
-        let proxy = start_proxy(upstream, &format!("{name}-{forwarding:?}"), options).await;
-        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-        stream.write_all(send).await.unwrap();
-        if half_close {
-            stream.shutdown().await.unwrap();
+/// What a client sends, through the proxy: the answers it gets (status lines and bodies), the
+/// records (method, target, status, error) and the requests hyper refused.
+async fn through_the_proxy(name: &str, send: &[u8], half_close: bool) -> (Vec<String>, u64) {
+    // Bodies echoed; `{"a":1}` after a while, so a client's end comes while it is awaited.
+    let upstream = fake_upstream(handler(|req| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        if &body[..] == b"{\"a\":1}" {
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        let mut answers = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answers))
-            .await
-            .expect("the proxy closes the connection");
-        let answers = String::from_utf8_lossy(&answers);
-        let statuses: Vec<&str> = answers
-            .lines()
-            .filter(|l| l.starts_with("HTTP/1.1 "))
-            .map(|l| &l[..12])
-            .collect();
-        let bodies: Vec<&str> = answers
-            .match_indices("{\"")
-            .map(|(i, _)| &answers[i..i + 7])
-            .collect();
-        let rejected = proxy
-            .stats
-            .rejected
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let records = proxy.stop().await;
-        let mut lines: Vec<String> = records
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {} {:?} {:?}",
-                    r.request.method,
-                    r.request.path,
-                    r.response.as_ref().map(|x| x.status),
-                    r.error
-                )
-            })
-            .collect();
-        lines.insert(0, format!("answers {statuses:?} {bodies:?}"));
-        seen.push((format!("{forwarding:?}"), lines, rejected));
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(full(body))
+            .unwrap()
+    }))
+    .await;
+    let proxy = start_proxy(upstream, name, Options::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(send).await.unwrap();
+    if half_close {
+        stream.shutdown().await.unwrap();
     }
-    seen
+    let mut answers = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answers))
+        .await
+        .expect("the proxy closes the connection");
+    let answers = String::from_utf8_lossy(&answers);
+    let statuses: Vec<&str> = answers
+        .lines()
+        .filter(|l| l.starts_with("HTTP/1.1 "))
+        .map(|l| &l[..12])
+        .collect();
+    let bodies: Vec<&str> = answers
+        .match_indices("{\"")
+        .map(|(i, _)| &answers[i..i + 7])
+        .collect();
+    let rejected = proxy
+        .stats
+        .rejected
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let records = proxy.stop().await;
+    let mut lines: Vec<String> = records
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {:?} {:?}",
+                r.request.method,
+                r.request.path,
+                r.response.as_ref().map(|x| x.status),
+                r.error
+            )
+        })
+        .collect();
+    lines.insert(0, format!("answers {statuses:?} {bodies:?}"));
+    (lines, rejected)
 }
 
 /// A client that pipelines two requests and then shuts its sending side while the first is
-/// answered gets both answers (a review found the loop took the end for the client gone;
-/// hyper's server may answer only the first). An end with no request left unanswered in the
-/// buffer is still a client gone: that is how a cancelled prefill is seen at once.
-/// Targets and lengths hyper's server refuses are refused alike (400 or 414, no record).
+/// answered gets the first answer, and a record for it. Targets and lengths hyper's server
+/// refuses are refused (400 or 414) and counted, with no record; a repeated equal length is
+/// answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_half_closed_pipeline_and_requests_hyper_refuses_fare_alike_on_both_paths() {
-    let pipelined: &'static [u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"b\":2}";
-    let seen = through_both_paths("half-closed", pipelined, true).await;
-    // The loop answers and records both.
-    assert_eq!(
-        seen[0].1,
-        [
-            r#"answers ["HTTP/1.1 200"] ["{\"a\":1}", "{\"b\":2}"]"#,
-            "POST /v1/chat/completions Some(200) None",
-            "POST /v1/chat/completions Some(200) None",
-        ],
-        "{seen:#?}"
-    );
-    // hyper's server answers the first, and the second only when it has read it before the
-    // client's end (a race; the lost one leaves no record): the loop does not copy that.
+async fn a_half_closed_pipeline_is_answered_and_requests_hyper_refuses_are_counted() {
+    let pipelined: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"a\":1}POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\n\r\n{\"b\":2}";
+    let (lines, _) = through_the_proxy("half-closed", pipelined, true).await;
+    // hyper's server answers the second only when it has read it before the client's end (a
+    // race; the lost one leaves no record).
     assert!(
-        seen[1].1.len() >= 2 && seen[1].1[1] == seen[0].1[1],
-        "{seen:#?}"
+        lines.len() >= 2 && lines[1] == "POST /v1/chat/completions Some(200) None",
+        "{lines:#?}"
     );
-    let long: &'static [u8] = Box::leak(
-        format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000))
-            .into_bytes()
-            .into_boxed_slice(),
-    );
+    let long = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000)).into_bytes();
     for (name, send) in [
         (
             "angle-target",
@@ -1549,19 +1509,194 @@ async fn a_half_closed_pipeline_and_requests_hyper_refuses_fare_alike_on_both_pa
             "length-list",
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 2\r\n\r\n{}",
         ),
-        ("long-target", long),
+        ("long-target", &long),
     ] {
-        let seen = through_both_paths(name, send, false).await;
-        assert_eq!(seen[0].1, seen[1].1, "{name}: {seen:#?}");
-        assert_eq!(seen[0].2, seen[1].2, "{name}: {seen:#?}");
-        assert_eq!(seen[0].2, 1, "{name}: {seen:#?}");
+        let (lines, rejected) = through_the_proxy(name, send, false).await;
+        assert_eq!(rejected, 1, "{name}: {lines:#?}");
+        assert_eq!(lines.len(), 1, "{name}: recorded {lines:#?}");
+        assert!(
+            lines[0].contains("HTTP/1.1 400") || lines[0].contains("HTTP/1.1 414"),
+            "{name}: {lines:#?}"
+        );
     }
-    // A repeated equal length: answered, recorded with one length, both ways.
-    let seen = through_both_paths(
+    let (lines, rejected) = through_the_proxy(
         "length-twice",
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
         false,
     )
     .await;
-    assert_eq!(seen[0].1, seen[1].1, "{seen:#?}");
+    assert_eq!(rejected, 0, "{lines:#?}");
+    assert_eq!(
+        lines[1], "POST /v1/chat/completions Some(200) None",
+        "{lines:#?}"
+    );
+}
+
+/// An upstream that answers each connection's first request with `answer`'s bytes (after
+/// reading its head and, unless `read_body` is false, its `content-length` body) and closes;
+/// the request head it read comes back on the channel.
+async fn scripted_upstream(
+    answer: &'static [u8],
+    read_body: bool,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (heads_tx, heads) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let heads_tx = heads_tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                let head = loop {
+                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                    }
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                if read_body {
+                    let _ = read_message(&mut stream, &mut buf).await;
+                }
+                let _ = heads_tx.send(head);
+                let _ = stream.write_all(answer).await;
+                let _ = stream.shutdown().await;
+                // Whatever else comes is read and dropped until the client closes.
+                while matches!(stream.read(&mut chunk).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// Sends `request` through a proxy in front of `scripted_upstream(answer)`: what the client
+/// read until the proxy closed, the head the upstream got, and the records.
+async fn exchange_raw(
+    name: &str,
+    answer: &'static [u8],
+    read_body: bool,
+    request: &[u8],
+) -> (String, String, Vec<Record>) {
+    let (upstream, mut heads) = scripted_upstream(answer, read_body).await;
+    let proxy = start_proxy(upstream, name, Options::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let _ = stream.write_all(request).await;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{name}: the proxy never closed: {}",
+                String::from_utf8_lossy(&got)
+            )
+        })
+        .unwrap();
+    let head = heads.try_recv().unwrap_or_default();
+    let records = tokio::time::timeout(Duration::from_secs(10), proxy.stop())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: the proxy did not stop"));
+    (String::from_utf8_lossy(&got).into_owned(), head, records)
+}
+
+const CLOSING_POST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Mixed-Case: 1\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+
+/// Header names reach the upstream and the client in the case they were sent, the upstream's
+/// status line and body byte for byte, and no `date` is added to an answer that had none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_case_status_and_body_pass_as_sent_and_no_date_is_added() {
+    let (got, head, records) = exchange_raw(
+        "case",
+        b"HTTP/1.1 201 Made It\r\nX-Upstream-Case: 2\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"a\": 1}",
+        true,
+        CLOSING_POST,
+    )
+    .await;
+    assert!(head.contains("X-Mixed-Case: 1\r\n"), "{head}");
+    assert!(got.starts_with("HTTP/1.1 201 Made It\r\n"), "{got}");
+    assert!(got.contains("X-Upstream-Case: 2\r\n"), "{got}");
+    assert!(!got.to_ascii_lowercase().contains("\ndate:"), "{got}");
+    assert!(got.ends_with("\r\n\r\n{\"a\": 1}"), "{got}");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, None);
+}
+
+/// An answer framed by chunks that also says a length (RFC 9112: the length is not the
+/// body's) reaches the client whole, without that length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_answer_with_a_length_beside_it_is_forwarded_whole() {
+    let (got, _, records) = exchange_raw(
+        "length-and-chunks",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"ok\"\r\n4\r\n:1}\n\r\n0\r\n\r\n",
+        true,
+        CLOSING_POST,
+    )
+    .await;
+    assert!(
+        !got.to_ascii_lowercase().contains("content-length: 3"),
+        "{got}"
+    );
+    assert!(got.contains("{\"ok\"") && got.contains(":1}"), "{got}");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, None);
+    assert_eq!(
+        records[0].response.as_ref().unwrap().body,
+        Some(serde_json::json!({"ok": 1}))
+    );
+}
+
+/// An answer with trailers is a complete exchange; one whose trailer line ends in a bare LF
+/// ends when the upstream closes, recorded as cut with the body that came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_with_trailers_are_complete_and_a_bare_lf_trailer_ends_the_exchange() {
+    let (got, _, records) = exchange_raw(
+        "trailers",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTrailer: x-checksum\r\n\r\n8\r\n{\"a\": 1}\r\n0\r\nx-checksum: 7\r\n\r\n",
+        true,
+        CLOSING_POST,
+    )
+    .await;
+    assert!(got.contains("{\"a\": 1}"), "{got}");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, None, "{records:?}");
+    assert_eq!(records[0].response.as_ref().unwrap().status, 200);
+
+    // hyper reads `x-checksum: 7\n` as the start of a trailer line and waits for its end; the
+    // upstream's close ends the exchange, recorded as cut with what came.
+    let (_, _, records) = exchange_raw(
+        "bare-lf-trailer",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n{\"a\": 1}\r\n0\r\nx-checksum: 7\n\r\n",
+        true,
+        CLOSING_POST,
+    )
+    .await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, Some(ExchangeError::UpstreamReset));
+    assert_eq!(
+        records[0].response.as_ref().unwrap().body,
+        Some(serde_json::json!({"a": 1}))
+    );
+}
+
+/// An upstream that answers before it has read the body (a 413 for a body too large) and
+/// closes: the client gets that answer, and the exchange is recorded with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_before_the_body_is_read_is_delivered() {
+    let mut request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\nConnection: close\r\n\r\n".to_vec();
+    request.extend(std::iter::repeat_n(b' ', 4_000_000));
+    let (got, _, records) = exchange_raw(
+        "early-413",
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: 17\r\nConnection: close\r\n\r\n{\"error\":\"big\"}\n\n",
+        false,
+        &request,
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
+    assert!(got.ends_with("{\"error\":\"big\"}\n\n"), "{got}");
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].response.as_ref().map(|r| r.status), Some(413));
 }

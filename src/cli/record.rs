@@ -66,11 +66,6 @@ pub struct CaptureArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(METRICS_WINDOW_MIN..=METRICS_WINDOW_MAX))]
     pub metrics_window: usize,
-    /// Forward through hyper's HTTP/1.1 server and client, as before prefixscope had its own
-    /// loop: slower; for comparison, or for a client the own loop mishandles (please report
-    /// it). `https://` upstreams always go through hyper.
-    #[arg(long)]
-    pub hyper_forwarding: bool,
 }
 
 const METRICS_WINDOW_MIN: u64 = prefixscope::metrics::window::MIN_WINDOW as u64;
@@ -144,11 +139,6 @@ impl CaptureArgs {
             },
             // `watch`'s screen asks for them; `record` has no one to predict for.
             announce_starts: false,
-            forwarding: if self.hyper_forwarding {
-                prefixscope::proxy::Forwarding::Hyper
-            } else {
-                prefixscope::proxy::Forwarding::Relay
-            },
         }
     }
 }

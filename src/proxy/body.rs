@@ -44,6 +44,10 @@ impl Body for RecordingBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.on_data(data);
+                } else if frame.is_trailers() {
+                    // Trailers end a body: the exchange is whole even if the body is not
+                    // polled again.
+                    this.flight.finish(None);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -44,10 +44,6 @@ impl Connection {
         }
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
     /// Back-pressure between exchanges: waits until the previous exchange's capture, if it
     /// waited for room in the recorder, has been handed over.
     pub(crate) async fn wait_for_previous_delivery(&self) {
@@ -371,6 +367,11 @@ pub(crate) async fn forward(
             stream: stream_kind_of(content_type),
             ..ResponseCapture::default()
         });
+    }
+    // A length beside a transfer coding is not the body's (RFC 9112, 6.3): the coding framed
+    // it, and hyper read it so; left in, the client would be sent a cut body.
+    if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+        parts.headers.remove(header::CONTENT_LENGTH);
     }
     strip_hop_by_hop(&mut parts.headers);
     let body = RecordingBody::new(incoming, flight, shared.max_body);

@@ -9,7 +9,6 @@
 mod body;
 mod forward;
 pub mod headers;
-mod relay;
 pub mod upstream;
 
 use std::future::Future;
@@ -60,19 +59,6 @@ pub struct ProxyConfig {
     /// Threads that serve connections, each with a runtime of its own (see [`Proxy::run`]); 0
     /// or 1 serves them on the runtime that runs the proxy.
     pub serving_threads: usize,
-    /// Which HTTP/1.1 code forwards the traffic of plain-HTTP upstreams.
-    pub forwarding: Forwarding,
-}
-
-/// Who forwards a plain-HTTP upstream's traffic. `https://` upstreams, and every request the
-/// loop does not take on, are served by hyper either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Forwarding {
-    /// The proxy's own loop (`relay`): heads parsed and rewritten, bodies relayed as they come.
-    #[default]
-    Relay,
-    /// hyper's server and client for every request.
-    Hyper,
 }
 
 impl ProxyConfig {
@@ -86,7 +72,6 @@ impl ProxyConfig {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
             serving_threads: 1,
-            forwarding: Forwarding::Relay,
         }
     }
 }
@@ -213,7 +198,6 @@ pub struct Proxy {
     shared: Arc<Shared>,
     header_timeout: Duration,
     serving_threads: usize,
-    forwarding: Forwarding,
 }
 
 impl Proxy {
@@ -245,7 +229,6 @@ impl Proxy {
             shared,
             header_timeout: config.header_timeout,
             serving_threads: config.serving_threads.min(MAX_SERVING_THREADS),
-            forwarding: config.forwarding,
         })
     }
 
@@ -271,11 +254,9 @@ impl Proxy {
             shared,
             header_timeout,
             serving_threads,
-            forwarding,
         } = self;
         let (stop_tx, stop_rx) = watch::channel(false);
         let serve = Serve {
-            relay: forwarding == Forwarding::Relay && shared.tls.is_none(),
             shared: Arc::clone(&shared),
             header_timeout,
             stop: stop_rx,
@@ -343,8 +324,6 @@ const BLOCKING_THREADS_PER_SERVING_THREAD: usize = 32;
 /// What serving a connection needs, wherever it runs.
 #[derive(Clone)]
 struct Serve {
-    /// Served by the proxy's own loop (`relay`), not hyper's.
-    relay: bool,
     shared: Arc<Shared>,
     header_timeout: Duration,
     stop: watch::Receiver<bool>,
@@ -354,13 +333,7 @@ impl Serve {
     fn connection(self, stream: tokio::net::TcpStream, id: u64) -> impl Future<Output = ()> {
         let connection = Arc::new(forward::Connection::new(id, Arc::clone(&self.shared)));
         let stats = Arc::clone(&self.shared.stats);
-        async move {
-            if self.relay {
-                relay::serve(stream, connection, stats, self.header_timeout, self.stop).await;
-            } else {
-                serve_connection(stream, connection, stats, self.header_timeout, self.stop).await;
-            }
-        }
+        serve_connection(stream, connection, stats, self.header_timeout, self.stop)
     }
 }
 
@@ -445,10 +418,14 @@ async fn serve_connection<S>(
     });
     // hyper runs the header timeout whenever it waits for a request head: on a new connection
     // and between the requests of a kept-alive one, so it is the idle timeout too.
+    // Header names go on in the case they came in (the case map rides in the request's and
+    // response's extensions); no `date` is added to what the upstream said.
     let conn = server_http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .keep_alive(true)
+        .preserve_header_case(true)
+        .auto_date_header(false)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let finished = tokio::select! {

@@ -144,8 +144,10 @@ async fn handshake<S>(stream: S) -> hyper::Result<(UpstreamSender, UpstreamDrive
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .preserve_header_case(true)
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await?;
     let driver: UpstreamDriver = Box::pin(async move {
         let _ = connection.await;
     });

@@ -40,8 +40,6 @@ pub struct CaptureConfig {
     pub probe: crate::probe::poll::Schedule,
     /// Hand each request over as it starts (`Capture::starts`), for the live slot predictions.
     pub announce_starts: bool,
-    /// Who forwards a plain-HTTP upstream's traffic (`proxy::Forwarding`).
-    pub forwarding: crate::proxy::Forwarding,
 }
 
 /// A bound proxy and a running recorder, not yet serving.
@@ -189,7 +187,6 @@ impl Capture {
         let mut config = ProxyConfig::new(args.listen, upstream.clone());
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
         config.connect_timeout = Duration::from_secs(args.connect_timeout);
-        config.forwarding = args.forwarding;
         config.extra_ca_pem = extra_ca_pem;
         config.serving_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let starts = args.announce_starts.then(|| {

@@ -120,7 +120,6 @@ impl Demo {
                 probe: crate::probe::poll::Schedule::Watch,
                 // For the slot predictions on screen; a headless demo lets them go.
                 announce_starts: true,
-                forwarding: crate::proxy::Forwarding::Relay,
             },
             consumers,
         )?;

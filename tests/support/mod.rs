@@ -119,8 +119,6 @@ pub struct Options {
     pub request_starts: Option<crossbeam_channel::Sender<prefixscope::capture::Capture<Bytes>>>,
     /// `ProxyConfig::serving_threads`: 1 serves on the test's runtime.
     pub serving_threads: usize,
-    /// `ProxyConfig::forwarding`: the proxy's own loop unless a test asks for hyper's.
-    pub forwarding: prefixscope::proxy::Forwarding,
 }
 
 impl Default for Options {
@@ -136,7 +134,6 @@ impl Default for Options {
             header_timeout: prefixscope::proxy::DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
             serving_threads: 1,
-            forwarding: prefixscope::proxy::Forwarding::Relay,
         }
     }
 }
@@ -190,7 +187,6 @@ pub async fn start_proxy(upstream: SocketAddr, name: &str, options: Options) -> 
     config.header_timeout = options.header_timeout;
     config.request_starts = options.request_starts;
     config.serving_threads = options.serving_threads;
-    config.forwarding = options.forwarding;
     let proxy = Proxy::bind(config, recorder.sender()).await.unwrap();
     let addr = proxy.local_addr().unwrap();
     let stats = proxy.stats();
