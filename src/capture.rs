@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::RECORD_VERSION;
 use crate::normalize::digest::apply_digest;
-use crate::normalize::{Api, stream, stream_raw};
+use crate::normalize::{Api, stream};
 use crate::record::{ExchangeError, Record, RequestRecord, ResponseRecord, StreamKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -72,43 +72,12 @@ pub fn stream_kind_of(content_type: &str) -> Option<StreamKind> {
 }
 
 pub fn build_record<B: AsRef<[u8]>>(capture: Capture<B>, mode: BodyMode) -> Record {
-    build(capture, mode, BodyForm::Value).0
-}
-
-/// A record's JSON bodies as sent, compacted (`record::raw`), for a line that is all anyone
-/// takes of the record: [`record::raw::record_line_with_bodies`] writes them where the
-/// record's bodies go.
-#[derive(Debug, Default, PartialEq)]
-pub struct RawBodies {
-    pub request: Option<Vec<u8>>,
-    pub response: Option<Vec<u8>>,
-}
-
-/// The record of `build_record(capture, BodyMode::Full)`, but for the JSON bodies it would
-/// parse into `Value`s: those come back as sent, compacted, and the record's are `None`. The
-/// line of the two is one record to every reader.
-pub fn build_record_raw<B: AsRef<[u8]>>(capture: Capture<B>) -> (Record, RawBodies) {
-    build(capture, BodyMode::Full, BodyForm::Raw)
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum BodyForm {
-    Value,
-    Raw,
-}
-
-fn build<B: AsRef<[u8]>>(
-    capture: Capture<B>,
-    mode: BodyMode,
-    form: BodyForm,
-) -> (Record, RawBodies) {
-    let mut raw = RawBodies::default();
     let api = Api::from_path(&capture.path);
     let probe = capture.probe;
     let keep = api.keeps_bodies() || probe;
     let too_large = capture.request_body.is_none() && capture.request_body_bytes > 0;
     let (body, body_text) = match (&capture.request_body, keep) {
-        (Some(bytes), true) => stored_body(bytes.as_ref(), form, &mut raw.request),
+        (Some(bytes), true) => stored_body(bytes.as_ref()),
         _ => (None, None),
     };
     let error = capture
@@ -117,18 +86,9 @@ fn build<B: AsRef<[u8]>>(
     let response = capture.response.map(|response| {
         let (body, body_text, chunks, bad_chunks) = match (response.stream, keep) {
             (_, false) => (None, None, None, None),
-            (Some(kind), true) if form == BodyForm::Raw => {
-                match stream_raw::merge_raw(api, kind, &response.body) {
-                    Some((merged, chunks)) => {
-                        raw.response = Some(merged);
-                        (None, None, Some(chunks), Some(0))
-                    }
-                    None => merged_stream(api, kind, &response.body),
-                }
-            }
             (Some(kind), true) => merged_stream(api, kind, &response.body),
             (None, true) => {
-                let (body, body_text) = stored_body(&response.body, form, &mut raw.response);
+                let (body, body_text) = stored_body(&response.body);
                 (body, body_text, None, None)
             }
         };
@@ -176,7 +136,7 @@ fn build<B: AsRef<[u8]>>(
         probe,
     };
     apply_mode(&mut record, mode);
-    (record, raw)
+    record
 }
 
 /// A stream merged through `Value`s: its body (or its text when no event reads), its counts.
@@ -208,20 +168,8 @@ pub fn apply_mode(record: &mut Record, mode: BodyMode) {
     }
 }
 
-/// JSON when it parses (and isn't `null`), else the text with invalid bytes replaced. The JSON
-/// as a `Value`, or in `raw` as sent (compacted) when `form` says so.
-fn stored_body(
-    bytes: &[u8],
-    form: BodyForm,
-    raw: &mut Option<Vec<u8>>,
-) -> (Option<Value>, Option<String>) {
-    if form == BodyForm::Raw {
-        *raw = crate::record::raw::compact_json_body(bytes);
-        return match raw {
-            Some(_) => (None, None),
-            None => (None, lossy_text(bytes)),
-        };
-    }
+/// JSON when it parses (and isn't `null`), else the text with invalid bytes replaced.
+fn stored_body(bytes: &[u8]) -> (Option<Value>, Option<String>) {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(value) if !value.is_null() => (Some(value), None),
         _ => (None, lossy_text(bytes)),
@@ -272,7 +220,7 @@ mod tests {
     }
 
     fn stored_as_value(bytes: &[u8]) -> (Option<Value>, Option<String>) {
-        stored_body(bytes, BodyForm::Value, &mut None)
+        stored_body(bytes)
     }
 
     #[test]
@@ -284,178 +232,6 @@ mod tests {
             stored_as_value(b"oops \xff"),
             (None, Some("oops \u{fffd}".into()))
         );
-        // Raw: the JSON as sent (compacted) beside the record, the text as text.
-        for bytes in [&b""[..], b" { \"a\" : 1 }", b"null", b"oops \xff"] {
-            let mut raw = None;
-            let (body, text) = stored_body(bytes, BodyForm::Raw, &mut raw);
-            let (value, value_text) = stored_as_value(bytes);
-            assert_eq!(body, None);
-            assert_eq!(text, value_text);
-            let read = raw.map(|r| serde_json::from_slice::<Value>(&r).expect("reads"));
-            assert_eq!(read, value);
-        }
-    }
-
-    /// The real recordings' exchanges as the proxy would capture them again, their JSON bodies
-    /// sent compact or pretty (whitespace and newlines between the tokens).
-    fn real_captures() -> Vec<Capture> {
-        let mut captures = Vec::new();
-        for (i, record) in crate::record::raw::tests::real_records()
-            .into_iter()
-            .enumerate()
-        {
-            let bytes = |body: &Option<Value>, text: &Option<String>| match (body, text) {
-                (Some(body), _) if i % 2 == 0 => serde_json::to_vec_pretty(body).ok(),
-                (Some(body), _) => serde_json::to_vec(body).ok(),
-                (None, Some(text)) => Some(text.as_bytes().to_vec()),
-                (None, None) => None,
-            };
-            let request_body = bytes(&record.request.body, &record.request.body_text);
-            captures.push(Capture {
-                id: record.id,
-                conn: record.conn,
-                t_start_ms: record.t_start_ms,
-                t_first_byte_ms: record.t_first_byte_ms,
-                t_end_ms: record.t_end_ms,
-                method: record.request.method.clone(),
-                path: record.request.path.clone(),
-                request_headers: record.request.headers.clone(),
-                request_body_bytes: record.request.body_bytes,
-                request_body,
-                response: record.response.as_ref().map(|r| ResponseCapture {
-                    status: r.status,
-                    headers: r.headers.clone(),
-                    // A merged stream is a `Value` either way: sent here as one JSON body.
-                    stream: None,
-                    body: bytes(&r.body, &r.body_text).unwrap_or_default(),
-                    body_bytes: r.body_bytes,
-                    truncated: r.truncated,
-                }),
-                error: record.error,
-                probe: false,
-            });
-        }
-        captures
-    }
-
-    #[test]
-    fn a_raw_line_reads_as_the_record_of_the_value_line() {
-        let captures = real_captures();
-        let (mut raw_requests, mut raw_responses, mut same_bytes) = (0, 0, 0);
-        for capture in captures {
-            let value_line =
-                crate::record::record_line(&build_record(capture.clone(), BodyMode::Full));
-            let (record, raw) = build_record_raw(capture);
-            raw_requests += usize::from(raw.request.is_some());
-            raw_responses += usize::from(raw.response.is_some());
-            let raw_line = crate::record::raw::record_line_with_bodies(
-                &record,
-                raw.request.as_deref(),
-                raw.response.as_deref(),
-            );
-            assert_eq!(raw_line.iter().filter(|&&b| b == b'\n').count(), 1);
-            same_bytes += usize::from(raw_line == value_line);
-            assert_eq!(
-                crate::record::parse_record_line(&raw_line[..raw_line.len() - 1]),
-                crate::record::parse_record_line(&value_line[..value_line.len() - 1]),
-                "record {}",
-                record.id
-            );
-        }
-        // The path is taken. These bodies were written by serde (keys sorted), so sent again,
-        // compact or pretty, their raw lines are the value lines byte for byte.
-        assert!(
-            raw_requests > 80 && raw_responses > 80,
-            "{raw_requests} {raw_responses}"
-        );
-        assert_eq!(same_bytes, real_captures().len());
-    }
-
-    #[test]
-    fn a_raw_line_keeps_the_order_and_spelling_sent_and_reads_the_same() {
-        let request = br#"{"stream":false,"model":"m","messages":[{"role":"user","content":"\u00e9"}],"temperature":1.0E0}"#;
-        let response = ResponseCapture {
-            status: 200,
-            body: b"{\n  \"usage\": {\"prompt_tokens\": 12},\n  \"id\": \"x\"\n}\n".to_vec(),
-            body_bytes: 40,
-            ..ResponseCapture::default()
-        };
-        let capture = capture("/v1/chat/completions", request, Some(response));
-        let value_line = crate::record::record_line(&build_record(capture.clone(), BodyMode::Full));
-        let (record, raw) = build_record_raw(capture);
-        let raw_line = crate::record::raw::record_line_with_bodies(
-            &record,
-            raw.request.as_deref(),
-            raw.response.as_deref(),
-        );
-        let text = String::from_utf8_lossy(&raw_line);
-        assert!(
-            text.contains(&String::from_utf8_lossy(request).to_string()),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#""body":{"usage":{"prompt_tokens":12},"id":"x"}"#),
-            "{text}"
-        );
-        assert_ne!(raw_line, value_line);
-        assert_eq!(
-            crate::record::parse_record_line(&raw_line[..raw_line.len() - 1]),
-            crate::record::parse_record_line(&value_line[..value_line.len() - 1])
-        );
-    }
-
-    #[test]
-    fn a_streamed_raw_line_reads_as_the_record_of_the_value_line() {
-        let streams: [(&str, &[u8], bool); 5] = [
-            (
-                "/v1/chat/completions",
-                b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}],\"timings\":{\"cache_n\":3,\"prompt_ms\":1.5E1}}\n\ndata: [DONE]\n\n",
-                true,
-            ),
-            (
-                "/v1/completions",
-                b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"index\":0,\"text\":\"b\"}]}\n\n",
-                true,
-            ),
-            // A bad event: the `Value` merge counts it.
-            (
-                "/v1/chat/completions",
-                b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {oops\n\n",
-                false,
-            ),
-            // No event at all: the text is kept.
-            ("/v1/chat/completions", b"upstream said no\n", false),
-            (
-                "/v1/messages",
-                b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[]}}\n\n",
-                false,
-            ),
-        ];
-        for (path, body, taken) in streams {
-            let response = ResponseCapture {
-                status: 200,
-                stream: Some(StreamKind::Sse),
-                body: body.to_vec(),
-                body_bytes: body.len() as u64,
-                ..ResponseCapture::default()
-            };
-            let capture = capture(path, br#"{"stream":true}"#, Some(response));
-            let value_line =
-                crate::record::record_line(&build_record(capture.clone(), BodyMode::Full));
-            let (record, raw) = build_record_raw(capture);
-            assert_eq!(raw.response.is_some(), taken, "{path}");
-            let raw_line = crate::record::raw::record_line_with_bodies(
-                &record,
-                raw.request.as_deref(),
-                raw.response.as_deref(),
-            );
-            assert_eq!(raw_line.iter().filter(|&&b| b == b'\n').count(), 1);
-            assert_eq!(
-                crate::record::parse_record_line(&raw_line[..raw_line.len() - 1]),
-                crate::record::parse_record_line(&value_line[..value_line.len() - 1]),
-                "{path}"
-            );
-        }
     }
 
     #[test]

@@ -16,10 +16,9 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use crate::capture::{BodyMode, Capture, RawBodies, apply_mode, build_record, build_record_raw};
+use crate::capture::{BodyMode, Capture, apply_mode, build_record};
 use crate::limits::MAX_LINE_BYTES;
 use crate::output_file::create_new_private;
-use crate::record::raw::record_line_with_bodies;
 use crate::record::{ExchangeError, Record, record_line};
 
 /// Captures waiting to be recorded before the proxy holds the next request back.
@@ -250,10 +249,6 @@ fn run<B: AsRef<[u8]>>(
     stats: Arc<RecorderStats>,
 ) {
     let mut batch: Vec<Record> = Vec::with_capacity(RECORDER_BATCH);
-    // No consumer takes a record of the traffic (`record -q`): its line is all that is made of
-    // it, the JSON bodies written as sent (`record::raw`) instead of parsed into `Value`s and
-    // serialized again, which was most of this thread's work.
-    let lines_only = writer.is_some() && consumers.iter().all(|c| c.probes_only);
     while let Ok(first) = receiver.recv() {
         // What is already waiting goes out in one write: one system call (and, on ext4, one
         // partial block zeroed) for many records under load, and still one record per write
@@ -262,27 +257,16 @@ fn run<B: AsRef<[u8]>>(
         let mut taken = 0;
         while let Some(capture) = next.take() {
             taken += 1;
-            let enriching = enrich.as_ref().is_some_and(|e| e.active());
-            let (record, raw) =
-                if lines_only && mode == BodyMode::Full && !capture.probe && !enriching {
-                    stats.queued.store(receiver.len() as u64, Ordering::Relaxed);
-                    build_record_raw(capture)
-                } else {
-                    let record = recorded(capture, &receiver, mode, enrich.as_mut(), &stats);
-                    (record, RawBodies::default())
-                };
+            let record = recorded(capture, &receiver, mode, enrich.as_mut(), &stats);
             if let Some(writer) = writer.as_mut() {
-                let (line, dropped) = line_within(&record, &raw, MAX_LINE_BYTES);
+                let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
                 if dropped {
                     stats.bodies_dropped.fetch_add(1, Ordering::Relaxed);
                 }
                 writer.push_line(&line);
             }
             stats.records.fetch_add(1, Ordering::Relaxed);
-            // A record whose bodies went to the line alone is not whole: no one takes it.
-            if raw == RawBodies::default() {
-                batch.push(record);
-            }
+            batch.push(record);
             if taken < RECORDER_BATCH {
                 next = receiver.try_recv().ok();
             }
@@ -346,16 +330,11 @@ fn hand_on(record: Record, consumers: &[Consumer], stats: &RecorderStats) {
     }
 }
 
-/// The line of `record` (with its `raw` bodies, if any), `\n` included, of at most `max` bytes
-/// before the `\n`: a record past it (both bodies near `--max-body`) is written without its
-/// bodies, as `body_too_large`, so every line we write reads back. Consumers still get the
-/// whole record.
-fn line_within(record: &Record, raw: &RawBodies, max: usize) -> (Vec<u8>, bool) {
-    let line = if *raw == RawBodies::default() {
-        record_line(record)
-    } else {
-        record_line_with_bodies(record, raw.request.as_deref(), raw.response.as_deref())
-    };
+/// The line of `record`, `\n` included, of at most `max` bytes before the `\n`: a record past
+/// it (both bodies near `--max-body`) is written without its bodies, as `body_too_large`, so
+/// every line we write reads back. Consumers still get the whole record.
+fn line_within(record: &Record, max: usize) -> (Vec<u8>, bool) {
+    let line = record_line(record);
     if line.len() <= max.saturating_add(1) {
         return (line, false);
     }
@@ -841,10 +820,10 @@ mod tests {
         );
         big.request_body_bytes = 4100;
         let record = build_record(big, BodyMode::Full);
-        let (line, dropped) = line_within(&record, &RawBodies::default(), 1 << 20);
+        let (line, dropped) = line_within(&record, 1 << 20);
         assert!(!dropped);
         assert_eq!(line, record_line(&record));
-        let (line, dropped) = line_within(&record, &RawBodies::default(), 1000);
+        let (line, dropped) = line_within(&record, 1000);
         assert!(dropped);
         assert!(line.len() < 1000, "{}", line.len());
         let read = crate::record::read_jsonl(line.as_slice());
@@ -1044,78 +1023,6 @@ mod tests {
         let got: Vec<u64> = probe_records.try_iter().map(|r| r.id).collect();
         assert_eq!(got, vec![2, 4]);
         assert_eq!(stats.consumer_records_skipped.load(Ordering::Relaxed), 0);
-    }
-
-    /// A chat exchange whose bodies are sent with their keys out of order and spaced out.
-    fn chat_capture(id: u64, probe: bool) -> Capture {
-        Capture {
-            path: "/v1/chat/completions".into(),
-            method: "POST".into(),
-            request_body: Some(
-                br#"{ "stream": false, "model": "m", "messages": [ {"role": "user", "content": "hi"} ] }"#
-                    .to_vec(),
-            ),
-            request_body_bytes: 86,
-            response: Some(crate::capture::ResponseCapture {
-                status: 200,
-                body: b"{\"usage\": {\"prompt_tokens\": 3},\n \"id\": \"c\"}".to_vec(),
-                body_bytes: 40,
-                ..Default::default()
-            }),
-            probe,
-            ..capture(id)
-        }
-    }
-
-    /// The lines of `captures` recorded with `consumers`, as written.
-    fn recorded_lines(name: &str, consumers: Vec<Consumer>) -> (String, Arc<RecorderStats>) {
-        let dir = temp_dir(name);
-        let path = dir.join("rec.jsonl");
-        let recorder: Recorder<Vec<u8>> = Recorder::start(
-            RecorderConfig {
-                path: Some(path.clone()),
-                ..Default::default()
-            },
-            consumers,
-        )
-        .unwrap();
-        let sender = recorder.sender();
-        for id in 1..=6 {
-            sender.send_blocking(if id == 3 {
-                capture(id)
-            } else {
-                chat_capture(id, id == 5)
-            });
-        }
-        drop(sender);
-        let stats = recorder.finish();
-        (std::fs::read_to_string(&path).unwrap(), stats)
-    }
-
-    #[test]
-    fn with_no_consumer_of_the_traffic_bodies_are_written_as_sent_and_read_the_same() {
-        let (probes, probe_records) = crossbeam_channel::unbounded();
-        let (raw, raw_stats) = recorded_lines("raw", vec![Consumer::probes_only(probes)]);
-        let (every, all) = crossbeam_channel::unbounded();
-        let (parsed, _) = recorded_lines("parsed", vec![Consumer::from(every)]);
-        // The file-only recorder wrote the request as sent (compacted), the other one sorted.
-        assert!(
-            raw.contains(r#""body":{"stream":false,"model":"m","messages""#),
-            "{raw}"
-        );
-        assert!(parsed.contains(r#""body":{"messages":[{"content":"hi","role":"user"}]"#));
-        assert_ne!(raw, parsed);
-        let read = |text: &str| crate::record::read_jsonl(text.as_bytes());
-        let (raw_read, parsed_read) = (read(&raw), read(&parsed));
-        assert!(raw_read.bad_lines.is_empty());
-        assert_eq!(raw_read, parsed_read);
-        assert_eq!(raw_read.records.len(), 6);
-        // The probe still goes to its consumer, whole, and its line as before.
-        let got: Vec<u64> = probe_records.try_iter().map(|r| r.id).collect();
-        assert_eq!(got, vec![5]);
-        assert_eq!(all.try_iter().count(), 6);
-        assert_eq!(raw_stats.written.load(Ordering::Relaxed), 6);
-        assert_eq!(raw_stats.records.load(Ordering::Relaxed), 6);
     }
 
     #[test]

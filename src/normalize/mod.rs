@@ -8,7 +8,6 @@ pub mod exchange;
 pub mod measured;
 pub mod responses;
 pub mod stream;
-pub mod stream_raw;
 
 use std::borrow::Cow;
 

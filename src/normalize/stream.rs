@@ -31,7 +31,7 @@ pub fn merge(api: Api, kind: StreamKind, raw: &[u8]) -> Merged {
 }
 
 /// The `data` of each SSE event (several `data:` lines join with `\n`), `[DONE]` left out.
-pub(super) fn sse_events(raw: &[u8]) -> Vec<String> {
+fn sse_events(raw: &[u8]) -> Vec<String> {
     let text = crate::text::utf8_lossy(raw);
     let mut events = Vec::new();
     let mut data: Option<String> = None;
@@ -70,7 +70,7 @@ fn parse_events(events: &[String]) -> (Vec<Map<String, Value>>, u32, u32) {
 }
 
 #[derive(Default)]
-pub(super) struct Choice {
+struct Choice {
     role: Option<String>,
     content: Option<String>,
     text: Option<String>,
@@ -154,7 +154,7 @@ fn openai_merged(
 }
 
 /// The merged body's `object`: the non-streamed twin's.
-pub(super) fn merged_object(choices: &BTreeMap<u64, Choice>) -> &'static str {
+fn merged_object(choices: &BTreeMap<u64, Choice>) -> &'static str {
     if choices.values().any(|c| c.text.is_some()) {
         "text_completion"
     } else {
@@ -181,7 +181,7 @@ fn read_openai_event(event: &str, settled: &Map<String, Value>) -> Option<Openai
 }
 
 /// A key of an event: borrowed from the event's text unless it had escapes.
-pub(super) struct EventKey<'de>(pub std::borrow::Cow<'de, str>);
+struct EventKey<'de>(pub std::borrow::Cow<'de, str>);
 
 impl<'de> serde::Deserialize<'de> for EventKey<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(
@@ -240,7 +240,7 @@ impl<'de> serde::de::Visitor<'de> for OpenaiEventSeed<'_> {
             if key == "choices" {
                 read.choices = Some(map.next_value::<Value>()?);
             } else if self.settled.contains_key(key.as_ref()) {
-                map.next_value::<crate::record::raw::Checked>()?;
+                map.next_value::<Value>()?;
             } else {
                 let value = map.next_value::<Value>()?;
                 match read.fields.iter_mut().find(|(known, _)| *known == key) {
@@ -253,9 +253,8 @@ impl<'de> serde::de::Visitor<'de> for OpenaiEventSeed<'_> {
     }
 }
 
-/// What the merge reads of one item of an event's `choices`: from a `Value` here, from the
-/// typed read of `stream_raw` there, merged by the one `merge_choice`, so the two agree.
-pub(super) struct ChoiceView<'a> {
+/// What the merge reads of one item of an event's `choices`.
+struct ChoiceView<'a> {
     pub index: Option<u64>,
     /// Not `null`.
     pub finish_reason: Option<&'a Value>,
@@ -265,7 +264,7 @@ pub(super) struct ChoiceView<'a> {
 }
 
 #[derive(Default)]
-pub(super) struct DeltaView<'a> {
+struct DeltaView<'a> {
     pub role: Option<&'a str>,
     pub content: Option<&'a str>,
     /// The first of `reasoning_content` and `reasoning` that is a string, with its key.
@@ -273,7 +272,7 @@ pub(super) struct DeltaView<'a> {
     pub tool_calls: Vec<CallView<'a>>,
 }
 
-pub(super) struct CallView<'a> {
+struct CallView<'a> {
     pub index: Option<u64>,
     pub id: Option<&'a str>,
     pub kind: Option<&'a str>,
@@ -281,7 +280,7 @@ pub(super) struct CallView<'a> {
     pub arguments: Option<&'a str>,
 }
 
-pub(super) const REASONING_KEYS: [&str; 2] = ["reasoning_content", "reasoning"];
+const REASONING_KEYS: [&str; 2] = ["reasoning_content", "reasoning"];
 
 fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
     value.get(key).and_then(Value::as_str)
@@ -318,11 +317,7 @@ fn choice_view(item: &Value) -> ChoiceView<'_> {
     }
 }
 
-pub(super) fn merge_choice(
-    choices: &mut BTreeMap<u64, Choice>,
-    position: usize,
-    item: ChoiceView<'_>,
-) {
+fn merge_choice(choices: &mut BTreeMap<u64, Choice>, position: usize, item: ChoiceView<'_>) {
     let index = item.index.unwrap_or(position as u64);
     let choice = choices.entry(index).or_default();
     if let Some(reason) = item.finish_reason {
@@ -367,7 +362,7 @@ pub(super) fn merge_choice(
     }
 }
 
-pub(super) fn finish_choice(index: u64, choice: Choice) -> Value {
+fn finish_choice(index: u64, choice: Choice) -> Value {
     let mut out = Map::new();
     out.insert("index".into(), Value::from(index));
     out.insert(
@@ -593,7 +588,7 @@ fn merge_ndjson(raw: &[u8]) -> Merged {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use serde_json::json;
 

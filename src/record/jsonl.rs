@@ -315,4 +315,14 @@ mod tests {
             assert_eq!(parse_line(line.as_bytes()).as_ref(), Ok(&good), "{value}");
         }
     }
+
+    /// serde_json's `raw_value` feature must stay off: with it, any `Value` in the program reads
+    /// an object whose first key is its private marker as the JSON in its string, so a body
+    /// sent with that key would be recorded and read back as something else.
+    #[test]
+    fn a_body_with_serde_json_s_raw_value_key_reads_as_sent() {
+        let sent = r#"{"$serde_json::private::RawValue":"[1,2]"}"#;
+        let value: serde_json::Value = serde_json::from_str(sent).unwrap();
+        assert_eq!(value["$serde_json::private::RawValue"], "[1,2]");
+    }
 }

@@ -9,7 +9,6 @@
 
 pub mod hash;
 mod jsonl;
-pub mod raw;
 
 use std::collections::BTreeMap;
 
