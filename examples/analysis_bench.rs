@@ -12,9 +12,9 @@ mod proc_status;
 use proc_status::rss_kib;
 use std::time::Instant;
 
-use prefixscope::analysis::{Analyzer, Config, analyze};
-use prefixscope::normalize::exchange::normalize;
-use prefixscope::record::{Record, read_jsonl};
+use prefixscope_core::analysis::{Analyzer, Config, analyze};
+use prefixscope_core::normalize::exchange::normalize;
+use prefixscope_core::record::{Record, read_jsonl};
 
 // The binary's allocator, so the figures are the binary's.
 #[global_allocator]

@@ -8,8 +8,8 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use prefixscope::analysis::{Analyzer, Config};
-use prefixscope::record::Lines;
+use prefixscope_core::analysis::{Analyzer, Config};
+use prefixscope_core::record::Lines;
 
 /// mimalloc (the binary's allocator), counting the bytes live.
 struct Counting;

@@ -10,9 +10,9 @@ use proc_status::rss_kib;
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefixscope::analysis::{Analyzer, Config};
 use prefixscope::metrics::window::{DEFAULT_WINDOW, Windowed};
-use prefixscope::record::read_jsonl;
+use prefixscope_core::analysis::{Analyzer, Config};
+use prefixscope_core::record::read_jsonl;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -2,15 +2,15 @@
 //! the leaderboards, the whole profile. Usage: profile_bench TRACE [BLOCK_SIZE]
 use std::time::Instant;
 
-use prefixscope::cache::CapacityTotals;
-use prefixscope::cache::fifo_sweep::fifo_sweep;
-use prefixscope::cache::lru_stack::{all_paths_from_root, lru_stack};
-use prefixscope::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
-use prefixscope::cache::prefixes::leaderboards;
-use prefixscope::cache::profile::{
+use prefixscope_core::cache::CapacityTotals;
+use prefixscope_core::cache::fifo_sweep::fifo_sweep;
+use prefixscope_core::cache::lru_stack::{all_paths_from_root, lru_stack};
+use prefixscope_core::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
+use prefixscope_core::cache::prefixes::leaderboards;
+use prefixscope_core::cache::profile::{
     Capacity, ProfileConfig, Replay, aiperf_cache_hit_rate, profile,
 };
-use prefixscope::input::{self, Format, InputOptions};
+use prefixscope_core::input::{self, Format, InputOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

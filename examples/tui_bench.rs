@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use prefixscope::analysis::Config;
-use prefixscope::live::{self, Engine, Input};
-use prefixscope::record::Lines;
 use prefixscope::tui::app::{App, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
 use prefixscope::tui::{Clock, Control, SystemClock, run, ui};
+use prefixscope_core::analysis::Config;
+use prefixscope_core::live::{self, Engine, Input};
+use prefixscope_core::record::Lines;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 

@@ -12,8 +12,8 @@ mod proc_status;
 use proc_status::rss_kib;
 use std::time::Instant;
 
-use prefixscope::analysis::findings::{CAPACITY_SETTINGS, LEVERS};
-use prefixscope::live::{Predictions, predict_at};
+use prefixscope_core::analysis::findings::{CAPACITY_SETTINGS, LEVERS};
+use prefixscope_core::live::{Predictions, predict_at};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -32,7 +32,7 @@ fn main() {
         std::process::exit(1);
     });
     // Only the records measured are kept, as the engine would keep them.
-    let records: Vec<_> = prefixscope::record::Lines::new(std::io::BufReader::new(file))
+    let records: Vec<_> = prefixscope_core::record::Lines::new(std::io::BufReader::new(file))
         .filter_map(Result::ok)
         .take(most)
         .collect();

@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use prefixscope::record::record_line;
+use prefixscope_core::record::record_line;
 use workload::{WorkloadConfig, generate};
 
 const USAGE: &str =

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prefixscope::analysis::report::Report;
-use prefixscope::analysis::table::{BreakCause, Row};
-use prefixscope::analysis::{Config, analyze};
-use prefixscope::record::{Record, read_jsonl};
+use prefixscope_core::analysis::report::Report;
+use prefixscope_core::analysis::table::{BreakCause, Row};
+use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::record::{Record, read_jsonl};
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -113,7 +113,7 @@ fn losses_differ_from_llmp_only_where_the_server_counts_justify_it() {
             let (theirs, mine) = (lost(expected), lost(&actual));
             if theirs != mine {
                 let c = &row.counts;
-                let value = |m: Option<prefixscope::normalize::measured::Measured<u32>>| {
+                let value = |m: Option<prefixscope_core::normalize::measured::Measured<u32>>| {
                     m.map_or(0, |m| m.value)
                 };
                 differences.push((
@@ -371,9 +371,11 @@ fn every_eviction_names_the_request_that_most_likely_caused_it() {
     let mut named = 0;
     for row in &r.rows {
         let expected = match row.cause {
-            Some(prefixscope::analysis::table::Cause::OtherConversation) => "other_conversation",
-            Some(prefixscope::analysis::table::Cause::SideCall) => "side_call",
-            Some(prefixscope::analysis::table::Cause::OtherModel) => "other_model",
+            Some(prefixscope_core::analysis::table::Cause::OtherConversation) => {
+                "other_conversation"
+            }
+            Some(prefixscope_core::analysis::table::Cause::SideCall) => "side_call",
+            Some(prefixscope_core::analysis::table::Cause::OtherModel) => "other_model",
             _ => {
                 assert!(row.evicted_by.is_none());
                 continue;
@@ -468,7 +470,7 @@ fn a_nonce_in_the_system_prompt_is_named_with_an_example() {
     let finding = r
         .findings
         .iter()
-        .find(|f| f.kind == prefixscope::analysis::FindingKind::VolatileSystemPrompt)
+        .find(|f| f.kind == prefixscope_core::analysis::FindingKind::VolatileSystemPrompt)
         .expect("a volatile finding");
     assert_eq!(finding.client.as_deref(), Some("nonce-agent/1"));
     assert_eq!(finding.evidence["changed"], 4);
@@ -522,7 +524,7 @@ fn a_moved_cache_control_marker_is_not_a_break() {
         .collect();
     let mut digested = records.clone();
     for record in &mut digested {
-        prefixscope::normalize::digest::apply_digest(record);
+        prefixscope_core::normalize::digest::apply_digest(record);
     }
     for (mode, records) in [("full", &records), ("digest", &digested)] {
         let r = analyze(records, &Config::default());
@@ -611,7 +613,7 @@ fn claude_codes_continue_rewrite_is_charged_what_the_server_re_evaluated() {
         assert_eq!(charged.cause, "history_reordered");
         assert_eq!(
             row.composition.new_content.source,
-            prefixscope::normalize::measured::Source::Tokenizer
+            prefixscope_core::normalize::measured::Source::Tokenizer
         );
         let record = records.iter().find(|x| x.id == row.id).unwrap();
         let digest = record.request.digest.as_ref().unwrap();
@@ -649,7 +651,7 @@ fn the_harness_recordings_agree_with_the_server() {
     assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
     assert_eq!(
         r.rows[0].kind,
-        prefixscope::analysis::table::RowKind::SideCall
+        prefixscope_core::analysis::table::RowKind::SideCall
     );
     assert!(r.rows.iter().all(|row| row.break_cause.is_none()));
     assert_eq!(r.time.lost_tokens, 0);
@@ -699,7 +701,7 @@ fn the_harness_recordings_agree_with_the_server() {
     let path = root().join("tests/data/harness/codex.jsonl");
     let mut digested = read_jsonl(std::fs::read(&path).unwrap().as_slice()).records;
     for record in &mut digested {
-        prefixscope::normalize::digest::apply_digest(record);
+        prefixscope_core::normalize::digest::apply_digest(record);
         assert!(record.request.body.is_none() && record.request.digest.is_some());
     }
     let from_digest = analyze(&digested, &Config::default());
@@ -845,12 +847,12 @@ fn reasoning_sent_back_changed_is_the_clients_not_the_servers() {
         !report
             .findings
             .iter()
-            .any(|f| f.kind == prefixscope::analysis::FindingKind::ServerCacheLoss)
+            .any(|f| f.kind == prefixscope_core::analysis::FindingKind::ServerCacheLoss)
     );
     let finding = report
         .findings
         .iter()
-        .find(|f| f.kind == prefixscope::analysis::FindingKind::ReasoningChanged)
+        .find(|f| f.kind == prefixscope_core::analysis::FindingKind::ReasoningChanged)
         .expect("its own finding");
     assert_eq!(finding.rows, vec![3]);
     assert_eq!(finding.lost_tokens, Some(274));
@@ -873,10 +875,10 @@ fn reasoning_sent_back_changed_is_the_clients_not_the_servers() {
 /// engine, the reference and an engine fed in another order (the probe last) agree.
 #[test]
 fn the_servers_probes_explain_its_own_losses() {
-    use prefixscope::analysis::Analyzer;
-    use prefixscope::analysis::engine_cause::EngineKind;
-    use prefixscope::capture::{BodyMode, build_record};
-    use prefixscope::probe::{Answer, Reading, Slot, Slots, probe_capture};
+    use prefixscope_core::analysis::Analyzer;
+    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::capture::{BodyMode, build_record};
+    use prefixscope_core::probe::{Answer, Reading, Slot, Slots, probe_capture};
     let (records, prompt) = cold_second_turn();
     let between = (records[0].t_end_ms + records[1].t_start_ms) / 2;
     let probe = |path: &str, answer: Answer| {
@@ -899,7 +901,7 @@ fn the_servers_probes_explain_its_own_losses() {
     );
     let engine_of = |records: &[Record]| -> Vec<Option<EngineKind>> {
         let batch = analyze(records, &Config::default());
-        let reference = prefixscope::analysis::analyze_reference(records, &Config::default());
+        let reference = prefixscope_core::analysis::analyze_reference(records, &Config::default());
         let mut live = Analyzer::new(Config::default());
         let mut completion_order: Vec<&Record> = records.iter().collect();
         completion_order.sort_by_key(|r| std::cmp::Reverse(r.probe));
@@ -949,8 +951,8 @@ fn the_servers_probes_explain_its_own_losses() {
 /// see: `template_rerendered`, its own line, finding and fix, and no engine cause guessed.
 #[test]
 fn an_earlier_turn_rendered_anew_is_named_from_the_servers_layout() {
-    use prefixscope::normalize::digest::message_digest;
-    use prefixscope::record::TokenCounts;
+    use prefixscope_core::normalize::digest::message_digest;
+    use prefixscope_core::record::TokenCounts;
     let system = serde_json::json!({"role": "system", "content": "You are a careful assistant. ".repeat(12)});
     let turn = |n: usize| serde_json::json!({"role": "user", "content": format!("question {n}")});
     let reply =
@@ -1013,7 +1015,7 @@ fn an_earlier_turn_rendered_anew_is_named_from_the_servers_layout() {
     let finding = report
         .findings
         .iter()
-        .find(|f| f.kind == prefixscope::analysis::FindingKind::TemplateRerendered)
+        .find(|f| f.kind == prefixscope_core::analysis::FindingKind::TemplateRerendered)
         .expect("its own finding");
     assert_eq!(finding.rows, vec![3]);
     assert_eq!(finding.fix.as_ref().unwrap().owner, "setup");
@@ -1030,9 +1032,9 @@ fn an_earlier_turn_rendered_anew_is_named_from_the_servers_layout() {
 /// names a Gemma file, or says the window itself; the batch, reference and live engines agree.
 #[test]
 fn the_model_props_names_explains_what_an_alias_hid() {
-    use prefixscope::analysis::engine_cause::EngineKind;
-    use prefixscope::capture::{BodyMode, build_record};
-    use prefixscope::probe::{Answer, Props, Reading, probe_capture};
+    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::capture::{BodyMode, build_record};
+    use prefixscope_core::probe::{Answer, Props, Reading, probe_capture};
     let (mut records, _) = cold_second_turn();
     for record in &mut records {
         let body = record.response.as_mut().unwrap().body.as_mut().unwrap();
@@ -1053,8 +1055,8 @@ fn the_model_props_names_explains_what_an_alias_hid() {
     };
     let kind = |records: &[Record]| {
         let batch = analyze(records, &Config::default());
-        let reference = prefixscope::analysis::analyze_reference(records, &Config::default());
-        let mut live = prefixscope::analysis::Analyzer::new(Config::default());
+        let reference = prefixscope_core::analysis::analyze_reference(records, &Config::default());
+        let mut live = prefixscope_core::analysis::Analyzer::new(Config::default());
         for record in records {
             live.push(record);
         }
@@ -1097,9 +1099,9 @@ fn the_model_props_names_explains_what_an_alias_hid() {
 /// probe answered: the loss is `restart`, with the ids as evidence.
 #[test]
 fn task_ids_going_back_in_slots_are_a_restart() {
-    use prefixscope::analysis::engine_cause::EngineKind;
-    use prefixscope::capture::{BodyMode, build_record};
-    use prefixscope::probe::{Answer, Reading, Slot, Slots, probe_capture};
+    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::capture::{BodyMode, build_record};
+    use prefixscope_core::probe::{Answer, Reading, Slot, Slots, probe_capture};
     let (records, _) = cold_second_turn();
     let slots_at = |id: u64, at: i64, task: u64| {
         build_record(
@@ -1127,7 +1129,7 @@ fn task_ids_going_back_in_slots_are_a_restart() {
         all.push(slots_at((1 << 48) + 1, between, tasks[1]));
         let report = analyze(&all, &Config::default());
         let live = {
-            let mut live = prefixscope::analysis::Analyzer::new(Config::default());
+            let mut live = prefixscope_core::analysis::Analyzer::new(Config::default());
             for record in all.iter().rev() {
                 live.push(record);
             }
@@ -1153,10 +1155,10 @@ fn task_ids_going_back_in_slots_are_a_restart() {
 fn findings_on_requests_that_name_no_model_say_so() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/llama-no-model/system-date-change.jsonl");
-    let read = prefixscope::record::read_jsonl(std::io::BufReader::new(
+    let read = prefixscope_core::record::read_jsonl(std::io::BufReader::new(
         std::fs::File::open(path).unwrap(),
     ));
-    let report = prefixscope::analysis::analyze(&read.records, &Default::default());
+    let report = prefixscope_core::analysis::analyze(&read.records, &Default::default());
     assert_eq!(report.time.lost_tokens, 111);
     let summary = report.summary();
     assert!(summary.contains("links (no model named)"), "{summary}");

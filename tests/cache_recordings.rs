@@ -8,10 +8,10 @@ use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prefixscope::analysis::{Config, analyze};
-use prefixscope::cache::{BlockKeys, Cut, ProfileConfig, Request, profile};
-use prefixscope::input::{self, FileInput, Format, InputOptions};
-use prefixscope::record::read_jsonl;
+use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::cache::{BlockKeys, Cut, ProfileConfig, Request, profile};
+use prefixscope_core::input::{self, FileInput, Format, InputOptions};
+use prefixscope_core::record::read_jsonl;
 use serde_json::Value;
 
 mod support;

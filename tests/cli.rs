@@ -206,7 +206,8 @@ async fn ctrl_c_finishes_the_exchanges_in_flight_and_their_records() {
         (summary["exchanges"].as_u64(), summary["written"].as_u64()),
         (Some(1), Some(1))
     );
-    let records = prefixscope::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+    let records =
+        prefixscope_core::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].error, None);
     #[cfg(unix)]
@@ -259,7 +260,7 @@ async fn sighup_and_sigterm_stop_record_gracefully() {
         let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert_eq!(summary["written"].as_u64(), Some(1), "SIG{signal}");
         let records =
-            prefixscope::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+            prefixscope_core::record::read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
         assert_eq!(records.len(), 1, "SIG{signal}");
         assert_eq!(records[0].error, None, "SIG{signal}");
     }
@@ -324,7 +325,7 @@ async fn max_size_rotates_and_digest_keeps_no_text() {
     let port = free_port();
     let file = temp_file("rotate.jsonl");
     for n in 1..10 {
-        let _ = std::fs::remove_file(prefixscope::recorder::rotated_path(&file, n));
+        let _ = std::fs::remove_file(prefixscope_capture::recorder::rotated_path(&file, n));
     }
     let child = spawn_record(
         upstream,
@@ -358,7 +359,7 @@ async fn max_size_rotates_and_digest_keeps_no_text() {
     assert_eq!(code, Some(0), "{stderr}");
     let mut total = 0;
     for n in 0..10 {
-        let path = prefixscope::recorder::rotated_path(&file, n);
+        let path = prefixscope_capture::recorder::rotated_path(&file, n);
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
@@ -369,12 +370,12 @@ async fn max_size_rotates_and_digest_keeps_no_text() {
             text.len()
         );
         assert!(!text.contains("PRIVATE"));
-        total += prefixscope::record::read_jsonl(text.as_bytes())
+        total += prefixscope_core::record::read_jsonl(text.as_bytes())
             .records
             .len();
     }
     assert_eq!(total, 6);
-    assert!(prefixscope::recorder::rotated_path(&file, 1).exists());
+    assert!(prefixscope_capture::recorder::rotated_path(&file, 1).exists());
 }
 
 #[test]
@@ -758,7 +759,7 @@ async fn a_gigabyte_request_body_is_streamed_not_held() {
     if let Some(peak) = peak {
         assert!(peak < 200 * 1024, "peak RSS {peak} kB");
     }
-    let records = prefixscope::record::read_jsonl(std::io::BufReader::new(
+    let records = prefixscope_core::record::read_jsonl(std::io::BufReader::new(
         std::fs::File::open(&out).unwrap(),
     ))
     .records;
@@ -767,7 +768,7 @@ async fn a_gigabyte_request_body_is_streamed_not_held() {
     assert_eq!(records[0].request.body, None);
     assert_eq!(
         records[0].error,
-        Some(prefixscope::record::ExchangeError::BodyTooLarge)
+        Some(prefixscope_core::record::ExchangeError::BodyTooLarge)
     );
 }
 

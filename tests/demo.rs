@@ -15,13 +15,13 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use prefixscope::analysis::{self, Config, Report};
-use prefixscope::normalize::exchange::normalize;
-use prefixscope::record::{Record, read_jsonl};
 use prefixscope::session::{self, demo::DemoConfig};
-use prefixscope::sim::script::{EventKind, RunLog, ScriptEvent, check};
-use prefixscope::sim::server::{SimConfig, SimServer, Speed};
-use prefixscope::sim::whatif::what_if;
+use prefixscope_core::analysis::{self, Config, Report};
+use prefixscope_core::normalize::exchange::normalize;
+use prefixscope_core::record::{Record, read_jsonl};
+use prefixscope_core::sim::whatif::what_if;
+use prefixscope_demo::script::{EventKind, RunLog, ScriptEvent, check};
+use prefixscope_demo::server::{SimConfig, SimServer, Speed};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 
@@ -72,10 +72,13 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: extra.contains(&"--swa-full"),
     };
-    let outcome = session::demo::Demo::start(config, Vec::<prefixscope::recorder::Consumer>::new())
-        .unwrap()
-        .run_to_end(std::future::pending())
-        .unwrap();
+    let outcome = session::demo::Demo::start(
+        config,
+        Vec::<prefixscope_capture::recorder::Consumer>::new(),
+    )
+    .unwrap()
+    .run_to_end(std::future::pending())
+    .unwrap();
     assert_eq!(outcome.log.errors, Vec::<String>::new());
     // The recording on disk is what was analysed.
     let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
@@ -84,7 +87,7 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
     assert_eq!(exchanges, outcome.records);
     assert_eq!(probes.len(), outcome.probes.len());
     // The demo's watch probes the simulated server: its /props says its slots.
-    let mut server = prefixscope::probe::ServerInfo::default();
+    let mut server = prefixscope_core::probe::ServerInfo::default();
     for probe in &probes {
         server.apply_record(probe);
     }
@@ -106,7 +109,7 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
 /// The slots a demo run was given (`--slots`), or its scenario's default.
 fn config_slots(extra: &[&str], scenario: &str) -> usize {
     extra.iter().position(|a| *a == "--slots").map_or_else(
-        || prefixscope::sim::agents::default_slots(scenario),
+        || prefixscope_demo::agents::default_slots(scenario),
         |i| extra[i + 1].parse().unwrap(),
     )
 }
@@ -235,7 +238,7 @@ fn compaction_is_named() {
 /// `--swa-full`), none the client's; the same traffic with `--swa-full` names none.
 #[test]
 fn a_sliding_window_models_re_prefills_are_the_engines_and_swa_full_has_none() {
-    use prefixscope::analysis::engine_cause::EngineKind;
+    use prefixscope_core::analysis::engine_cause::EngineKind;
     let run = demo("swa", &[]);
     let forced = count(&run.events, EventKind::EngineForced);
     assert_eq!(forced, run.log.requests.len() - 1, "{:#?}", run.events);
@@ -387,7 +390,7 @@ fn whatif_predicts_the_real_servers_losses() {
 /// caused: "a request of conversation 4 would take slot 0 from conversation 1".
 #[test]
 fn the_slot_replay_matches_the_real_servers_reuse_and_predicts_its_evictions() {
-    use prefixscope::sim::residency::residency;
+    use prefixscope_core::sim::residency::residency;
     for (name, slots, cache_ram, requests) in [
         ("parallel-nocache", 1, false, 23),
         ("parallel", 1, true, 23),

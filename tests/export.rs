@@ -9,10 +9,10 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use prefixscope::cache::{Capacity, Policy, ProfileConfig, Request, profile};
-use prefixscope::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
-use prefixscope::input::{self, Format, InputOptions};
-use prefixscope::record::{read_jsonl, write_jsonl};
+use prefixscope_core::cache::{Capacity, Policy, ProfileConfig, Request, profile};
+use prefixscope_core::export::{self, ExportError, Inputs, Options, Salt, Summary, Target};
+use prefixscope_core::input::{self, Format, InputOptions};
+use prefixscope_core::record::{read_jsonl, write_jsonl};
 use serde_json::{Value, json};
 use workload::{WorkloadConfig, generate};
 

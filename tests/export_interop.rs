@@ -20,14 +20,14 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prefixscope::cache::profile::aiperf_cache_hit_rate;
-use prefixscope::input::{self, Format, InputOptions};
-use prefixscope::record::write_jsonl;
+use prefixscope_core::cache::profile::aiperf_cache_hit_rate;
+use prefixscope_core::input::{self, Format, InputOptions};
+use prefixscope_core::record::write_jsonl;
 use workload::{WorkloadConfig, generate};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 const SALT: &str = "prefixscope golden export salt";
-const FORMATS: [&str; 5] = prefixscope::export::TARGET_NAMES;
+const FORMATS: [&str; 5] = prefixscope_core::export::TARGET_NAMES;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

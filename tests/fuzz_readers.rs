@@ -10,8 +10,8 @@ use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use prefixscope::input::{self, FileInput, Format, InputOptions};
-use prefixscope::limits::{MAX_HASH_IDS_PER_ROW, MAX_PROMPT_TOKENS};
+use prefixscope_core::input::{self, FileInput, Format, InputOptions};
+use prefixscope_core::limits::{MAX_HASH_IDS_PER_ROW, MAX_PROMPT_TOKENS};
 
 /// xorshift64*: small, seeded, good enough to pick mutations.
 struct Rng(u64);

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prefixscope::analysis::{Config, analyze};
-use prefixscope::input::{self, Format, InputOptions, gateway_csv};
+use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::input::{self, Format, InputOptions, gateway_csv};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 
@@ -49,7 +49,7 @@ fn the_log_is_analysed_as_a_recording_with_its_tool_loops_kept_together() {
     assert!(multi >= 50, "{multi}");
     // A tool loop: a turn that sends a tool's result back is in the conversation of the turn
     // that asked for the call (its previous request, whose history it extends).
-    let by_id: BTreeMap<u64, &prefixscope::record::Record> =
+    let by_id: BTreeMap<u64, &prefixscope_core::record::Record> =
         log.records.iter().map(|r| (r.id, r)).collect();
     let sends_tool_result = |id: u64| {
         by_id[&id]

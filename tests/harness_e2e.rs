@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use prefixscope::record::{Record, read_jsonl};
+use prefixscope_core::record::{Record, read_jsonl};
 
 fn read(file: &Path) -> Vec<Record> {
     let file = std::fs::File::open(file).unwrap();
@@ -295,7 +295,7 @@ fn check(who: &str, file: &Path, chat_path: &str, chat_requests: usize, analysed
         // Codex drops the connection as soon as `response.completed` arrives, before llama.cpp
         // ends the stream, and aider sometimes at `finish_reason`: recorded as
         // client_disconnected, with the whole response merged, and analysed.
-        if prefixscope::normalize::exchange::closed_after_completion(r) {
+        if prefixscope_core::normalize::exchange::closed_after_completion(r) {
             eprintln!("{who}: #{} client_disconnected after the reply ended", r.id);
         } else {
             assert!(r.error.is_none(), "{who}: #{} failed: {:?}", r.id, r.error);

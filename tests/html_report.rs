@@ -223,7 +223,7 @@ fn the_analysis_page_renders_with_analyzes_figures() {
     for (cause, total) in json["time"]["by_cause"].as_object().unwrap() {
         let row = format!(
             "data-cause=\"{cause}\"><td>{}</td><td data-tokens=\"{}\"",
-            prefixscope::units::cause_label(cause),
+            prefixscope_core::units::cause_label(cause),
             total["tokens"].as_u64().unwrap()
         );
         assert!(dom.contains(&row), "{row}");

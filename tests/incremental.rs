@@ -2,8 +2,8 @@
 //! the reference algorithm) of the records pushed so far, whatever order they arrive in.
 #![allow(clippy::manual_is_multiple_of)]
 
-use prefixscope::analysis::{Analyzer, Config, analyze_reference};
-use prefixscope::record::{Record, read_jsonl};
+use prefixscope_core::analysis::{Analyzer, Config, analyze_reference};
+use prefixscope_core::record::{Record, read_jsonl};
 
 const RECORDINGS: [&str; 8] = [
     "llmp/llama.cpp/parallel-nocache",
@@ -37,7 +37,7 @@ fn check_every_prefix(name: &str, arrivals: &[Record]) {
         let live_report = engine.report();
         let batch_report = analyze_reference(&arrivals[..=n], &config);
         // The break texts are not in the JSON (the TUI's detail reads them): compared apart.
-        let texts = |report: &prefixscope::analysis::Report| -> Vec<_> {
+        let texts = |report: &prefixscope_core::analysis::Report| -> Vec<_> {
             report
                 .rows
                 .iter()

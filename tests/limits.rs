@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prefixscope::analysis::{Config, analyze};
-use prefixscope::input::{self, Format, InputOptions};
-use prefixscope::record::read_jsonl;
+use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::input::{self, Format, InputOptions};
+use prefixscope_core::record::read_jsonl;
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
@@ -125,8 +125,9 @@ fn hostile_server_counts_are_bad_values_and_the_rest_is_read() {
 fn the_live_path_cuts_hostile_records_without_allocating_by_their_counts() {
     let (path, _) = crafted_recording();
     let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut cutter =
-        prefixscope::cache::blocks::Cutter::new(prefixscope::cache::blocks::BlockModel::default());
+    let mut cutter = prefixscope_core::cache::blocks::Cutter::new(
+        prefixscope_core::cache::blocks::BlockModel::default(),
+    );
     let mut report = input::FileReport::new("live", Format::Recording);
     for record in &read.records {
         if let Some(request) = input::recording::live_request(record, &mut cutter, &mut report) {

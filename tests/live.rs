@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
-use prefixscope::analysis::{Config, analyze};
-use prefixscope::live::{self, Command, Engine, Input, Snapshot};
-use prefixscope::record::{Lines, Record, read_jsonl};
 use prefixscope::tui::app::{Action, App, Dialog, EXPORT_FORMATS, Pane, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
 use prefixscope::tui::{EngineControl, FixedClock, run};
+use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::live::{self, Command, Engine, Input, Snapshot};
+use prefixscope_core::record::{Lines, Record, read_jsonl};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
@@ -424,8 +424,8 @@ fn snapshots_are_capped_while_records_stream_in() {
 /// loss entries the header and the Loss pane sum, and the turn's glyph is the eviction's.
 #[test]
 fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
-    use prefixscope::live::view::Mark;
     use prefixscope::session::demo::{Demo, DemoConfig};
+    use prefixscope_core::live::view::Mark;
     let config = DemoConfig {
         scenario: "mixed".into(),
         slots: None,
@@ -436,10 +436,13 @@ fn every_break_line_costs_what_the_header_and_the_loss_pane_count() {
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: false,
     };
-    let outcome = Demo::start(config, Vec::<prefixscope::recorder::Consumer>::new())
-        .unwrap()
-        .run_to_end(std::future::pending())
-        .unwrap();
+    let outcome = Demo::start(
+        config,
+        Vec::<prefixscope_capture::recorder::Consumer>::new(),
+    )
+    .unwrap()
+    .run_to_end(std::future::pending())
+    .unwrap();
     let snapshot = engine_of(&outcome.records).snapshot();
     let view = &snapshot.view;
     assert_eq!(view.breaks.len(), view.breaks_total.max(view.breaks.len()));
@@ -592,7 +595,7 @@ fn the_live_engine_predicts_each_eviction_when_its_request_starts() {
     let evicted: Vec<(u64, Option<u32>, u64)> = report
         .rows
         .iter()
-        .filter(|r| r.cause == Some(prefixscope::analysis::Cause::OtherConversation))
+        .filter(|r| r.cause == Some(prefixscope_core::analysis::Cause::OtherConversation))
         .filter_map(|r| {
             r.evicted_by
                 .as_ref()
@@ -663,7 +666,7 @@ fn the_reuse_predicted_at_a_requests_start_is_what_the_server_reports() {
             };
             compared += 1;
             let predicted = (share * f64::from(prompt.value)).round() as u32;
-            if prefixscope::sim::residency::agrees(prompt.value, reused.value, predicted) {
+            if prefixscope_core::sim::residency::agrees(prompt.value, reused.value, predicted) {
                 agreed += 1;
             } else {
                 eprintln!(

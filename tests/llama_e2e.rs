@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
-use prefixscope::record::Record;
+use prefixscope_core::record::Record;
 use support::*;
 
 async fn exchange(proxy: SocketAddr, path: &str, body: &Value) -> Vec<u8> {
@@ -207,8 +207,8 @@ async fn a_real_conversation_through_a_real_llama_cpp_server() {
         a_plain["content"][0]["type"]
     );
     assert!(a_first["usage"]["input_tokens"].as_u64().unwrap() > 0);
-    let digest = prefixscope::normalize::digest::request_digest(
-        prefixscope::normalize::Api::AnthropicMessages,
+    let digest = prefixscope_core::normalize::digest::request_digest(
+        prefixscope_core::normalize::Api::AnthropicMessages,
         records[6].request.body.as_ref().unwrap(),
     )
     .unwrap();
@@ -219,7 +219,7 @@ async fn a_real_conversation_through_a_real_llama_cpp_server() {
     // one block (1 token: llama.cpp reuses to the token).
     let mut jsonl = Vec::new();
     for record in &records {
-        prefixscope::record::write_jsonl(&mut jsonl, record).unwrap();
+        prefixscope_core::record::write_jsonl(&mut jsonl, record).unwrap();
     }
     let bound = support::bound::ceiling_bound(&jsonl, "llama e2e");
     assert_eq!(bound.block_size, 1);
@@ -264,9 +264,9 @@ async fn slot_that_ran(upstream: SocketAddr, before: &mut Vec<Option<i64>>) -> O
 /// shows, and an eviction it foretells is one the server's `cache_n` then proves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_on_two_slots_match_the_slot_replay() {
-    use prefixscope::analysis::{Config, analyze};
-    use prefixscope::sim::residency::residency;
-    use prefixscope::sim::whatif::what_if_given;
+    use prefixscope_core::analysis::{Config, analyze};
+    use prefixscope_core::sim::residency::residency;
+    use prefixscope_core::sim::whatif::what_if_given;
     let config = support::llama::Config {
         slots: 2,
         ctx_per_slot: 2048,
@@ -283,14 +283,14 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
         ..Options::default()
     };
     let proxy = start_proxy(upstream, "llama-slots", options).await;
-    let mut engine = prefixscope::live::Engine::new(Config::default());
-    engine.set_server_settings(Some(prefixscope::live::ServerSettings {
+    let mut engine = prefixscope_core::live::Engine::new(Config::default());
+    engine.set_server_settings(Some(prefixscope_core::live::ServerSettings {
         slots: 2,
         cache_ram: false,
         source: "the test server's".into(),
     }));
-    engine.push(prefixscope::live::Input::Command(
-        prefixscope::live::Command::Capacity(true),
+    engine.push(prefixscope_core::live::Input::Command(
+        prefixscope_core::live::Command::Capacity(true),
     ));
     // Per request, what the slot view said at its start: (record id, slot, evicted record).
     let mut at_start: Vec<(u64, usize, Option<u64>)> = Vec::new();
@@ -340,9 +340,11 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
                 .unwrap()
                 .expect("the request's start")
             };
-            let start =
-                prefixscope::capture::build_record(start, prefixscope::capture::BodyMode::Full);
-            engine.push(prefixscope::live::Input::Started(std::sync::Arc::new(
+            let start = prefixscope_core::capture::build_record(
+                start,
+                prefixscope_core::capture::BodyMode::Full,
+            );
+            engine.push(prefixscope_core::live::Input::Started(std::sync::Arc::new(
                 start.clone(),
             )));
             let snapshot = engine.snapshot();
@@ -359,7 +361,7 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
             let bytes = answer.await.unwrap();
             let record = proxy.next_record().await;
             assert_eq!(record.id, start.id);
-            engine.push(prefixscope::live::Input::Record(record, 0));
+            engine.push(prefixscope_core::live::Input::Record(record, 0));
             let reply = serde_json::from_slice::<Value>(&bytes).unwrap()["choices"][0]["message"]
                 ["content"]
                 .as_str()
@@ -468,8 +470,8 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
 /// `/slots`' count are the server's, and a request changes a slot's `id_task`, which is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_reads_a_real_llama_cpp_servers_props_and_slots() {
-    use prefixscope::probe::poll::{Poller, Schedule};
-    use prefixscope::probe::{Endpoint, ServerInfo, ServerKind};
+    use prefixscope_capture::poll::{Poller, Schedule};
+    use prefixscope_core::probe::{Endpoint, ServerInfo, ServerKind};
     let config = support::llama::Config {
         slots: 2,
         ..support::llama::Config::default()
@@ -480,10 +482,11 @@ async fn the_probe_reads_a_real_llama_cpp_servers_props_and_slots() {
         return;
     };
     let (records_tx, records_rx) = crossbeam_channel::unbounded();
-    let recorder: prefixscope::recorder::Recorder<bytes::Bytes> =
-        prefixscope::recorder::Recorder::start(Default::default(), vec![records_tx]).unwrap();
+    let recorder: prefixscope_capture::recorder::Recorder<bytes::Bytes> =
+        prefixscope_capture::recorder::Recorder::start(Default::default(), vec![records_tx])
+            .unwrap();
     let mut poller = Poller::new(
-        prefixscope::proxy::Upstream::parse(&format!("http://{upstream}")).unwrap(),
+        prefixscope_capture::proxy::Upstream::parse(&format!("http://{upstream}")).unwrap(),
         recorder.sender(),
         Schedule::Watch,
     );

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use prefixscope::sim::agents::run_scenario;
-use prefixscope::sim::script::RunLog;
-use prefixscope::sim::server::{SimConfig, SimServer, Speed};
+use prefixscope_demo::agents::run_scenario;
+use prefixscope_demo::script::RunLog;
+use prefixscope_demo::server::{SimConfig, SimServer, Speed};
 use prometheus::{Prometheus, free_port, get, have_prometheus, promtool_check, wait_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
@@ -402,7 +402,8 @@ fn the_grafana_dashboard_is_valid_and_reads_only_families_the_exporter_writes() 
     );
     assert!(dashboard["schemaVersion"].as_u64().is_some_and(|v| v >= 30));
     // The sample names the exporter writes (counters as `X_total`), from an empty report.
-    let report = prefixscope::analysis::analyze(&[], &prefixscope::analysis::Config::default());
+    let report =
+        prefixscope_core::analysis::analyze(&[], &prefixscope_core::analysis::Config::default());
     let text = prefixscope::metrics::of_recording(&[], &report, &Default::default(), "s");
     let written: BTreeSet<String> = text
         .lines()

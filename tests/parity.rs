@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use prefixscope::analysis::Config;
-use prefixscope::live::{Command as EngineCommand, Engine, Input};
-use prefixscope::record::{Lines, Record, write_jsonl};
+use prefixscope_core::analysis::Config;
+use prefixscope_core::live::{Command as EngineCommand, Engine, Input};
+use prefixscope_core::record::{Lines, Record, write_jsonl};
 use serde_json::Value;
 use workload::{WorkloadConfig, generate};
 

@@ -16,13 +16,13 @@ use bytes::Bytes;
 use hyper::Response;
 use serde_json::Value;
 
-use prefixscope::analysis::{self, Config};
-use prefixscope::probe::poll::{Poller, Schedule};
-use prefixscope::probe::{Endpoint, ServerInfo, ServerKind};
-use prefixscope::proxy::Upstream;
-use prefixscope::record::{Record, read_jsonl, record_line};
-use prefixscope::recorder::{Recorder, RecorderConfig};
-use prefixscope::sim::server::{SimConfig, SimServer, Speed};
+use prefixscope_capture::poll::{Poller, Schedule};
+use prefixscope_capture::proxy::Upstream;
+use prefixscope_capture::recorder::{Recorder, RecorderConfig};
+use prefixscope_core::analysis::{self, Config};
+use prefixscope_core::probe::{Endpoint, ServerInfo, ServerKind};
+use prefixscope_core::record::{Record, read_jsonl, record_line};
+use prefixscope_demo::server::{SimConfig, SimServer, Speed};
 use support::{fake_upstream, full, handler};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
@@ -86,11 +86,11 @@ async fn the_simulated_llama_server_is_probed_and_only_changes_are_recorded() {
     assert!(
         records
             .iter()
-            .all(|r| r.id >= prefixscope::probe::PROBE_ID_BASE)
+            .all(|r| r.id >= prefixscope_core::probe::PROBE_ID_BASE)
     );
     assert!(records.iter().all(|r| {
         r.request.headers.get("user-agent").map(String::as_str)
-            == Some(prefixscope::probe::USER_AGENT)
+            == Some(prefixscope_core::probe::USER_AGENT)
     }));
     // About eight rounds, nothing changed after the first: one record per path.
     let paths: Vec<&str> = records.iter().map(|r| r.request.path.as_str()).collect();
@@ -192,7 +192,7 @@ async fn no_upstream_is_recorded_once_and_asked_again_only_after_the_backoff() {
     assert_eq!(records[0].request.path, "/props");
     assert_eq!(
         records[0].error,
-        Some(prefixscope::record::ExchangeError::UpstreamUnreachable)
+        Some(prefixscope_core::record::ExchangeError::UpstreamUnreachable)
     );
     let server = info(&records);
     assert!(
@@ -215,7 +215,7 @@ fn with_probes(records: &[Record]) -> Vec<Record> {
     )
     .unwrap();
     let mut out = Vec::new();
-    let next = AtomicU64::new(prefixscope::probe::PROBE_ID_BASE);
+    let next = AtomicU64::new(prefixscope_core::probe::PROBE_ID_BASE);
     for (i, record) in records.iter().enumerate() {
         out.push(record.clone());
         let (endpoint, body) = if i % 2 == 0 {
@@ -223,17 +223,17 @@ fn with_probes(records: &[Record]) -> Vec<Record> {
         } else {
             (Endpoint::Slots, &slots)
         };
-        let answer = prefixscope::probe::read_answer(endpoint, 200, body);
-        let capture = prefixscope::probe::probe_capture::<Vec<u8>>(
+        let answer = prefixscope_core::probe::read_answer(endpoint, 200, body);
+        let capture = prefixscope_core::probe::probe_capture::<Vec<u8>>(
             next.fetch_add(1, Ordering::Relaxed),
             (record.t_start_ms + 1, record.t_start_ms + 2),
             endpoint.path(),
             Some(200),
             &answer,
         );
-        out.push(prefixscope::capture::build_record(
+        out.push(prefixscope_core::capture::build_record(
             capture,
-            prefixscope::capture::BodyMode::Full,
+            prefixscope_core::capture::BodyMode::Full,
         ));
     }
     // One before the first and one after the last: they must not widen the window either.
@@ -241,17 +241,17 @@ fn with_probes(records: &[Record]) -> Vec<Record> {
         records.iter().map(|r| r.t_start_ms).min().unwrap() - 60_000,
         records.iter().map(|r| r.t_end_ms).max().unwrap() + 60_000,
     ] {
-        let answer = prefixscope::probe::Answer::Unreachable("refused".into());
-        let capture = prefixscope::probe::probe_capture::<Vec<u8>>(
+        let answer = prefixscope_core::probe::Answer::Unreachable("refused".into());
+        let capture = prefixscope_core::probe::probe_capture::<Vec<u8>>(
             next.fetch_add(1, Ordering::Relaxed),
             (t, t + 1),
             "/props",
             None,
             &answer,
         );
-        out.push(prefixscope::capture::build_record(
+        out.push(prefixscope_core::capture::build_record(
             capture,
-            prefixscope::capture::BodyMode::Full,
+            prefixscope_core::capture::BodyMode::Full,
         ));
     }
     out
@@ -287,14 +287,15 @@ fn probes_interleaved_leave_the_analysis_and_the_live_engine_unchanged() {
 
         // The live engine (watch, replay): the same report and hit rate, plus the server.
         let snapshot = |records: &[Record]| {
-            let mut engine = prefixscope::live::Engine::for_records(Config::default(), records);
+            let mut engine =
+                prefixscope_core::live::Engine::for_records(Config::default(), records);
             for record in records {
-                engine.push(prefixscope::live::Input::Record(
+                engine.push(prefixscope_core::live::Input::Record(
                     Arc::new(record.clone()),
                     record.t_end_ms,
                 ));
             }
-            engine.push(prefixscope::live::Input::SourceDone);
+            engine.push(prefixscope_core::live::Input::SourceDone);
             engine.snapshot()
         };
         let (a, b) = (snapshot(&plain), snapshot(&probed));
@@ -557,24 +558,25 @@ async fn record_against_the_simulated_server_records_its_props_and_the_traffic_i
 fn the_slot_view_says_when_the_server_is_not_llama_cpp() {
     let records = recording("parallel.jsonl");
     let ps = br#"{"models":[{"name":"qwen3:8b","model":"qwen3:8b","size":6000000000,"size_vram":6000000000,"context_length":8192,"expires_at":"2026-12-02T01:00:00Z"}]}"#;
-    let answer = prefixscope::probe::read_answer(Endpoint::OllamaPs, 200, ps);
+    let answer = prefixscope_core::probe::read_answer(Endpoint::OllamaPs, 200, ps);
     let start = records[0].t_start_ms;
-    let capture = prefixscope::probe::probe_capture::<Vec<u8>>(
-        prefixscope::probe::PROBE_ID_BASE,
+    let capture = prefixscope_core::probe::probe_capture::<Vec<u8>>(
+        prefixscope_core::probe::PROBE_ID_BASE,
         (start - 2, start - 1),
         Endpoint::OllamaPs.path(),
         Some(200),
         &answer,
     );
-    let probe = prefixscope::capture::build_record(capture, prefixscope::capture::BodyMode::Full);
+    let probe =
+        prefixscope_core::capture::build_record(capture, prefixscope_core::capture::BodyMode::Full);
     let slot_source = |probes: &[Record]| {
         let all: Vec<Record> = probes.iter().chain(&records).cloned().collect();
-        let mut engine = prefixscope::live::Engine::for_records(Config::default(), &all);
-        engine.push(prefixscope::live::Input::Command(
-            prefixscope::live::Command::Capacity(true),
+        let mut engine = prefixscope_core::live::Engine::for_records(Config::default(), &all);
+        engine.push(prefixscope_core::live::Input::Command(
+            prefixscope_core::live::Command::Capacity(true),
         ));
         for record in &all {
-            engine.push(prefixscope::live::Input::Record(
+            engine.push(prefixscope_core::live::Input::Record(
                 Arc::new(record.clone()),
                 record.t_end_ms,
             ));

@@ -14,9 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use prefixscope::capture::BodyMode;
-use prefixscope::record::Record;
-use prefixscope::record::{ExchangeError, StreamKind};
+use prefixscope_core::capture::BodyMode;
+use prefixscope_core::record::Record;
+use prefixscope_core::record::{ExchangeError, StreamKind};
 use support::*;
 
 const CHAT: &str = "/v1/chat/completions";

@@ -188,7 +188,7 @@ async fn slow_and_idle_clients_are_cut_off_and_active_ones_served() {
 /// process: the client's and the proxy's), up to 10,000, plus 100 active clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_idle_connections_and_a_hundred_active_clients() {
-    let limit = prefixscope::proxy::raise_descriptor_limit().map_or(1024, |l| l.now);
+    let limit = prefixscope_capture::proxy::raise_descriptor_limit().map_or(1024, |l| l.now);
     let idle = usize::try_from(limit.saturating_sub(1000) / 2)
         .unwrap_or(10_000)
         .min(10_000);

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prefixscope::normalize::digest::apply_digest;
-use prefixscope::record::{Record, read_jsonl, record_line};
+use prefixscope_core::normalize::digest::apply_digest;
+use prefixscope_core::record::{Record, read_jsonl, record_line};
 
 const REAL: [&str; 7] = [
     "recordings/xllamacpp/session.jsonl",

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use prefixscope::capture::{BodyMode, Capture, ResponseCapture, build_record, stream_kind_of};
-use prefixscope::normalize::exchange::{Exchange, normalize};
+use prefixscope_core::capture::{BodyMode, Capture, ResponseCapture, build_record, stream_kind_of};
+use prefixscope_core::normalize::exchange::{Exchange, normalize};
 use serde_json::{Value, json};
 
 struct Fixture {
@@ -105,7 +105,7 @@ fn the_readers_outside_the_analysis_read_the_same_counts() {
     for fixture in fixtures() {
         let record = build_record(capture(&fixture), BodyMode::Full);
         let body = record.response.as_ref().and_then(|r| r.body.clone());
-        let counts = prefixscope::input::server_counts(&body.unwrap_or(Value::Null));
+        let counts = prefixscope_core::input::server_counts(&body.unwrap_or(Value::Null));
         assert_eq!(
             (counts.prompt_tokens, counts.reused_tokens),
             (expected(&fixture, "prompt"), expected(&fixture, "reused")),

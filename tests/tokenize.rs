@@ -12,10 +12,10 @@ use http_body_util::BodyExt;
 use hyper::Response;
 use serde_json::{Value, json};
 
-use prefixscope::normalize::Api;
-use prefixscope::normalize::digest;
-use prefixscope::record::{Record, TokenCounts, hash, read_jsonl};
-use prefixscope::tokenize::{TokenizeResult, enrich};
+use prefixscope_capture::tokenize::{TokenizeResult, enrich};
+use prefixscope_core::normalize::Api;
+use prefixscope_core::normalize::digest;
+use prefixscope_core::record::{Record, TokenCounts, hash, read_jsonl};
 use support::*;
 
 const RECORDING: &str = concat!(
@@ -127,8 +127,8 @@ fn expected_texts(records: &[Record]) -> (BTreeMap<String, String>, BTreeMap<Str
         let digest = digest::request_digest(api, body).unwrap();
         let (chat, defs) = if api == Api::AnthropicMessages {
             (
-                prefixscope::normalize::anthropic::chat_messages(body),
-                prefixscope::normalize::anthropic::chat_tools(body),
+                prefixscope_core::normalize::anthropic::chat_messages(body),
+                prefixscope_core::normalize::anthropic::chat_tools(body),
             )
         } else {
             (
@@ -459,7 +459,7 @@ async fn the_real_llama_cpp_lays_out_a_real_recording_as_it_renders_it() {
     assert_eq!(result.laid_out, 8);
     assert_eq!(result.counted, 0);
     for record in &records {
-        let Ok(exchange) = prefixscope::normalize::exchange::normalize(record) else {
+        let Ok(exchange) = prefixscope_core::normalize::exchange::normalize(record) else {
             continue;
         };
         assert!(record.tokens.as_ref().is_some_and(|t| t.layout));
@@ -503,15 +503,15 @@ async fn the_real_llama_cpp_layout_makes_the_harness_losses_exact() {
         );
         read_jsonl(std::fs::read(path).unwrap().as_slice()).records
     };
-    let config = prefixscope::analysis::Config::default();
+    let config = prefixscope_core::analysis::Config::default();
     let (aider, result) = run_enrich(harness("aider"), format!("http://{addr}")).await;
     assert!(result.warnings.is_empty(), "{:?}", result.warnings);
     assert_eq!(result.laid_out, 3);
-    let report = prefixscope::analysis::analyze(&aider, &config);
+    let report = prefixscope_core::analysis::analyze(&aider, &config);
     let report = serde_json::to_value(&report).unwrap();
     let rows = report["rows"].as_array().unwrap();
     for (row, record) in rows.iter().zip(&aider).skip(1) {
-        let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
+        let exchange = prefixscope_core::normalize::exchange::normalize(record).unwrap();
         let new_question = exchange.messages.last().unwrap().tokens.unwrap().value;
         let charged = row["lost_client"]["tokens"].as_u64().unwrap();
         let evaluated = row["counts"]["evaluated_tokens"]["value"].as_u64().unwrap();
@@ -533,7 +533,7 @@ async fn the_real_llama_cpp_layout_makes_the_harness_losses_exact() {
         assert!(result.warnings.is_empty(), "{name}: {:?}", result.warnings);
         assert_eq!(result.laid_out as usize, records.len(), "{name}");
         let report =
-            serde_json::to_value(prefixscope::analysis::analyze(&records, &config)).unwrap();
+            serde_json::to_value(prefixscope_core::analysis::analyze(&records, &config)).unwrap();
         assert_eq!(report["time"]["lost_tokens"], 0, "{name}");
         let unused: Vec<&Value> = report["findings"]
             .as_array()

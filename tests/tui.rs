@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use prefixscope::analysis::Config;
-use prefixscope::live::{Engine, Input};
-use prefixscope::record::{Record, read_jsonl};
 use prefixscope::tui::app::{Action, App, Source};
 use prefixscope::tui::event::Event;
 use prefixscope::tui::theme::Theme;
 use prefixscope::tui::{EngineControl, FixedClock, NoControl, run};
+use prefixscope_core::analysis::Config;
+use prefixscope_core::live::{Engine, Input};
+use prefixscope_core::record::{Record, read_jsonl};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
@@ -237,8 +237,8 @@ fn keys_help_filter_detail_and_pause() {
 /// A trace has no messages: the cache panes fill, the others say what they would need.
 #[test]
 fn a_mooncake_trace_feeds_the_cache_panes_only() {
-    use prefixscope::input::{self, Format, InputOptions};
     use prefixscope::tui::app::Input;
+    use prefixscope_core::input::{self, Format, InputOptions};
     let file = std::fs::File::open(root().join("tests/data/mooncake/conversation_trace.jsonl.gz"))
         .unwrap();
     let reader = input::decompressed(std::io::BufReader::new(file)).unwrap();
@@ -249,9 +249,12 @@ fn a_mooncake_trace_feeds_the_cache_panes_only() {
     let trace = input::read(reader, "conversation_trace", Format::Mooncake, &options);
     let mut engine = Engine::with_block_size(Config::default(), 512);
     for request in trace.requests.into_iter().take(2_000) {
-        engine.push(prefixscope::live::Input::Request(Arc::new(request), NOW_MS));
+        engine.push(prefixscope_core::live::Input::Request(
+            Arc::new(request),
+            NOW_MS,
+        ));
     }
-    engine.push(prefixscope::live::Input::SourceDone);
+    engine.push(prefixscope_core::live::Input::SourceDone);
     let (sender, receiver) = crossbeam_channel::unbounded();
     sender
         .send(Event::Snapshot(Arc::new(engine.snapshot())))
@@ -352,8 +355,8 @@ fn a_server_without_reuse_counters_shows_not_measured_never_zero() {
 /// in their own colour and marker, cell by cell, with the ceiling and every capacity labelled.
 #[test]
 fn the_chart_shows_optimal_over_lru_over_fifo_cell_by_cell() {
-    use prefixscope::input::{self, Format, InputOptions};
     use prefixscope::tui::app::Input as Shows;
+    use prefixscope_core::input::{self, Format, InputOptions};
     let file = std::fs::File::open(root().join("tests/data/mooncake/conversation_trace.jsonl.gz"))
         .unwrap();
     let reader = input::decompressed(std::io::BufReader::new(file)).unwrap();
@@ -614,7 +617,7 @@ fn a_filter_filters_the_header_and_the_all_line_or_says_unfiltered() {
     control
         .0
         .borrow_mut()
-        .push(Input::Command(prefixscope::live::Command::Filter(
+        .push(Input::Command(prefixscope_core::live::Command::Filter(
             "other-agent".into(),
         )));
     let filtered = control.0.borrow_mut().snapshot();
@@ -772,7 +775,7 @@ fn one_request_turn_conversation_and_exchange_are_singular() {
     );
 
     // The end of the demo is a status, not a warning; an agent's error is a warning.
-    let finished = prefixscope::session::demo::end_of_demo(&Ok(prefixscope::sim::script::RunLog {
+    let finished = prefixscope::session::demo::end_of_demo(&Ok(prefixscope_demo::script::RunLog {
         requests: Vec::new(),
         events: Vec::new(),
         errors: Vec::new(),
@@ -832,7 +835,7 @@ fn the_summary_after_quit_counts_the_exchange_that_was_in_flight() {
     let in_flight = records.pop().unwrap();
     let (records_tx, records_rx) = crossbeam_channel::unbounded();
     let (events_tx, events_rx) = crossbeam_channel::unbounded();
-    let handle = prefixscope::live::spawn(
+    let handle = prefixscope_core::live::spawn(
         Engine::new(Config::default()),
         Some(records_rx),
         Arc::new(|| NOW_MS),
@@ -867,7 +870,7 @@ fn the_summary_after_quit_counts_the_exchange_that_was_in_flight() {
     // Nothing new since the screen's snapshot: that one stands.
     let (events_tx, events_rx) = crossbeam_channel::unbounded();
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
-    let handle = prefixscope::live::spawn(
+    let handle = prefixscope_core::live::spawn(
         Engine::new(Config::default()),
         Some(records_rx),
         Arc::new(|| NOW_MS),
@@ -982,7 +985,7 @@ fn a_middle_turn_of_a_lane_opens_with_its_cause_cost_and_fix() {
 /// the `--cache-ram` / `-np` fix and the savings `prefixscope whatif` predicts on the same file.
 #[test]
 fn the_findings_view_gives_the_fix_and_whatifs_saving() {
-    use prefixscope::sim::whatif::what_if;
+    use prefixscope_core::sim::whatif::what_if;
     let name = "llmp/llama.cpp/parallel-nocache";
     let records = file_records(name);
     let file = root().join("recordings").join(format!("{name}.jsonl"));
@@ -1007,7 +1010,10 @@ fn the_findings_view_gives_the_fix_and_whatifs_saving() {
     ] {
         let w = what_if(&records, slots, cache_ram);
         let saved = w.recorded.lost_tokens - w.predicted.lost_tokens;
-        let shown = format!("{flag}: −{} tokens", prefixscope::units::thousands(saved));
+        let shown = format!(
+            "{flag}: −{} tokens",
+            prefixscope_core::units::thousands(saved)
+        );
         assert!(findings.contains(&shown), "{shown}:\n{findings}");
         // The binary's own figures, on the same file.
         let mut command = vec!["whatif", file, "--json"];
@@ -1092,10 +1098,13 @@ fn demo_screens(scenario: &str, then: Event) -> (Vec<Record>, Vec<String>, Engin
         listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         swa_full: false,
     };
-    let outcome = Demo::start(config, Vec::<prefixscope::recorder::Consumer>::new())
-        .unwrap()
-        .run_to_end(std::future::pending())
-        .unwrap();
+    let outcome = Demo::start(
+        config,
+        Vec::<prefixscope_capture::recorder::Consumer>::new(),
+    )
+    .unwrap()
+    .run_to_end(std::future::pending())
+    .unwrap();
     let mut engine = Engine::for_records(Config::default(), &outcome.records);
     for record in &outcome.records {
         engine.push(Input::Record(Arc::new(record.clone()), NOW_MS));
@@ -1136,7 +1145,7 @@ fn demo_screens(scenario: &str, then: Event) -> (Vec<Record>, Vec<String>, Engin
 fn the_volatile_system_demo_shows_where_the_system_prompt_changes_and_the_fix() {
     let (records, screens, control) = demo_screens("volatile-system", key('f'));
     // Every lost token is in one entry of the findings view: they sum to `analyze`'s total.
-    let total = prefixscope::analysis::analyze(&records, &Config::default())
+    let total = prefixscope_core::analysis::analyze(&records, &Config::default())
         .time
         .lost_tokens;
     let screen = &screens[1];
@@ -1395,7 +1404,7 @@ fn break_lines_lead_with_cause_and_cost_and_tables_have_headers() {
 /// beside the real server's reuse; the setting nearest what the server did is marked.
 #[test]
 fn the_capacity_view_is_whatif_at_every_setting() {
-    use prefixscope::sim::whatif::what_if;
+    use prefixscope_core::sim::whatif::what_if;
     let name = "llmp/llama.cpp/parallel-nocache";
     let records = file_records(name);
     let keys = [
@@ -1409,7 +1418,7 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         view.contains("the real server: 0.0% reused, lost 8,759 tokens"),
         "{view}"
     );
-    for (slots, cache_ram) in prefixscope::analysis::findings::CAPACITY_SETTINGS {
+    for (slots, cache_ram) in prefixscope_core::analysis::findings::CAPACITY_SETTINGS {
         let w = what_if(&records, slots, cache_ram);
         let prompt: u64 = w.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
         let reused: u64 = w
@@ -1441,9 +1450,11 @@ fn the_capacity_view_is_whatif_at_every_setting() {
     assert!(one.contains("8,759") && one.contains('◀'), "{view}");
     // Who holds the slot now: the replay at the marked setting (the recording does not say
     // the server's), its calibration the one `prefixscope whatif` prints for it.
-    let report =
-        prefixscope::analysis::analyze(&records, &prefixscope::analysis::Config::default());
-    let slots = prefixscope::sim::residency::residency(&records, &report, 1, false);
+    let report = prefixscope_core::analysis::analyze(
+        &records,
+        &prefixscope_core::analysis::Config::default(),
+    );
+    let slots = prefixscope_core::sim::residency::residency(&records, &report, 1, false);
     let (compared, agreed) = slots
         .calibration
         .iter()
@@ -1873,7 +1884,7 @@ fn past_the_whatif_cap_the_findings_say_its_measured_cost_and_the_command() {
     let one_round = records.clone();
     let mut next = records.iter().map(|r| r.id).max().unwrap() + 1;
     let mut offset = 0;
-    while records.len() <= prefixscope::live::MAX_WHATIF_RECORDS {
+    while records.len() <= prefixscope_core::live::MAX_WHATIF_RECORDS {
         // Each round later and with new ids, as a longer recording would be.
         offset += 3_600_000;
         for r in &one_round {
@@ -1945,7 +1956,7 @@ fn the_help_stops_at_its_last_page() {
 #[test]
 fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
     let (records, screens, _) = demo_screens("swa", key('f'));
-    let report = prefixscope::analysis::analyze(&records, &Config::default());
+    let report = prefixscope_core::analysis::analyze(&records, &Config::default());
     let (main, findings) = (&screens[0], &screens[1]);
     let forced = report
         .rows
@@ -1965,7 +1976,7 @@ fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
     assert!(
         main.contains(&format!(
             "lost {} tokens",
-            prefixscope::units::thousands(report.time.lost_tokens)
+            prefixscope_core::units::thousands(report.time.lost_tokens)
         )),
         "{main}"
     );
@@ -1979,14 +1990,14 @@ fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
 /// prints), on screen at 120x40 and, scrolled, at 80x24.
 #[test]
 fn a_request_in_flight_is_predicted_in_the_capacity_view() {
-    use prefixscope::sim::residency::residency_with_starts;
+    use prefixscope_core::sim::residency::residency_with_starts;
     let name = "llmp/llama.cpp/parallel-nocache";
     let records = completion_order(name);
     let (done, last) = records.split_at(records.len() - 1);
     let mut start = last[0].clone();
     assert_eq!(start.request.path, "/v1/chat/completions");
     start.response = None;
-    let settings = prefixscope::live::ServerSettings {
+    let settings = prefixscope_core::live::ServerSettings {
         slots: 1,
         cache_ram: false,
         source: "the server's slot count from its /props".into(),
@@ -2000,7 +2011,7 @@ fn a_request_in_flight_is_predicted_in_the_capacity_view() {
         engine.push(Input::Started(Arc::new(start.clone())));
         EngineControl(RefCell::new(engine))
     };
-    let report = prefixscope::analysis::analyze(done, &Config::default());
+    let report = prefixscope_core::analysis::analyze(done, &Config::default());
     let headless = residency_with_starts(done, &report, std::slice::from_ref(&start), 1, false);
     let predicted = &headless.starting[0];
     let evicts = predicted

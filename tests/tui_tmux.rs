@@ -422,7 +422,7 @@ fn watch_answers_and_records_the_exchange_in_flight_on_sigterm_sigint_and_sighup
         );
         assert_restored(&tmux, &screen);
         let recording = std::fs::read_to_string(tmux.dir.join("rec.jsonl")).unwrap();
-        let records = prefixscope::record::read_jsonl(recording.as_bytes()).records;
+        let records = prefixscope_core::record::read_jsonl(recording.as_bytes()).records;
         assert_eq!(records.len(), 1, "SIG{signal}: {recording}");
         assert_eq!(records[0].error, None, "SIG{signal}: {recording}");
         assert_eq!(
@@ -646,7 +646,7 @@ fn watch_shuts_down_as_q_does_when_its_terminal_disappears() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let recording = std::fs::read_to_string(tmux.dir.join("rec.jsonl")).unwrap();
-    let records = prefixscope::record::read_jsonl(recording.as_bytes()).records;
+    let records = prefixscope_core::record::read_jsonl(recording.as_bytes()).records;
     assert_eq!(records.len(), 1, "{recording}");
     assert_eq!(records[0].response.as_ref().map(|r| r.status), Some(200));
 }

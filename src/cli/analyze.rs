@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::{EXIT_UNREADABLE, RecordSink};
-use prefixscope::analysis::{Analyzer, Config, Prepared, analyze};
-use prefixscope::record::Record;
+use prefixscope_core::analysis::{Analyzer, Config, Prepared, analyze};
+use prefixscope_core::record::Record;
 
 /// Records handed, as they are read, to the thread that analyses them (`analyze` of one
 /// recording): parsed and normalized on every core (`Prepared`), pushed in file order on one.
@@ -69,7 +69,7 @@ const ANALYSIS_QUEUE: usize = 2;
 fn analyze_streamed(
     paths: &[std::path::PathBuf],
     config: &Config,
-) -> Option<(super::Recordings, prefixscope::analysis::Report)> {
+) -> Option<(super::Recordings, prefixscope_core::analysis::Report)> {
     std::thread::scope(|scope| {
         let (sender, receiver) = crossbeam_channel::bounded::<Vec<Prepared>>(ANALYSIS_QUEUE);
         let analysing = scope.spawn(move || {
@@ -154,9 +154,9 @@ pub fn run(args: AnalyzeArgs) -> u8 {
         };
         let mut records = std::mem::take(&mut read.records);
         if let Some(url) = &args.tokenize {
-            let result = prefixscope::tokenize::enrich(&mut records, url);
+            let result = prefixscope_capture::tokenize::enrich(&mut records, url);
             for warning in &result.warnings {
-                prefixscope::stderr_line!("prefixscope: warning: tokenize: {warning}");
+                prefixscope_core::stderr_line!("prefixscope: warning: tokenize: {warning}");
             }
         }
         let report = analyze(&records, &config);

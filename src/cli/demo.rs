@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 use super::{EXIT_OK, EXIT_UNREADABLE, fail, print_stdout, screen_switches};
-use prefixscope::record::Record;
 use prefixscope::session::demo::{self, Demo, DemoConfig};
 use prefixscope::session::shutdown::Shutdown;
-use prefixscope::sim::agents::SCENARIOS;
-use prefixscope::units::plural;
+use prefixscope_core::record::Record;
+use prefixscope_core::units::plural;
+use prefixscope_demo::agents::SCENARIOS;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnOff {
@@ -87,7 +87,7 @@ pub fn run(args: DemoArgs) -> u8 {
     };
     let keep = demo.config.out.clone();
     let code = if headless {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: {}; agents -> proxy http://{} -> server; recording to {}",
             demo.setting,
             demo.capture.listen,
@@ -99,17 +99,17 @@ pub fn run(args: DemoArgs) -> u8 {
         }) {
             Ok(outcome) => {
                 for error in &outcome.log.errors {
-                    prefixscope::stderr_line!("prefixscope: agent error: {error}");
+                    prefixscope_core::stderr_line!("prefixscope: agent error: {error}");
                 }
                 print_stdout(&outcome.report.summary());
-                prefixscope::stdout_line!(
+                prefixscope_core::stdout_line!(
                     "script: {}, {}, {} named by the analysis ({})",
                     plural(outcome.log.requests.len() as u64, "request"),
                     plural(outcome.checked.events.len() as u64, "event"),
                     outcome.checked.named(),
                     outcome.checked.summary()
                 );
-                prefixscope::stderr_line!(
+                prefixscope_core::stderr_line!(
                     "prefixscope: {} written",
                     plural(outcome.records_written, "record")
                 );
@@ -131,7 +131,7 @@ pub fn run(args: DemoArgs) -> u8 {
         }
     };
     if let Some(path) = keep {
-        prefixscope::stderr_line!("prefixscope: the recording is in {}", path.display());
+        prefixscope_core::stderr_line!("prefixscope: the recording is in {}", path.display());
     }
     code
 }

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
-use prefixscope::cache::blocks::ToolsPosition;
-use prefixscope::export::{self, ExportError, Options, Summary, Target};
-use prefixscope::input::{self, Format, OpenError};
-use prefixscope::output_file::OutputFile;
 use prefixscope::session::export::{Files, SaltFile, default_salt_path, load_or_create_salt};
+use prefixscope_core::cache::blocks::ToolsPosition;
+use prefixscope_core::export::{self, ExportError, Options, Summary, Target};
+use prefixscope_core::input::{self, Format, OpenError};
+use prefixscope_core::output_file::OutputFile;
 
 #[derive(Args)]
 #[command(after_help = "\
@@ -58,12 +58,12 @@ pub struct ExportArgs {
 }
 
 fn usage(message: impl std::fmt::Display) -> u8 {
-    prefixscope::stderr_line!("prefixscope export: {message}");
+    prefixscope_core::stderr_line!("prefixscope export: {message}");
     EXIT_USAGE
 }
 
 fn unreadable(message: impl std::fmt::Display) -> u8 {
-    prefixscope::stderr_line!("prefixscope export: {message}");
+    prefixscope_core::stderr_line!("prefixscope export: {message}");
     EXIT_UNREADABLE
 }
 
@@ -87,7 +87,7 @@ fn input_format(args: &ExportArgs) -> Result<Format, u8> {
             }
             // Holds nothing of any format: read as the others' (no rows), as `profile` does.
             Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
-                prefixscope::stderr_line!(
+                prefixscope_core::stderr_line!(
                     "prefixscope export: {} is empty: nothing to read",
                     path.display()
                 );
@@ -171,7 +171,7 @@ pub fn run(args: ExportArgs) -> u8 {
         Err(message) => return unreadable(message),
     };
     if let Some(warning) = warning {
-        prefixscope::stderr_line!("prefixscope export: warning: {warning}");
+        prefixscope_core::stderr_line!("prefixscope export: warning: {warning}");
     }
 
     let block_size = match target.default_block_size() {
@@ -184,7 +184,7 @@ pub fn run(args: ExportArgs) -> u8 {
                 Some(size) => (size, String::new()),
                 None => trace_block_size(format, target, default),
             };
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope export: {} → {}: hash ids of {size}-token blocks{why}",
                 format.as_str(),
                 target.as_str(),
@@ -192,7 +192,7 @@ pub fn run(args: ExportArgs) -> u8 {
             size
         }
         None => {
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope export: {} → {}: block size: none ({} has no hash ids{})",
                 format.as_str(),
                 target.as_str(),
@@ -207,11 +207,11 @@ pub fn run(args: ExportArgs) -> u8 {
         }
     };
     if !target.anonymous() {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope export: WARNING: otel is NOT anonymous: the spans carry every message, the system prompt and the tool definitions (replay sends them). Share it as you would the recording."
         );
     }
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope export: salt {} ({})",
         salt_path.display(),
         if created { "created" } else { "reused" }
@@ -231,7 +231,7 @@ pub fn run(args: ExportArgs) -> u8 {
     let result = match &args.output {
         Some(path) => {
             // A 0600 temporary file renamed over the target once the export is whole: a failed
-            // export leaves an existing file as it was (`prefixscope::output_file`).
+            // export leaves an existing file as it was (`prefixscope_core::output_file`).
             let input_paths: Vec<&Path> = args.files.iter().map(PathBuf::as_path).collect();
             let mut out = match OutputFile::create(path, &input_paths) {
                 Ok(out) => out,
@@ -260,7 +260,7 @@ pub fn run(args: ExportArgs) -> u8 {
 
 fn report(summary: &Summary, target: Target, output: Option<&Path>) {
     for bad in &summary.bad_rows {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: {}:{}: {}",
             bad.file,
             bad.row.line,
@@ -268,10 +268,10 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         );
     }
     for value in &summary.bad_values {
-        prefixscope::stderr_line!("prefixscope: bad value: {value}");
+        prefixscope_core::stderr_line!("prefixscope: bad value: {value}");
     }
     if summary.bad_value_count > 0 {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope export: {} implausible server counts ignored (read as not reported)",
             summary.bad_value_count
         );
@@ -282,20 +282,20 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         Target::Otel => "traces",
         _ => "rows",
     };
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope export: {} requests → {} {unit}{}",
         summary.requests,
         w.lines,
         output.map_or(String::new(), |p| format!(" in {}", p.display()))
     );
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "  output_length: {} from the server, {} estimated (no count in the response), {} raised from 0 to 1",
         summary.output_from_server,
         summary.output_estimated,
         summary.output_raised_from_zero
     );
     if target.uses_conversations() {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "  conversations from {}: {} written · {} tool-result steps{}",
             summary.conversation_source,
             w.conversations,
@@ -312,7 +312,7 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
         .iter()
         .map(|(reason, n)| format!("{n} {reason}"))
         .collect();
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "  not exported: {} bad lines, {} non-2xx responses{}",
         summary.bad_rows.len(),
         summary.non_2xx,
@@ -322,19 +322,19 @@ fn report(summary: &Summary, target: Target, output: Option<&Path>) {
             format!(", {}", skipped.join(", "))
         }
     );
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "  held at most: {} requests read ahead of their turn, {} in conversations not yet written",
         summary.read_ahead_max,
         w.held_requests_max
     );
     if summary.untimed > 0 {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "  {} requests had no timestamp and were given the previous one's",
             summary.untimed
         );
     }
     if target.anonymous() {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "  anonymized: token counts, times and salted ids; no message text, system prompt, tool schema, arguments, results, model or tool name"
         );
     }

@@ -34,22 +34,26 @@ pub fn text_out() -> Box<dyn std::io::Write> {
 
 /// The command's final text on stdout. After a SIGHUP the terminal may be gone: a write error
 /// is not worth a panic (`print!` would panic).
-/// Control characters of recorded text are escaped (`prefixscope::text`).
+/// Control characters of recorded text are escaped (`prefixscope_core::text`).
 pub fn print_stdout(text: &str) {
     let mut out = text_out();
-    let _ = out.write_all(prefixscope::text::printable(text).as_bytes());
+    let _ = out.write_all(prefixscope_core::text::printable(text).as_bytes());
     let _ = out.flush();
 }
 
-/// JSON on stdout, a line: DEL and C1 escaped too (`prefixscope::text::printable_json`).
+/// JSON on stdout, a line: DEL and C1 escaped too (`prefixscope_core::text::printable_json`).
 pub fn print_json(json: &str) {
-    let _ = writeln!(text_out(), "{}", prefixscope::text::printable_json(json));
+    let _ = writeln!(
+        text_out(),
+        "{}",
+        prefixscope_core::text::printable_json(json)
+    );
 }
 
 /// A session's error on stderr, and its exit code.
 pub fn fail(error: prefixscope::session::Error) -> u8 {
     use prefixscope::session::Error;
-    prefixscope::stderr_line!("prefixscope: {error}");
+    prefixscope_core::stderr_line!("prefixscope: {error}");
     match error {
         Error::Usage(_) => EXIT_USAGE,
         Error::Unreadable(_) => EXIT_UNREADABLE,
@@ -63,25 +67,25 @@ pub fn check_output(
     inputs: &[std::path::PathBuf],
 ) -> Result<(), u8> {
     let Some(out) = out else { return Ok(()) };
-    match prefixscope::output_file::output_kind(out) {
-        Ok(prefixscope::output_file::OutputKind::Stdout) => {
+    match prefixscope_core::output_file::output_kind(out) {
+        Ok(prefixscope_core::output_file::OutputKind::Stdout) => {
             STDOUT_TAKEN.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(_) => {}
         Err(e) => {
-            prefixscope::stderr_line!("prefixscope: -o {e}");
+            prefixscope_core::stderr_line!("prefixscope: -o {e}");
             return Err(EXIT_USAGE);
         }
     }
     let inputs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
-    match prefixscope::output_file::input_at(out, &inputs) {
+    match prefixscope_core::output_file::input_at(out, &inputs) {
         Some(input) => {
             let same = if input == out {
                 String::new()
             } else {
                 format!(" ({} is the same file)", input.display())
             };
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: -o {} is one of the inputs{same}: writing it would destroy what is read; choose another file",
                 out.display()
             );
@@ -91,7 +95,7 @@ pub fn check_output(
     }
 }
 
-/// Writes a whole `-o` file (`prefixscope::output_file`: a 0600 temporary file renamed over the
+/// Writes a whole `-o` file (`prefixscope_core::output_file`: a 0600 temporary file renamed over the
 /// target, a symlink replaced, an input refused, a failed write leaving the old file); the
 /// error on stderr and its exit code.
 pub fn write_output(
@@ -100,8 +104,8 @@ pub fn write_output(
     bytes: &[u8],
 ) -> Result<(), u8> {
     let inputs: Vec<&std::path::Path> = inputs.iter().map(|p| p.as_path()).collect();
-    prefixscope::output_file::write_whole(out, &inputs, bytes).map_err(|e| {
-        prefixscope::stderr_line!("prefixscope: cannot write {}: {e}", out.display());
+    prefixscope_core::output_file::write_whole(out, &inputs, bytes).map_err(|e| {
+        prefixscope_core::stderr_line!("prefixscope: cannot write {}: {e}", out.display());
         if e.kind() == std::io::ErrorKind::InvalidInput {
             EXIT_USAGE
         } else {
@@ -122,7 +126,7 @@ pub fn screen_switches(mouse: bool) -> prefixscope::session::screen::Switches {
 
 /// Recordings read from several files, each file's bad lines reported on stderr as read.
 pub struct Recordings {
-    pub records: Vec<prefixscope::record::Record>,
+    pub records: Vec<prefixscope_core::record::Record>,
     pub files: Vec<RecordingFile>,
     /// A file yielded no record, or its read stopped (said on stderr): the command prints
     /// what it read and exits 1 (`exit_code`).
@@ -144,7 +148,7 @@ impl Recordings {
 pub struct RecordingFile {
     pub path: std::path::PathBuf,
     pub records: usize,
-    pub bad_lines: Vec<prefixscope::record::BadLine>,
+    pub bad_lines: Vec<prefixscope_core::record::BadLine>,
 }
 
 /// Where `read_recordings_into` puts each record as it is read.
@@ -152,10 +156,10 @@ pub trait RecordSink {
     /// What each record becomes on the reading threads, in parallel, before `take` gets it in
     /// file order: the record itself, or work that depends on it alone (normalization).
     type Item: Send;
-    fn prepare(record: prefixscope::record::Record) -> Self::Item;
+    fn prepare(record: prefixscope_core::record::Record) -> Self::Item;
     /// Record `id`, prepared.
     fn take(&mut self, id: u64, item: Self::Item);
-    fn record(&mut self, record: prefixscope::record::Record)
+    fn record(&mut self, record: prefixscope_core::record::Record)
     where
         Self: Sized,
     {
@@ -171,19 +175,19 @@ pub trait RecordSink {
 /// Every record held, each file's in id order (as `record::read_jsonl` gives them).
 #[derive(Default)]
 struct Collect {
-    records: Vec<prefixscope::record::Record>,
+    records: Vec<prefixscope_core::record::Record>,
     file_start: usize,
     max_id: u64,
 }
 
 impl RecordSink for Collect {
-    type Item = prefixscope::record::Record;
+    type Item = prefixscope_core::record::Record;
 
-    fn prepare(record: prefixscope::record::Record) -> Self::Item {
+    fn prepare(record: prefixscope_core::record::Record) -> Self::Item {
         record
     }
 
-    fn take(&mut self, id: u64, record: prefixscope::record::Record) {
+    fn take(&mut self, id: u64, record: prefixscope_core::record::Record) {
         self.max_id = self.max_id.max(id);
         self.records.push(record);
     }
@@ -207,29 +211,29 @@ impl Recordings {
         sink: &mut impl RecordSink,
     ) {
         let name = path.display().to_string();
-        let mut log = prefixscope::input::gateway_csv::records(reader, &name, None);
+        let mut log = prefixscope_core::input::gateway_csv::records(reader, &name, None);
         // Each log numbers its rows from 1: a second one's come after the first's.
         let base = sink.max_id();
         for record in &mut log.records {
             record.id += base;
         }
         for bad in &log.report.bad_rows {
-            prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+            prefixscope_core::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
         }
         if log.records.is_empty() {
-            prefixscope::stderr_line!("prefixscope: {name}: {}", log.report.why_nothing());
+            prefixscope_core::stderr_line!("prefixscope: {name}: {}", log.report.why_nothing());
             self.failed = true;
         } else if let Some(error) = &log.report.read_error {
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: {name}: the read stopped at {error}; the {} rows before it are read",
                 log.records.len()
             );
             self.failed = true;
         }
         if !log.timed && !log.records.is_empty() {
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: {name}: a gateway log without timestamps: its rows in file order, {} s apart",
-                prefixscope::input::gateway_csv::UNTIMED_PACE_MS / 1000
+                prefixscope_core::input::gateway_csv::UNTIMED_PACE_MS / 1000
             );
         }
         self.files.push(RecordingFile {
@@ -239,7 +243,7 @@ impl Recordings {
                 .report
                 .bad_rows
                 .iter()
-                .map(|b| prefixscope::record::BadLine {
+                .map(|b| prefixscope_core::record::BadLine {
                     line: b.line,
                     error: b.error.clone(),
                 })
@@ -260,7 +264,7 @@ pub fn report_paths(
     path: &std::path::Path,
     html: Option<&std::path::Path>,
 ) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
-    let is_file = prefixscope::output_file::output_kind(path).is_ok_and(|kind| kind.is_file());
+    let is_file = prefixscope_core::output_file::output_kind(path).is_ok_and(|kind| kind.is_file());
     if !is_file {
         // A device, a FIFO or stdout: the JSON as it is, and the page only where asked.
         return (path.to_path_buf(), html.map(std::path::Path::to_path_buf));
@@ -301,14 +305,14 @@ pub fn read_recordings_into<S: RecordSink>(
         failed: false,
     };
     for path in paths {
-        use prefixscope::input::Format;
-        match prefixscope::input::open(path, None).map(|o| (o.format, o.reader)) {
+        use prefixscope_core::input::Format;
+        match prefixscope_core::input::open(path, None).map(|o| (o.format, o.reader)) {
             Ok((Format::Csv, reader)) => {
                 out.read_log(path, reader, sink);
                 continue;
             }
             Ok((format @ (Format::Mooncake | Format::Bailian), _)) => {
-                prefixscope::stderr_line!(
+                prefixscope_core::stderr_line!(
                     "prefixscope: {} is {}: it holds token counts and hash ids, not the messages this reads; `prefixscope profile` and `replay` read traces",
                     path.display(),
                     format.describe()
@@ -318,14 +322,15 @@ pub fn read_recordings_into<S: RecordSink>(
             }
             _ => {}
         }
-        match prefixscope::input::open(path, Some(prefixscope::input::Format::Recording)) {
+        match prefixscope_core::input::open(path, Some(prefixscope_core::input::Format::Recording))
+        {
             Ok(opened) => {
                 let mut records = 0usize;
                 let mut bad_lines = Vec::new();
                 // Records are parsed (and prepared) on every core, taken in file order.
-                prefixscope::input::recording::for_each_record(
+                prefixscope_core::input::recording::for_each_record(
                     opened.reader,
-                    prefixscope::input::parallel::workers(),
+                    prefixscope_core::input::parallel::workers(),
                     |record| (record.id, S::prepare(record)),
                     |item| match item {
                         Ok((id, item)) => {
@@ -333,7 +338,7 @@ pub fn read_recordings_into<S: RecordSink>(
                             sink.take(id, item);
                         }
                         Err(bad) => {
-                            prefixscope::stderr_line!(
+                            prefixscope_core::stderr_line!(
                                 "prefixscope: {}:{}: {}",
                                 path.display(),
                                 bad.line,
@@ -345,16 +350,16 @@ pub fn read_recordings_into<S: RecordSink>(
                 );
                 sink.file_done();
                 if records == 0 && bad_lines.is_empty() {
-                    prefixscope::stderr_line!(
+                    prefixscope_core::stderr_line!(
                         "prefixscope: {} is empty: no records",
                         path.display()
                     );
                 }
                 if records == 0 && !bad_lines.is_empty() {
-                    prefixscope::stderr_line!(
+                    prefixscope_core::stderr_line!(
                         "prefixscope: {}: no record: read as {}; {} bad lines",
                         path.display(),
-                        prefixscope::input::Format::Recording.describe(),
+                        prefixscope_core::input::Format::Recording.describe(),
                         bad_lines.len()
                     );
                     out.failed = true;
@@ -363,7 +368,7 @@ pub fn read_recordings_into<S: RecordSink>(
                     .iter()
                     .find(|b| b.error.starts_with("read error: "))
                 {
-                    prefixscope::stderr_line!(
+                    prefixscope_core::stderr_line!(
                         "prefixscope: {}: the read stopped at line {}: {}; the {records} records before it are read",
                         path.display(),
                         stop.line,
@@ -377,7 +382,9 @@ pub fn read_recordings_into<S: RecordSink>(
                     bad_lines,
                 });
             }
-            Err(e) => prefixscope::stderr_line!("prefixscope: cannot read {}: {e}", path.display()),
+            Err(e) => {
+                prefixscope_core::stderr_line!("prefixscope: cannot read {}: {e}", path.display())
+            }
         }
     }
     (!out.files.is_empty()).then_some(out)
@@ -387,25 +394,25 @@ pub fn read_recordings_into<S: RecordSink>(
 /// whatever its format (exit 0, with a warning), in every command.
 pub fn is_empty_input(path: &std::path::Path) -> bool {
     use std::io::BufRead;
-    prefixscope::input::open_decompressed(path)
+    prefixscope_core::input::open_decompressed(path)
         .and_then(|mut reader| reader.fill_buf().map(|b| b.is_empty()))
         .unwrap_or(false)
 }
 
 /// Each bad value of a file on stderr (a number past its bound, ignored), then how many more.
-pub fn print_bad_values(name: &str, report: &prefixscope::input::FileReport) {
+pub fn print_bad_values(name: &str, report: &prefixscope_core::input::FileReport) {
     for value in &report.bad_values {
-        prefixscope::stderr_line!("prefixscope: {name}: bad value: {value}");
+        prefixscope_core::stderr_line!("prefixscope: {name}: bad value: {value}");
     }
     let more = report.bad_value_count - report.bad_values.len() as u64;
     if more > 0 {
-        prefixscope::stderr_line!("prefixscope: {name}: {more} more bad values");
+        prefixscope_core::stderr_line!("prefixscope: {name}: {more} more bad values");
     }
 }
 
 /// `--speed`: a number from `MIN_SPEED` to `MAX_SPEED` (clap reports the error, exit 2).
 pub fn parse_speed(text: &str) -> Result<f64, String> {
-    use prefixscope::limits::{MAX_SPEED, MIN_SPEED, valid_speed};
+    use prefixscope_core::limits::{MAX_SPEED, MIN_SPEED, valid_speed};
     let speed: f64 = text
         .trim()
         .parse()
@@ -419,7 +426,7 @@ pub fn parse_speed(text: &str) -> Result<f64, String> {
 
 /// A timeout in whole seconds, 1 to `MAX_CONNECT_TIMEOUT_SECS` (a day).
 pub fn parse_timeout_seconds(text: &str) -> Result<u64, String> {
-    use prefixscope::limits::MAX_CONNECT_TIMEOUT_SECS;
+    use prefixscope_core::limits::MAX_CONNECT_TIMEOUT_SECS;
     match text.trim().parse::<u64>() {
         Ok(seconds) if (1..=MAX_CONNECT_TIMEOUT_SECS).contains(&seconds) => Ok(seconds),
         _ => Err(format!(
@@ -430,7 +437,7 @@ pub fn parse_timeout_seconds(text: &str) -> Result<u64, String> {
 
 /// `--slots` of the simulated server: 1 to `MAX_SIM_SLOTS`.
 pub fn parse_sim_slots(text: &str) -> Result<usize, String> {
-    use prefixscope::limits::MAX_SIM_SLOTS;
+    use prefixscope_core::limits::MAX_SIM_SLOTS;
     match text.trim().parse::<usize>() {
         Ok(slots) if (1..=MAX_SIM_SLOTS).contains(&slots) => Ok(slots),
         _ => Err(format!("must be a whole number from 1 to {MAX_SIM_SLOTS}")),

@@ -8,12 +8,14 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
-use prefixscope::cache::blocks::ToolsPosition;
-use prefixscope::cache::capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
-use prefixscope::cache::profile::Point;
-use prefixscope::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
-use prefixscope::input::{self, FileReport, Format, InputOptions, OpenError, OpenedInput};
-use prefixscope::units::thousands;
+use prefixscope_core::cache::blocks::ToolsPosition;
+use prefixscope_core::cache::capacity::{
+    DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity,
+};
+use prefixscope_core::cache::profile::Point;
+use prefixscope_core::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
+use prefixscope_core::input::{self, FileReport, Format, InputOptions, OpenError, OpenedInput};
+use prefixscope_core::units::thousands;
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -83,7 +85,7 @@ struct Settings {
 }
 
 fn usage(message: impl std::fmt::Display) -> u8 {
-    prefixscope::stderr_line!("prefixscope profile: {message}");
+    prefixscope_core::stderr_line!("prefixscope profile: {message}");
     EXIT_USAGE
 }
 
@@ -162,17 +164,17 @@ pub fn run(args: ProfileArgs) -> u8 {
             Ok(OpenedInput { reader, format }) => opened.push((path, format, reader)),
             Err(OpenError::Unreadable(e)) => {
                 unreadable = true;
-                prefixscope::stderr_line!("prefixscope: cannot read {}: {e}", path.display());
+                prefixscope_core::stderr_line!("prefixscope: cannot read {}: {e}", path.display());
             }
             Err(OpenError::UnknownFormat) if super::is_empty_input(path) => {
-                prefixscope::stderr_line!(
+                prefixscope_core::stderr_line!(
                     "prefixscope: {} is empty: nothing to read",
                     path.display()
                 );
                 empty.push(path);
             }
             Err(e @ OpenError::UnknownFormat) => {
-                prefixscope::stderr_line!("prefixscope: {}: {e}", path.display())
+                prefixscope_core::stderr_line!("prefixscope: {}: {e}", path.display())
             }
         }
     }
@@ -214,7 +216,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         options.file_bytes = metadata.map(|m| m.len());
         let file = input::read_or_twice(reader, reopen, &name, format, &options);
         for bad in &file.report.bad_rows {
-            prefixscope::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
+            prefixscope_core::stderr_line!("prefixscope: {name}:{}: {}", bad.line, bad.error);
         }
         super::print_bad_values(&name, &file.report);
         if block_size.is_none() {
@@ -244,7 +246,11 @@ pub fn run(args: ProfileArgs) -> u8 {
     let mut failed = false;
     for report in &reports {
         if report.requests == 0 && !empty_names.contains(&report.name) {
-            prefixscope::stderr_line!("prefixscope: {}: {}", report.name, report.why_nothing());
+            prefixscope_core::stderr_line!(
+                "prefixscope: {}: {}",
+                report.name,
+                report.why_nothing()
+            );
             failed = true;
         }
     }
@@ -328,7 +334,7 @@ pub fn run(args: ProfileArgs) -> u8 {
     }
     for report in &reports {
         if let Some(error) = &report.read_error {
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: {}: the read stopped at {error}; the {} requests before it are profiled",
                 report.name,
                 thousands(report.requests)
@@ -401,7 +407,7 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
             out.push(format!("block model: {}", model.describe()));
         }
     }
-    let dist = |d: &prefixscope::cache::stats::Distribution| match (d.p50, d.p90, d.p99) {
+    let dist = |d: &prefixscope_core::cache::stats::Distribution| match (d.p50, d.p90, d.p99) {
         (Some(a), Some(b), Some(c)) => format!(
             "p50 {} · p90 {} · p99 {}",
             thousands(a),

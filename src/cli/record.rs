@@ -10,12 +10,12 @@ use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
 use prefixscope::metrics::serve::Endpoint;
-use prefixscope::proxy::DEFAULT_PORT;
-use prefixscope::record::Record;
-use prefixscope::recorder::{Consumer, RecorderStats};
 use prefixscope::session::capture::{Capture, CaptureConfig, stop_on_signal};
 use prefixscope::session::headless::record_line;
 use prefixscope::session::shutdown::Shutdown;
+use prefixscope_capture::proxy::DEFAULT_PORT;
+use prefixscope_capture::recorder::{Consumer, RecorderStats};
+use prefixscope_core::record::Record;
 
 /// Where to listen, where to forward, what to record: shared by `record` and `watch`.
 #[derive(Args)]
@@ -111,7 +111,7 @@ impl MetricsPlan {
             self.window,
         )
         .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: metrics on http://{}/metrics (and /healthz)",
             endpoint.addr
         );
@@ -133,9 +133,9 @@ impl CaptureArgs {
             ca_file: self.ca_file.clone(),
             layout: !self.no_layout,
             probe: if self.no_probe {
-                prefixscope::probe::poll::Schedule::Off
+                prefixscope_capture::poll::Schedule::Off
             } else {
-                prefixscope::probe::poll::Schedule::Once
+                prefixscope_capture::poll::Schedule::Once
             },
             // `watch`'s screen asks for them; `record` has no one to predict for.
             announce_starts: false,
@@ -218,7 +218,7 @@ pub fn run(args: RecordArgs) -> u8 {
         let quiet = args.quiet;
         std::thread::spawn(move || print_status(status_rx, stats, proxy, quiet))
     };
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope: proxy http://{listen} -> {}, recording to {} ({}, mode 0600). Ctrl-C (or SIGTERM, SIGHUP) stops.",
         upstream.url(),
         path.display(),
@@ -228,11 +228,11 @@ pub fn run(args: RecordArgs) -> u8 {
             "full bodies"
         }
     );
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope: point your agent at http://{listen}/v1 (OpenAI), http://{listen} (Anthropic, Ollama)"
     );
     for notice in &notices {
-        prefixscope::stderr_line!("prefixscope: {notice}");
+        prefixscope_core::stderr_line!("prefixscope: {notice}");
     }
 
     runtime.block_on(proxy.run(stop_on_signal(&shutdown, Arc::clone(&proxy_stats))));
@@ -257,10 +257,10 @@ pub fn run(args: RecordArgs) -> u8 {
         header_timeouts: proxy_stats.header_timeouts.load(Ordering::Relaxed),
         accept_errors: proxy_stats.accept_errors.load(Ordering::Relaxed),
     };
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope: {}, {} written to {}{}",
-        prefixscope::units::plural(summary.exchanges, "exchange"),
-        prefixscope::units::plural(summary.written, "record"),
+        prefixscope_core::units::plural(summary.exchanges, "exchange"),
+        prefixscope_core::units::plural(summary.written, "record"),
         summary
             .files
             .iter()
@@ -276,17 +276,17 @@ pub fn run(args: RecordArgs) -> u8 {
         }
     );
     if let Some(line) = layout.and_then(|l| l.summary()) {
-        prefixscope::stderr_line!("prefixscope: {line}");
+        prefixscope_core::stderr_line!("prefixscope: {line}");
     }
     if server.answers > 0 {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: {}",
-            prefixscope::text::printable_line(&server.line())
+            prefixscope_core::text::printable_line(&server.line())
         );
     }
     let not_laid_out = recorder_stats.not_enriched.load(Ordering::Relaxed);
     if not_laid_out > 0 {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: {not_laid_out} records not laid out: captures were waiting (the layout never holds the proxy back)"
         );
     }
@@ -303,11 +303,11 @@ pub fn run(args: RecordArgs) -> u8 {
     ];
     for (count, what) in refused {
         if count > 0 {
-            prefixscope::stderr_line!("prefixscope: {count} {what}");
+            prefixscope_core::stderr_line!("prefixscope: {count} {what}");
         }
     }
     if args.json {
-        prefixscope::stdout_line!(
+        prefixscope_core::stdout_line!(
             "{}",
             serde_json::to_string_pretty(&summary).unwrap_or_default()
         );
@@ -325,11 +325,11 @@ const STATUS_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 fn print_status(
     records: crossbeam_channel::Receiver<Arc<Record>>,
     stats: Arc<RecorderStats>,
-    proxy: Arc<prefixscope::proxy::ProxyStats>,
+    proxy: Arc<prefixscope_capture::proxy::ProxyStats>,
     quiet: bool,
-) -> prefixscope::probe::ServerInfo {
+) -> prefixscope_core::probe::ServerInfo {
     // What the server's probes said, for the exit line (said even with -q).
-    let mut server = prefixscope::probe::ServerInfo::default();
+    let mut server = prefixscope_core::probe::ServerInfo::default();
     let mut errors_seen = 0;
     let mut dropped_seen = 0;
     let (mut rejected_seen, mut accept_seen, mut upstream_seen) = (0, 0, 0);
@@ -345,7 +345,7 @@ fn print_status(
                     seen += 1;
                     server.apply_record(&record);
                     if !quiet {
-                        prefixscope::stderr_line!("{}", record_line(&record));
+                        prefixscope_core::stderr_line!("{}", record_line(&record));
                     }
                 }
                 Err(crossbeam_channel::TryRecvError::Empty) => break,
@@ -361,7 +361,7 @@ fn print_status(
         let failures = proxy.upstream_failures.load(Ordering::Relaxed);
         if failures > upstream_seen {
             upstream_seen = failures;
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: upstream failed ({failures} so far): {}",
                 proxy.last_upstream_error().unwrap_or_default()
             );
@@ -369,7 +369,7 @@ fn print_status(
         let rejected = proxy.rejected.load(Ordering::Relaxed);
         if rejected > rejected_seen {
             rejected_seen = rejected;
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: {rejected} request(s) refused by the HTTP parser, answered by it and not recorded (last: {})",
                 proxy.last_rejection().unwrap_or_default()
             );
@@ -377,7 +377,7 @@ fn print_status(
         let accept = proxy.accept_errors.load(Ordering::Relaxed);
         if accept > accept_seen {
             accept_seen = accept;
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: {accept} connection(s) could not be accepted (last: {})",
                 proxy
                     .last_accept_error
@@ -390,15 +390,15 @@ fn print_status(
         let dropped = stats.bodies_dropped.load(Ordering::Relaxed);
         if dropped > dropped_seen {
             dropped_seen = dropped;
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: {dropped} record(s) written without their bodies: with them the line would pass the {} MiB that readers take",
-                prefixscope::limits::MAX_LINE_BYTES >> 20
+                prefixscope_core::limits::MAX_LINE_BYTES >> 20
             );
         }
         let errors = stats.write_errors.load(Ordering::Relaxed);
         if errors > errors_seen {
             errors_seen = errors;
-            prefixscope::stderr_line!(
+            prefixscope_core::stderr_line!(
                 "prefixscope: WRITE FAILED ({errors} record(s) not written, still forwarding): {}",
                 stats.last_error().unwrap_or_default()
             );

@@ -9,8 +9,8 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE};
-use prefixscope::normalize::Api;
-use prefixscope::record::Record;
+use prefixscope_core::normalize::Api;
+use prefixscope_core::record::Record;
 
 #[derive(Args)]
 pub struct RecordsArgs {
@@ -58,7 +58,7 @@ pub fn run(args: RecordsArgs) -> u8 {
     if let Some(out) = &args.out {
         let mut bytes = Vec::new();
         for record in &records {
-            bytes.extend(prefixscope::record::record_line(record));
+            bytes.extend(prefixscope_core::record::record_line(record));
         }
         if let Err(code) = super::write_output(out, &args.files, &bytes) {
             return code;
@@ -69,7 +69,7 @@ pub fn run(args: RecordsArgs) -> u8 {
         let _ = writeln!(
             stdout,
             "{}",
-            prefixscope::text::printable_json(
+            prefixscope_core::text::printable_json(
                 &serde_json::to_string_pretty(&summary).unwrap_or_default()
             )
         );
@@ -85,7 +85,7 @@ pub fn run(args: RecordsArgs) -> u8 {
     let _ = writeln!(
         stdout,
         "{}",
-        prefixscope::text::printable(&text_summary(&summary))
+        prefixscope_core::text::printable(&text_summary(&summary))
     );
     EXIT_OK
 }

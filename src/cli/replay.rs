@@ -48,7 +48,7 @@ pub fn run(args: ReplayArgs) -> u8 {
         Err(e) => return fail(e),
     };
     for message in &replay.messages {
-        prefixscope::stderr_line!("prefixscope: {message}");
+        prefixscope_core::stderr_line!("prefixscope: {message}");
     }
     if args.headless || !std::io::stdout().is_terminal() {
         // A signal stops the reading; the summary of what was read follows.

@@ -10,9 +10,9 @@ use clap::Args;
 
 use super::record::{CaptureArgs, MetricsPlan};
 use super::{EXIT_OK, fail, print_stdout, screen_switches};
-use prefixscope::record::Record;
 use prefixscope::session::capture::{Capture, watch_headless, watch_screen};
 use prefixscope::session::shutdown::Shutdown;
+use prefixscope_core::record::Record;
 
 #[derive(Args)]
 pub struct WatchArgs {
@@ -28,7 +28,7 @@ pub fn run(args: WatchArgs) -> u8 {
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let mut config = args.capture.config();
     if !args.capture.no_probe {
-        config.probe = prefixscope::probe::poll::Schedule::Watch;
+        config.probe = prefixscope_capture::poll::Schedule::Watch;
     }
     config.announce_starts = std::io::stdout().is_terminal();
     let mut consumers = vec![records_tx];
@@ -46,16 +46,16 @@ pub fn run(args: WatchArgs) -> u8 {
         Err(code) => return code,
     };
     for notice in capture.notices() {
-        prefixscope::stderr_line!("prefixscope: {notice}");
+        prefixscope_core::stderr_line!("prefixscope: {notice}");
     }
     let layout = capture.layout.clone();
     let say_layout = move || {
         if let Some(line) = layout.as_ref().and_then(|l| l.summary()) {
-            prefixscope::stderr_line!("prefixscope: {line}");
+            prefixscope_core::stderr_line!("prefixscope: {line}");
         }
     };
     if !std::io::stdout().is_terminal() {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: proxy http://{} -> {}, recording to {}; stdout is not a terminal, so one line per record. Ctrl-C stops.",
             capture.listen,
             capture.upstream.url(),
@@ -91,14 +91,14 @@ pub fn run(args: WatchArgs) -> u8 {
 /// What was written, on stderr; exit 1 when every record failed to write.
 fn report_written(written: &prefixscope::session::capture::Written, code: u8) -> u8 {
     if written.not_laid_out > 0 {
-        prefixscope::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: {} records not laid out: captures were waiting (the layout never holds the proxy back)",
             written.not_laid_out
         );
     }
-    prefixscope::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope: {} written to {}{}",
-        prefixscope::units::plural(written.records, "record"),
+        prefixscope_core::units::plural(written.records, "record"),
         written.path.display(),
         match written.failed {
             0 => String::new(),

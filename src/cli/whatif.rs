@@ -8,10 +8,10 @@ use clap::Args;
 
 use super::demo::OnOff;
 use super::{EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
-use prefixscope::analysis::{Config, analyze};
-use prefixscope::sim::residency::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
-use prefixscope::sim::whatif::{Totals, WhatIf, what_if_given};
-use prefixscope::units::thousands;
+use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::sim::residency::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
+use prefixscope_core::sim::whatif::{Totals, WhatIf, what_if_given};
+use prefixscope_core::units::thousands;
 
 #[derive(Args)]
 pub struct WhatIfArgs {
@@ -31,7 +31,7 @@ pub struct WhatIfArgs {
 
 pub fn run(args: WhatIfArgs) -> u8 {
     if args.slots == 0 || args.slots > 1024 {
-        prefixscope::stderr_line!("prefixscope: --slots must be between 1 and 1024");
+        prefixscope_core::stderr_line!("prefixscope: --slots must be between 1 and 1024");
         return EXIT_USAGE;
     }
     let Some(read) = read_recordings(&args.files) else {

@@ -11,7 +11,6 @@
 //! costliest, the rest as `other`), causes, break causes and evictor kinds are closed sets of
 //! the analysis's own names, statuses and error kinds are few; conversation ids are never labels.
 
-#[cfg(feature = "net")]
 pub mod serve;
 pub mod window;
 

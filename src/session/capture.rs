@@ -37,7 +37,7 @@ pub struct CaptureConfig {
     /// Lay each record out as a llama.cpp upstream renders it (`tokenize::LiveLayout`).
     pub layout: bool,
     /// Ask the upstream what it is (`probe::poll`): once (`record`), or on and on (`watch`).
-    pub probe: crate::probe::poll::Schedule,
+    pub probe: crate::poll::Schedule,
     /// Hand each request over as it starts (`Capture::starts`), for the live slot predictions.
     pub announce_starts: bool,
 }
@@ -83,7 +83,6 @@ impl RequestStarts {
     }
 
     /// `forward` into the live engine, as a screen's feeder.
-    #[cfg(feature = "tui")]
     pub fn into_feeder(
         self,
     ) -> Box<dyn FnOnce(crossbeam_channel::Sender<crate::live::Input>) + Send> {
@@ -218,8 +217,7 @@ impl Capture {
         });
         // The server's own word on what it is, off the request path; recorded through the
         // recorder like an exchange, marked `probe`.
-        let poller =
-            crate::probe::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
+        let poller = crate::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
         let probe = runtime.spawn(poller.run()).abort_handle();
         Ok(Capture {
             runtime,
@@ -308,7 +306,6 @@ impl LiveControl {
     }
 }
 
-#[cfg(feature = "tui")]
 impl crate::tui::Control for LiveControl {
     fn stop(&self) {
         LiveControl::stop(self);
@@ -440,7 +437,6 @@ impl Written {
 /// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
 /// consumer channel (`records`), the TUI until the user quits. Returns the snapshot on screen
 /// at exit and what was written.
-#[cfg(feature = "tui")]
 pub fn watch_screen(
     capture: Capture,
     records: crossbeam_channel::Receiver<Arc<Record>>,

@@ -11,9 +11,9 @@ use super::Error;
 use super::capture::{Capture, CaptureConfig};
 use crate::analysis::{self, Config, Report};
 use crate::record::{Record, read_jsonl};
-use crate::sim::agents::{default_slots, run_scenario, scenario_model};
-use crate::sim::script::{Check, RunLog, ScriptEvent, check, evictions};
-use crate::sim::server::{SimConfig, SimServer, Speed};
+use prefixscope_demo::agents::{default_slots, run_scenario, scenario_model};
+use prefixscope_demo::script::{Check, RunLog, ScriptEvent, check, evictions};
+use prefixscope_demo::server::{SimConfig, SimServer, Speed};
 
 /// Where the demo's recording goes when none is named: a temporary file, removed at the end.
 fn temporary_recording() -> PathBuf {
@@ -117,7 +117,7 @@ impl Demo {
                 // The simulated server counts by its own words; it has no chat template to ask.
                 layout: false,
                 // The simulated server answers `/props` as llama-server does.
-                probe: crate::probe::poll::Schedule::Watch,
+                probe: crate::poll::Schedule::Watch,
                 // For the slot predictions on screen; a headless demo lets them go.
                 announce_starts: true,
             },
@@ -228,7 +228,6 @@ impl Demo {
 
 /// The demo on the TUI: the agents, the server and the proxy on their runtime's thread, the
 /// live engine on `records`, until the user quits. Returns the snapshot on screen at exit.
-#[cfg(feature = "tui")]
 pub fn run_screen(
     demo: Demo,
     records: crossbeam_channel::Receiver<Arc<Record>>,
@@ -314,7 +313,6 @@ pub fn run_screen(
 
 /// What the screen says when the agents are done: a status (`demo finished: 24 requests`), not
 /// a warning: nothing went wrong. Agents' errors are warnings.
-#[cfg(feature = "tui")]
 pub fn end_of_demo(ran: &Result<RunLog, String>) -> crate::tui::event::Event {
     use crate::tui::event::Event;
     match ran {
@@ -330,13 +328,11 @@ pub fn end_of_demo(ran: &Result<RunLog, String>) -> crate::tui::event::Event {
 }
 
 /// The live controls, plus speed: `+` / `-` speed the agents and the server up or down.
-#[cfg(feature = "tui")]
 struct DemoControl {
     live: super::capture::LiveControl,
     speed: Arc<Speed>,
 }
 
-#[cfg(feature = "tui")]
 impl crate::tui::Control for DemoControl {
     fn set_speed(&self, speed: f64) {
         self.speed.set(speed);

@@ -9,16 +9,12 @@
 //! - `screen`: the live engine on its thread and the TUI on a terminal.
 //! - `shutdown`: SIGINT, SIGTERM and SIGHUP, the one way every command stops.
 
-#[cfg(feature = "net")]
 pub mod capture;
-#[cfg(feature = "net")]
 pub mod demo;
 pub mod export;
 pub mod headless;
 pub mod replay;
-#[cfg(feature = "tui")]
 pub mod screen;
-#[cfg(feature = "signals")]
 pub mod shutdown;
 
 /// Milliseconds since 1970 by the wall clock: the one clock the sessions stamp inputs with

@@ -682,7 +682,6 @@ impl Pacer {
     }
 }
 
-#[cfg(feature = "tui")]
 impl crate::tui::Control for Pacer {
     fn set_speed(&self, speed: f64) {
         Pacer::set_speed(self, speed);

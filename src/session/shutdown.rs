@@ -136,7 +136,6 @@ impl Shutdown {
     }
 
     /// Resolves on the first signal (for a tokio task: the proxy's `run`).
-    #[cfg(feature = "net")]
     pub fn stopped(&self) -> impl std::future::Future<Output = Signal> + Send + 'static {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.on_stop(move |signal| {
@@ -154,7 +153,6 @@ impl Shutdown {
 
 /// The second signal: leave the terminal as it was found, then exit at once.
 fn force(signal: Signal) -> ! {
-    #[cfg(feature = "tui")]
     crate::tui::terminal::restore_if_entered();
     crate::stderr_line!(
         "prefixscope: {} again: exiting now; exchanges still in flight are not recorded",

@@ -259,24 +259,19 @@ fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
     write_private(&json, &(body + "\n")).map_err(|e| format!("{}: {e}", json.display()))?;
     write_private(&text, &app.snapshot.summary())
         .map_err(|e| format!("{}: {e}", text.display()))?;
-    #[cfg(feature = "html")]
-    {
-        // The page `analyze -o` writes, of the report on screen.
-        let html = base.with_extension("html");
-        write_private(
-            &html,
-            &crate::html_report::analysis_page(&app.snapshot.report),
-        )
-        .map_err(|e| format!("{}: {e}", html.display()))?;
-        Ok(format!(
-            "{}, {} and {}",
-            json.display(),
-            text.display(),
-            html.display()
-        ))
-    }
-    #[cfg(not(feature = "html"))]
-    Ok(format!("{} and {}", json.display(), text.display()))
+    // The page `analyze -o` writes, of the report on screen.
+    let html = base.with_extension("html");
+    write_private(
+        &html,
+        &crate::html_report::analysis_page(&app.snapshot.report),
+    )
+    .map_err(|e| format!("{}: {e}", html.display()))?;
+    Ok(format!(
+        "{}, {} and {}",
+        json.display(),
+        text.display(),
+        html.display()
+    ))
 }
 
 /// A whole file, 0600, through a temporary file renamed over the path (`output_file`): a

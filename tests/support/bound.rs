@@ -1,9 +1,9 @@
 //! The ceiling as an upper bound of what a real server reused: the check the real llama.cpp
 //! recordings and the end-to-end test share.
 
-use prefixscope::cache::profile::ceiling_per_request;
-use prefixscope::input::{self, Format, InputOptions};
-use prefixscope::record::Record;
+use prefixscope_core::cache::profile::ceiling_per_request;
+use prefixscope_core::input::{self, Format, InputOptions};
+use prefixscope_core::record::Record;
 
 /// Tokens a template renders before the first message of a prompt without a system message
 /// (SmolLM2's and Qwen2.5's default system prompt): the server may reuse a few of them from an
@@ -23,7 +23,7 @@ pub struct Bound {
 /// ceiling (replies cached, replayed cold) with the reuse the server reported.
 pub fn ceiling_bound(jsonl: &[u8], name: &str) -> Bound {
     let input = input::read(jsonl, name, Format::Recording, &InputOptions::default());
-    let records: Vec<Record> = prefixscope::record::read_jsonl(jsonl).records;
+    let records: Vec<Record> = prefixscope_core::record::read_jsonl(jsonl).records;
     let block_size = u64::from(
         input
             .report

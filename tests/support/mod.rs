@@ -24,10 +24,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use prefixscope::capture::BodyMode;
-use prefixscope::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
-use prefixscope::record::{Record, read_jsonl};
-use prefixscope::recorder::{Recorder, RecorderConfig};
+use prefixscope_capture::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
+use prefixscope_capture::recorder::{Recorder, RecorderConfig};
+use prefixscope_core::capture::BodyMode;
+use prefixscope_core::record::{Record, read_jsonl};
 
 pub type TestBody = BoxBody<Bytes, Infallible>;
 pub type Handler = Arc<
@@ -94,7 +94,7 @@ where
 }
 
 pub async fn client(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
-    prefixscope::http1::connect(addr).await.unwrap()
+    prefixscope_capture::http1::connect(addr).await.unwrap()
 }
 
 pub fn post(path: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
@@ -116,7 +116,8 @@ pub struct Options {
     pub host: String,
     pub header_timeout: Duration,
     /// Where each request goes as it starts (`ProxyConfig::request_starts`).
-    pub request_starts: Option<crossbeam_channel::Sender<prefixscope::capture::Capture<Bytes>>>,
+    pub request_starts:
+        Option<crossbeam_channel::Sender<prefixscope_core::capture::Capture<Bytes>>>,
     /// `ProxyConfig::serving_threads`: 1 serves on the test's runtime.
     pub serving_threads: usize,
 }
@@ -125,13 +126,13 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             mode: BodyMode::Full,
-            max_body: prefixscope::proxy::DEFAULT_MAX_BODY,
+            max_body: prefixscope_capture::proxy::DEFAULT_MAX_BODY,
             connect_timeout: Duration::from_secs(10),
             queue: None,
             prefix: String::new(),
             https_ca: None,
             host: "127.0.0.1".into(),
-            header_timeout: prefixscope::proxy::DEFAULT_HEADER_TIMEOUT,
+            header_timeout: prefixscope_capture::proxy::DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
             serving_threads: 1,
         }
@@ -291,7 +292,7 @@ pub async fn send(
 /// What a record's token counts add up to, by message and by tool, with the server's prompt
 /// count beside them (a laid-out record's two sums equal the third).
 pub fn token_sums(record: &Record) -> (u32, u32, Option<u32>) {
-    let exchange = prefixscope::normalize::exchange::normalize(record).unwrap();
+    let exchange = prefixscope_core::normalize::exchange::normalize(record).unwrap();
     let sum = |counts: Vec<Option<u32>>| counts.into_iter().map(|n| n.unwrap()).sum::<u32>();
     (
         sum(exchange

@@ -34,9 +34,9 @@ use std::fmt::Write;
 
 use serde_json::{Map, Value, json};
 
-use prefixscope::RECORD_VERSION;
-use prefixscope::calendar::civil_from_days;
-use prefixscope::record::{Record, RequestRecord, ResponseRecord, StreamKind};
+use prefixscope_core::RECORD_VERSION;
+use prefixscope_core::calendar::civil_from_days;
+use prefixscope_core::record::{Record, RequestRecord, ResponseRecord, StreamKind};
 
 /// What to generate. Start from `WorkloadConfig::default()` and change what matters.
 #[derive(Debug, Clone, PartialEq)]
@@ -1568,7 +1568,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use prefixscope::record::{read_jsonl, record_line};
+    use prefixscope_core::record::{read_jsonl, record_line};
 
     fn config(records: usize, out_of_order: bool) -> WorkloadConfig {
         WorkloadConfig {

@@ -226,7 +226,7 @@ mod tests {
                 }
             }
         }
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let mut lines = Vec::new();
         walk(&root.join("recordings"), &mut lines);
         walk(&root.join("tests/data"), &mut lines);

@@ -544,7 +544,7 @@ mod tests {
     fn records_read_on_several_threads_are_the_serial_reads() {
         let real = std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/recordings/llmp/llama.cpp/parallel-nocache.jsonl"
+            "/../../recordings/llmp/llama.cpp/parallel-nocache.jsonl"
         ))
         .unwrap();
         // Several chunks' worth, with a bad line, a blank one, another version and a cut end.

@@ -118,7 +118,7 @@ const SUMMARY_FINDINGS: usize = 3;
 const SUMMARY_CLIENTS: usize = 3;
 
 /// What the report says about its input beside the rows.
-pub(crate) struct Input<'a> {
+pub struct Input<'a> {
     pub records: u64,
     /// Earliest start and latest end of all records (`t_end` never before `t_start`).
     pub span: Option<(i64, i64)>,
@@ -128,7 +128,7 @@ pub(crate) struct Input<'a> {
     pub probes: u64,
 }
 
-pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
+pub fn span(records: &[Record]) -> Option<(i64, i64)> {
     Some((
         records.iter().map(|r| r.t_start_ms).min()?,
         records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max()?,
@@ -136,13 +136,13 @@ pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
 }
 
 /// The global figures a report carries beside its rows.
-pub(crate) struct Globals {
+pub struct Globals {
     pub clients: Vec<Client>,
     pub tools: Vec<ToolUsage>,
     pub findings: Vec<Finding>,
 }
 
-pub(crate) fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globals) -> Report<R> {
+pub fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globals) -> Report<R> {
     let window = input.span.map(|(start_ms, end_ms)| Window {
         start_ms,
         end_ms,
@@ -262,7 +262,7 @@ const COUNT_FIELDS: [CountField; 7] = [
 ];
 
 /// The time totals of `rows`: the report's, and the live view's over the rows a filter keeps.
-pub(crate) fn time<R: Priced>(rows: &[R]) -> Time {
+pub fn time<R: Priced>(rows: &[R]) -> Time {
     let mut prefill_ms = None;
     let mut lost_ms: Option<Measured<f64>> = None;
     let mut lost_tokens = 0u64;

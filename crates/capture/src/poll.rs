@@ -19,8 +19,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, header};
 
-use super::{Answer, Changes, Endpoint, MAX_PROBE_BODY_BYTES, USER_AGENT, probe_capture};
 use crate::http1;
+use crate::probe::{Answer, Changes, Endpoint, MAX_PROBE_BODY_BYTES, USER_AGENT, probe_capture};
 use crate::proxy::Upstream;
 use crate::recorder::CaptureSender;
 
@@ -62,7 +62,7 @@ impl Poller {
         Poller {
             upstream,
             captures,
-            next_id: AtomicU64::new(super::PROBE_ID_BASE),
+            next_id: AtomicU64::new(crate::probe::PROBE_ID_BASE),
             schedule,
             interval: PROBE_INTERVAL,
             backoff: PROBE_BACKOFF,
@@ -121,7 +121,10 @@ impl Poller {
             let started = crate::proxy::now_ms();
             let path = format!("{}{}", self.upstream.prefix, endpoint.path());
             let (status, answer) = match self.get(&mut connection, &path).await {
-                Ok((status, body)) => (Some(status), super::read_answer(endpoint, status, &body)),
+                Ok((status, body)) => (
+                    Some(status),
+                    crate::probe::read_answer(endpoint, status, &body),
+                ),
                 Err(Failure::NoAnswer(why)) => (None, Answer::Unavailable(why)),
                 Err(Failure::Down(why)) => {
                     // Said once (a record when it changed), under the first path asked: the

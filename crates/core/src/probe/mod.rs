@@ -934,8 +934,5 @@ impl Changes {
     }
 }
 
-#[cfg(feature = "net")]
-pub mod poll;
-
 #[cfg(test)]
 mod tests;

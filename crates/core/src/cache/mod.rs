@@ -185,7 +185,7 @@ impl std::hash::Hasher for IdHasher {
 /// cache. The array may grow to about twice the entries `held`, so a large id cannot size it;
 /// an id once too large may fall within it later, so a caller whose array slot is empty must
 /// still look on its map side.
-pub(crate) fn small_id_slot(id: u64, array_len: usize, held: usize) -> Option<usize> {
+pub fn small_id_slot(id: u64, array_len: usize, held: usize) -> Option<usize> {
     let bound = array_len.max(2 * held + 4096);
     usize::try_from(id).ok().filter(|&i| i < bound)
 }

@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Values by row id; the last one given for an id wins (as collecting into a map does).
-pub(crate) enum ById<T> {
+pub enum ById<T> {
     Dense(Vec<Option<T>>),
     Sparse(HashMap<u64, T>),
 }
 
 impl<T: Copy> ById<T> {
-    pub(crate) fn new(pairs: impl Iterator<Item = (u64, T)> + Clone) -> ById<T> {
+    pub fn new(pairs: impl Iterator<Item = (u64, T)> + Clone) -> ById<T> {
         let (mut max, mut count) = (0u64, 0usize);
         for (id, _) in pairs.clone() {
             max = max.max(id);
@@ -31,7 +31,7 @@ impl<T: Copy> ById<T> {
         }
     }
 
-    pub(crate) fn get(&self, id: u64) -> Option<T> {
+    pub fn get(&self, id: u64) -> Option<T> {
         match self {
             ById::Dense(slots) => usize::try_from(id)
                 .ok()

@@ -403,13 +403,13 @@ impl Writer {
 }
 
 /// Writes `row` as one JSON line.
-pub(crate) fn write_line(out: &mut dyn Write, row: &impl Serialize) -> io::Result<()> {
+pub fn write_line(out: &mut dyn Write, row: &impl Serialize) -> io::Result<()> {
     serde_json::to_writer(&mut *out, row).map_err(io::Error::other)?;
     out.write_all(b"\n")
 }
 
 /// Seconds since `origin_ms`, as the consumers that read seconds want them.
-pub(crate) fn seconds_since(t_ms: i64, origin_ms: i64) -> f64 {
+pub fn seconds_since(t_ms: i64, origin_ms: i64) -> f64 {
     t_ms.saturating_sub(origin_ms) as f64 / 1000.0
 }
 
@@ -522,7 +522,7 @@ mod tests {
 }
 
 #[cfg(test)]
-pub(crate) mod tests_support {
+pub mod tests_support {
     use super::*;
 
     /// A request of conversation `key` with 5 output tokens from the server.

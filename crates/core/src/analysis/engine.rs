@@ -1489,7 +1489,7 @@ mod tests {
     #[test]
     fn a_message_sent_again_is_kept_once() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
+            .join("../../recordings/llmp/llama.cpp/parallel-nocache.jsonl");
         let read =
             crate::record::read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
         let mut a = Analyzer::new(Config::default());

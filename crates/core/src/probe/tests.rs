@@ -7,16 +7,16 @@
 use super::*;
 use serde_json::json;
 
-const PROPS: &str = include_str!("../../tests/data/llama-server-samples/props.json");
-const SLOTS: &str = include_str!("../../tests/data/llama-server-samples/slots.json");
-const NP1_SLOTS: &str = include_str!("../../tests/data/llama-server-samples/np1_slots.json");
+const PROPS: &str = include_str!("../../../../tests/data/llama-server-samples/props.json");
+const SLOTS: &str = include_str!("../../../../tests/data/llama-server-samples/slots.json");
+const NP1_SLOTS: &str = include_str!("../../../../tests/data/llama-server-samples/np1_slots.json");
 const XLLAMACPP_SLOTS: &str =
-    include_str!("../../tests/data/llama-server-samples/xllamacpp_slots.json");
-const METRICS: &str = include_str!("../../tests/data/llama-server-samples/metrics.txt");
-const MODELS: &str = include_str!("../../tests/data/llama-server-samples/models.json");
-const HEALTH: &str = include_str!("../../tests/data/llama-server-samples/health_body.json");
+    include_str!("../../../../tests/data/llama-server-samples/xllamacpp_slots.json");
+const METRICS: &str = include_str!("../../../../tests/data/llama-server-samples/metrics.txt");
+const MODELS: &str = include_str!("../../../../tests/data/llama-server-samples/models.json");
+const HEALTH: &str = include_str!("../../../../tests/data/llama-server-samples/health_body.json");
 const HEALTH_LOADING: &str =
-    include_str!("../../tests/data/llama-server-samples/health_503_loading.json");
+    include_str!("../../../../tests/data/llama-server-samples/health_503_loading.json");
 
 fn read(endpoint: Endpoint, status: u16, body: &str) -> Answer {
     read_answer(endpoint, status, body.as_bytes())
