@@ -13,7 +13,7 @@ use proc_status::rss_kib;
 use std::time::Instant;
 
 use prefixscope_core::analysis::{Analyzer, Config, analyze};
-use prefixscope_core::normalize::exchange::normalize;
+use prefixscope_core::normalize::normalize;
 use prefixscope_core::record::{Record, read_jsonl};
 
 // The binary's allocator, so the figures are the binary's.

@@ -3,13 +3,11 @@
 use std::time::Instant;
 
 use prefixscope_core::cache::CapacityTotals;
-use prefixscope_core::cache::fifo_sweep::fifo_sweep;
-use prefixscope_core::cache::lru_stack::{all_paths_from_root, lru_stack};
-use prefixscope_core::cache::policy::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
-use prefixscope_core::cache::prefixes::leaderboards;
-use prefixscope_core::cache::profile::{
-    Capacity, ProfileConfig, Replay, aiperf_cache_hit_rate, profile,
-};
+use prefixscope_core::cache::fifo_sweep;
+use prefixscope_core::cache::leaderboards;
+use prefixscope_core::cache::{Capacity, ProfileConfig, Replay, aiperf_cache_hit_rate, profile};
+use prefixscope_core::cache::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
+use prefixscope_core::cache::{all_paths_from_root, lru_stack};
 use prefixscope_core::input::{self, Format, InputOptions};
 
 fn main() {

@@ -12,7 +12,7 @@ mod proc_status;
 use proc_status::rss_kib;
 use std::time::Instant;
 
-use prefixscope_core::analysis::findings::{CAPACITY_SETTINGS, LEVERS};
+use prefixscope_core::analysis::{CAPACITY_SETTINGS, LEVERS};
 use prefixscope_core::live::{Predictions, predict_at};
 
 #[global_allocator]

@@ -10,18 +10,18 @@
 
 use plotters::prelude::*;
 
-use crate::cache::policy::Policy;
-use crate::cache::prefixes::PrefixGroup;
-use crate::cache::profile::{Point, ProfileReport};
-use crate::input::FileReport;
-use crate::units::thousands;
+use prefixscope_core::cache::Policy;
+use prefixscope_core::cache::PrefixGroup;
+use prefixscope_core::cache::{Point, ProfileReport};
+use prefixscope_core::input::FileReport;
+use prefixscope_core::units::thousands;
 
 /// The page for `profile` over `inputs`, with each recording's or log's analysis (`(file,
 /// report)`): its losses by cause and client and its requests in time.
 pub fn profile_page(
     profile: &ProfileReport,
     inputs: &[FileReport],
-    analyses: &[(String, Box<crate::analysis::Report>)],
+    analyses: &[(String, Box<prefixscope_core::analysis::Report>)],
 ) -> String {
     let names: Vec<String> = inputs
         .iter()
@@ -66,15 +66,19 @@ pub fn profile_page(
 }
 
 /// The page for `analyze`'s report.
-pub fn analysis_page<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
+pub fn analysis_page<R: prefixscope_core::analysis::Priced>(
+    report: &prefixscope_core::analysis::Report<R>,
+) -> String {
     let mut body = String::from("<h1>prefixscope analyze</h1>\n");
     body.push_str(&analysis_sections(report));
     page("prefixscope analyze", &body)
 }
 
 /// The analysis's figures: totals, loss by cause and by client, the timeline, the findings.
-fn analysis_sections<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
-    let view = crate::live::view::View::build(report, "");
+fn analysis_sections<R: prefixscope_core::analysis::Priced>(
+    report: &prefixscope_core::analysis::Report<R>,
+) -> String {
+    let view = prefixscope_core::live::view::View::build(report, "");
     let mut body = String::new();
     body.push_str(&format!(
         "<p class=\"inputs\">{} records, {} analysed · {} turns in {} conversations · lost <span data-lost-tokens=\"{}\">{}</span> tokens</p>\n",
@@ -92,7 +96,7 @@ fn analysis_sections<R: crate::analysis::Priced>(report: &crate::analysis::Repor
         .iter()
         .map(|(cause, total)| {
             (
-                crate::units::cause_label(cause).to_string(),
+                prefixscope_core::units::cause_label(cause).to_string(),
                 total.tokens,
                 cause.clone(),
             )
@@ -110,7 +114,7 @@ fn analysis_sections<R: crate::analysis::Priced>(report: &crate::analysis::Repor
         body.push_str(&format!(
             "<tr data-cause=\"{}\"><td>{}</td><td data-tokens=\"{}\">{}</td><td>{}</td><td>{}</td></tr>\n",
             escape(cause),
-            escape(crate::units::cause_label(cause)),
+            escape(prefixscope_core::units::cause_label(cause)),
             total.tokens,
             thousands(total.tokens),
             total.rows,
@@ -153,7 +157,7 @@ fn analysis_sections<R: crate::analysis::Priced>(report: &crate::analysis::Repor
         for finding in &report.findings {
             body.push_str(&format!(
                 "<tr><td class=\"what\">{}</td><td>{}</td><td class=\"what\">{}</td></tr>\n",
-                escape(&crate::analysis::report::label(finding)),
+                escape(&prefixscope_core::analysis::finding_label(finding)),
                 finding
                     .lost_tokens
                     .map_or("–".to_string(), |t| thousands(u64::from(t))),
@@ -216,19 +220,23 @@ fn bars_chart(bars: &[(String, u64)]) -> String {
 }
 
 /// Which rows a timeline series shows.
-type RowTest<'a> = dyn Fn(&crate::analysis::Row) -> bool + 'a;
+type RowTest<'a> = dyn Fn(&prefixscope_core::analysis::Row) -> bool + 'a;
 
 /// Each request in time (seconds since the first) by its prompt: a client's break red, an
 /// eviction by another request purple, the server's own loss grey, the others blue.
-fn timeline_section<R: crate::analysis::Priced>(report: &crate::analysis::Report<R>) -> String {
-    use crate::analysis::Cause;
-    let rows: Vec<&crate::analysis::Row> = report.rows.iter().map(|r| r.rated().row()).collect();
+fn timeline_section<R: prefixscope_core::analysis::Priced>(
+    report: &prefixscope_core::analysis::Report<R>,
+) -> String {
+    use prefixscope_core::analysis::Cause;
+    let rows: Vec<&prefixscope_core::analysis::Row> =
+        report.rows.iter().map(|r| r.rated().row()).collect();
     let Some(start) = rows.iter().map(|r| r.t_start_ms).min() else {
         return String::new();
     };
-    let at = |r: &crate::analysis::Row| (r.t_start_ms - start) as f64 / 1000.0;
-    let prompt =
-        |r: &crate::analysis::Row| f64::from(r.counts.prompt_tokens.map_or(0, |p| p.value).max(1));
+    let at = |r: &prefixscope_core::analysis::Row| (r.t_start_ms - start) as f64 / 1000.0;
+    let prompt = |r: &prefixscope_core::analysis::Row| {
+        f64::from(r.counts.prompt_tokens.map_or(0, |p| p.value).max(1))
+    };
     let end = rows.iter().map(|r| at(r)).fold(1.0, f64::max);
     let top = rows.iter().map(|r| prompt(r)).fold(10.0, f64::max);
     let mut svg = String::new();
@@ -246,7 +254,7 @@ fn timeline_section<R: crate::analysis::Priced>(report: &crate::analysis::Report
             .x_desc("seconds since the first request")
             .y_desc("prompt tokens")
             .draw()?;
-        let evicted = |r: &crate::analysis::Row| {
+        let evicted = |r: &prefixscope_core::analysis::Row| {
             matches!(
                 r.cause,
                 Some(Cause::OtherConversation | Cause::SideCall | Cause::OtherModel)

@@ -2,13 +2,12 @@
 //! (`tui`), and the outputs beside the core's reports (the HTML page, the Prometheus
 //! exposition). The command-line parsing is in `main.rs` and `cli/`.
 
+// What other crates may use is what a module re-exports; the rest is this crate's own,
+// so the compiler sees what is dead.
+#![warn(unreachable_pub)]
+
+pub mod clock;
 pub mod html_report;
 pub mod metrics;
 pub mod session;
 pub mod tui;
-
-use prefixscope_capture::{poll, proxy, recorder, tokenize};
-use prefixscope_core::{
-    analysis, cache, calendar, capture, export, input, limits, live, normalize, output_file,
-    privacy, probe, record, stderr_line, text, units,
-};

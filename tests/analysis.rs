@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prefixscope_core::analysis::report::Report;
-use prefixscope_core::analysis::table::{BreakCause, Row};
+use prefixscope_core::analysis::Report;
+use prefixscope_core::analysis::{BreakCause, Row};
 use prefixscope_core::analysis::{Config, analyze};
 use prefixscope_core::record::{Record, read_jsonl};
 use serde_json::Value;
@@ -113,7 +113,7 @@ fn losses_differ_from_llmp_only_where_the_server_counts_justify_it() {
             let (theirs, mine) = (lost(expected), lost(&actual));
             if theirs != mine {
                 let c = &row.counts;
-                let value = |m: Option<prefixscope_core::normalize::measured::Measured<u32>>| {
+                let value = |m: Option<prefixscope_core::normalize::Measured<u32>>| {
                     m.map_or(0, |m| m.value)
                 };
                 differences.push((
@@ -371,11 +371,9 @@ fn every_eviction_names_the_request_that_most_likely_caused_it() {
     let mut named = 0;
     for row in &r.rows {
         let expected = match row.cause {
-            Some(prefixscope_core::analysis::table::Cause::OtherConversation) => {
-                "other_conversation"
-            }
-            Some(prefixscope_core::analysis::table::Cause::SideCall) => "side_call",
-            Some(prefixscope_core::analysis::table::Cause::OtherModel) => "other_model",
+            Some(prefixscope_core::analysis::Cause::OtherConversation) => "other_conversation",
+            Some(prefixscope_core::analysis::Cause::SideCall) => "side_call",
+            Some(prefixscope_core::analysis::Cause::OtherModel) => "other_model",
             _ => {
                 assert!(row.evicted_by.is_none());
                 continue;
@@ -613,7 +611,7 @@ fn claude_codes_continue_rewrite_is_charged_what_the_server_re_evaluated() {
         assert_eq!(charged.cause, "history_reordered");
         assert_eq!(
             row.composition.new_content.source,
-            prefixscope_core::normalize::measured::Source::Tokenizer
+            prefixscope_core::normalize::Source::Tokenizer
         );
         let record = records.iter().find(|x| x.id == row.id).unwrap();
         let digest = record.request.digest.as_ref().unwrap();
@@ -651,7 +649,7 @@ fn the_harness_recordings_agree_with_the_server() {
     assert_eq!((r.coverage.turns, r.coverage.conversations), (3, 1));
     assert_eq!(
         r.rows[0].kind,
-        prefixscope_core::analysis::table::RowKind::SideCall
+        prefixscope_core::analysis::RowKind::SideCall
     );
     assert!(r.rows.iter().all(|row| row.break_cause.is_none()));
     assert_eq!(r.time.lost_tokens, 0);
@@ -876,7 +874,7 @@ fn reasoning_sent_back_changed_is_the_clients_not_the_servers() {
 #[test]
 fn the_servers_probes_explain_its_own_losses() {
     use prefixscope_core::analysis::Analyzer;
-    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::analysis::EngineKind;
     use prefixscope_core::capture::{BodyMode, build_record};
     use prefixscope_core::probe::{Answer, Reading, Slot, Slots, probe_capture};
     let (records, prompt) = cold_second_turn();
@@ -1032,7 +1030,7 @@ fn an_earlier_turn_rendered_anew_is_named_from_the_servers_layout() {
 /// names a Gemma file, or says the window itself; the batch, reference and live engines agree.
 #[test]
 fn the_model_props_names_explains_what_an_alias_hid() {
-    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::analysis::EngineKind;
     use prefixscope_core::capture::{BodyMode, build_record};
     use prefixscope_core::probe::{Answer, Props, Reading, probe_capture};
     let (mut records, _) = cold_second_turn();
@@ -1099,7 +1097,7 @@ fn the_model_props_names_explains_what_an_alias_hid() {
 /// probe answered: the loss is `restart`, with the ids as evidence.
 #[test]
 fn task_ids_going_back_in_slots_are_a_restart() {
-    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::analysis::EngineKind;
     use prefixscope_core::capture::{BodyMode, build_record};
     use prefixscope_core::probe::{Answer, Reading, Slot, Slots, probe_capture};
     let (records, _) = cold_second_turn();

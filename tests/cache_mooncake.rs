@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::process::Command;
 
-use prefixscope_core::cache::profile::Point;
+use prefixscope_core::cache::Point;
 use prefixscope_core::cache::{Capacity, LiveSimulator, Policy, ProfileConfig, Request, profile};
 use prefixscope_core::input::{self, Format, InputOptions};
 
@@ -268,7 +268,7 @@ fn generated_trace(n: usize) -> Vec<Request> {
 /// generated trace of 5,000 requests.
 #[test]
 fn the_aiperf_rate_equals_python_statistics_mean_to_the_bit() {
-    use prefixscope_core::cache::profile::{aiperf_cache_hit_rate, aiperf_ratios};
+    use prefixscope_core::cache::{aiperf_cache_hit_rate, aiperf_ratios};
     for (name, requests) in [("mooncake", trace()), ("generated", generated_trace(5_000))] {
         let ours = aiperf_cache_hit_rate(&requests).unwrap();
         let Some(python) = python_statistics_mean(&aiperf_ratios(&requests)) else {

@@ -381,10 +381,10 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
         ..InputOptions::default()
     };
     let both_ways = |bytes: &[u8], name: &str| {
-        let streamed = input::recording::read_keyed(bytes, name, &options);
-        let whole = input::keyed_by_analysis(input::recording::read(bytes, name, &options), name);
+        let streamed = input::read_keyed(bytes, name, &options);
+        let whole = input::keyed_by_analysis(input::read_recording(bytes, name, &options), name);
         // Not kept, the analysis is dropped before the cut, and the requests are the same.
-        let unkept = input::recording::read_keyed(bytes, name, &InputOptions::default());
+        let unkept = input::read_keyed(bytes, name, &InputOptions::default());
         assert!(unkept.analysis.is_none());
         assert_eq!(unkept.requests, streamed.requests);
         // Read twice (past a budget of nothing, or once a few texts are held), the same.
@@ -394,13 +394,7 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
         };
         for budget in [0, 20_000] {
             for options in [&options, &InputOptions::default()] {
-                let twice = input::recording::read_keyed_or_twice(
-                    bytes,
-                    Some(&reopen),
-                    budget,
-                    name,
-                    options,
-                );
+                let twice = input::read_keyed_or_twice(bytes, Some(&reopen), budget, name, options);
                 let once = if options.keep_analysis {
                     &streamed
                 } else {
@@ -445,13 +439,13 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
 #[test]
 fn a_recording_read_twice_says_when_the_second_read_differs() {
     let text = std::fs::read_to_string(path("recordings/llmp/llama.cpp/parallel.jsonl")).unwrap();
-    let once = input::recording::read_keyed(text.as_bytes(), "f", &InputOptions::default());
+    let once = input::read_keyed(text.as_bytes(), "f", &InputOptions::default());
     assert!(once.requests.len() > 4);
     let twice_from = |second: String| {
         let reopen = move || -> std::io::Result<Box<dyn std::io::BufRead>> {
             Ok(Box::new(std::io::Cursor::new(second.clone().into_bytes())))
         };
-        input::recording::read_keyed_or_twice(
+        input::read_keyed_or_twice(
             text.as_bytes(),
             Some(&reopen),
             0,
@@ -478,7 +472,7 @@ fn a_recording_read_twice_says_when_the_second_read_differs() {
 
     let reopen =
         || -> std::io::Result<Box<dyn std::io::BufRead>> { Err(std::io::Error::other("gone")) };
-    let gone = input::recording::read_keyed_or_twice(
+    let gone = input::read_keyed_or_twice(
         text.as_bytes(),
         Some(&reopen),
         0,

@@ -17,9 +17,9 @@ use serde_json::Value;
 
 use prefixscope::session::{self, demo::DemoConfig};
 use prefixscope_core::analysis::{self, Config, Report};
-use prefixscope_core::normalize::exchange::normalize;
+use prefixscope_core::normalize::normalize;
 use prefixscope_core::record::{Record, read_jsonl};
-use prefixscope_core::sim::whatif::what_if;
+use prefixscope_core::sim::what_if;
 use prefixscope_demo::script::{EventKind, RunLog, ScriptEvent, check};
 use prefixscope_demo::server::{SimConfig, SimServer, Speed};
 
@@ -238,7 +238,7 @@ fn compaction_is_named() {
 /// `--swa-full`), none the client's; the same traffic with `--swa-full` names none.
 #[test]
 fn a_sliding_window_models_re_prefills_are_the_engines_and_swa_full_has_none() {
-    use prefixscope_core::analysis::engine_cause::EngineKind;
+    use prefixscope_core::analysis::EngineKind;
     let run = demo("swa", &[]);
     let forced = count(&run.events, EventKind::EngineForced);
     assert_eq!(forced, run.log.requests.len() - 1, "{:#?}", run.events);
@@ -390,7 +390,7 @@ fn whatif_predicts_the_real_servers_losses() {
 /// caused: "a request of conversation 4 would take slot 0 from conversation 1".
 #[test]
 fn the_slot_replay_matches_the_real_servers_reuse_and_predicts_its_evictions() {
-    use prefixscope_core::sim::residency::residency;
+    use prefixscope_core::sim::residency;
     for (name, slots, cache_ram, requests) in [
         ("parallel-nocache", 1, false, 23),
         ("parallel", 1, true, 23),

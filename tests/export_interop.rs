@@ -20,7 +20,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use prefixscope_core::cache::profile::aiperf_cache_hit_rate;
+use prefixscope_core::cache::aiperf_cache_hit_rate;
 use prefixscope_core::input::{self, Format, InputOptions};
 use prefixscope_core::record::write_jsonl;
 use workload::{WorkloadConfig, generate};

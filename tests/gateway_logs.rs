@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use prefixscope_core::analysis::{Config, analyze};
-use prefixscope_core::input::{self, Format, InputOptions, gateway_csv};
+use prefixscope_core::input::{self, Format, InputOptions, LogRecords, gateway_log_records};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 
@@ -18,9 +18,9 @@ fn log_path() -> PathBuf {
         .join("tests/data/gateway-logs/pydantic-ai-cassettes.csv.gz")
 }
 
-fn log_records() -> gateway_csv::LogRecords {
+fn log_records() -> LogRecords {
     let reader = input::open_decompressed(&log_path()).unwrap();
-    gateway_csv::records(reader, "pydantic-ai", None)
+    gateway_log_records(reader, "pydantic-ai", None)
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn a_json_lines_log_reads_as_its_csv_does() {
     }
     let mut head = jsonl.as_bytes();
     assert_eq!(input::detect(&mut head).unwrap(), Some(Format::Csv));
-    let json = gateway_csv::records(jsonl.as_bytes(), "pydantic-ai.jsonl", None);
+    let json = gateway_log_records(jsonl.as_bytes(), "pydantic-ai.jsonl", None);
     assert_eq!(json.records.len(), csv.records.len());
     assert!(
         json.report.bad_rows.is_empty(),

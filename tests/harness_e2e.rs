@@ -295,7 +295,7 @@ fn check(who: &str, file: &Path, chat_path: &str, chat_requests: usize, analysed
         // Codex drops the connection as soon as `response.completed` arrives, before llama.cpp
         // ends the stream, and aider sometimes at `finish_reason`: recorded as
         // client_disconnected, with the whole response merged, and analysed.
-        if prefixscope_core::normalize::exchange::closed_after_completion(r) {
+        if prefixscope_core::normalize::closed_after_completion(r) {
             eprintln!("{who}: #{} client_disconnected after the reply ended", r.id);
         } else {
             assert!(r.error.is_none(), "{who}: #{} failed: {:?}", r.id, r.error);

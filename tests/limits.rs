@@ -125,12 +125,11 @@ fn hostile_server_counts_are_bad_values_and_the_rest_is_read() {
 fn the_live_path_cuts_hostile_records_without_allocating_by_their_counts() {
     let (path, _) = crafted_recording();
     let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
-    let mut cutter = prefixscope_core::cache::blocks::Cutter::new(
-        prefixscope_core::cache::blocks::BlockModel::default(),
-    );
+    let mut cutter =
+        prefixscope_core::cache::Cutter::new(prefixscope_core::cache::BlockModel::default());
     let mut report = input::FileReport::new("live", Format::Recording);
     for record in &read.records {
-        if let Some(request) = input::recording::live_request(record, &mut cutter, &mut report) {
+        if let Some(request) = input::live_request(record, &mut cutter, &mut report) {
             assert!(request.blocks.len() < 1 << 16);
         }
     }

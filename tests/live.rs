@@ -666,7 +666,7 @@ fn the_reuse_predicted_at_a_requests_start_is_what_the_server_reports() {
             };
             compared += 1;
             let predicted = (share * f64::from(prompt.value)).round() as u32;
-            if prefixscope_core::sim::residency::agrees(prompt.value, reused.value, predicted) {
+            if prefixscope_core::sim::agrees(prompt.value, reused.value, predicted) {
                 agreed += 1;
             } else {
                 eprintln!(

@@ -265,8 +265,8 @@ async fn slot_that_ran(upstream: SocketAddr, before: &mut Vec<Option<i64>>) -> O
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_on_two_slots_match_the_slot_replay() {
     use prefixscope_core::analysis::{Config, analyze};
-    use prefixscope_core::sim::residency::residency;
-    use prefixscope_core::sim::whatif::what_if_given;
+    use prefixscope_core::sim::residency;
+    use prefixscope_core::sim::what_if_given;
     let config = support::llama::Config {
         slots: 2,
         ctx_per_slot: 2048,

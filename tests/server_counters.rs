@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use prefixscope_core::capture::{BodyMode, Capture, ResponseCapture, build_record, stream_kind_of};
-use prefixscope_core::normalize::exchange::{Exchange, normalize};
+use prefixscope_core::normalize::{Exchange, normalize};
 use serde_json::{Value, json};
 
 struct Fixture {

@@ -127,8 +127,8 @@ fn expected_texts(records: &[Record]) -> (BTreeMap<String, String>, BTreeMap<Str
         let digest = digest::request_digest(api, body).unwrap();
         let (chat, defs) = if api == Api::AnthropicMessages {
             (
-                prefixscope_core::normalize::anthropic::chat_messages(body),
-                prefixscope_core::normalize::anthropic::chat_tools(body),
+                prefixscope_core::normalize::chat_messages(body),
+                prefixscope_core::normalize::chat_tools(body),
             )
         } else {
             (
@@ -459,7 +459,7 @@ async fn the_real_llama_cpp_lays_out_a_real_recording_as_it_renders_it() {
     assert_eq!(result.laid_out, 8);
     assert_eq!(result.counted, 0);
     for record in &records {
-        let Ok(exchange) = prefixscope_core::normalize::exchange::normalize(record) else {
+        let Ok(exchange) = prefixscope_core::normalize::normalize(record) else {
             continue;
         };
         assert!(record.tokens.as_ref().is_some_and(|t| t.layout));
@@ -511,7 +511,7 @@ async fn the_real_llama_cpp_layout_makes_the_harness_losses_exact() {
     let report = serde_json::to_value(&report).unwrap();
     let rows = report["rows"].as_array().unwrap();
     for (row, record) in rows.iter().zip(&aider).skip(1) {
-        let exchange = prefixscope_core::normalize::exchange::normalize(record).unwrap();
+        let exchange = prefixscope_core::normalize::normalize(record).unwrap();
         let new_question = exchange.messages.last().unwrap().tokens.unwrap().value;
         let charged = row["lost_client"]["tokens"].as_u64().unwrap();
         let evaluated = row["counts"]["evaluated_tokens"]["value"].as_u64().unwrap();

@@ -985,7 +985,7 @@ fn a_middle_turn_of_a_lane_opens_with_its_cause_cost_and_fix() {
 /// the `--cache-ram` / `-np` fix and the savings `prefixscope whatif` predicts on the same file.
 #[test]
 fn the_findings_view_gives_the_fix_and_whatifs_saving() {
-    use prefixscope_core::sim::whatif::what_if;
+    use prefixscope_core::sim::what_if;
     let name = "llmp/llama.cpp/parallel-nocache";
     let records = file_records(name);
     let file = root().join("recordings").join(format!("{name}.jsonl"));
@@ -1404,7 +1404,7 @@ fn break_lines_lead_with_cause_and_cost_and_tables_have_headers() {
 /// beside the real server's reuse; the setting nearest what the server did is marked.
 #[test]
 fn the_capacity_view_is_whatif_at_every_setting() {
-    use prefixscope_core::sim::whatif::what_if;
+    use prefixscope_core::sim::what_if;
     let name = "llmp/llama.cpp/parallel-nocache";
     let records = file_records(name);
     let keys = [
@@ -1418,7 +1418,7 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         view.contains("the real server: 0.0% reused, lost 8,759 tokens"),
         "{view}"
     );
-    for (slots, cache_ram) in prefixscope_core::analysis::findings::CAPACITY_SETTINGS {
+    for (slots, cache_ram) in prefixscope_core::analysis::CAPACITY_SETTINGS {
         let w = what_if(&records, slots, cache_ram);
         let prompt: u64 = w.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
         let reused: u64 = w
@@ -1454,7 +1454,7 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         &records,
         &prefixscope_core::analysis::Config::default(),
     );
-    let slots = prefixscope_core::sim::residency::residency(&records, &report, 1, false);
+    let slots = prefixscope_core::sim::residency(&records, &report, 1, false);
     let (compared, agreed) = slots
         .calibration
         .iter()
@@ -1718,7 +1718,7 @@ impl prefixscope::tui::Control for Seeking {
         self.pacer.pause(paused);
         true
     }
-    fn seek_source(&self, to: prefixscope::session::replay::Seek) -> Result<String, String> {
+    fn seek_source(&self, to: prefixscope::tui::Seek) -> Result<String, String> {
         self.pacer.seek(to)
     }
 }
@@ -1768,7 +1768,8 @@ fn screen_of(engine: &mut Engine, name: &str, control: &dyn prefixscope::tui::Co
 /// holding there; the screen then is the screen of a replay fed up to that record.
 #[test]
 fn seek_reads_on_to_a_record_or_a_time_and_the_screen_equals_a_replay_fed_that_far() {
-    use prefixscope::session::replay::{Replay, ReplayConfig, Seek, measure_block_model};
+    use prefixscope::session::replay::{Replay, ReplayConfig, measure_block_model};
+    use prefixscope::tui::Seek;
     let name = "llmp/llama.cpp/parallel-nocache";
     let path = root().join("recordings").join(format!("{name}.jsonl"));
     let replay = Replay::open(&ReplayConfig {
@@ -1986,11 +1987,11 @@ fn the_swa_demo_names_the_engines_re_prefills_on_screen() {
 /// `watch` while a request is in flight: the proxy handed it over at its start, its record has
 /// not come, and the capacity view says where the server will run it and whose prefix it
 /// evicts, marked predicted, before the server answers; the line is what
-/// `sim::residency::residency_with_starts` works out for the same records (the path `whatif`
+/// `sim::residency_with_starts` works out for the same records (the path `whatif`
 /// prints), on screen at 120x40 and, scrolled, at 80x24.
 #[test]
 fn a_request_in_flight_is_predicted_in_the_capacity_view() {
-    use prefixscope_core::sim::residency::residency_with_starts;
+    use prefixscope_core::sim::residency_with_starts;
     let name = "llmp/llama.cpp/parallel-nocache";
     let records = completion_order(name);
     let (done, last) = records.split_at(records.len() - 1);

@@ -12,7 +12,7 @@ use clap::Args;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
 use prefixscope::session::export::{Files, SaltFile, default_salt_path, load_or_create_salt};
-use prefixscope_core::cache::blocks::ToolsPosition;
+use prefixscope_core::cache::ToolsPosition;
 use prefixscope_core::export::{self, ExportError, Options, Summary, Target};
 use prefixscope_core::input::{self, Format, OpenError};
 use prefixscope_core::output_file::OutputFile;

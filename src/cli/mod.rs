@@ -203,7 +203,7 @@ impl RecordSink for Collect {
 }
 
 impl Recordings {
-    /// A gateway log's rows as the records a proxy would have written (`gateway_csv::records`).
+    /// A gateway log's rows as the records a proxy would have written (`input::gateway_log_records`).
     fn read_log(
         &mut self,
         path: &std::path::Path,
@@ -211,7 +211,7 @@ impl Recordings {
         sink: &mut impl RecordSink,
     ) {
         let name = path.display().to_string();
-        let mut log = prefixscope_core::input::gateway_csv::records(reader, &name, None);
+        let mut log = prefixscope_core::input::gateway_log_records(reader, &name, None);
         // Each log numbers its rows from 1: a second one's come after the first's.
         let base = sink.max_id();
         for record in &mut log.records {
@@ -233,7 +233,7 @@ impl Recordings {
         if !log.timed && !log.records.is_empty() {
             prefixscope_core::stderr_line!(
                 "prefixscope: {name}: a gateway log without timestamps: its rows in file order, {} s apart",
-                prefixscope_core::input::gateway_csv::UNTIMED_PACE_MS / 1000
+                prefixscope_core::input::UNTIMED_PACE_MS / 1000
             );
         }
         self.files.push(RecordingFile {
@@ -328,9 +328,9 @@ pub fn read_recordings_into<S: RecordSink>(
                 let mut records = 0usize;
                 let mut bad_lines = Vec::new();
                 // Records are parsed (and prepared) on every core, taken in file order.
-                prefixscope_core::input::recording::for_each_record(
+                prefixscope_core::input::for_each_record(
                     opened.reader,
-                    prefixscope_core::input::parallel::workers(),
+                    prefixscope_core::input::workers(),
                     |record| (record.id, S::prepare(record)),
                     |item| match item {
                         Ok((id, item)) => {

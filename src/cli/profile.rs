@@ -8,12 +8,10 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, EXIT_USAGE};
-use prefixscope_core::cache::blocks::ToolsPosition;
-use prefixscope_core::cache::capacity::{
-    DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity,
-};
-use prefixscope_core::cache::profile::Point;
+use prefixscope_core::cache::Point;
+use prefixscope_core::cache::ToolsPosition;
 use prefixscope_core::cache::{Capacity, Policy, ProfileConfig, ProfileReport, Request, profile};
+use prefixscope_core::cache::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
 use prefixscope_core::input::{self, FileReport, Format, InputOptions, OpenError, OpenedInput};
 use prefixscope_core::units::thousands;
 
@@ -210,9 +208,7 @@ pub fn run(args: ProfileArgs) -> u8 {
         // (`<(zcat …)`) cannot be, and is held.
         let reopen = || input::open_decompressed(path);
         let metadata = std::fs::metadata(path).ok().filter(|m| m.is_file());
-        let reopen = metadata
-            .is_some()
-            .then_some(&reopen as input::recording::Reopen);
+        let reopen = metadata.is_some().then_some(&reopen as input::Reopen);
         options.file_bytes = metadata.map(|m| m.len());
         let file = input::read_or_twice(reader, reopen, &name, format, &options);
         for bad in &file.report.bad_rows {
@@ -407,7 +403,7 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
             out.push(format!("block model: {}", model.describe()));
         }
     }
-    let dist = |d: &prefixscope_core::cache::stats::Distribution| match (d.p50, d.p90, d.p99) {
+    let dist = |d: &prefixscope_core::cache::Distribution| match (d.p50, d.p90, d.p99) {
         (Some(a), Some(b), Some(c)) => format!(
             "p50 {} · p90 {} · p99 {}",
             thousands(a),

@@ -9,8 +9,8 @@ use clap::Args;
 use super::demo::OnOff;
 use super::{EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope_core::analysis::{Config, analyze};
-use prefixscope_core::sim::residency::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
-use prefixscope_core::sim::whatif::{Totals, WhatIf, what_if_given};
+use prefixscope_core::sim::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
+use prefixscope_core::sim::{Totals, WhatIf, what_if_given};
 use prefixscope_core::units::thousands;
 
 #[derive(Args)]

@@ -24,10 +24,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::analysis::report::{Report, time};
-use crate::analysis::{Priced, Rated};
-use crate::live::view::Aliases;
-use crate::record::Record;
+use prefixscope_core::analysis::{Priced, Rated};
+use prefixscope_core::analysis::{Report, time};
+use prefixscope_core::live::view::Aliases;
+use prefixscope_core::record::Record;
 
 /// Every family's name starts with it.
 pub const PREFIX: &str = "prefixscope";
@@ -139,8 +139,9 @@ impl Totals {
         };
         for rated in report.rows.iter().map(Priced::rated) {
             let row = rated.row();
-            let value =
-                |m: Option<crate::analysis::Measured<u32>>| m.map_or(0, |m| u64::from(m.value));
+            let value = |m: Option<prefixscope_core::analysis::Measured<u32>>| {
+                m.map_or(0, |m| u64::from(m.value))
+            };
             let sums = totals
                 .tokens_by_model
                 .entry(label_value(&row.model))
@@ -598,7 +599,7 @@ pub fn classic(openmetrics: &str) -> String {
 
 /// The cache figures of a live engine's hit-rate curve: its ceiling and the server's reuse
 /// (none before the first simulated request).
-pub fn cache_figures(curve: Option<&crate::live::view::Curve>) -> Option<CacheFigures> {
+pub fn cache_figures(curve: Option<&prefixscope_core::live::view::Curve>) -> Option<CacheFigures> {
     curve.map(|curve| CacheFigures {
         ceiling: curve.ceiling,
         server_reuse: curve.observed,
@@ -611,12 +612,12 @@ pub fn cache_figures(curve: Option<&crate::live::view::Curve>) -> Option<CacheFi
 pub fn of_recording(
     records: &[Record],
     report: &Report,
-    config: &crate::analysis::Config,
+    config: &prefixscope_core::analysis::Config,
     server: &str,
 ) -> String {
-    let mut engine = crate::live::Engine::for_records(config.clone(), records);
+    let mut engine = prefixscope_core::live::Engine::for_records(config.clone(), records);
     for record in records {
-        engine.push(crate::live::Input::Record(
+        engine.push(prefixscope_core::live::Input::Record(
             std::sync::Arc::new(record.clone()),
             0,
         ));

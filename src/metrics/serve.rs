@@ -27,8 +27,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::window::{Figures, Windowed};
 use super::{Inputs, ProxyFigures, classic, openmetrics, registry};
-use crate::record::Record;
-use crate::recorder::RecorderStats;
+use prefixscope_capture::recorder::RecorderStats;
+use prefixscope_core::record::Record;
 
 /// How often the exposition is rebuilt at most (and while idle).
 pub const REFRESH: Duration = Duration::from_millis(250);
@@ -87,7 +87,7 @@ impl Endpoint {
                 .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?
         };
         let mut builder = Builder {
-            engine: Windowed::new(crate::analysis::Config::default(), window),
+            engine: Windowed::new(prefixscope_core::analysis::Config::default(), window),
             recorder,
             connection_errors: Arc::clone(&connection_errors),
             server,
@@ -152,7 +152,7 @@ impl Builder {
                 match records.try_recv() {
                     Ok(record) => {
                         let started = Instant::now();
-                        self.engine.push(record, wall_clock_ms());
+                        self.engine.push(record, crate::clock::wall_clock_ms());
                         pace.analysed(started.elapsed());
                         changed = true;
                     }
@@ -266,13 +266,6 @@ fn lower_priority() {
             }
         }
     }
-}
-
-/// When a record arrived (the engine has no clock of its own).
-fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 async fn serve(

@@ -1,5 +1,5 @@
 use super::*;
-use crate::analysis::{Config, analyze};
+use prefixscope_core::analysis::{Config, analyze};
 
 fn exposition(records: &[Record]) -> String {
     let report = analyze(records, &Config::default());
@@ -126,8 +126,9 @@ fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
 pub(super) fn real_recording() -> Vec<Record> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
-    let read =
-        crate::record::read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let read = prefixscope_core::record::read_jsonl(std::io::BufReader::new(
+        std::fs::File::open(path).unwrap(),
+    ));
     assert!(read.bad_lines.is_empty());
     read.records
 }

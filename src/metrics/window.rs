@@ -10,9 +10,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::{CacheFigures, Totals, Traffic, WindowFigures, cache_figures};
-use crate::analysis::Config;
-use crate::live::{Engine, Input};
-use crate::record::Record;
+use prefixscope_core::analysis::Config;
+use prefixscope_core::live::{Engine, Input};
+use prefixscope_core::record::Record;
 
 /// Records per window unless `--metrics-window` says otherwise: about 100–200 MB of engine on
 /// agent traffic (BENCHMARKS.md, "With `--metrics` on and off").
@@ -158,8 +158,8 @@ impl Windowed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::analyze;
     use crate::metrics::tests::real_recording;
+    use prefixscope_core::analysis::analyze;
 
     fn windowed(records: &[Record], window: usize) -> Figures {
         let mut windowed = Windowed::new(Config::default(), window);

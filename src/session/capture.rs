@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use super::Error;
 use super::shutdown::Shutdown;
-use crate::calendar::civil_from_days;
-use crate::capture::BodyMode;
-use crate::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
-use crate::record::{ExchangeError, Record};
-use crate::recorder::{Recorder, RecorderConfig, RecorderStats};
+use prefixscope_capture::proxy::{Proxy, ProxyConfig, ProxyStats, Upstream};
+use prefixscope_capture::recorder::{Recorder, RecorderConfig, RecorderStats};
+use prefixscope_core::calendar::civil_from_days;
+use prefixscope_core::capture::BodyMode;
+use prefixscope_core::record::{ExchangeError, Record};
 
 /// Where to listen, where to forward, what to record.
 #[derive(Debug, Clone)]
@@ -37,7 +37,7 @@ pub struct CaptureConfig {
     /// Lay each record out as a llama.cpp upstream renders it (`tokenize::LiveLayout`).
     pub layout: bool,
     /// Ask the upstream what it is (`probe::poll`): once (`record`), or on and on (`watch`).
-    pub probe: crate::poll::Schedule,
+    pub probe: prefixscope_capture::poll::Schedule,
     /// Hand each request over as it starts (`Capture::starts`), for the live slot predictions.
     pub announce_starts: bool,
 }
@@ -51,9 +51,9 @@ pub struct Capture {
     pub listen: SocketAddr,
     pub upstream: Upstream,
     /// The descriptor limit, raised to the hard limit at the start.
-    pub descriptors: Option<crate::proxy::DescriptorLimit>,
+    pub descriptors: Option<prefixscope_capture::proxy::DescriptorLimit>,
     /// What the token layout did (None: off, or an upstream it cannot ask).
-    pub layout: Option<Arc<crate::tokenize::LiveLayoutStats>>,
+    pub layout: Option<Arc<prefixscope_capture::tokenize::LiveLayoutStats>>,
     /// The server probe's task (`probe::poll`): it ends with the runtime, or earlier when a
     /// session stops the upstream itself (the demo), so no probe finds it gone.
     pub probe: tokio::task::AbortHandle,
@@ -64,7 +64,7 @@ pub struct Capture {
 /// Requests as they start (the proxy's `request_starts`), and the mode their records are built
 /// in, the recording's.
 pub struct RequestStarts {
-    pub receiver: crossbeam_channel::Receiver<crate::capture::Capture<bytes::Bytes>>,
+    pub receiver: crossbeam_channel::Receiver<prefixscope_core::capture::Capture<bytes::Bytes>>,
     pub mode: BodyMode,
 }
 
@@ -78,18 +78,20 @@ impl RequestStarts {
     pub fn forward(self, push: impl Fn(Arc<Record>)) {
         let RequestStarts { receiver, mode } = self;
         for capture in receiver {
-            push(Arc::new(crate::capture::build_record(capture, mode)));
+            push(Arc::new(prefixscope_core::capture::build_record(
+                capture, mode,
+            )));
         }
     }
 
     /// `forward` into the live engine, as a screen's feeder.
     pub fn into_feeder(
         self,
-    ) -> Box<dyn FnOnce(crossbeam_channel::Sender<crate::live::Input>) + Send> {
+    ) -> Box<dyn FnOnce(crossbeam_channel::Sender<prefixscope_core::live::Input>) + Send> {
         Box::new(move |inputs| {
             self.forward(|record| {
                 // Full: the engine is behind; the record follows anyway.
-                let _ = inputs.try_send(crate::live::Input::Started(record));
+                let _ = inputs.try_send(prefixscope_core::live::Input::Started(record));
             });
         })
     }
@@ -135,13 +137,14 @@ impl Capture {
     /// `consumers` too (or each probe's, to a `Consumer::probes_only`).
     pub fn start(
         args: &CaptureConfig,
-        consumers: Vec<impl Into<crate::recorder::Consumer>>,
+        consumers: Vec<impl Into<prefixscope_capture::recorder::Consumer>>,
     ) -> Result<Capture, Error> {
         let upstream = Upstream::parse(&args.upstream).map_err(|e| Error::Usage(e.to_string()))?;
-        if !(1..=crate::limits::MAX_CONNECT_TIMEOUT_SECS).contains(&args.connect_timeout) {
+        if !(1..=prefixscope_core::limits::MAX_CONNECT_TIMEOUT_SECS).contains(&args.connect_timeout)
+        {
             return Err(Error::Usage(format!(
                 "--connect-timeout must be from 1 to {} seconds",
-                crate::limits::MAX_CONNECT_TIMEOUT_SECS
+                prefixscope_core::limits::MAX_CONNECT_TIMEOUT_SECS
             )));
         }
         let path = args.out.clone().unwrap_or_else(default_recording_name);
@@ -152,7 +155,7 @@ impl Capture {
                     Error::Unreadable(format!("cannot read --ca-file {}: {e}", ca.display()))
                 })?;
                 // Checked here, so a bad file is named as such (not "cannot listen").
-                crate::proxy::upstream::tls_connector(Some(&pem))
+                prefixscope_capture::proxy::upstream::tls_connector(Some(&pem))
                     .map_err(|e| Error::Unreadable(format!("--ca-file {}: {e}", ca.display())))?;
                 Some(pem)
             }
@@ -172,11 +175,11 @@ impl Capture {
         // The layout asks the upstream itself (plain http only), on the recorder's thread.
         let live_layout = args
             .layout
-            .then(|| crate::tokenize::LiveLayout::new(&upstream.url()))
+            .then(|| prefixscope_capture::tokenize::LiveLayout::new(&upstream.url()))
             .flatten();
         let layout = live_layout.as_ref().map(|l| Arc::clone(&l.stats));
-        let enrich =
-            live_layout.map(|live_layout| Box::new(live_layout) as crate::recorder::Enrich);
+        let enrich = live_layout
+            .map(|live_layout| Box::new(live_layout) as prefixscope_capture::recorder::Enrich);
         let recorder = Recorder::start_enriched(recorder_config, consumers, enrich)
             .map_err(|e| Error::Unreadable(format!("cannot create {}: {e}", path.display())))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -193,7 +196,7 @@ impl Capture {
             config.request_starts = Some(sender);
             RequestStarts { receiver, mode }
         });
-        let descriptors = crate::proxy::raise_descriptor_limit();
+        let descriptors = prefixscope_capture::proxy::raise_descriptor_limit();
         let proxy = runtime
             .block_on(Proxy::bind(config, recorder.sender()))
             .map_err(|e| Error::Unreadable(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -217,7 +220,8 @@ impl Capture {
         });
         // The server's own word on what it is, off the request path; recorded through the
         // recorder like an exchange, marked `probe`.
-        let poller = crate::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
+        let poller =
+            prefixscope_capture::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
         let probe = runtime.spawn(poller.run()).abort_handle();
         Ok(Capture {
             runtime,
@@ -341,10 +345,10 @@ pub fn stop_on_signal(
     let stopped = shutdown.stopped();
     async move {
         let signal = stopped.await;
-        crate::stderr_line!(
+        prefixscope_core::stderr_line!(
             "prefixscope: {}: stopping: finishing {} in flight (a second signal exits now)",
             signal.name(),
-            crate::units::plural(stats.in_flight(), "exchange")
+            prefixscope_core::units::plural(stats.in_flight(), "exchange")
         );
     }
 }
@@ -382,7 +386,7 @@ pub fn check_new_recording(path: &Path, max_size: Option<u64>) -> Result<(), Str
         }
     }
     if max_size.is_some()
-        && let Some(old) = crate::recorder::rotation_leftover(path)
+        && let Some(old) = prefixscope_capture::recorder::rotation_leftover(path)
     {
         return Err(format!(
             "{} exists (an earlier run's rotated file?); remove it or choose a new name, so this run's files are not mixed with it",
@@ -442,7 +446,10 @@ pub fn watch_screen(
     records: crossbeam_channel::Receiver<Arc<Record>>,
     switches: super::screen::Switches,
     shutdown: &Shutdown,
-) -> (Result<Arc<crate::live::Snapshot>, Error>, Written) {
+) -> (
+    Result<Arc<prefixscope_core::live::Snapshot>, Error>,
+    Written,
+) {
     use super::screen::{Feed, ScreenConfig, run_screen_live};
     use crate::tui::app::{Input, Source};
     use crate::tui::event::Event;
@@ -505,7 +512,7 @@ pub fn watch_headless(
     mut out: impl std::io::Write + Send + 'static,
     shutdown: &Shutdown,
 ) -> Written {
-    use crate::live::{Engine, Input};
+    use prefixscope_core::live::{Engine, Input};
     let Capture {
         runtime,
         proxy,
@@ -515,7 +522,7 @@ pub fn watch_headless(
     } = capture;
     let proxy_stats = proxy.stats();
     let printer = std::thread::spawn(move || {
-        let mut engine = Engine::new(crate::analysis::Config::default());
+        let mut engine = Engine::new(prefixscope_core::analysis::Config::default());
         for record in records {
             let _ = writeln!(out, "{}", super::headless::record_line(&record));
             if matches!(
@@ -523,17 +530,17 @@ pub fn watch_headless(
                 Some(ExchangeError::UpstreamUnreachable | ExchangeError::Timeout)
             ) {
                 // Why, on stderr beside the line (`record` does the same).
-                crate::stderr_line!(
+                prefixscope_core::stderr_line!(
                     "prefixscope: upstream failed: {}",
                     proxy_stats.last_upstream_error().unwrap_or_default()
                 );
             }
-            engine.push(Input::Record(record, super::wall_clock_ms()));
+            engine.push(Input::Record(record, crate::clock::wall_clock_ms()));
         }
         let _ = write!(
             out,
             "{}",
-            crate::text::printable(&engine.snapshot().summary())
+            prefixscope_core::text::printable(&engine.snapshot().summary())
         );
     });
     let stats = proxy.stats();

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 
 use super::Error;
 use super::capture::{Capture, CaptureConfig};
-use crate::analysis::{self, Config, Report};
-use crate::record::{Record, read_jsonl};
+use prefixscope_core::analysis::{self, Config, Report};
+use prefixscope_core::record::{Record, read_jsonl};
 use prefixscope_demo::agents::{default_slots, run_scenario, scenario_model};
 use prefixscope_demo::script::{Check, RunLog, ScriptEvent, check, evictions};
 use prefixscope_demo::server::{SimConfig, SimServer, Speed};
@@ -79,22 +79,22 @@ impl Demo {
     /// `consumers` too.
     pub fn start(
         config: DemoConfig,
-        consumers: Vec<impl Into<crate::recorder::Consumer>>,
+        consumers: Vec<impl Into<prefixscope_capture::recorder::Consumer>>,
     ) -> Result<Demo, Error> {
-        if !crate::limits::valid_speed(config.speed) {
+        if !prefixscope_core::limits::valid_speed(config.speed) {
             return Err(Error::Usage(format!(
                 "--speed must be from {} to {}",
-                crate::limits::MIN_SPEED,
-                crate::limits::MAX_SPEED
+                prefixscope_core::limits::MIN_SPEED,
+                prefixscope_core::limits::MAX_SPEED
             )));
         }
         let slots = config
             .slots
             .unwrap_or_else(|| default_slots(&config.scenario));
-        if slots == 0 || slots > crate::limits::MAX_SIM_SLOTS {
+        if slots == 0 || slots > prefixscope_core::limits::MAX_SIM_SLOTS {
             return Err(Error::Usage(format!(
                 "--slots must be between 1 and {}",
-                crate::limits::MAX_SIM_SLOTS
+                prefixscope_core::limits::MAX_SIM_SLOTS
             )));
         }
         let sim_listener = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(|e| {
@@ -117,7 +117,7 @@ impl Demo {
                 // The simulated server counts by its own words; it has no chat template to ask.
                 layout: false,
                 // The simulated server answers `/props` as llama-server does.
-                probe: crate::poll::Schedule::Watch,
+                probe: prefixscope_capture::poll::Schedule::Watch,
                 // For the slot predictions on screen; a headless demo lets them go.
                 announce_starts: true,
             },
@@ -233,7 +233,7 @@ pub fn run_screen(
     records: crossbeam_channel::Receiver<Arc<Record>>,
     switches: super::screen::Switches,
     shutdown: &super::shutdown::Shutdown,
-) -> Result<Arc<crate::live::Snapshot>, Error> {
+) -> Result<Arc<prefixscope_core::live::Snapshot>, Error> {
     use super::capture::LiveControl;
     use super::screen::{Feed, ScreenConfig, run_screen_live};
     use crate::tui::app::{Input, Source};
@@ -289,7 +289,7 @@ pub fn run_screen(
         trace_block_size: None,
         speed: Some(speed),
         switches,
-        server_settings: Some(crate::live::ServerSettings {
+        server_settings: Some(prefixscope_core::live::ServerSettings {
             slots: demo.slots,
             cache_ram: demo.config.cache_ram,
             source: "the simulated server's own settings".into(),
@@ -320,7 +320,7 @@ pub fn end_of_demo(ran: &Result<RunLog, String>) -> crate::tui::event::Event {
             requests, errors, ..
         }) if errors.is_empty() => Event::Notice(format!(
             "demo finished: {}; q quits",
-            crate::units::plural(requests.len() as u64, "request")
+            prefixscope_core::units::plural(requests.len() as u64, "request")
         )),
         Ok(RunLog { errors, .. }) => Event::Warning(format!("demo stopped: {}", errors.join("; "))),
         Err(e) => Event::Warning(format!("demo stopped: {e}")),

@@ -7,9 +7,9 @@ use std::fs::File;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
-use crate::export::{self, ExportError, Inputs, Options, Salt, Target};
-use crate::input::{self, Format};
-use crate::output_file::OutputFile;
+use prefixscope_core::export::{self, ExportError, Inputs, Options, Salt, Target};
+use prefixscope_core::input::{self, Format};
+use prefixscope_core::output_file::OutputFile;
 
 /// The input files, opened again for each pass.
 pub struct Files<'a> {
@@ -71,7 +71,7 @@ fn random_hex(bytes: usize) -> String {
 /// A new file only this user can read (`O_EXCL | O_NOFOLLOW`: never an existing one, never
 /// through a symlink).
 pub fn create_private(path: &Path) -> std::io::Result<File> {
-    crate::output_file::create_new_private(path)
+    prefixscope_core::output_file::create_new_private(path)
 }
 
 /// A salt as read from its file.

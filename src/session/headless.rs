@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use crate::normalize::Api;
-use crate::record::Record;
+use prefixscope_core::normalize::Api;
+use prefixscope_core::record::Record;
 
 /// The server's top-level counters, from the body or, in digest mode, the digest.
 fn server_fields(record: &Record) -> Option<Value> {
@@ -34,7 +34,7 @@ pub fn prompt_and_reused(record: &Record) -> (Option<u64>, Option<u64>) {
     let Some(fields) = server_fields(record) else {
         return (None, None);
     };
-    let counts = crate::input::server_counts(&fields);
+    let counts = prefixscope_core::input::server_counts(&fields);
     (counts.prompt_tokens, counts.reused_tokens)
 }
 
@@ -51,13 +51,13 @@ pub fn record_line(record: &Record) -> String {
     let mut line = format!(
         "{id} {} {}",
         record.request.method,
-        crate::privacy::redact_query(&record.request.path)
+        prefixscope_core::privacy::redact_query(&record.request.path)
     );
     match (&record.response, record.error) {
         (Some(response), error) => {
             line.push_str(&format!("  {}", response.status));
             if let Some(stream) = response.stream {
-                line.push_str(if stream == crate::record::StreamKind::Sse {
+                line.push_str(if stream == prefixscope_core::record::StreamKind::Sse {
                     " sse"
                 } else {
                     " ndjson"
@@ -73,12 +73,12 @@ pub fn record_line(record: &Record) -> String {
     line.push_str(&format!("  {seconds:.2}s"));
     if record.probe {
         // prefixscope's own request to the server: what it said, not traffic.
-        let said = crate::probe::answer_of_record(record).map_or_else(
+        let said = prefixscope_core::probe::answer_of_record(record).map_or_else(
             || "not read".to_string(),
-            |(_, a)| crate::probe::describe(&a),
+            |(_, a)| prefixscope_core::probe::describe(&a),
         );
         line.push_str(&format!("  {said}"));
-        return crate::text::printable_line(&line).into_owned();
+        return prefixscope_core::text::printable_line(&line).into_owned();
     }
     if Api::from_path(&record.request.path).is_chat() {
         if let Some(model) = model(record) {
@@ -96,7 +96,7 @@ pub fn record_line(record: &Record) -> String {
     if let Some(agent) = record.request.headers.get("user-agent") {
         line.push_str(&format!("  [{agent}]"));
     }
-    crate::text::printable_line(&line).into_owned()
+    prefixscope_core::text::printable_line(&line).into_owned()
 }
 
 #[cfg(test)]
@@ -106,14 +106,14 @@ mod tests {
     #[test]
     fn lines_for_real_records() {
         let text = include_str!("../../recordings/llmp/llama.cpp/session.jsonl");
-        let read = crate::record::read_jsonl(text.as_bytes());
+        let read = prefixscope_core::record::read_jsonl(text.as_bytes());
         let second = record_line(&read.records[1]);
         assert!(
             second.starts_with("#2 POST /v1/chat/completions  200"),
             "{second}"
         );
         assert!(second.contains("reused"), "{second}");
-        let digest = crate::record::read_jsonl(
+        let digest = prefixscope_core::record::read_jsonl(
             include_str!("../../recordings/llmp/llama.cpp/session.digest.jsonl").as_bytes(),
         );
         assert_eq!(

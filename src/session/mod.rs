@@ -17,14 +17,6 @@ pub mod replay;
 pub mod screen;
 pub mod shutdown;
 
-/// Milliseconds since 1970 by the wall clock: the one clock the sessions stamp inputs with
-/// (the core has none; its inputs carry their times).
-pub fn wall_clock_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// Why a session could not run; the CLI maps each kind to its exit code.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {

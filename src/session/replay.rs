@@ -11,11 +11,12 @@ use crossbeam_channel::Sender;
 
 use super::Error;
 use super::headless::record_line;
-use crate::analysis::Config;
-use crate::cache::Request;
-use crate::input::{self, Format, InputOptions};
-use crate::live::{Engine, Input, LIVE_BLOCK_SIZE, Measured};
-use crate::record::{Lines, Record};
+use crate::tui::Seek;
+use prefixscope_core::analysis::Config;
+use prefixscope_core::cache::Request;
+use prefixscope_core::input::{self, Format, InputOptions};
+use prefixscope_core::live::{Engine, Input, LIVE_BLOCK_SIZE, Measured};
+use prefixscope_core::record::{Lines, Record};
 
 /// What to replay and how fast.
 #[derive(Debug, Clone)]
@@ -53,11 +54,11 @@ pub struct Replay {
 impl Replay {
     /// Opens the files (recordings, or traces / gateway logs: all of one kind).
     pub fn open(config: &ReplayConfig) -> Result<Replay, Error> {
-        if !crate::limits::valid_speed(config.speed) {
+        if !prefixscope_core::limits::valid_speed(config.speed) {
             return Err(Error::Usage(format!(
                 "--speed must be from {} to {}",
-                crate::limits::MIN_SPEED,
-                crate::limits::MAX_SPEED
+                prefixscope_core::limits::MIN_SPEED,
+                prefixscope_core::limits::MAX_SPEED
             )));
         }
         let formats: Vec<Option<Format>> = config
@@ -148,7 +149,7 @@ impl Replay {
                 if bad > 0 {
                     warn(format!(
                         "{} skipped",
-                        crate::units::plural(bad as u64, "bad line")
+                        prefixscope_core::units::plural(bad as u64, "bad line")
                     ));
                 }
                 Box::new(move |inputs: Sender<Input>| {
@@ -237,14 +238,14 @@ fn open_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 fn read_logs(paths: &[PathBuf], messages: &mut Vec<String>) -> Result<Vec<Record>, Error> {
     let mut records: Vec<Record> = Vec::new();
     each_file(paths, messages, |name, reader, messages| {
-        let mut log = input::gateway_csv::records(reader, name, None);
+        let mut log = input::gateway_log_records(reader, name, None);
         for row in &log.report.bad_rows {
             messages.push(format!("{name}:{}: {}", row.line, row.error));
         }
         if !log.timed && !log.records.is_empty() {
             messages.push(format!(
                 "{name}: no timestamps: its rows replay in file order, one every {} s at ×1",
-                input::gateway_csv::UNTIMED_PACE_MS / 1000
+                input::UNTIMED_PACE_MS / 1000
             ));
         }
         let base = records.iter().map(|r| r.id).max().unwrap_or(0);
@@ -295,7 +296,7 @@ fn headless_log(records: Vec<Record>, pacer: &Pacer, out: &mut dyn Write) -> std
     write!(
         out,
         "{}",
-        crate::text::printable(&engine.snapshot().summary())
+        prefixscope_core::text::printable(&engine.snapshot().summary())
     )
 }
 
@@ -339,8 +340,8 @@ fn headless_trace(
             "#{} t {} ms  input {}  {}",
             i + 1,
             request.t_ms.unwrap_or(0),
-            crate::units::plural(request.input_tokens, "token"),
-            crate::units::plural(request.blocks.len() as u64, "block")
+            prefixscope_core::units::plural(request.input_tokens, "token"),
+            prefixscope_core::units::plural(request.blocks.len() as u64, "block")
         )?;
         engine.push(Input::Request(Arc::new(request.clone()), 0));
     }
@@ -350,7 +351,7 @@ fn headless_trace(
         writeln!(
             out,
             "{} skipped",
-            crate::units::plural(bad as u64, "bad row")
+            prefixscope_core::units::plural(bad as u64, "bad row")
         )?;
     }
     if let Some(curve) = &snapshot.view.curve {
@@ -362,7 +363,7 @@ fn headless_trace(
         writeln!(
             out,
             "{} of a {} input · {} · ceiling {:.1}% · LRU {}",
-            crate::units::plural(requests.len() as u64, "request"),
+            prefixscope_core::units::plural(requests.len() as u64, "request"),
             format.as_str(),
             curve.label,
             curve.ceiling * 100.0,
@@ -412,13 +413,13 @@ fn headless_records(
         writeln!(
             out,
             "{} skipped",
-            crate::units::plural(bad_lines, "bad line")
+            prefixscope_core::units::plural(bad_lines, "bad line")
         )?;
     }
     write!(
         out,
         "{}",
-        crate::text::printable(&engine.snapshot().summary())
+        prefixscope_core::text::printable(&engine.snapshot().summary())
     )
 }
 
@@ -443,57 +444,6 @@ pub struct Pacer {
 
 const NOTHING_SENT: i64 = i64::MIN;
 const NO_SEEK: i64 = i64::MIN;
-
-/// Where `g` in a replay goes: forward only (going back would read the files again from the
-/// start into a new engine).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seek {
-    /// Until this many records have been read (`120`).
-    Record(u64),
-    /// Until the first record after this time of day (UTC, as the screen shows times), on the
-    /// day of the latest record read (`09:01:30`, `9:01`).
-    TimeOfDay(i64),
-    /// This many milliseconds of recorded time past the latest record read (`+90s`, `+2m`).
-    Ahead(i64),
-}
-
-impl Seek {
-    /// `120`, `09:01:30` / `9:01`, `+90s` / `+2m` / `+1h` / `+90` (seconds).
-    pub fn parse(text: &str) -> Result<Seek, String> {
-        let text = text.trim();
-        let bad = || format!("{text:?}: a record number (120), a time (09:01:30) or +90s / +2m");
-        if let Some(ahead) = text.strip_prefix('+') {
-            let (number, unit_ms) = match ahead.char_indices().last() {
-                Some((i, 's')) => (&ahead[..i], 1_000),
-                Some((i, 'm')) => (&ahead[..i], 60_000),
-                Some((i, 'h')) => (&ahead[..i], 3_600_000),
-                _ => (ahead, 1_000),
-            };
-            let n: i64 = number.trim().parse().map_err(|_| bad())?;
-            return n
-                .checked_mul(unit_ms)
-                .filter(|ms| *ms > 0)
-                .map(Seek::Ahead)
-                .ok_or_else(bad);
-        }
-        if text.contains(':') {
-            let parts: Vec<&str> = text.split(':').collect();
-            if parts.len() > 3 || parts.iter().any(|p| p.is_empty() || p.len() > 2) {
-                return Err(bad());
-            }
-            let mut fields = [0i64; 3];
-            for (field, part) in fields.iter_mut().zip(&parts) {
-                *field = part.parse().map_err(|_| bad())?;
-            }
-            let [h, m, s] = fields;
-            if h > 23 || m > 59 || s > 59 {
-                return Err(bad());
-            }
-            return Ok(Seek::TimeOfDay((h * 3600 + m * 60 + s) * 1000));
-        }
-        text.parse().map(Seek::Record).map_err(|_| bad())
-    }
-}
 
 impl Pacer {
     /// `items`: each thing to send with the recorded time it is due at (`None`: nothing to send,
@@ -538,7 +488,10 @@ impl Pacer {
                     anchor = Some((Instant::now(), due_ms));
                 }
             }
-            if inputs.send(wrap(item, super::wall_clock_ms())).is_err() {
+            if inputs
+                .send(wrap(item, crate::clock::wall_clock_ms()))
+                .is_err()
+            {
                 return;
             }
             self.sent.fetch_add(1, Ordering::Relaxed);
@@ -706,39 +659,5 @@ impl crate::tui::Control for Pacer {
 
     fn export(&self, format: &str, path: &str) -> Result<String, String> {
         super::export::export_files(&self.files, format, path)
-    }
-}
-
-#[cfg(test)]
-mod seek_tests {
-    use super::Seek;
-
-    #[test]
-    fn a_seek_is_a_record_a_time_of_day_or_a_time_ahead() {
-        assert_eq!(Seek::parse(" 120 "), Ok(Seek::Record(120)));
-        assert_eq!(
-            Seek::parse("09:01:30"),
-            Ok(Seek::TimeOfDay((9 * 3600 + 60 + 30) * 1000))
-        );
-        assert_eq!(
-            Seek::parse("9:01"),
-            Ok(Seek::TimeOfDay((9 * 3600 + 60) * 1000))
-        );
-        assert_eq!(Seek::parse("+90s"), Ok(Seek::Ahead(90_000)));
-        assert_eq!(Seek::parse("+90"), Ok(Seek::Ahead(90_000)));
-        assert_eq!(Seek::parse("+2m"), Ok(Seek::Ahead(120_000)));
-        assert_eq!(Seek::parse("+1h"), Ok(Seek::Ahead(3_600_000)));
-        for bad in [
-            "",
-            "-3",
-            "+0s",
-            "25:00",
-            "9:61",
-            "1:2:3:4",
-            "x",
-            "+9999999999999999h",
-        ] {
-            assert!(Seek::parse(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -8,13 +8,13 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::Error;
 use super::shutdown::Shutdown;
-use crate::analysis::Config;
-use crate::live::{self, Command, Engine, Input as EngineInput, Snapshot};
-use crate::record::Record;
 use crate::tui::app::{App, Input, Source};
 use crate::tui::event::Event;
 use crate::tui::theme::Theme;
 use crate::tui::{Clock, Control, SystemClock, run, spawn_input, terminal};
+use prefixscope_core::analysis::Config;
+use prefixscope_core::live::{self, Command, Engine, Input as EngineInput, Snapshot};
+use prefixscope_core::record::Record;
 
 /// What the app shows and how.
 pub struct ScreenConfig {
@@ -29,7 +29,7 @@ pub struct ScreenConfig {
     pub switches: Switches,
     /// The server's slots and host cache, when known: the capacity view's slot residency is
     /// replayed with them (else with the setting nearest what the server reported, said).
-    pub server_settings: Option<crate::live::ServerSettings>,
+    pub server_settings: Option<prefixscope_core::live::ServerSettings>,
 }
 
 /// What the person (and the tests) choose about the screen itself.
@@ -69,7 +69,7 @@ impl Control for WithEngine<'_> {
     fn step_source(&self) {
         self.edge.step_source();
     }
-    fn seek_source(&self, to: super::replay::Seek) -> Result<String, String> {
+    fn seek_source(&self, to: crate::tui::Seek) -> Result<String, String> {
         self.edge.seek_source(to)
     }
     fn in_flight(&self) -> u64 {
@@ -223,7 +223,7 @@ fn run_app(
     drop(guard);
     if let (Some(path), Some(latencies)) = (latency_file, &app.key_latency_us) {
         let lines: String = latencies.iter().map(|us| format!("{us}\n")).collect();
-        if let Err(e) = crate::output_file::write_whole(&path, &[], lines.as_bytes()) {
+        if let Err(e) = prefixscope_core::output_file::write_whole(&path, &[], lines.as_bytes()) {
             return (
                 Err(Error::Unreadable(format!(
                     "cannot write {}: {e}",

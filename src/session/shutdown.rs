@@ -77,7 +77,7 @@ impl Shutdown {
                         }
                     });
                 }
-                Err(e) => crate::stderr_line!(
+                Err(e) => prefixscope_core::stderr_line!(
                     "prefixscope: cannot catch signals ({e}); they stop at once"
                 ),
             }
@@ -154,11 +154,11 @@ impl Shutdown {
 /// The second signal: leave the terminal as it was found, then exit at once.
 fn force(signal: Signal) -> ! {
     crate::tui::terminal::restore_if_entered();
-    crate::stderr_line!(
+    prefixscope_core::stderr_line!(
         "prefixscope: {} again: exiting now; exchanges still in flight are not recorded",
         signal.name()
     );
-    crate::output_file::exit_removing_temporaries(signal.forced_exit_code());
+    prefixscope_core::output_file::exit_removing_temporaries(signal.forced_exit_code());
 }
 
 /// For a command with nothing to finish gracefully (`analyze`, `export`…): the first SIGINT,
@@ -171,7 +171,7 @@ pub fn exit_on_signal() {
         if let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
             std::thread::spawn(move || {
                 if let Some(number) = signals.forever().next() {
-                    crate::output_file::exit_removing_temporaries(
+                    prefixscope_core::output_file::exit_removing_temporaries(
                         Signal(number).forced_exit_code(),
                     );
                 }

@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use super::event::Event;
 use super::view::View;
-use crate::live::{Command, Snapshot};
+use prefixscope_core::live::{Command, Snapshot};
 
-pub use crate::live::LIVE_BLOCK_SIZE;
+pub use prefixscope_core::live::LIVE_BLOCK_SIZE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pane {
@@ -111,7 +111,7 @@ pub enum Dialog {
     },
 }
 
-pub use crate::export::TARGET_NAMES as EXPORT_FORMATS;
+pub use prefixscope_core::export::TARGET_NAMES as EXPORT_FORMATS;
 
 /// What the loop must do for the app (I/O stays out of here).
 #[derive(Debug, Clone, PartialEq)]
@@ -133,7 +133,7 @@ pub enum Action {
     /// While the replay is held: read this many more records.
     Step(u64),
     /// A replay: read on at once to a record or a time, then hold there.
-    Seek(crate::session::replay::Seek),
+    Seek(crate::tui::Seek),
     /// Write the open view's text to `prefixscope-<what>-<ms>.txt` (0600): the lines shown.
     WriteView(String, Vec<String>),
     /// Work for the live engine (a filter, the chart's optimal replay): its answer comes back
@@ -267,7 +267,7 @@ impl App {
                 if action == Action::Quit {
                     self.status = Some(format!(
                         "{name}: waiting for {} in flight; a second signal quits now",
-                        crate::units::plural(self.in_flight, "exchange")
+                        prefixscope_core::units::plural(self.in_flight, "exchange")
                     ));
                 }
                 action
@@ -368,7 +368,7 @@ impl App {
     }
 
     /// The top prefixes in the pane's order (by count, or by reusable tokens with `t`).
-    pub fn prefix_items(&self) -> Vec<&crate::live::view::PrefixItem> {
+    pub fn prefix_items(&self) -> Vec<&prefixscope_core::live::view::PrefixItem> {
         let mut items: Vec<_> = self.view().prefixes.iter().collect();
         if self.prefixes_by_tokens {
             items.sort_by_key(|p| std::cmp::Reverse(p.reusable_tokens));
@@ -513,7 +513,7 @@ impl App {
                     KeyCode::Enter => {
                         let typed = area.lines().join("");
                         self.dialog = None;
-                        match crate::session::replay::Seek::parse(&typed) {
+                        match crate::tui::Seek::parse(&typed) {
                             Ok(to) => return Action::Seek(to),
                             Err(why) => self.status = Some(format!("seek: {why}")),
                         }
@@ -751,7 +751,10 @@ impl App {
             self.status = Some("speed applies to replays".into());
             return Action::Redraw;
         };
-        let speed = (speed * factor).clamp(crate::limits::MIN_SPEED, crate::limits::MAX_SPEED);
+        let speed = (speed * factor).clamp(
+            prefixscope_core::limits::MIN_SPEED,
+            prefixscope_core::limits::MAX_SPEED,
+        );
         self.speed = Some(speed);
         self.status = Some(format!("replay speed ×{speed}"));
         Action::Speed(speed)
@@ -764,7 +767,7 @@ impl App {
         self.quitting = true;
         self.status = Some(format!(
             "waiting for {} in flight; q again to quit now",
-            crate::units::plural(self.in_flight, "exchange")
+            prefixscope_core::units::plural(self.in_flight, "exchange")
         ));
         Action::Quit
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crossterm::event::{KeyEvent, MouseEvent};
 
-use crate::live::Snapshot;
+use prefixscope_core::live::Snapshot;
 
 #[derive(Debug, Clone)]
 pub enum Event {

@@ -6,9 +6,12 @@
 pub mod app;
 pub mod event;
 pub mod panes;
+mod seek;
 pub mod theme;
 pub mod ui;
 pub mod view;
+
+pub use seek::Seek;
 
 use std::io;
 use std::path::PathBuf;
@@ -19,9 +22,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use ratatui::Terminal;
 use ratatui::backend::Backend;
 
-use crate::live::{Command, Engine, Snapshot};
 use app::{Action, App};
 use event::Event;
+use prefixscope_core::live::{Command, Engine, Snapshot};
 use theme::Theme;
 
 pub trait Clock {
@@ -32,7 +35,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        crate::session::wall_clock_ms()
+        crate::clock::wall_clock_ms()
     }
 }
 
@@ -58,7 +61,7 @@ pub trait Control {
     /// While the source is held: one more record.
     fn step_source(&self) {}
     /// Reads on to `to` and holds there (a replay); what to say, or why not.
-    fn seek_source(&self, _to: crate::session::replay::Seek) -> Result<String, String> {
+    fn seek_source(&self, _to: Seek) -> Result<String, String> {
         Err("seek applies to replays".into())
     }
     fn in_flight(&self) -> u64 {
@@ -96,7 +99,7 @@ pub struct EngineControl(pub std::cell::RefCell<Engine>);
 impl Control for EngineControl {
     fn command(&self, command: Command) -> Option<Arc<Snapshot>> {
         let mut engine = self.0.borrow_mut();
-        engine.push(crate::live::Input::Command(command));
+        engine.push(prefixscope_core::live::Input::Command(command));
         Some(Arc::new(engine.snapshot()))
     }
 }
@@ -190,7 +193,7 @@ pub fn run<B: Backend>(
                         }
                         app.status = Some(format!(
                             "{} read; p resumes",
-                            crate::units::plural(records, "record")
+                            prefixscope_core::units::plural(records, "record")
                         ));
                     }
                 }
@@ -241,7 +244,7 @@ pub fn run<B: Backend>(
 /// reaches the panes from anywhere, so the frame is checked once, where it is complete.
 fn scrub_controls(buffer: &mut ratatui::buffer::Buffer) {
     for cell in buffer.content.iter_mut() {
-        if crate::text::has_controls(cell.symbol()) {
+        if prefixscope_core::text::has_controls(cell.symbol()) {
             let kept: String = cell.symbol().chars().filter(|c| !c.is_control()).collect();
             cell.set_symbol(if kept.is_empty() { " " } else { &kept });
         }
@@ -277,7 +280,7 @@ fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
 /// A whole file, 0600, through a temporary file renamed over the path (`output_file`): a
 /// symlink there is replaced, never written through.
 fn write_private(path: &std::path::Path, text: &str) -> io::Result<()> {
-    crate::output_file::write_whole(path, &[], text.as_bytes())
+    prefixscope_core::output_file::write_whole(path, &[], text.as_bytes())
 }
 
 /// Terminal set-up for a real TTY, undone on every exit: the guard's `Drop` for returns and
@@ -397,20 +400,20 @@ mod tty_watch {
     use std::os::fd::{AsRawFd, RawFd};
     use std::time::Duration;
 
-    pub enum Wait {
+    pub(super) enum Wait {
         Ready,
         Idle,
         Lost(&'static str),
     }
 
-    pub struct Tty {
+    pub(super) struct Tty {
         /// Kept open for as long as its descriptor is polled.
         _file: Option<File>,
         fd: Option<RawFd>,
     }
 
     impl Tty {
-        pub fn open() -> Tty {
+        pub(super) fn open() -> Tty {
             if std::io::stdin().is_terminal() {
                 return Tty {
                     _file: None,
@@ -422,7 +425,7 @@ mod tty_watch {
             Tty { _file: file, fd }
         }
 
-        pub fn wait(&self, timeout: Duration) -> Wait {
+        pub(super) fn wait(&self, timeout: Duration) -> Wait {
             let Some(fd) = self.fd else {
                 return Wait::Lost("no terminal to read");
             };

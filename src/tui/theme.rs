@@ -92,8 +92,8 @@ impl Theme {
 
     /// A turn's cell by what it lost: nothing green, under a quarter of its prompt yellow, more
     /// red, not measured dim. The glyph says the same without colour.
-    pub fn loss(&self, severity: crate::live::view::Severity) -> Style {
-        use crate::live::view::Severity;
+    pub fn loss(&self, severity: prefixscope_core::live::view::Severity) -> Style {
+        use prefixscope_core::live::view::Severity;
         match severity {
             Severity::None => self.good(),
             Severity::Some => self.warn(),

@@ -187,11 +187,17 @@ fn pane_title(app: &App, pane: Pane) -> String {
         }
         Pane::Losses => "Loss per client, by cost".into(),
         // Only the newest breaks are described; the title says how many there are.
-        Pane::Breaks if app.view().breaks_total > crate::live::view::MAX_BREAKS_SHOWN => format!(
-            "Prefix breaks (newest {} of {})",
-            crate::units::thousands(crate::live::view::MAX_BREAKS_SHOWN as u64),
-            crate::units::thousands(app.view().breaks_total as u64)
-        ),
+        Pane::Breaks
+            if app.view().breaks_total > prefixscope_core::live::view::MAX_BREAKS_SHOWN =>
+        {
+            format!(
+                "Prefix breaks (newest {} of {})",
+                prefixscope_core::units::thousands(
+                    prefixscope_core::live::view::MAX_BREAKS_SHOWN as u64
+                ),
+                prefixscope_core::units::thousands(app.view().breaks_total as u64)
+            )
+        }
         other => other.title().into(),
     }
 }

@@ -1,3 +1,3 @@
 //! What the panes draw lives with the live engine that builds it (`live::view`); the TUI only
 //! reads it.
-pub use crate::live::view::*;
+pub use prefixscope_core::live::view::*;

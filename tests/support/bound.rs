@@ -1,7 +1,7 @@
 //! The ceiling as an upper bound of what a real server reused: the check the real llama.cpp
 //! recordings and the end-to-end test share.
 
-use prefixscope_core::cache::profile::ceiling_per_request;
+use prefixscope_core::cache::ceiling_per_request;
 use prefixscope_core::input::{self, Format, InputOptions};
 use prefixscope_core::record::Record;
 

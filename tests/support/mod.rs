@@ -292,7 +292,7 @@ pub async fn send(
 /// What a record's token counts add up to, by message and by tool, with the server's prompt
 /// count beside them (a laid-out record's two sums equal the third).
 pub fn token_sums(record: &Record) -> (u32, u32, Option<u32>) {
-    let exchange = prefixscope_core::normalize::exchange::normalize(record).unwrap();
+    let exchange = prefixscope_core::normalize::normalize(record).unwrap();
     let sum = |counts: Vec<Option<u32>>| counts.into_iter().map(|n| n.unwrap()).sum::<u32>();
     (
         sum(exchange

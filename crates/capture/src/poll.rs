@@ -20,9 +20,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, header};
 
 use crate::http1;
-use crate::probe::{Answer, Changes, Endpoint, MAX_PROBE_BODY_BYTES, USER_AGENT, probe_capture};
 use crate::proxy::Upstream;
 use crate::recorder::CaptureSender;
+use prefixscope_core::probe::{
+    Answer, Changes, Endpoint, MAX_PROBE_BODY_BYTES, USER_AGENT, probe_capture,
+};
 
 /// One request (connect included) gets this long.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -62,7 +64,7 @@ impl Poller {
         Poller {
             upstream,
             captures,
-            next_id: AtomicU64::new(crate::probe::PROBE_ID_BASE),
+            next_id: AtomicU64::new(prefixscope_core::probe::PROBE_ID_BASE),
             schedule,
             interval: PROBE_INTERVAL,
             backoff: PROBE_BACKOFF,
@@ -123,7 +125,7 @@ impl Poller {
             let (status, answer) = match self.get(&mut connection, &path).await {
                 Ok((status, body)) => (
                     Some(status),
-                    crate::probe::read_answer(endpoint, status, &body),
+                    prefixscope_core::probe::read_answer(endpoint, status, &body),
                 ),
                 Err(Failure::NoAnswer(why)) => (None, Answer::Unavailable(why)),
                 Err(Failure::Down(why)) => {

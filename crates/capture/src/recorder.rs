@@ -16,10 +16,10 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use crate::capture::{BodyMode, Capture, apply_mode, build_record};
-use crate::limits::MAX_LINE_BYTES;
-use crate::output_file::create_new_private;
-use crate::record::{ExchangeError, Record, record_line};
+use prefixscope_core::capture::{BodyMode, Capture, apply_mode, build_record};
+use prefixscope_core::limits::MAX_LINE_BYTES;
+use prefixscope_core::output_file::create_new_private;
+use prefixscope_core::record::{ExchangeError, Record, record_line};
 
 /// Captures waiting to be recorded before the proxy holds the next request back.
 pub const RECORDER_QUEUE: usize = 1024;
@@ -612,7 +612,9 @@ mod tests {
         let stats = recorder.finish();
         assert_eq!(stats.written.load(Ordering::Relaxed), 5);
         assert_eq!(rx.try_iter().count(), 5);
-        let read = crate::record::read_jsonl(std::io::BufReader::new(File::open(&path).unwrap()));
+        let read = prefixscope_core::record::read_jsonl(std::io::BufReader::new(
+            File::open(&path).unwrap(),
+        ));
         assert_eq!(read.records.len(), 5);
         #[cfg(unix)]
         {
@@ -683,7 +685,7 @@ mod tests {
                 // The first record's enrichment is slow: the others pile up meanwhile.
                 held.hold();
             }
-            record.tokens = Some(crate::record::TokenCounts::default());
+            record.tokens = Some(prefixscope_core::record::TokenCounts::default());
         });
         let recorder: Recorder<Vec<u8>> =
             Recorder::start_enriched(RecorderConfig::default(), vec![tx], Some(enrich)).unwrap();
@@ -826,7 +828,7 @@ mod tests {
         let (line, dropped) = line_within(&record, 1000);
         assert!(dropped);
         assert!(line.len() < 1000, "{}", line.len());
-        let read = crate::record::read_jsonl(line.as_slice());
+        let read = prefixscope_core::record::read_jsonl(line.as_slice());
         let slim = &read.records[0];
         assert_eq!(slim.request.body, None);
         assert_eq!(slim.request.body_bytes, 4100);
@@ -917,7 +919,10 @@ mod tests {
             .files()
             .iter()
             .flat_map(|p| {
-                crate::record::read_jsonl(std::io::BufReader::new(File::open(p).unwrap())).records
+                prefixscope_core::record::read_jsonl(std::io::BufReader::new(
+                    File::open(p).unwrap(),
+                ))
+                .records
             })
             .map(|r| r.id)
             .collect();
@@ -935,7 +940,7 @@ mod tests {
     impl Enrichment for StopsAfterTheFirst {
         fn enrich(&mut self, record: &mut Record) {
             self.held.hold();
-            record.tokens = Some(crate::record::TokenCounts::default());
+            record.tokens = Some(prefixscope_core::record::TokenCounts::default());
             self.stopped = true;
         }
 
@@ -980,7 +985,7 @@ mod tests {
         let mut probe = capture(1);
         probe.path = "/props".into();
         probe.probe = true;
-        probe.response = Some(crate::capture::ResponseCapture {
+        probe.response = Some(prefixscope_core::capture::ResponseCapture {
             status: 200,
             headers: BTreeMap::new(),
             stream: None,

@@ -2,6 +2,10 @@
 //! the server's prompt-cache model, input readers, export and the live engine. No network, no
 //! terminal, no async runtime: the capture edge and the binary feed it and draw it.
 
+// What other crates may use is what a module re-exports; the rest is this crate's own,
+// so the compiler sees what is dead.
+#![warn(unreachable_pub)]
+
 /// `eprintln!` that never panics: a terminal that went away (a closed tmux, an SSH drop) turns
 /// `eprintln!` into a panic, and a panic on the way out skips the shutdown that writes the
 /// last records. What cannot be said is dropped.

@@ -22,7 +22,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::model::sentence;
 use super::script::{EventKind, RequestLog, RunLog, ScriptEvent};
 use super::server::Speed;
-use crate::http1::{self, ConnectError};
+use prefixscope_capture::http1::{self, ConnectError};
 
 pub const SCENARIOS: [&str; 6] = [
     "mixed",

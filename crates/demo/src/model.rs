@@ -5,7 +5,7 @@
 use serde_json::{Map, Value, json};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::normalize::digest::content_text_newline_joined;
+use prefixscope_core::normalize::digest::content_text_newline_joined;
 
 /// Most tool calls the model makes after one user message.
 pub const MAX_TOOL_STEPS: u64 = 3;

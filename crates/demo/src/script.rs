@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::analysis::engine_cause::EngineKind;
-use crate::analysis::{BreakCause, Cause, Report, Row, RowKind};
-use crate::record::Record;
-use prefixscope_core::sim::kv::ServedLog;
+use prefixscope_core::analysis::EngineKind;
+use prefixscope_core::analysis::{BreakCause, Cause, Report, Row, RowKind};
+use prefixscope_core::record::Record;
+use prefixscope_core::sim::ServedLog;
 
 /// What a script did that the analysis should name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -317,7 +317,7 @@ fn describe(row: &Row) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefixscope_core::sim::kv::{KvCache, KvConfig};
+    use prefixscope_core::sim::{KvCache, KvConfig};
 
     fn request(order: u64, conversation: Option<&str>) -> RequestLog {
         RequestLog {

@@ -30,8 +30,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::model::{self, Reply};
-use prefixscope_core::sim::kv::{KvCache, KvConfig, Served, ServedLog, ms_for};
-use prefixscope_core::sim::text::{pieces, render_chat, token_id, tokenize};
+use prefixscope_core::sim::{KvCache, KvConfig, Served, ServedLog, ms_for};
+use prefixscope_core::sim::{pieces, render_chat, token_id, tokenize};
 
 pub type SimBody = BoxBody<Bytes, Infallible>;
 
@@ -269,7 +269,7 @@ fn models(config: &SimConfig) -> Value {
         "object": "list",
         "data": [{"id": config.model, "object": "model", "owned_by": "llamacpp",
                   "created": unix_seconds(),
-                  "meta": {"n_vocab": prefixscope_core::sim::text::VOCAB, "n_ctx": config.n_ctx,
+                  "meta": {"n_vocab": prefixscope_core::sim::VOCAB, "n_ctx": config.n_ctx,
                            "n_ctx_train": config.n_ctx}}]
     })
 }

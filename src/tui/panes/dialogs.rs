@@ -84,7 +84,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             frame.render_widget(
                 Paragraph::new(format!(
                     "record number (120), time of day (09:01:30) or ahead (+90s, +2m); {} read so far · Enter seeks, Esc cancels",
-                    crate::units::plural(app.requests(), "record")
+                    prefixscope_core::units::plural(app.requests(), "record")
                 ))
                 .wrap(Wrap { trim: true }),
                 hint,

@@ -6,7 +6,7 @@ use super::fit;
 use crate::tui::app::{App, Input, Pane, Source};
 use crate::tui::theme::Theme;
 use crate::tui::view::{duration, thousands, tokens};
-use crate::units::plural;
+use prefixscope_core::units::plural;
 
 pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     let h = &app.view().header;

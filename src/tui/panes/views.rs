@@ -9,13 +9,13 @@ use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 
-use crate::analysis::findings::{Fix, fix};
-use crate::analysis::{Finding, FindingKind, Measured, Row};
-use crate::live::{Prediction, Predictions, Snapshot};
 use crate::tui::app::{App, Dialog};
 use crate::tui::theme::Theme;
 use crate::tui::view::{cause_label, duration, shown, thousands, tokens};
-use crate::units::{cause_label_plural, plural};
+use prefixscope_core::analysis::{Finding, FindingKind, Measured, Row};
+use prefixscope_core::analysis::{Fix, fix};
+use prefixscope_core::live::{Prediction, Predictions, Snapshot};
+use prefixscope_core::units::{cause_label_plural, plural};
 
 /// The area a view takes: the screen but the status bar (its keys stay in sight).
 pub fn area_of(screen: Rect) -> Rect {
@@ -163,7 +163,7 @@ fn measured<T: std::fmt::Display>(m: Option<Measured<T>>) -> String {
     })
 }
 
-fn cause_name(cause: crate::analysis::BreakCause) -> String {
+fn cause_name(cause: prefixscope_core::analysis::BreakCause) -> String {
     serde_json::to_value(cause)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
@@ -194,7 +194,7 @@ fn finding_of_turn(row: &Row, cause: &str) -> Finding {
         lost_tokens: None,
         lost_ms: None,
         context_tokens: None,
-        confidence: crate::analysis::Confidence::Low,
+        confidence: prefixscope_core::analysis::Confidence::Low,
         evidence: serde_json::json!({
             "break_cause": cause,
             "before": location.and_then(|l| l.before.clone()),
@@ -231,7 +231,8 @@ pub fn turn_fix(snapshot: &Snapshot, row: &Row) -> Option<(String, Fix, Vec<Pred
     };
     let named = snapshot.advice_ready().and_then(|all| {
         all.iter().find(|a| {
-            a.finding.rows.contains(&row.id) && crate::live::advice_cause(&a.finding) == cause
+            a.finding.rows.contains(&row.id)
+                && prefixscope_core::live::advice_cause(&a.finding) == cause
         })
     });
     if let Some(advice) = named {
@@ -286,8 +287,8 @@ fn saving_lines<'a>(
         Predictions::TooMany(n) => format!(
             "savings: run prefixscope whatif on the recording; {} records is past the live what-if's {} ({})",
             thousands(*n),
-            thousands(crate::live::MAX_WHATIF_RECORDS as u64),
-            crate::live::WHATIF_CAP_COST
+            thousands(prefixscope_core::live::MAX_WHATIF_RECORDS as u64),
+            prefixscope_core::live::WHATIF_CAP_COST
         ),
         Predictions::NotReplayable => {
             "savings: the simulated llama-server replays llama.cpp's chat requests with counts only"
@@ -358,7 +359,7 @@ fn whole_text_lines<'a>(
         }
         let text = match written {
             Written::Screen => shown(run),
-            Written::File => crate::text::printable(run).into_owned(),
+            Written::File => prefixscope_core::text::printable(run).into_owned(),
         };
         spans.push(if changed {
             Span::styled(text, theme.changed())
@@ -397,7 +398,7 @@ fn whole_text_lines<'a>(
 
 /// Both whole versions of the changed message, each under a heading saying its size.
 fn break_text_lines<'a>(
-    texts: &crate::analysis::BreakTexts,
+    texts: &prefixscope_core::analysis::BreakTexts,
     message: Option<u32>,
     written: Written,
     theme: &Theme,
@@ -501,7 +502,7 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
     if let Some(named) = row
         .client_cause
         .as_deref()
-        .and_then(crate::analysis::client_cause::label)
+        .and_then(prefixscope_core::analysis::client_cause_label)
     {
         lines.push(Line::raw(format!("the client's: {named}")));
     }
@@ -769,7 +770,7 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
         let head = format!(
             "{}. {} · {cost} · {}",
             i + 1,
-            cause_label_plural(crate::live::advice_cause(f)),
+            cause_label_plural(prefixscope_core::live::advice_cause(f)),
             match advice.fix.owner {
                 "client" => "the client's to fix",
                 "server" => "the server's doing",
@@ -919,8 +920,8 @@ fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
             Predictions::TooMany(n) => format!(
                 "run prefixscope whatif FILE --slots N --cache-ram on|off; {} records is past the live what-if's {} ({})",
                 thousands(*n),
-                thousands(crate::live::MAX_WHATIF_RECORDS as u64),
-                crate::live::WHATIF_CAP_COST
+                thousands(prefixscope_core::live::MAX_WHATIF_RECORDS as u64),
+                prefixscope_core::live::WHATIF_CAP_COST
             ),
             _ => "the simulated llama-server replays llama.cpp's chat requests with the server's counts only"
                 .to_string(),
@@ -978,7 +979,7 @@ fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line<'a>> {
     ));
     for slots in [1usize, 2, 4, 8] {
         let cell = |cache_ram: bool| -> (String, bool) {
-            let lever = crate::analysis::findings::Lever::of_settings(slots, cache_ram);
+            let lever = prefixscope_core::analysis::Lever::of_settings(slots, cache_ram);
             match all.iter().find(|p| p.lever == lever) {
                 Some(p) => (
                     format!(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::forward::InFlight;
-use crate::record::ExchangeError;
+use prefixscope_core::record::ExchangeError;
 
 pub(crate) struct RecordingBody {
     inner: Incoming,

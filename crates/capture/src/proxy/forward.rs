@@ -16,8 +16,8 @@ use super::body::{RecordingBody, StreamedBody, StreamedCount};
 use super::headers::{recorded_headers, strip_hop_by_hop};
 use super::upstream::{self, UpstreamBody, UpstreamDriver, UpstreamSender};
 use super::{Shared, now_ms};
-use crate::capture::{Capture, ResponseCapture, stream_kind_of};
-use crate::record::ExchangeError;
+use prefixscope_core::capture::{Capture, ResponseCapture, stream_kind_of};
+use prefixscope_core::record::ExchangeError;
 
 pub(crate) type ProxyBody = BoxBody<Bytes, hyper::Error>;
 

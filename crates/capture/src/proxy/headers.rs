@@ -1,12 +1,12 @@
 //! Which headers are forwarded (all but hop-by-hop, RFC 9110 §7.6.1) and which are recorded
 //! (llmp's four, plus session and conversation ids by allowlist, id-shaped values only:
-//! `crate::privacy`).
+//! `prefixscope_core::privacy`).
 
 use std::collections::BTreeMap;
 
 use hyper::header::{self, HeaderMap, HeaderName};
 
-use crate::privacy::{is_id_value, is_session_header};
+use prefixscope_core::privacy::{is_id_value, is_session_header};
 
 const RECORDED: [&str; 4] = [
     "user-agent",

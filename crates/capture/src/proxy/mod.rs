@@ -26,8 +26,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
-use crate::capture::Capture;
 use crate::recorder::CaptureSender;
+use prefixscope_core::capture::Capture;
 pub use upstream::Upstream;
 
 /// Default listen port: next to neither llama-server (8080) nor Ollama (11434).

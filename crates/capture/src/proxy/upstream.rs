@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use crate::record::ExchangeError;
+use prefixscope_core::record::ExchangeError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {

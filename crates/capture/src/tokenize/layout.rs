@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use super::{Client, Endpoint};
 use crate::http1;
-use crate::normalize::{Api, chat_request, digest};
-use crate::record::{Record, TokenCounts};
+use prefixscope_core::normalize::{Api, chat_request, digest};
+use prefixscope_core::record::{Record, TokenCounts};
 
 /// What the layout pass did.
 #[derive(Debug, Default)]
@@ -217,7 +217,7 @@ async fn lay_out_record(
         .response
         .as_ref()
         .and_then(|r| r.body.as_ref())
-        .and_then(|body| crate::input::server_counts(body).prompt_tokens);
+        .and_then(|body| prefixscope_core::input::server_counts(body).prompt_tokens);
     if server.is_some_and(|s| s != u64::from(prompt)) {
         return Ok(Verdict::Mismatched(format!(
             "record {}: rendered {prompt} tokens, the server counted {}",
@@ -331,7 +331,7 @@ fn as_function_tool(tool: &Value) -> Option<Value> {
     match tool.get("type").and_then(Value::as_str) {
         Some("function") => Some(tool.clone()),
         None | Some("custom") if tool.get("input_schema").is_some() => {
-            Some(crate::normalize::anthropic::function_tool(tool))
+            Some(prefixscope_core::normalize::function_tool(tool))
         }
         _ => None,
     }
@@ -395,7 +395,10 @@ async fn render(
 /// llama.cpp's `{"error": {"message"}}`, shortened to a line.
 fn server_error(reply: &Value) -> Option<String> {
     let message = reply.pointer("/error/message")?.as_str()?;
-    Some(crate::text::printable_line(&message.chars().take(160).collect::<String>()).into_owned())
+    Some(
+        prefixscope_core::text::printable_line(&message.chars().take(160).collect::<String>())
+            .into_owned(),
+    )
 }
 
 /// The byte length of each token of `prompt`, as the server tokenizes a prompt (special tokens
@@ -521,7 +524,7 @@ impl LiveLayoutStats {
         }
         let mut line = format!(
             "{} laid out as llama.cpp renders them",
-            crate::units::plural(laid, "record")
+            prefixscope_core::units::plural(laid, "record")
         );
         if not > 0 {
             line.push_str(&format!(", {not} left to estimates"));
@@ -643,7 +646,8 @@ fn from_llama_cpp(record: &Record) -> bool {
         .as_ref()
         .and_then(|r| r.body.as_ref())
         .is_some_and(|body| {
-            crate::input::server_counts(body).server == Some(crate::input::ServerKind::LlamaCpp)
+            prefixscope_core::input::server_counts(body).server
+                == Some(prefixscope_core::input::ServerKind::LlamaCpp)
         })
 }
 

@@ -33,8 +33,8 @@ mod layout;
 pub use layout::{LiveLayout, LiveLayoutStats};
 
 use crate::http1;
-use crate::normalize::{Api, digest};
-use crate::record::{self, Record, TokenCounts, hash};
+use prefixscope_core::normalize::{Api, digest};
+use prefixscope_core::record::{self, Record, TokenCounts, hash};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -205,7 +205,7 @@ struct Collected {
 
 /// The request's messages (chat form) and tools, with the digest that hashes them.
 fn parts(api: Api, body: &Value) -> Option<(record::RequestDigest, Vec<Value>, Vec<Value>)> {
-    let chat = crate::normalize::chat_request(api, body)?;
+    let chat = prefixscope_core::normalize::chat_request(api, body)?;
     let digest = digest::request_digest_of(api, body, &chat, true);
     let (messages, tools) = chat;
     Some((digest, messages.into_owned(), tools.into_owned()))

@@ -11,26 +11,26 @@ use crate::normalize::exchange::{Msg, ToolDef};
 use crate::normalize::measured::Source;
 
 /// Claude Code's `x-anthropic-billing-header: … cch=…;` line at the front of its system prompt.
-pub const ATTRIBUTION_HEADER: &str = "attribution_header";
+pub(crate) const ATTRIBUTION_HEADER: &str = "attribution_header";
 /// A date or time in the system prompt that moved on.
-pub const DATE_IN_SYSTEM_PROMPT: &str = "date_in_system_prompt";
+pub(crate) const DATE_IN_SYSTEM_PROMPT: &str = "date_in_system_prompt";
 /// The same tools (same schemas) in another order.
-pub const TOOLS_REORDERED: &str = "tools_reordered";
+pub(crate) const TOOLS_REORDERED: &str = "tools_reordered";
 /// The same tool names, a schema or description changed.
-pub const TOOLS_SCHEMA_CHANGED: &str = "tools_schema_changed";
+pub(crate) const TOOLS_SCHEMA_CHANGED: &str = "tools_schema_changed";
 /// Tools added or removed.
-pub const TOOLS_ADDED_REMOVED: &str = "tools_added_removed";
+pub(crate) const TOOLS_ADDED_REMOVED: &str = "tools_added_removed";
 /// An earlier reply's reasoning was dropped or changed when sent back (its identity, llmp's,
 /// leaves reasoning out, so llmp sees no break; a template that renders it does).
-pub const REASONING_CHANGED: &str = "reasoning_changed";
+pub(crate) const REASONING_CHANGED: &str = "reasoning_changed";
 
 /// An identical message of the matched prefix now weighs other tokens in the server's own
 /// layout (`tokenize::layout`): the chat template renders earlier turns differently once they
 /// are not the last (Qwen3's drops their reasoning), so the server cannot reuse them.
-pub const TEMPLATE_RERENDERED: &str = "template_rerendered";
+pub(crate) const TEMPLATE_RERENDERED: &str = "template_rerendered";
 
 /// Causes llmp cannot see (its identities match) that make a `server_*` loss the client's.
-pub fn unseen_by_llmp(cause: &str) -> bool {
+pub(crate) fn unseen_by_llmp(cause: &str) -> bool {
     cause == REASONING_CHANGED || cause == TEMPLATE_RERENDERED
 }
 
@@ -38,7 +38,7 @@ pub fn unseen_by_llmp(cause: &str) -> bool {
 /// now than in the previous request (equal text tokenizes alike, so the template made it).
 /// Only messages whose next message matched too: a layout's message runs to the next one's
 /// content, so the previous request's last message carried the generation prompt.
-pub fn template_rerendered(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -> bool {
+pub(crate) fn template_rerendered(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -> bool {
     before
         .iter()
         .zip(after)
@@ -51,7 +51,7 @@ pub fn template_rerendered(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize)
 
 /// Whether a message of the matched prefix (`upto`) came back with another reasoning than the
 /// previous request sent with it.
-pub fn reasoning_changed(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -> bool {
+pub(crate) fn reasoning_changed(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -> bool {
     before
         .iter()
         .zip(after)
@@ -61,12 +61,12 @@ pub fn reasoning_changed(before: &[Arc<Msg>], after: &[Arc<Msg>], upto: usize) -
 
 /// Claude Code's attribution line (`x-anthropic-billing-header: … cch=…`), which changes on every
 /// request at the start of its system prompt.
-pub fn is_claude_code_billing(text: &str) -> bool {
+pub(crate) fn is_claude_code_billing(text: &str) -> bool {
     text.contains("x-anthropic-billing-header") || text.contains("cch=")
 }
 
 /// A date or time in the changed text (`2026-03-14`, `Monday`, `12:01`).
-pub fn looks_like_date(text: &str) -> bool {
+pub(crate) fn looks_like_date(text: &str) -> bool {
     const DAYS: [&str; 7] = [
         "Monday",
         "Tuesday",
@@ -83,7 +83,7 @@ pub fn looks_like_date(text: &str) -> bool {
 
 /// A system prompt change by what changed (`before` / `after`: the changed text, as the break
 /// location has it; empty in digest recordings, which name nothing).
-pub fn of_system_change(before: &str, after: &str) -> Option<&'static str> {
+pub(crate) fn of_system_change(before: &str, after: &str) -> Option<&'static str> {
     if is_claude_code_billing(before) || is_claude_code_billing(after) {
         Some(ATTRIBUTION_HEADER)
     } else if looks_like_date(before) || looks_like_date(after) {
@@ -95,7 +95,7 @@ pub fn of_system_change(before: &str, after: &str) -> Option<&'static str> {
 
 /// A tool array change by what changed: the same tools in another order, the same names with
 /// another schema, or tools added or removed.
-pub fn of_tools_change(before: &[ToolDef], after: &[ToolDef]) -> &'static str {
+pub(crate) fn of_tools_change(before: &[ToolDef], after: &[ToolDef]) -> &'static str {
     let set = |tools: &[ToolDef], key: fn(&ToolDef) -> &str| -> BTreeSet<String> {
         tools.iter().map(|t| key(t).to_string()).collect()
     };
@@ -111,7 +111,7 @@ pub fn of_tools_change(before: &[ToolDef], after: &[ToolDef]) -> &'static str {
 }
 
 /// What to change, for a named cause.
-pub fn fix(cause: &str) -> Option<&'static str> {
+pub(crate) fn fix(cause: &str) -> Option<&'static str> {
     Some(match cause {
         ATTRIBUTION_HEADER => {
             "Claude Code's attribution header (x-anthropic-billing-header … cch=) changes on every request: set CLAUDE_CODE_ATTRIBUTION_HEADER=0"
@@ -139,7 +139,7 @@ pub fn fix(cause: &str) -> Option<&'static str> {
 }
 
 /// For a person: `attribution header changed`.
-pub fn label(cause: &str) -> Option<&'static str> {
+pub fn client_cause_label(cause: &str) -> Option<&'static str> {
     Some(match cause {
         ATTRIBUTION_HEADER => "attribution header changed",
         DATE_IN_SYSTEM_PROMPT => "date in system prompt",
@@ -211,7 +211,10 @@ mod tests {
             REASONING_CHANGED,
             TEMPLATE_RERENDERED,
         ] {
-            assert!(fix(cause).is_some() && label(cause).is_some(), "{cause}");
+            assert!(
+                fix(cause).is_some() && client_cause_label(cause).is_some(),
+                "{cause}"
+            );
         }
         assert!(
             fix(ATTRIBUTION_HEADER)

@@ -87,7 +87,7 @@ pub struct EngineCause {
 
 /// A model's memory, from its name: the families whose cache llama.cpp cannot reuse past a
 /// point. Only names that say it; anything else is `None` (full attention or not known).
-pub fn memory_of(model: &str) -> Option<(EngineKind, &'static str)> {
+pub(crate) fn memory_of(model: &str) -> Option<(EngineKind, &'static str)> {
     // Lower-cased, separators dropped: `Gemma-3-4B`, `gemma3:4b` and `google_gemma-3` agree.
     let name: String = model
         .rsplit(['/', '\\'])
@@ -128,11 +128,11 @@ pub fn memory_of(model: &str) -> Option<(EngineKind, &'static str)> {
 
 /// A model load this long before a request is a reload, not the warm path (Ollama reports a
 /// few milliseconds when the model is resident).
-pub const RELOAD_MS: f64 = 500.0;
+pub(crate) const RELOAD_MS: f64 = 500.0;
 
 /// The engine cause of a `server_*` loss (`loss_cause`) on a request to `model`, whose server
 /// reported `reused` tokens of `prompt` and spent `load_ms` loading the model.
-pub fn engine_cause(
+pub(crate) fn engine_cause(
     model: &str,
     loss_cause: &str,
     reused: u32,

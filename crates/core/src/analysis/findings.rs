@@ -90,11 +90,11 @@ impl LossSum {
 }
 
 /// `add_ms` for the layers above (the findings view's own entries).
-pub fn add_ms_pub(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
+pub(crate) fn add_ms_pub(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
     add_ms(total, ms)
 }
 
-pub fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
+pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
     match total {
         Some(total) => Measured {
             value: total.value + ms.value,
@@ -106,7 +106,7 @@ pub fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> 
 
 /// The findings of rows in start order (owned by the reference's table, shared by the engine's)
 /// and the tool usage worked out from them.
-pub fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) -> Vec<Finding> {
+pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) -> Vec<Finding> {
     let all: Vec<Rated> = rows.iter().map(Priced::rated).collect();
     let by_id = ById::new(all.iter().map(|r| (r.id, r.row())));
     let mut findings = Vec::new();
@@ -802,7 +802,7 @@ fn system_prompt_fix(before: &str, after: &str) -> String {
 const MOVED_MESSAGES_FIX: &str = "messages were moved or inserted within the history: keep it append-only, in the order it was sent (aider: --restore-chat-history puts the earlier exchange before its files message; Claude Code: replies cut at max_tokens are re-sent on --continue without their resume notes, so give replies room with CLAUDE_CODE_MAX_OUTPUT_TOKENS)";
 
 /// An engine kind from its name in a finding's evidence (serde's, the one `name` gives).
-pub fn engine_kind(name: &str) -> EngineKind {
+pub(crate) fn engine_kind(name: &str) -> EngineKind {
     serde_json::from_value(Value::from(name)).unwrap_or(EngineKind::Unexplained)
 }
 
@@ -895,7 +895,7 @@ pub fn fix(finding: &Finding) -> Fix {
 }
 
 /// Findings by cost: tokens lost, then context tokens, then their usual order.
-pub fn by_cost(findings: &[Finding]) -> Vec<&Finding> {
+pub(crate) fn by_cost(findings: &[Finding]) -> Vec<&Finding> {
     let mut sorted: Vec<&Finding> = findings.iter().collect();
     sorted.sort_by(|a, b| {
         b.lost_tokens

@@ -20,7 +20,7 @@ const AIDER_SYSTEM_STARTS: [&str; 2] = [
 ];
 
 /// The harness a user-agent names, without version (`Claude Code`).
-pub fn product_name(user_agent: &str) -> Option<&'static str> {
+pub(crate) fn product_name(user_agent: &str) -> Option<&'static str> {
     BY_USER_AGENT
         .iter()
         .find(|(product, _)| user_agent.starts_with(product))
@@ -28,7 +28,7 @@ pub fn product_name(user_agent: &str) -> Option<&'static str> {
 }
 
 /// The harness named by a user-agent, with its version when it gives one (`Claude Code 2.1.197`).
-pub fn from_user_agent(user_agent: &str) -> Option<String> {
+pub(crate) fn from_user_agent(user_agent: &str) -> Option<String> {
     let (product, name) = BY_USER_AGENT
         .iter()
         .find(|(product, _)| user_agent.starts_with(product))?;
@@ -47,7 +47,7 @@ pub fn from_user_agent(user_agent: &str) -> Option<String> {
 }
 
 /// The harness of a request: its user-agent, else (aider) its system prompt's first words.
-pub fn of(x: &Exchange) -> Option<String> {
+pub(crate) fn of(x: &Exchange) -> Option<String> {
     if let Some(name) = x.user_agent.as_deref().and_then(from_user_agent) {
         return Some(name);
     }

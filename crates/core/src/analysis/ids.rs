@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Values by row id; the last one given for an id wins (as collecting into a map does).
-pub enum ById<T> {
+pub(crate) enum ById<T> {
     Dense(Vec<Option<T>>),
     Sparse(HashMap<u64, T>),
 }
 
 impl<T: Copy> ById<T> {
-    pub fn new(pairs: impl Iterator<Item = (u64, T)> + Clone) -> ById<T> {
+    pub(crate) fn new(pairs: impl Iterator<Item = (u64, T)> + Clone) -> ById<T> {
         let (mut max, mut count) = (0u64, 0usize);
         for (id, _) in pairs.clone() {
             max = max.max(id);
@@ -31,7 +31,7 @@ impl<T: Copy> ById<T> {
         }
     }
 
-    pub fn get(&self, id: u64) -> Option<T> {
+    pub(crate) fn get(&self, id: u64) -> Option<T> {
         match self {
             ById::Dense(slots) => usize::try_from(id)
                 .ok()
@@ -43,7 +43,7 @@ impl<T: Copy> ById<T> {
 
 /// FxHash's mix (rustc's): a rotate, a xor and a multiply per word.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct IntHasher(u64);
+pub(crate) struct IntHasher(u64);
 
 const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
 
@@ -87,7 +87,7 @@ impl Hasher for IntHasher {
 
 /// A hash map keyed by interned ids, row ids or short strings: nothing an attacker picks
 /// collides by design here, and SipHash was a tenth of a report's cost.
-pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
 #[cfg(test)]
 mod tests {

@@ -5,15 +5,20 @@
 //! figures agree with llmp's on the same recordings; prefixscope's extensions are marked where
 //! they are made.
 
-pub mod client_cause;
-pub mod engine;
-pub mod engine_cause;
-pub mod findings;
-pub mod harness;
-pub mod ids;
-pub mod report;
-pub mod server_events;
-pub mod table;
+pub(crate) mod client_cause;
+pub(crate) mod engine;
+pub(crate) mod engine_cause;
+pub(crate) mod findings;
+pub(crate) mod harness;
+pub(crate) mod ids;
+pub(crate) mod report;
+pub(crate) mod server_events;
+pub(crate) mod table;
+
+pub use client_cause::client_cause_label;
+pub use engine_cause::EngineKind;
+pub use findings::{CAPACITY_SETTINGS, Fix, LEVERS, Lever, fix};
+pub use report::{finding_label, time};
 
 use serde::{Deserialize, Serialize};
 

@@ -118,7 +118,7 @@ const SUMMARY_FINDINGS: usize = 3;
 const SUMMARY_CLIENTS: usize = 3;
 
 /// What the report says about its input beside the rows.
-pub struct Input<'a> {
+pub(crate) struct Input<'a> {
     pub records: u64,
     /// Earliest start and latest end of all records (`t_end` never before `t_start`).
     pub span: Option<(i64, i64)>,
@@ -128,7 +128,7 @@ pub struct Input<'a> {
     pub probes: u64,
 }
 
-pub fn span(records: &[Record]) -> Option<(i64, i64)> {
+pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
     Some((
         records.iter().map(|r| r.t_start_ms).min()?,
         records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max()?,
@@ -136,13 +136,13 @@ pub fn span(records: &[Record]) -> Option<(i64, i64)> {
 }
 
 /// The global figures a report carries beside its rows.
-pub struct Globals {
+pub(crate) struct Globals {
     pub clients: Vec<Client>,
     pub tools: Vec<ToolUsage>,
     pub findings: Vec<Finding>,
 }
 
-pub fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globals) -> Report<R> {
+pub(crate) fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globals) -> Report<R> {
     let window = input.span.map(|(start_ms, end_ms)| Window {
         start_ms,
         end_ms,
@@ -411,7 +411,7 @@ impl<R: Priced> Report<R> {
                 lines.push(format!(
                     "  [{}] {}{client}",
                     confidence_label(finding.confidence),
-                    label(finding)
+                    finding_label(finding)
                 ));
                 if let Some(fix) = &finding.fix {
                     lines.push(format!("      fix ({}): {}", fix.owner, fix.change));
@@ -572,7 +572,7 @@ impl<R: Priced> Report<R> {
 }
 
 /// A finding in `analyze`'s words (the summary's line, the TUI's findings view).
-pub fn label(finding: &Finding) -> String {
+pub fn finding_label(finding: &Finding) -> String {
     // A request may name no model (llama-server serves its one model whatever is asked).
     let model = match finding.model.as_deref() {
         None => "?",

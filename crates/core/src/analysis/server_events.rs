@@ -11,7 +11,7 @@ use crate::record::Record;
 
 /// A prompt this close to the slot's context fills it: llama.cpp shifts (or truncates) the
 /// context, and the cached prefix is no longer the prompt's.
-pub const CONTEXT_FULL_SHARE: f64 = 0.9;
+pub(crate) const CONTEXT_FULL_SHARE: f64 = 0.9;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
@@ -30,12 +30,12 @@ enum Event {
 
 /// The probes' events, in time (each at its answer's end).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ServerEvents {
+pub(crate) struct ServerEvents {
     events: Vec<(i64, Event)>,
 }
 
 impl ServerEvents {
-    pub fn of_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> ServerEvents {
+    pub(crate) fn of_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> ServerEvents {
         let mut events = ServerEvents::default();
         for record in records {
             events.push(record);
@@ -43,12 +43,12 @@ impl ServerEvents {
         events
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.events.is_empty()
     }
 
     /// A probe record's events (none for any other record), kept in time order.
-    pub fn push(&mut self, record: &Record) {
+    pub(crate) fn push(&mut self, record: &Record) {
         let Some((_, answer)) = answer_of_record(record) else {
             return;
         };
@@ -94,7 +94,7 @@ impl ServerEvents {
 
     /// The engine cause the probes show for `row`'s `server_*` loss, whose conversation's
     /// previous turn started at `since_ms`; `None` when they show nothing.
-    pub fn explain(&self, row: &Row, since_ms: i64) -> Option<EngineCause> {
+    pub(crate) fn explain(&self, row: &Row, since_ms: i64) -> Option<EngineCause> {
         let until = row.t_start_ms;
         let between = || {
             self.events
@@ -164,7 +164,7 @@ impl ServerEvents {
 
 /// Refines the engine causes of `rows` with what the probes show (rows in start order; the
 /// previous turn of each found by id).
-pub fn refine(rows: &mut [Row], events: &ServerEvents) {
+pub(crate) fn refine(rows: &mut [Row], events: &ServerEvents) {
     if events.is_empty() {
         return;
     }
@@ -179,7 +179,7 @@ pub fn refine(rows: &mut [Row], events: &ServerEvents) {
 
 /// A row's engine cause with what the probes show: theirs where they explain the loss, else
 /// the one from the request and response (`Row::engine_base`). `None` for a row without one.
-pub fn explained(
+pub(crate) fn explained(
     row: &Row,
     started: &std::collections::HashMap<u64, i64>,
     events: &ServerEvents,

@@ -320,7 +320,7 @@ pub struct Client {
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Table {
+pub(crate) struct Table {
     pub rows: Vec<Row>,
     pub tools: Vec<ToolUsage>,
     pub clients: Vec<Client>,
@@ -395,7 +395,7 @@ pub(super) struct Link {
     named: Option<&'static str>,
 }
 
-pub fn build(exchanges: &[Exchange], config: &Config) -> Table {
+pub(crate) fn build(exchanges: &[Exchange], config: &Config) -> Table {
     let mut order: Vec<&Exchange> = exchanges.iter().collect();
     order.sort_by_key(|x| (x.t_start_ms, x.id));
     let weights: Vec<Weights> = order.iter().map(|x| weights(x)).collect();

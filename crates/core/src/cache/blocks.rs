@@ -32,10 +32,10 @@ use crate::normalize::digest::{content_text, message_digest};
 use crate::record::{RequestDigest, TokenCounts, hash};
 
 /// Block ids stay below 2^53, the largest range of integers a JSON reader keeps exact.
-pub const ID_MASK: u64 = (1 << 53) - 1;
+pub(crate) const ID_MASK: u64 = (1 << 53) - 1;
 
 /// Characters per token when nothing better is known.
-pub const DEFAULT_TOKENS_PER_CHAR: f64 = 0.25;
+pub(crate) const DEFAULT_TOKENS_PER_CHAR: f64 = 0.25;
 
 const PREVIEW_CHARS: usize = 40;
 
@@ -96,7 +96,7 @@ pub struct Segment {
 /// per turn that re-sent it. Texts are found by hash and compared whole: a collision keeps its
 /// own copy, never another's text.
 #[derive(Debug, Default)]
-pub struct SharedTexts {
+pub(crate) struct SharedTexts {
     by_hash: crate::shared::Shared<str>,
     /// Kinds, labels and previews, by content.
     short: std::collections::HashSet<Arc<str>>,
@@ -105,7 +105,7 @@ pub struct SharedTexts {
 impl SharedTexts {
     /// Points every text of `prompt` at the copy already held, or holds it; the bytes of text
     /// held anew.
-    pub fn share_prompt(&mut self, prompt: &mut Prompt) -> usize {
+    pub(crate) fn share_prompt(&mut self, prompt: &mut Prompt) -> usize {
         let mut held = 0;
         for segment in prompt.tools.iter_mut().chain(prompt.messages.iter_mut()) {
             held += self.share(segment);
@@ -114,7 +114,7 @@ impl SharedTexts {
     }
 
     /// The bytes of text held anew.
-    pub fn share(&mut self, segment: &mut Segment) -> usize {
+    pub(crate) fn share(&mut self, segment: &mut Segment) -> usize {
         self.share_short(&mut segment.kind);
         for short in [&mut segment.label, &mut segment.preview]
             .into_iter()
@@ -229,7 +229,11 @@ fn label_of(name: Option<&str>, tool_call_id: Option<&str>) -> Option<Arc<str>> 
 
 /// The prompt of a request body with its text (full recordings, gateway logs). `None` when the
 /// body holds no prompt this model understands.
-pub fn prompt_from_body(api: Api, body: &Value, counts: Option<&TokenCounts>) -> Option<Prompt> {
+pub(crate) fn prompt_from_body(
+    api: Api,
+    body: &Value,
+    counts: Option<&TokenCounts>,
+) -> Option<Prompt> {
     let model = body
         .get("model")
         .and_then(Value::as_str)
@@ -347,7 +351,7 @@ fn push_media_markers(message: &Value, text: &mut String) {
 /// text and tool calls; `completion_tokens` its weight). `None` when the response holds no
 /// reply, or when the reply holds reasoning: the engine generated the reasoning into the slot
 /// first and the next turn does not render it, so nothing past the prompt can be reused.
-pub fn reply_segment(
+pub(crate) fn reply_segment(
     api: Api,
     response: &Value,
     completion_tokens: Option<u64>,
@@ -408,7 +412,7 @@ fn tool_name(tool: &Value) -> Option<&str> {
 /// The prompt of a digest recording: sizes and hashes, no text. Character counts equal the
 /// full rendering's, so a full and a digest recording of the same traffic place their blocks
 /// at the same token positions.
-pub fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCounts>) -> Prompt {
+pub(crate) fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCounts>) -> Prompt {
     let tools = (!digest.tools.is_empty()).then(|| {
         let json_chars: u64 = digest.tools.iter().map(|t| u64::from(t.chars)).sum::<u64>()
             + digest.tools.len() as u64
@@ -469,7 +473,7 @@ pub fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCounts>) 
 }
 
 /// Tokens per character over every prompt whose server count is known; the default when none.
-pub fn tokens_per_char(prompts: impl IntoIterator<Item = (u64, Option<u64>)>) -> f64 {
+pub(crate) fn tokens_per_char(prompts: impl IntoIterator<Item = (u64, Option<u64>)>) -> f64 {
     let (mut chars, mut tokens) = (0u64, 0u64);
     for (c, t) in prompts {
         if let Some(t) = t {
@@ -523,7 +527,7 @@ impl Weights {
 const FEATURES: usize = 4;
 
 /// Requests the fit keeps (the first ones with a server count): 40 bytes each.
-pub const MAX_FIT_SAMPLES: usize = 4_096;
+pub(crate) const MAX_FIT_SAMPLES: usize = 4_096;
 
 /// The server's prompt counts against (message characters, tool characters, messages, no system
 /// message), request by request, for a fit of what parts weigh. Bounded and independent of the
@@ -768,7 +772,7 @@ const ROOT_SEED: u64 = 0x6d6f_64656c;
 
 /// Most prefix ends an input's [`Anchors`] remember (16 bytes each); past it, new prefixes are
 /// cut by the ratio alone, as before anything was learned.
-pub const MAX_ANCHORS: usize = 1 << 22;
+pub(crate) const MAX_ANCHORS: usize = 1 << 22;
 
 /// Where earlier prompts' prefixes of parts ended, in tokens: fixed the first time each prefix
 /// was cut, so every later prompt that starts with the same parts puts its blocks at the same
@@ -1149,7 +1153,7 @@ impl BlockModel {
 }
 
 /// The prompt body a request carries (full mode), for the APIs the block model renders.
-pub fn renders(api: Api) -> bool {
+pub(crate) fn renders(api: Api) -> bool {
     api.is_chat() || api == Api::OpenaiCompletions
 }
 

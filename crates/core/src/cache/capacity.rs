@@ -5,7 +5,7 @@
 use super::Capacity;
 
 /// KV cache bytes per token of a few models, as kvcache-simulator's catalog has them.
-pub const KV_MODELS: [(&str, u64); 3] = [
+pub(crate) const KV_MODELS: [(&str, u64); 3] = [
     // 78 layers × (512 + 64) × 2 bytes (MLA latent) + 21 × 128 × 2 (DSA indexer)
     ("glm-5.2", 95_232),
     // 32 layers × 8 KV heads × 128 × 2 (K and V) × 2 bytes

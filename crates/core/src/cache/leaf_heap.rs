@@ -6,7 +6,7 @@
 
 /// Entries are `u64`s compared as numbers (a [`super::policy`] leaf packs its rank and node).
 #[derive(Debug, Clone, Default)]
-pub struct QuaternaryHeap {
+pub(super) struct QuaternaryHeap {
     entries: Vec<u64>,
 }
 
@@ -14,7 +14,7 @@ const ARITY: usize = 4;
 
 impl QuaternaryHeap {
     /// The heap of `entries`, in any order.
-    pub fn from_vec(entries: Vec<u64>) -> QuaternaryHeap {
+    pub(super) fn from_vec(entries: Vec<u64>) -> QuaternaryHeap {
         let mut heap = QuaternaryHeap { entries };
         let len = heap.entries.len();
         if len > 1 {
@@ -26,23 +26,23 @@ impl QuaternaryHeap {
         heap
     }
 
-    pub fn into_vec(self) -> Vec<u64> {
+    pub(super) fn into_vec(self) -> Vec<u64> {
         self.entries
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         self.entries.clear();
     }
 
-    pub fn peek(&self) -> Option<u64> {
+    pub(super) fn peek(&self) -> Option<u64> {
         self.entries.first().copied()
     }
 
-    pub fn push(&mut self, entry: u64) {
+    pub(super) fn push(&mut self, entry: u64) {
         let mut at = self.entries.len();
         self.entries.push(entry);
         while at > 0 {
@@ -57,7 +57,7 @@ impl QuaternaryHeap {
         self.entries[at] = entry;
     }
 
-    pub fn pop(&mut self) -> Option<u64> {
+    pub(super) fn pop(&mut self) -> Option<u64> {
         let last = self.entries.pop()?;
         let Some(&top) = self.entries.first() else {
             return Some(last);

@@ -67,7 +67,7 @@ pub struct LiveSimulator {
 }
 
 /// Requests whose parts are kept for the top prefixes' descriptions (past them: not described).
-pub const MAX_DESCRIBED: usize = 20_000;
+pub(crate) const MAX_DESCRIBED: usize = 20_000;
 /// Parts kept of each (a prefix shared by many requests is their first few parts).
 const DESCRIBED_PARTS: usize = 8;
 

@@ -13,16 +13,25 @@
 //! - [`profile`]: the batch report (curve, split, leaderboards, distributions, AIPerf's rate);
 //! - [`live`]: the same policies fed one request at a time (a cold replay) for the live views.
 
-pub mod blocks;
-pub mod capacity;
-pub mod fifo_sweep;
+pub(crate) mod blocks;
+pub(crate) mod capacity;
+pub(crate) mod fifo_sweep;
 mod leaf_heap;
-pub mod live;
-pub mod lru_stack;
-pub mod policy;
-pub mod prefixes;
-pub mod profile;
-pub mod stats;
+pub(crate) mod live;
+pub(crate) mod lru_stack;
+pub(crate) mod policy;
+pub(crate) mod prefixes;
+pub(crate) mod profile;
+pub(crate) mod stats;
+
+pub use blocks::{BlockModel, Cutter, ToolsPosition};
+pub use capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
+pub use fifo_sweep::fifo_sweep;
+pub use lru_stack::{all_paths_from_root, lru_stack};
+pub use policy::{Ceiling, EventBuilder, Fifo, TrieCache, next_uses};
+pub use prefixes::{PrefixGroup, leaderboards};
+pub use profile::{Point, Replay, aiperf_cache_hit_rate, aiperf_ratios, ceiling_per_request};
+pub use stats::Distribution;
 
 use std::sync::Arc;
 

@@ -831,7 +831,7 @@ impl TrieCache {
 /// one of those (the newcomer's key is not "never": no bypass). A newcomer no later pass uses
 /// is bypassed when the cache is full (nothing is farther than "never"), and so is the rest of
 /// its path, which no later pass uses either. Until the cache is full nothing is evicted.
-pub fn optimal_working_set(events: &[Event], starts: &[usize], next_use: &[u32]) -> u64 {
+pub(crate) fn optimal_working_set(events: &[Event], starts: &[usize], next_use: &[u32]) -> u64 {
     let passes = starts.len().saturating_sub(1);
     let mut seen: Vec<bool> = Vec::new();
     // `ending[p]`: nodes whose wait for their next use ends at pass p.

@@ -15,7 +15,7 @@ use super::Request;
 use super::policy::Event;
 
 /// How many entries each leaderboard keeps.
-pub const TOP_PREFIXES: usize = 20;
+pub(crate) const TOP_PREFIXES: usize = 20;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrefixGroup {

@@ -245,7 +245,7 @@ impl Replay {
 }
 
 /// `floor(requests × warmup)`, as kvcache-simulator computes it.
-pub fn warmup_requests(requests: usize, warmup: f64) -> usize {
+pub(crate) fn warmup_requests(requests: usize, warmup: f64) -> usize {
     let fraction = if warmup.is_finite() {
         warmup.clamp(0.0, 1.0)
     } else {

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// The correctly rounded sum of `values` (Shewchuk's algorithm, as Python's `math.fsum`): the
 /// reference figures were computed that way, and a naive sum differs in the 15th digit.
-pub fn exact_sum(values: impl IntoIterator<Item = f64>) -> f64 {
+pub(crate) fn exact_sum(values: impl IntoIterator<Item = f64>) -> f64 {
     let mut partials: Vec<f64> = Vec::new();
     for value in values {
         let mut x = value;
@@ -67,7 +67,7 @@ pub struct Distribution {
 /// Percentiles by linear interpolation between closest ranks (Python's
 /// `statistics.quantiles(method="inclusive")`, numpy's default), rounded half to even, so they
 /// read like llmtrafficlens's.
-pub fn distribution(values: &mut [u64]) -> Distribution {
+pub(crate) fn distribution(values: &mut [u64]) -> Distribution {
     if values.is_empty() {
         return Distribution::default();
     }
@@ -106,7 +106,7 @@ pub fn distribution(values: &mut [u64]) -> Distribution {
 /// ratios). Summing first and dividing after rounds twice and can be one unit in the last place
 /// off. The exact sum is kept as an integer count of 2^-96 (every ratio k/m with m < 2^44 is a
 /// whole number of them); a value that is not falls back to the correctly rounded sum.
-pub fn mean_of_unit_values(values: &[f64]) -> Option<f64> {
+pub(crate) fn mean_of_unit_values(values: &[f64]) -> Option<f64> {
     const SCALE_BITS: i32 = 96;
     if values.is_empty() {
         return None;

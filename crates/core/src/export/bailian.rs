@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::{ExportRequest, Written, seconds_since, write_line};
 
 #[derive(Debug, Serialize)]
-pub struct Row<'a> {
+pub(crate) struct Row<'a> {
     pub chat_id: u64,
     pub parent_chat_id: i64,
     pub timestamp: f64,

@@ -12,12 +12,12 @@
 //! Every format but OTel is anonymous: ids are salted hashes, lengths are counts, and no text,
 //! model or tool name is written. OTel spans carry the messages because replay sends them.
 
-pub mod bailian;
-pub mod mooncake;
-pub mod otel;
-pub mod source;
-pub mod trace_synthetic;
-pub mod weka;
+pub(crate) mod bailian;
+pub(crate) mod mooncake;
+pub(crate) mod otel;
+pub(crate) mod source;
+pub(crate) mod trace_synthetic;
+pub(crate) mod weka;
 
 use std::io::{self, Write};
 

@@ -16,14 +16,14 @@ use serde::Serialize;
 use super::{ExportRequest, Written, write_line};
 
 #[derive(Debug, Serialize)]
-pub struct Row<'a> {
+pub(crate) struct Row<'a> {
     pub timestamp: i64,
     pub input_length: u64,
     pub output_length: u64,
     pub hash_ids: &'a [u64],
 }
 
-pub fn row(request: &ExportRequest, origin_ms: i64) -> Row<'_> {
+pub(crate) fn row(request: &ExportRequest, origin_ms: i64) -> Row<'_> {
     Row {
         timestamp: request.t_ms.saturating_sub(origin_ms),
         input_length: request.input_tokens,

@@ -38,7 +38,7 @@ pub struct Writer {
 }
 
 /// Epoch milliseconds as `2025-01-01T00:00:00.100Z`.
-pub fn iso8601(epoch_ms: i64) -> String {
+pub(crate) fn iso8601(epoch_ms: i64) -> String {
     let days = epoch_ms.div_euclid(86_400_000);
     let ms_of_day = epoch_ms.rem_euclid(86_400_000);
     let (year, month, day) = civil_from_days(days);

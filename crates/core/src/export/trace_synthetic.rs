@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::{ExportRequest, Written, seconds_since, write_line};
 
 #[derive(Debug, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     pub timestamp: f64,
     pub input_length: u64,
     pub output_length: u64,

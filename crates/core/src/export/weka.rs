@@ -29,7 +29,7 @@ use serde::Serialize;
 use super::{ExportRequest, Salt, Tag, Written, seconds_since, write_line};
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Request {
+pub(crate) struct Request {
     pub t: f64,
     #[serde(rename = "type")]
     pub kind: &'static str,

@@ -19,7 +19,7 @@ const TIMESTAMP_COLUMNS: [&str; 5] = ["timestamp", "ts", "created_at", "request_
 
 /// Epoch seconds or milliseconds (told apart by size: seconds are ~1.7e9, ms ~1.7e12), or
 /// ISO-8601 (`2026-07-01T12:00:00.250Z`, `2026-07-01 12:00:00+02:00`; no zone means UTC).
-pub fn parse_timestamp_ms(text: &str) -> Option<i64> {
+pub(crate) fn parse_timestamp_ms(text: &str) -> Option<i64> {
     let text = text.trim();
     if text.is_empty() {
         return None;
@@ -91,7 +91,7 @@ fn parse_iso8601_ms(text: &str) -> Option<i64> {
     Some(seconds * 1000 + millis)
 }
 
-pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
+pub(crate) fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
     let log = records(reader, name, options.ts_column.as_deref());
     let mut input = super::keyed_by_analysis(
         super::recording::of_records(log.records, log.report, options),
@@ -108,7 +108,7 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInp
 
 /// A gateway log one row at a time, in file order; bad rows and non-2xx responses are counted in
 /// `report` as they are met.
-pub struct Rows<R: std::io::Read> {
+pub(crate) struct Rows<R: std::io::Read> {
     /// Each CSV record held to `limits::MAX_LINE_BYTES`.
     csv: csv::Reader<CsvRecordCap<R>>,
     record: csv::StringRecord,
@@ -124,7 +124,7 @@ pub struct Rows<R: std::io::Read> {
 }
 
 /// Columns read as a session id (the client's own conversation key), first found.
-pub const SESSION_COLUMNS: [&str; 6] = [
+pub(crate) const SESSION_COLUMNS: [&str; 6] = [
     "session_id",
     "conversation_id",
     "thread_id",
@@ -134,11 +134,9 @@ pub const SESSION_COLUMNS: [&str; 6] = [
 ];
 
 /// One row as logged, before any prompt is read from it: what a record is made of.
-pub struct RawRow {
+pub(crate) struct RawRow {
     /// The row's position among the file's records (header excluded), from 0.
     pub index: usize,
-    /// Its line in the file (a quoted field may span several).
-    pub line: usize,
     pub status: Option<u16>,
     pub body: Value,
     /// The response body, when the row has one that parses.
@@ -151,7 +149,7 @@ pub struct RawRow {
 
 impl<R: BufRead> Rows<R> {
     /// `ts_column`: the column holding timestamps, else the first of the usual names.
-    pub fn new(reader: R, name: &str, ts_column: Option<&str>) -> Rows<R> {
+    pub(crate) fn new(reader: R, name: &str, ts_column: Option<&str>) -> Rows<R> {
         let mut report = FileReport::new(name, Format::Csv);
         let mut csv = csv::ReaderBuilder::new()
             .flexible(true)
@@ -208,7 +206,7 @@ impl<R: BufRead> Rows<R> {
 impl<R: BufRead> Rows<R> {
     /// The next row that parses, whatever its status; bad rows are counted in `report` as they
     /// are met.
-    pub fn next_raw(&mut self) -> Option<RawRow> {
+    pub(crate) fn next_raw(&mut self) -> Option<RawRow> {
         let request_column = self.request_column?;
         loop {
             let line = self.csv.position().line() as usize;
@@ -284,7 +282,6 @@ impl<R: BufRead> Rows<R> {
             });
             return Some(RawRow {
                 index,
-                line,
                 status,
                 response: field(self.response_column).and_then(|r| serde_json::from_str(r).ok()),
                 model: field(self.model_column).map(str::to_string),
@@ -426,7 +423,6 @@ fn json_rows(
         });
         raws.push(RawRow {
             index: raws.len(),
-            line: number,
             status,
             body,
             response: body_of("response_json"),

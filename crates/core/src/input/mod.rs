@@ -5,10 +5,20 @@
 //!
 //! [`cache::Request`]: crate::cache::Request
 
-pub mod gateway_csv;
-pub mod parallel;
-pub mod recording;
-pub mod trace;
+pub(crate) mod gateway_csv;
+pub(crate) mod parallel;
+pub(crate) mod recording;
+pub(crate) mod trace;
+
+pub use recording::Reopen;
+pub use recording::live_request;
+pub use recording::read as read_recording;
+pub use recording::read_keyed;
+pub use recording::read_keyed_or_twice;
+
+pub use gateway_csv::{LogRecords, UNTIMED_PACE_MS, records as gateway_log_records};
+pub use parallel::workers;
+pub use recording::for_each_record;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};

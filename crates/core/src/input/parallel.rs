@@ -18,14 +18,14 @@ use crate::limits::{Line, MAX_LINE_BYTES, append_line_bounded};
 
 /// Bytes of lines parsed together: enough that a hand-over between threads (a few µs) is
 /// noise, small enough that the chunks in flight and their parsed lines stay a few MB each.
-pub const CHUNK_BYTES: usize = 1 << 20;
+pub(crate) const CHUNK_BYTES: usize = 1 << 20;
 
 /// Lines parsed together, at most: a chunk of short lines (`{}`) would otherwise hold millions
 /// of parsed rows, each far larger than its line.
-pub const CHUNK_LINES: usize = 1_024;
+pub(crate) const CHUNK_LINES: usize = 1_024;
 
 /// Parser threads: a bound whatever the machine says.
-pub const MAX_WORKERS: usize = 8;
+pub(crate) const MAX_WORKERS: usize = 8;
 
 /// Parser threads for a read on this machine: one per core, within [`MAX_WORKERS`].
 pub fn workers() -> usize {
@@ -39,7 +39,7 @@ const IN_FLIGHT_PER_WORKER: usize = 2;
 const PARALLEL_MIN_BYTES: usize = 64 << 10;
 
 /// One line's outcome, numbered from 1 as an editor counts.
-pub enum Item<T> {
+pub(crate) enum Item<T> {
     /// A line within the bound, parsed; `complete`: it ended with `\n` (else it is the file's
     /// last).
     Parsed {
@@ -163,7 +163,7 @@ type Parsed<T> = (usize, Chunk, std::thread::Result<Vec<T>>);
 /// Reads `reader` to its end (or its first error), parsing each line with `parse` on up to
 /// `workers` threads, and calls `each` with every line's outcome in file order, on the
 /// caller's thread.
-pub fn for_each_parsed<R: BufRead, T: Send>(
+pub(crate) fn for_each_parsed<R: BufRead, T: Send>(
     reader: R,
     workers: usize,
     parse: impl Fn(&[u8]) -> T + Sync,

@@ -16,13 +16,16 @@ use crate::record::{Record, read_jsonl};
 /// containing `session` or `conversation`, as the recorder keeps them). The analysis links turns
 /// into conversations from the prompts themselves; a caller that runs it replaces these keys by
 /// its own through [`set_conversations`].
-pub fn conversation_from_session_header(record: &Record) -> Option<String> {
+pub(crate) fn conversation_from_session_header(record: &Record) -> Option<String> {
     session_header(record).map(|s| s.value)
 }
 
 /// Replaces the requests' conversation keys by the analysis's, by record id. Requests whose
 /// record the map does not name keep no conversation.
-pub fn set_conversations(requests: &mut [Request], conversation_by_record: &HashMap<u64, String>) {
+pub(crate) fn set_conversations(
+    requests: &mut [Request],
+    conversation_by_record: &HashMap<u64, String>,
+) {
     for request in requests {
         request.conversation = request
             .record_id
@@ -55,7 +58,7 @@ fn session_header(record: &Record) -> Option<SessionId> {
 /// One record on its way to a request: everything but the blocks, which wait for the input's
 /// block model.
 #[derive(Debug, Clone)]
-pub struct Pending {
+pub(crate) struct Pending {
     pub prompt: Prompt,
     /// The server's prompt token count, when it gave one.
     pub prompt_tokens: Option<u64>,
@@ -70,7 +73,7 @@ pub struct Pending {
 
 impl Pending {
     /// Without its reply when `replies` is off (`InputOptions::replies`).
-    pub fn with_replies(mut self, replies: bool) -> Pending {
+    pub(crate) fn with_replies(mut self, replies: bool) -> Pending {
         if !replies {
             self.reply = None;
         }
@@ -78,12 +81,12 @@ impl Pending {
     }
 
     /// Adds what the block model is chosen from (its prompt, count and engine) to `evidence`.
-    pub fn observe(&self, evidence: &mut ModelEvidence) {
+    pub(crate) fn observe(&self, evidence: &mut ModelEvidence) {
         evidence.add(self.order, &self.prompt, self.prompt_tokens, self.server);
     }
 
     /// The evidence of several.
-    pub fn evidence<'a>(pending: impl IntoIterator<Item = &'a Pending>) -> ModelEvidence {
+    pub(crate) fn evidence<'a>(pending: impl IntoIterator<Item = &'a Pending>) -> ModelEvidence {
         let mut evidence = ModelEvidence::default();
         for p in pending {
             p.observe(&mut evidence);
@@ -93,7 +96,7 @@ impl Pending {
 
     /// The request, cut by `cutter` (prompt, then prompt + reply): requests must be cut in the
     /// order they are simulated, as the cutter learns where earlier prefixes ended.
-    pub fn cut(self, cutter: &mut Cutter) -> Request {
+    pub(crate) fn cut(self, cutter: &mut Cutter) -> Request {
         let (cut, cached_after) = cutter.cut_turn(
             &self.prompt,
             self.prompt_tokens,
@@ -160,7 +163,7 @@ pub type Reopen<'a> = &'a dyn Fn() -> std::io::Result<Box<dyn BufRead>>;
 /// they hold anew) beside the analysis engine before it reads the file a second time: 100,000
 /// real records hold about 150 MB and stay in one read; a million digest records held 1 GB
 /// beside a 1.4 GB engine, past a 2 GiB address space.
-pub const HELD_PENDING_BYTES: usize = 256 << 20;
+pub(crate) const HELD_PENDING_BYTES: usize = 256 << 20;
 
 /// Reads a recording one record at a time, keyed by the analysis's conversations as
 /// [`super::keyed_by_analysis`] keys [`read`]'s (a test holds the two equal): each record goes
@@ -403,7 +406,7 @@ fn cut_all(pending: Vec<Pending>, mut report: FileReport, options: &InputOptions
 
 /// Records already read (a recording's lines, a gateway log's rows) as a recording, with what
 /// reading them found so far in `report`.
-pub fn of_records(
+pub(crate) fn of_records(
     records: Vec<Record>,
     mut report: FileReport,
     options: &InputOptions,
@@ -421,7 +424,7 @@ pub fn of_records(
 
 /// Adds what one record tells of the block model (its prompt, server count and engine) to
 /// `evidence`: a replay's first pass feeds every record through this, keeping nothing else.
-pub fn observe_record(record: &Record, evidence: &mut ModelEvidence) {
+pub(crate) fn observe_record(record: &Record, evidence: &mut ModelEvidence) {
     let mut ignored = FileReport::new("", Format::Recording);
     if let Some(pending) = pending_request(record, &mut ignored) {
         pending.observe(evidence);
@@ -440,7 +443,7 @@ pub fn live_request(
 
 /// The prompt and the figures of one record, or `None` (counted in `report`) when it holds no
 /// prompt to simulate. Exports read records one at a time through this too.
-pub fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
+pub(crate) fn pending_request(record: &Record, report: &mut FileReport) -> Option<Pending> {
     // prefixscope's own request to the server (`probe`): not traffic, counted apart.
     if record.probe {
         report.probes += 1;

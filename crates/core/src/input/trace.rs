@@ -197,13 +197,13 @@ fn as_key(value: Option<&Value>) -> Option<String> {
 }
 
 /// kvcache-simulator's block weight: the last block is partial, and never below one token.
-pub fn block_tokens(input_length: u64, block_size: u32, index: usize) -> u32 {
+pub(crate) fn block_tokens(input_length: u64, block_size: u32, index: usize) -> u32 {
     let block_size = u64::from(block_size);
     let remaining = input_length.saturating_sub(index as u64 * block_size);
     remaining.clamp(1, block_size) as u32
 }
 
-pub fn read(
+pub(crate) fn read(
     mut reader: impl BufRead,
     name: &str,
     format: Format,
@@ -628,7 +628,7 @@ impl RowState {
 
 /// A trace's requests one row at a time, in file order; bad and skipped rows are counted in
 /// `report` as they are met. Holds the bailian chain roots and any non-integer ids seen.
-pub struct Rows<R> {
+pub(crate) struct Rows<R> {
     reader: R,
     state: RowState,
     line_number: usize,
@@ -637,7 +637,7 @@ pub struct Rows<R> {
 }
 
 impl<R: BufRead> Rows<R> {
-    pub fn new(reader: R, name: &str, format: Format, block_size: u32) -> Rows<R> {
+    pub(crate) fn new(reader: R, name: &str, format: Format, block_size: u32) -> Rows<R> {
         Rows {
             reader,
             state: RowState::new(name, format, block_size),
@@ -647,13 +647,8 @@ impl<R: BufRead> Rows<R> {
         }
     }
 
-    /// The line the last request came from.
-    pub fn line(&self) -> usize {
-        self.line_number
-    }
-
     /// The bad and skipped rows met.
-    pub fn into_report(self) -> FileReport {
+    pub(crate) fn into_report(self) -> FileReport {
         self.state.report
     }
 }

@@ -401,7 +401,7 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
                 label: if below {
                     uncovered_label(finding)
                 } else {
-                    crate::analysis::report::label(finding)
+                    crate::analysis::report::finding_label(finding)
                 },
                 fix,
                 savings,

@@ -58,7 +58,7 @@ pub fn function_tool(tool: &Value) -> Value {
 }
 
 /// A (merged) response's reply as a chat message: text parts, `thinking`, tool calls.
-pub fn chat_reply(body: &Value) -> Value {
+pub(crate) fn chat_reply(body: &Value) -> Value {
     let mut text = Vec::new();
     let mut thinking: Option<String> = None;
     let mut calls = Vec::new();

@@ -346,7 +346,7 @@ mod memo {
     /// small enough that the texts held stay a few megabytes.
     const GENERATION: usize = 1 << 12;
 
-    pub struct Generations<V> {
+    pub(super) struct Generations<V> {
         young: HashMap<u128, V>,
         old: HashMap<u128, V>,
     }
@@ -359,7 +359,7 @@ mod memo {
             }
         }
 
-        pub fn get(&mut self, key: u128) -> Option<V> {
+        pub(super) fn get(&mut self, key: u128) -> Option<V> {
             if let Some(value) = self.young.get(&key) {
                 return Some(value.clone());
             }
@@ -368,7 +368,7 @@ mod memo {
             Some(value)
         }
 
-        pub fn insert(&mut self, key: u128, value: V) {
+        pub(super) fn insert(&mut self, key: u128, value: V) {
             if self.young.len() >= GENERATION {
                 self.old = std::mem::take(&mut self.young);
             }
@@ -376,7 +376,7 @@ mod memo {
         }
     }
 
-    pub struct Memo {
+    pub(super) struct Memo {
         /// Reused buffer for canonical JSON.
         pub scratch: Vec<u8>,
         pub messages: Generations<(MessageDigest, Arc<str>)>,
@@ -391,7 +391,7 @@ mod memo {
         });
     }
 
-    pub fn with<T>(f: impl FnOnce(&mut Memo) -> T) -> T {
+    pub(super) fn with<T>(f: impl FnOnce(&mut Memo) -> T) -> T {
         MEMO.with(|memo| f(&mut memo.borrow_mut()))
     }
 }

@@ -87,7 +87,7 @@ pub enum SkipReason {
 
 /// Request headers harnesses send with a session or conversation id, first match wins:
 /// Claude Code's, opencode's (`x-session-affinity` beside `x-session-id`), then generic names.
-pub const SESSION_ID_HEADERS: [&str; 10] = [
+pub(crate) const SESSION_ID_HEADERS: [&str; 10] = [
     "x-claude-code-session-id",
     "x-session-affinity",
     "x-session-id",
@@ -134,7 +134,7 @@ pub fn closed_after_completion(record: &Record) -> bool {
 
 /// A request that only checks the server is there: a `HEAD` anywhere, or `GET /` (Claude Code
 /// sends `HEAD /` before its first stream).
-pub fn is_connectivity_check(record: &Record) -> bool {
+pub(crate) fn is_connectivity_check(record: &Record) -> bool {
     let path = record.request.path.split('?').next().unwrap_or_default();
     let method = record.request.method.as_str();
     method.eq_ignore_ascii_case("HEAD") || (method.eq_ignore_ascii_case("GET") && path == "/")

@@ -2,12 +2,16 @@
 //! stream merges into the non-streamed shape, and the Anthropic Messages and OpenAI Responses
 //! APIs in chat form.
 
-pub mod anthropic;
+pub(crate) mod anthropic;
 pub mod digest;
-pub mod exchange;
-pub mod measured;
-pub mod responses;
-pub mod stream;
+pub(crate) mod exchange;
+pub(crate) mod measured;
+pub(crate) mod responses;
+pub(crate) mod stream;
+
+pub use anthropic::{chat_messages, chat_tools, function_tool};
+pub use exchange::{Exchange, closed_after_completion, normalize};
+pub use measured::{Measured, Source};
 
 use std::borrow::Cow;
 

@@ -8,7 +8,7 @@
 use serde_json::{Map, Value, json};
 
 /// The request's `instructions` and `input` as chat messages.
-pub fn chat_messages(body: &Value) -> Vec<Value> {
+pub(crate) fn chat_messages(body: &Value) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
     if let Some(Value::String(text)) = body.get("instructions")
         && !text.is_empty()
@@ -28,13 +28,13 @@ pub fn chat_messages(body: &Value) -> Vec<Value> {
 }
 
 /// Whether the body is a Responses request the analysis can read.
-pub fn has_input(body: &Value) -> bool {
+pub(crate) fn has_input(body: &Value) -> bool {
     matches!(body.get("input"), Some(Value::String(_) | Value::Array(_)))
 }
 
 /// Function tools in chat form (`{type, function: {name, description, parameters}}`); built-in
 /// tools (`web_search`) keep their shape, named by their type.
-pub fn chat_tools(body: &Value) -> Vec<Value> {
+pub(crate) fn chat_tools(body: &Value) -> Vec<Value> {
     body.get("tools")
         .and_then(Value::as_array)
         .into_iter()
@@ -63,7 +63,7 @@ pub fn chat_tools(body: &Value) -> Vec<Value> {
 }
 
 /// A (merged) response's `output` as one assistant message: its text parts and function calls.
-pub fn chat_reply(body: &Value) -> Value {
+pub(crate) fn chat_reply(body: &Value) -> Value {
     let mut messages = Vec::new();
     for item in body
         .get("output")

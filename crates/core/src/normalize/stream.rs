@@ -10,13 +10,13 @@ use super::Api;
 use crate::record::StreamKind;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Merged {
+pub(crate) struct Merged {
     pub body: Value,
     pub chunks: u32,
     pub bad_chunks: u32,
 }
 
-pub fn merge(api: Api, kind: StreamKind, raw: &[u8]) -> Merged {
+pub(crate) fn merge(api: Api, kind: StreamKind, raw: &[u8]) -> Merged {
     match kind {
         StreamKind::Ndjson => merge_ndjson(raw),
         StreamKind::Sse => {

@@ -10,10 +10,10 @@
 //! a prompt it does not continue, and the cached prompt sharing the longest prefix with the new
 //! one is loaded back if it beats what the slot holds.
 
-pub type Token = u32;
+pub(crate) type Token = u32;
 
 /// llama-server's `--slot-prompt-similarity` default.
-pub const SLOT_PROMPT_SIMILARITY: f64 = 0.1;
+pub(crate) const SLOT_PROMPT_SIMILARITY: f64 = 0.1;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvConfig {
@@ -86,7 +86,7 @@ pub struct KvCache {
     clock: u64,
 }
 
-pub fn common_prefix(a: &[Token], b: &[Token]) -> usize {
+pub(crate) fn common_prefix(a: &[Token], b: &[Token]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -3,7 +3,14 @@
 //! `residency` (the same replay with the server's own settings: who holds each slot, checked
 //! against `cache_n`).
 
-pub mod kv;
-pub mod residency;
-pub mod text;
-pub mod whatif;
+pub(crate) mod kv;
+pub(crate) mod residency;
+pub(crate) mod text;
+pub(crate) mod whatif;
+
+pub use kv::{KvCache, KvConfig, Served, ServedLog, ms_for};
+pub use residency::{
+    AGREE_SHARE, AGREE_TOKENS, Holder, Residency, agrees, residency, residency_with_starts,
+};
+pub use text::{VOCAB, pieces, render_chat, token_id, tokenize};
+pub use whatif::{Totals, WhatIf, what_if, what_if_given};

@@ -144,7 +144,7 @@ pub fn render_chat(body: &Value) -> String {
 /// Message-level tokens for replaying a recording whose texts are hashed or whose tokenizer
 /// we don't have: `count` tokens derived from `key` alone (a message hash), so equal messages
 /// give equal tokens and any change to a message changes all of its tokens.
-pub fn keyed_tokens(key: &str, count: usize) -> impl Iterator<Item = Token> + '_ {
+pub(crate) fn keyed_tokens(key: &str, count: usize) -> impl Iterator<Item = Token> + '_ {
     let base = xxh3_64(key.as_bytes());
     (0..count as u64).map(move |i| {
         (FIRST_WORD_ID
