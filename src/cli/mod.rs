@@ -330,7 +330,6 @@ pub fn read_recordings_into<S: RecordSink>(
                 // Records are parsed (and prepared) on every core, taken in file order.
                 prefixscope_core::input::for_each_record(
                     opened.reader,
-                    prefixscope_core::input::workers(),
                     |record| (record.id, S::prepare(record)),
                     |item| match item {
                         Ok((id, item)) => {

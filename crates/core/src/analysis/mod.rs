@@ -11,6 +11,8 @@ pub(crate) mod engine_cause;
 pub(crate) mod findings;
 pub(crate) mod harness;
 pub(crate) mod ids;
+#[cfg(any(test, feature = "reference"))]
+mod reference;
 pub(crate) mod report;
 pub(crate) mod server_events;
 pub(crate) mod table;
@@ -18,6 +20,8 @@ pub(crate) mod table;
 pub use client_cause::client_cause_label;
 pub use engine_cause::EngineKind;
 pub use findings::{CAPACITY_SETTINGS, Fix, LEVERS, Lever, fix};
+#[cfg(any(test, feature = "reference"))]
+pub use reference::analyze_reference;
 pub use report::{finding_label, time};
 
 use serde::{Deserialize, Serialize};
@@ -108,32 +112,4 @@ pub fn analyze(records: &[Record], config: &Config) -> Report {
 /// leaves them out until they are read).
 pub fn find<R: Priced>(report: &report::Report<R>, config: &Config) -> Vec<Finding> {
     findings::find(&report.rows, &report.tools, config)
-}
-
-/// The same analysis done the straightforward way (llmp's algorithm, quadratic in the requests
-/// of a model): the oracle the engine is tested against.
-pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
-    let (probes, traffic): (Vec<&Record>, Vec<&Record>) = records.iter().partition(|r| r.probe);
-    let records: Vec<Record> = traffic.into_iter().cloned().collect();
-    let records = records.as_slice();
-    let normalized = normalize_all(records);
-    let mut table = table::build(&normalized.exchanges, config);
-    server_events::refine(
-        &mut table.rows,
-        &server_events::ServerEvents::of_records(probes.iter().copied()),
-    );
-    let findings = findings::find(&table.rows, &table.tools, config);
-    let input = report::Input {
-        records: records.len() as u64,
-        span: report::span(records),
-        analysed: normalized.exchanges.len() as u64,
-        skipped: &normalized.skipped,
-        probes: probes.len() as u64,
-    };
-    let globals = report::Globals {
-        clients: table.clients,
-        tools: table.tools,
-        findings,
-    };
-    report::assemble(input, table.rows, globals)
 }

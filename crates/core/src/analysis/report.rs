@@ -11,7 +11,6 @@ use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
 use crate::normalize::measured::{Measured, Source};
-use crate::record::Record;
 use crate::units::{cause_label_plural, duration_compound, plural, thousands};
 
 /// `R` is how the rows are held: owned (`analyze`, the default), or shared with the live engine
@@ -126,13 +125,6 @@ pub(crate) struct Input<'a> {
     pub skipped: &'a [Skipped],
     /// Probe records, left out of everything above.
     pub probes: u64,
-}
-
-pub(crate) fn span(records: &[Record]) -> Option<(i64, i64)> {
-    Some((
-        records.iter().map(|r| r.t_start_ms).min()?,
-        records.iter().map(|r| r.t_end_ms.max(r.t_start_ms)).max()?,
-    ))
 }
 
 /// The global figures a report carries beside its rows.

@@ -35,6 +35,7 @@ pub(crate) struct ServerEvents {
 }
 
 impl ServerEvents {
+    #[cfg(any(test, feature = "reference"))]
     pub(crate) fn of_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> ServerEvents {
         let mut events = ServerEvents::default();
         for record in records {
@@ -159,21 +160,6 @@ impl ServerEvents {
                 "the prompt ({prompt} tokens) fills the slot's context ({n_ctx}, the server's probe): llama.cpp shifts or truncates it, and the cache no longer matches"
             ),
         })
-    }
-}
-
-/// Refines the engine causes of `rows` with what the probes show (rows in start order; the
-/// previous turn of each found by id).
-pub(crate) fn refine(rows: &mut [Row], events: &ServerEvents) {
-    if events.is_empty() {
-        return;
-    }
-    let started: std::collections::HashMap<u64, i64> =
-        rows.iter().map(|r| (r.id, r.t_start_ms)).collect();
-    for row in rows.iter_mut() {
-        if let Some(cause) = explained(row, &started, events) {
-            row.engine_cause = Some(Box::new(cause));
-        }
     }
 }
 

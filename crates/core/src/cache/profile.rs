@@ -2,8 +2,8 @@
 //! split, the leaderboards, and the traffic's shape (sessions, lengths, streaming, models, rate).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -769,42 +769,17 @@ fn profile_beside(
     }
 }
 
-/// Runs independent replays on the machine's cores, each worker with its own scratch state;
-/// results come back in task order.
+/// Runs independent replays on every core, each worker with its own scratch state; results
+/// come back in task order.
 fn run_tasks<T: Sync, R: Send, S: Default>(
     tasks: &[T],
     run: impl Fn(&mut S, &T) -> R + Sync,
 ) -> Vec<R> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(tasks.len())
-        .max(1);
-    if workers == 1 {
-        let mut scratch = S::default();
-        return tasks.iter().map(|task| run(&mut scratch, task)).collect();
-    }
-    let next_task = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..tasks.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                let mut scratch = S::default();
-                loop {
-                    let i = next_task.fetch_add(1, Ordering::Relaxed);
-                    let Some(task) = tasks.get(i) else { break };
-                    let result = run(&mut scratch, task);
-                    if let Ok(mut slots) = results.lock() {
-                        slots[i] = Some(result);
-                    }
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_default()
-        .into_iter()
-        .flatten()
+    use rayon::prelude::*;
+    tasks
+        .par_iter()
+        .with_max_len(1)
+        .map_init(S::default, |scratch, task| run(scratch, task))
         .collect()
 }
 

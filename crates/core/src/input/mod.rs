@@ -17,7 +17,6 @@ pub use recording::read_keyed;
 pub use recording::read_keyed_or_twice;
 
 pub use gateway_csv::{LogRecords, UNTIMED_PACE_MS, records as gateway_log_records};
-pub use parallel::workers;
 pub use recording::for_each_record;
 
 use std::collections::{BTreeMap, HashMap};

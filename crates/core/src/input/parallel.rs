@@ -1,42 +1,25 @@
-//! A file's lines parsed on several threads, handed back one by one in file order.
+//! A file's lines parsed on every core (rayon), handed back one by one in file order.
 //!
 //! The caller's thread reads lines into chunks of at most [`CHUNK_BYTES`] and [`CHUNK_LINES`]
 //! (the line that passes the bytes ends its chunk, up to the line bound of
-//! [`append_line_bounded`]) and hands each chunk whole to the next free parser thread; the parsed
-//! chunks come back in any order and are given out in file order. The reader runs ahead of the
-//! parsers by a few chunks only: at most [`IN_FLIGHT_PER_WORKER`] chunks per parser, and as
-//! many [`CHUNK_BYTES`] (and their parsed lines), are held at a time, on at most
-//! [`MAX_WORKERS`] parsers. The parsers live as
-//! long as the read, so what a parser keeps per thread (the normalizer's memo of digests) lasts
-//! from one chunk to the next. What a line becomes depends on that line alone, so the order of
-//! the results and everything built from them is the serial read's.
+//! [`append_line_bounded`]); a chunk's lines are parsed in parallel while the chunk before it
+//! is given out, so at most two chunks (and their parsed lines) are held at a time. What a line
+//! becomes depends on that line alone, so the order of the results and everything built from
+//! them is the serial read's.
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
+
+use rayon::prelude::*;
 
 use crate::limits::{Line, MAX_LINE_BYTES, append_line_bounded};
 
-/// Bytes of lines parsed together: enough that a hand-over between threads (a few µs) is
-/// noise, small enough that the chunks in flight and their parsed lines stay a few MB each.
-pub(crate) const CHUNK_BYTES: usize = 1 << 20;
+/// Bytes of lines parsed together: enough that handing them to the pool is noise, small enough
+/// that the chunks in flight and their parsed lines stay a few MB each.
+pub(crate) const CHUNK_BYTES: usize = 4 << 20;
 
 /// Lines parsed together, at most: a chunk of short lines (`{}`) would otherwise hold millions
 /// of parsed rows, each far larger than its line.
 pub(crate) const CHUNK_LINES: usize = 1_024;
-
-/// Parser threads: a bound whatever the machine says.
-pub(crate) const MAX_WORKERS: usize = 8;
-
-/// Parser threads for a read on this machine: one per core, within [`MAX_WORKERS`].
-pub fn workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
-}
-
-/// Chunks read but not yet given out, per parser: one being parsed, one waiting for it.
-const IN_FLIGHT_PER_WORKER: usize = 2;
-
-/// A file whose first chunk is its whole and is below this is parsed on the caller's thread.
-const PARALLEL_MIN_BYTES: usize = 64 << 10;
 
 /// One line's outcome, numbered from 1 as an editor counts.
 pub(crate) enum Item<T> {
@@ -73,10 +56,10 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// Each line's parse, in order.
-    fn parse<T>(&self, parse: &impl Fn(&[u8]) -> T) -> Vec<T> {
+    /// Each line's parse, in order, on every core.
+    fn parse<T: Send>(&self, parse: &(impl Fn(&[u8]) -> T + Sync)) -> Vec<T> {
         self.slots
-            .iter()
+            .par_iter()
             .filter_map(|slot| match slot {
                 Slot::Line { range, .. } => Some(parse(&self.bytes[range.clone()])),
                 _ => None,
@@ -157,105 +140,40 @@ fn chunk_buffer() -> Vec<u8> {
     Vec::with_capacity(CHUNK_BYTES)
 }
 
-/// A parsed chunk, or the panic of the parser that took it.
-type Parsed<T> = (usize, Chunk, std::thread::Result<Vec<T>>);
-
-/// Reads `reader` to its end (or its first error), parsing each line with `parse` on up to
-/// `workers` threads, and calls `each` with every line's outcome in file order, on the
-/// caller's thread.
+/// Reads `reader` to its end (or its first error), parsing each line with `parse` on every
+/// core, and calls `each` with every line's outcome in file order, on the caller's thread.
+/// While the pool parses one chunk, the caller gives out the one before and reads the one
+/// after, so reading, parsing and what `each` does overlap.
 pub(crate) fn for_each_parsed<R: BufRead, T: Send>(
     reader: R,
-    workers: usize,
     parse: impl Fn(&[u8]) -> T + Sync,
     mut each: impl FnMut(Item<T>),
 ) {
-    let workers = workers.clamp(1, MAX_WORKERS);
     let mut reading = Reading {
         reader,
         done: false,
     };
-    let first = reading.chunk(chunk_buffer());
-    if workers == 1 || (reading.done && first.bytes.len() < PARALLEL_MIN_BYTES) {
-        let (mut number, mut chunk) = (0, first);
-        loop {
-            let parsed = chunk.parse(&parse);
-            let bytes;
-            (number, bytes) = chunk.give_out(number, parsed, &mut each);
-            if reading.done {
-                return;
-            }
-            chunk = reading.chunk(bytes);
-        }
-    }
-    let in_flight = workers * IN_FLIGHT_PER_WORKER;
-    std::thread::scope(|scope| {
-        let (work, work_queue) = crossbeam_channel::bounded::<(usize, Chunk)>(in_flight);
-        let (parsed_queue, parsed) = crossbeam_channel::bounded::<Parsed<T>>(in_flight);
-        for _ in 0..workers {
-            let (work_queue, parsed_queue, parse) =
-                (work_queue.clone(), parsed_queue.clone(), &parse);
-            scope.spawn(move || {
-                for (sequence, chunk) in work_queue {
-                    // Caught, so the caller passes the panic on instead of waiting for the chunk.
-                    let lines = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        chunk.parse(parse)
-                    }));
-                    if parsed_queue.send((sequence, chunk, lines)).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop((work_queue, parsed_queue));
-        // Chunks read (`sent`) and given out (`given`); those parsed out of turn wait. The
-        // bytes out are bounded too: a chunk ends after the line that passes its size, and a
-        // line may be up to `MAX_LINE_BYTES`, so a chunk of long lines holds the reader back
-        // until it is given out, as the one chunk at a time of the serial read would.
-        let (mut sent, mut given, mut number) = (0usize, 0usize, 0usize);
-        let mut bytes_out = 0usize;
-        let bytes_allowed = in_flight * CHUNK_BYTES;
-        let mut waiting: BTreeMap<usize, (Chunk, Vec<T>)> = BTreeMap::new();
-        let mut spare: Vec<Vec<u8>> = Vec::new();
-        let mut next = Some(first);
-        loop {
-            while sent - given < in_flight && (sent == given || bytes_out < bytes_allowed) {
-                let chunk = match next.take() {
-                    Some(chunk) => chunk,
-                    None if reading.done => break,
-                    None => reading.chunk(spare.pop().unwrap_or_else(chunk_buffer)),
-                };
-                bytes_out += chunk.bytes.len();
-                // Every parser holds the receiver until this sender is dropped.
-                if work.send((sent, chunk)).is_err() {
-                    break;
-                }
-                sent += 1;
-            }
-            if given == sent {
-                break;
-            }
-            // Every parser holds the sender: the queue is open while a chunk is out.
-            let Ok((sequence, chunk, lines)) = parsed.recv() else {
-                break;
-            };
-            match lines {
-                Ok(lines) => waiting.insert(sequence, (chunk, lines)),
-                Err(panic) => std::panic::resume_unwind(panic),
-            };
-            while let Some((chunk, lines)) = waiting.remove(&given) {
-                bytes_out -= chunk.bytes.len();
-                let bytes;
-                (number, bytes) = chunk.give_out(number, lines, &mut each);
+    let mut chunk = reading.chunk(chunk_buffer());
+    let mut parsed = chunk.parse(&parse);
+    let mut next = (!reading.done).then(|| reading.chunk(chunk_buffer()));
+    let mut number = 0;
+    while let Some(being_parsed) = next.take() {
+        let mut next_parsed = Vec::new();
+        let mut spare = Vec::new();
+        rayon::in_place_scope(|scope| {
+            scope.spawn(|_| next_parsed = being_parsed.parse(&parse));
+            (number, spare) = chunk.give_out(number, parsed, &mut each);
+            if !reading.done {
                 // A buffer a long line grew is not kept for the chunks after it.
-                if bytes.capacity() <= 2 * CHUNK_BYTES {
-                    spare.push(bytes);
+                if spare.capacity() > 2 * CHUNK_BYTES {
+                    spare = chunk_buffer();
                 }
-                given += 1;
+                next = Some(reading.chunk(std::mem::take(&mut spare)));
             }
-        }
-        // Ends the parsers.
-        drop(work);
-    });
+        });
+        (chunk, parsed) = (being_parsed, next_parsed);
+    }
+    chunk.give_out(number, parsed, &mut each);
 }
 
 #[cfg(test)]
@@ -263,11 +181,10 @@ mod tests {
     use super::*;
 
     /// Each line's number and text, or what was in its place.
-    fn outcomes(text: &[u8], workers: usize) -> Vec<String> {
+    fn outcomes(text: &[u8]) -> Vec<String> {
         let mut out = Vec::new();
         for_each_parsed(
             text,
-            workers,
             |line| String::from_utf8_lossy(line).trim_end().to_string(),
             |item| {
                 out.push(match item {
@@ -285,19 +202,20 @@ mod tests {
     }
 
     #[test]
-    fn lines_come_back_in_file_order_on_any_number_of_threads() {
+    fn lines_come_back_in_file_order() {
         // Several chunks of many lines, so runs split mid-chunk and chunks follow one another.
         let mut text = Vec::new();
         for i in 0..400_000 {
             text.extend_from_slice(format!("line {i} {}\n", "x".repeat(i % 37)).as_bytes());
         }
         text.extend_from_slice(b"last without newline");
-        let serial = outcomes(&text, 1);
-        assert_eq!(serial.len(), 400_001);
-        assert_eq!(serial[0], "1 true line 0");
-        assert_eq!(serial[400_000], "400001 false last without newline");
-        for workers in [2, 3, 8, 100] {
-            assert_eq!(outcomes(&text, workers), serial, "{workers} workers");
+        let lines = outcomes(&text);
+        assert_eq!(lines.len(), 400_001);
+        assert_eq!(lines[0], "1 true line 0");
+        assert_eq!(lines[400_000], "400001 false last without newline");
+        for (i, line) in lines.iter().enumerate().take(400_000) {
+            let expected = format!("{} true line {i} {}", i + 1, "x".repeat(i % 37));
+            assert_eq!(line, expected.trim_end());
         }
     }
 
@@ -309,16 +227,16 @@ mod tests {
             let len = if i % 3 == 0 { 3 * CHUNK_BYTES } else { 10 };
             text.extend_from_slice(format!("{i} {}\n", "y".repeat(len)).as_bytes());
         }
-        let serial = outcomes(&text, 1);
-        assert_eq!(serial.len(), 12);
-        for workers in [2, 4] {
-            assert_eq!(outcomes(&text, workers), serial, "{workers} workers");
+        let lines = outcomes(&text);
+        assert_eq!(lines.len(), 12);
+        for (i, line) in lines.iter().enumerate() {
+            assert!(line.starts_with(&format!("{} true {i} y", i + 1)), "{i}");
         }
     }
 
     #[test]
     fn empty_input_gives_nothing() {
-        assert!(outcomes(b"", 2).is_empty());
+        assert!(outcomes(b"").is_empty());
     }
 
     #[test]
@@ -331,7 +249,6 @@ mod tests {
         let mut out = Vec::new();
         for_each_parsed(
             reader,
-            2,
             |line| line.len(),
             |item| {
                 out.push(match item {
@@ -353,7 +270,6 @@ mod tests {
         let outcome = std::panic::catch_unwind(|| {
             for_each_parsed(
                 text.as_slice(),
-                2,
                 |line| {
                     if line == b"line 150000\n" {
                         panic!("bad parser");

@@ -125,12 +125,11 @@ pub fn read(reader: impl BufRead, name: &str, options: &InputOptions) -> Recordi
     of_records(result.records, report, options)
 }
 
-/// A recording's records in file order, each made into a `T` by `prepare` on the reading
-/// threads (up to `workers`, [`super::parallel`]), with each bad line in its place: what
-/// [`crate::record::Lines`] gives, on several cores. `prepare` must depend on its record alone.
+/// A recording's records in file order, each made into a `T` by `prepare` on every core
+/// ([`super::parallel`]), with each bad line in its place: what [`crate::record::Lines`]
+/// gives, on several cores. `prepare` must depend on its record alone.
 pub fn for_each_record<T: Send>(
     reader: impl BufRead,
-    workers: usize,
     prepare: impl Fn(Record) -> T + Sync,
     mut each: impl FnMut(Result<T, crate::record::BadLine>),
 ) {
@@ -138,7 +137,6 @@ pub fn for_each_record<T: Send>(
     use crate::record::{BadLine, bad_record_line, parse_record_line, read_error_line};
     super::parallel::for_each_parsed(
         reader,
-        workers,
         |line| parse_record_line(line).map(|parsed| parsed.map(&prepare)),
         |item| match item {
             Item::Parsed { parsed: None, .. } => {}
@@ -206,33 +204,28 @@ pub fn read_keyed_or_twice(
         let request = pending_request(&record, &mut own).map(|r| r.with_replies(options.replies));
         (Prepared::of(&record), request, own)
     };
-    for_each_record(
-        reader,
-        super::parallel::workers(),
-        prepare,
-        |item| match item {
-            Ok((prepared, request, mut own)) => {
-                analyzer.push_prepared(prepared);
-                let bad_values = own.move_counts_into(&mut report);
-                let Some(mut request) = request else { return };
-                if let Some(second) = &mut second {
-                    second.add(&request, bad_values);
-                    return;
-                }
-                held_bytes += std::mem::size_of::<(Pending, Vec<String>)>()
-                    + texts.share_prompt(&mut request.prompt);
-                if let Some(reply) = &mut request.reply {
-                    held_bytes += texts.share(reply);
-                }
-                pending.push((request, bad_values));
-                if held_bytes > held_budget && reopen.is_some() {
-                    second = Some(SecondRead::of(std::mem::take(&mut pending)));
-                    texts = crate::cache::blocks::SharedTexts::default();
-                }
+    for_each_record(reader, prepare, |item| match item {
+        Ok((prepared, request, mut own)) => {
+            analyzer.push_prepared(prepared);
+            let bad_values = own.move_counts_into(&mut report);
+            let Some(mut request) = request else { return };
+            if let Some(second) = &mut second {
+                second.add(&request, bad_values);
+                return;
             }
-            Err(bad) => bad_line(&mut report, bad),
-        },
-    );
+            held_bytes += std::mem::size_of::<(Pending, Vec<String>)>()
+                + texts.share_prompt(&mut request.prompt);
+            if let Some(reply) = &mut request.reply {
+                held_bytes += texts.share(reply);
+            }
+            pending.push((request, bad_values));
+            if held_bytes > held_budget && reopen.is_some() {
+                second = Some(SecondRead::of(std::mem::take(&mut pending)));
+                texts = crate::cache::blocks::SharedTexts::default();
+            }
+        }
+        Err(bad) => bad_line(&mut report, bad),
+    });
     let second = second.map(|mut second| {
         second.report_bad_values(&mut report);
         second
@@ -335,7 +328,6 @@ impl SecondRead {
                 let mut read_error = None;
                 for_each_record(
                     reader,
-                    super::parallel::workers(),
                     |record| {
                         let mut ignored = FileReport::new("", Format::Recording);
                         pending_request(&record, &mut ignored)
@@ -544,7 +536,7 @@ mod tests {
     }
 
     #[test]
-    fn records_read_on_several_threads_are_the_serial_reads() {
+    fn records_read_on_every_core_are_the_serial_read() {
         let real = std::fs::read(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../recordings/llmp/llama.cpp/parallel-nocache.jsonl"
@@ -562,15 +554,12 @@ mod tests {
         );
         assert!(serial.len() > 1_000);
         assert!(serial.last().unwrap().contains("truncated last line"));
-        for workers in [1, 2, 3, 8] {
-            let mut parallel = Vec::new();
-            for_each_record(
-                text.as_slice(),
-                workers,
-                |record| record.id,
-                |item| parallel.push(item),
-            );
-            assert_eq!(outcomes(parallel), serial, "{workers} workers");
-        }
+        let mut parallel = Vec::new();
+        for_each_record(
+            text.as_slice(),
+            |record| record.id,
+            |item| parallel.push(item),
+        );
+        assert_eq!(outcomes(parallel), serial);
     }
 }

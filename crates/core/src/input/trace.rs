@@ -213,14 +213,13 @@ pub(crate) fn read(
         .block_size
         .unwrap_or_else(|| format.default_block_size());
     // The rows are parsed on every core; what they become is decided in file order.
-    let workers = super::parallel::workers();
     let mut state = RowState::new(name, format, block_size);
     let rows = reader
         .fill_buf()
         .map_or(0, |head| expected_rows(head, options.file_bytes));
     let mut requests: Vec<Request> = Vec::with_capacity(rows);
     let parse = |line: &[u8]| prepare(parse_row(line), format, block_size);
-    super::parallel::for_each_parsed(reader, workers, parse, |item| {
+    super::parallel::for_each_parsed(reader, parse, |item| {
         use super::parallel::Item;
         let request = match item {
             Item::Parsed { number, parsed, .. } => state.accept(number, parsed),
