@@ -5,7 +5,7 @@ use std::time::Instant;
 use prefixscope_core::cache::CapacityTotals;
 use prefixscope_core::cache::fifo_sweep;
 use prefixscope_core::cache::leaderboards;
-use prefixscope_core::cache::{Capacity, ProfileConfig, Replay, aiperf_cache_hit_rate, profile};
+use prefixscope_core::cache::{Capacity, Passes, ProfileConfig, aiperf_cache_hit_rate, profile};
 use prefixscope_core::cache::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
 use prefixscope_core::cache::{all_paths_from_root, lru_stack};
 use prefixscope_core::input::{self, Format, InputOptions};
@@ -41,7 +41,7 @@ fn main() {
         builder.node_count()
     );
     let t = Instant::now();
-    let replay = Replay::new(&requests, false);
+    let replay = Passes::new(&requests, false);
     println!("replay {:>6.1} ms", ms(t));
     let t = Instant::now();
     let next = next_uses(&replay.events, &replay.starts, replay.parents.len());

@@ -91,7 +91,7 @@ fn main() {
         std::thread::spawn(move || {
             // The first pass, as `replay` makes it: the block model before the records.
             let t = Instant::now();
-            let measured = live::Measured::of(Lines::new(open(&path)).flatten());
+            let measured = live::FirstPass::of(Lines::new(open(&path)).flatten());
             eprintln!(
                 "first pass (block model): {:.2} s, {}",
                 t.elapsed().as_secs_f64(),
@@ -206,7 +206,7 @@ fn main() {
 
     // Push cost per record and one snapshot at the full size, on this thread alone.
     let mut engine = Engine::new(Config::default());
-    engine.push(Input::BlockModel(Box::new(live::Measured::of(
+    engine.push(Input::BlockModel(Box::new(live::FirstPass::of(
         Lines::new(open(&path)).flatten(),
     ))));
     let mut count = 0u64;

@@ -40,7 +40,7 @@ fn file_order(name: &str) -> Vec<Record> {
 /// The engine a replay of `records` runs: the block model measured over them first.
 fn engine_of(records: &[Record]) -> Engine {
     let mut engine = Engine::new(Config::default());
-    engine.push(Input::BlockModel(Box::new(live::Measured::of(records))));
+    engine.push(Input::BlockModel(Box::new(live::FirstPass::of(records))));
     for record in records {
         engine.push(Input::Record(Arc::new(record.clone()), 0));
     }
@@ -109,7 +109,7 @@ fn the_engine_on_its_thread_ends_where_the_synchronous_one_does_and_answers_comm
     let (handle, snapshots) = spawn_collecting();
     let inputs = handle.sender();
     inputs
-        .send(Input::BlockModel(Box::new(live::Measured::of(&records))))
+        .send(Input::BlockModel(Box::new(live::FirstPass::of(&records))))
         .unwrap();
     for record in &records {
         inputs

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
 use prefixscope::metrics::serve::Endpoint;
-use prefixscope::session::capture::{Capture, CaptureConfig, stop_on_signal};
+use prefixscope::session::capture::{CaptureConfig, LiveCapture, stop_on_signal};
 use prefixscope::session::headless::record_line;
 use prefixscope::session::shutdown::Shutdown;
 use prefixscope_capture::proxy::DEFAULT_PORT;
@@ -101,7 +101,7 @@ impl MetricsPlan {
     }
 
     /// Serves the endpoint on the capture's runtime, said on stderr.
-    pub fn start(self, capture: &Capture) -> Result<Endpoint, u8> {
+    pub fn start(self, capture: &LiveCapture) -> Result<Endpoint, u8> {
         let endpoint = Endpoint::start(
             self.listener,
             &capture.runtime,
@@ -190,7 +190,7 @@ pub fn run(args: RecordArgs) -> u8 {
     let consumers: Vec<Consumer> = std::iter::once(status)
         .chain(metrics_consumer.into_iter().map(Consumer::from))
         .collect();
-    let capture = match Capture::start(&args.capture.config(), consumers) {
+    let capture = match LiveCapture::start(&args.capture.config(), consumers) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
     };
@@ -199,7 +199,7 @@ pub fn run(args: RecordArgs) -> u8 {
         Err(code) => return code,
     };
     let notices = capture.notices();
-    let Capture {
+    let LiveCapture {
         runtime,
         proxy,
         recorder,

@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::record::{CaptureArgs, MetricsPlan};
 use super::{EXIT_OK, fail, print_stdout, screen_switches};
-use prefixscope::session::capture::{Capture, watch_headless, watch_screen};
+use prefixscope::session::capture::{LiveCapture, watch_headless, watch_screen};
 use prefixscope::session::shutdown::Shutdown;
 use prefixscope_core::record::Record;
 
@@ -36,7 +36,7 @@ pub fn run(args: WatchArgs) -> u8 {
         Ok(metrics) => metrics,
         Err(code) => return code,
     };
-    let capture = match Capture::start(&config, consumers) {
+    let capture = match LiveCapture::start(&config, consumers) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
     };

@@ -38,12 +38,12 @@ pub struct CaptureConfig {
     pub layout: bool,
     /// Ask the upstream what it is (`probe::poll`): once (`record`), or on and on (`watch`).
     pub probe: prefixscope_capture::poll::Schedule,
-    /// Hand each request over as it starts (`Capture::starts`), for the live slot predictions.
+    /// Hand each request over as it starts (`LiveCapture::starts`), for the live slot predictions.
     pub announce_starts: bool,
 }
 
 /// A bound proxy and a running recorder, not yet serving.
-pub struct Capture {
+pub struct LiveCapture {
     pub runtime: tokio::runtime::Runtime,
     pub proxy: Proxy,
     pub recorder: Recorder<bytes::Bytes>,
@@ -97,7 +97,7 @@ impl RequestStarts {
     }
 }
 
-impl Capture {
+impl LiveCapture {
     /// What the start-up line says beside the addresses: the descriptor limit, and a warning
     /// when the proxy listens beyond this machine.
     pub fn notices(&self) -> Vec<String> {
@@ -132,13 +132,13 @@ pub fn exposure_warning(listen: SocketAddr) -> Option<String> {
     })
 }
 
-impl Capture {
+impl LiveCapture {
     /// Checks the config, creates the recording and binds the listener; every record goes to
     /// `consumers` too (or each probe's, to a `Consumer::probes_only`).
     pub fn start(
         args: &CaptureConfig,
         consumers: Vec<impl Into<prefixscope_capture::recorder::Consumer>>,
-    ) -> Result<Capture, Error> {
+    ) -> Result<LiveCapture, Error> {
         let upstream = Upstream::parse(&args.upstream).map_err(|e| Error::Usage(e.to_string()))?;
         if !(1..=prefixscope_core::limits::MAX_CONNECT_TIMEOUT_SECS).contains(&args.connect_timeout)
         {
@@ -223,7 +223,7 @@ impl Capture {
         let poller =
             prefixscope_capture::poll::Poller::new(upstream.clone(), recorder.sender(), args.probe);
         let probe = runtime.spawn(poller.run()).abort_handle();
-        Ok(Capture {
+        Ok(LiveCapture {
             runtime,
             proxy,
             recorder,
@@ -442,7 +442,7 @@ impl Written {
 /// consumer channel (`records`), the TUI until the user quits. Returns the snapshot on screen
 /// at exit and what was written.
 pub fn watch_screen(
-    capture: Capture,
+    capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     switches: super::screen::Switches,
     shutdown: &Shutdown,
@@ -454,7 +454,7 @@ pub fn watch_screen(
     use crate::tui::app::{Input, Source};
     use crate::tui::event::Event;
 
-    let Capture {
+    let LiveCapture {
         runtime,
         proxy,
         recorder,
@@ -507,13 +507,13 @@ pub fn watch_screen(
 /// `watch` with no terminal: records as `record` does, a line per record on `out` as it
 /// arrives, and at the end (the first signal) the summary of the live engine's snapshot.
 pub fn watch_headless(
-    capture: Capture,
+    capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     mut out: impl std::io::Write + Send + 'static,
     shutdown: &Shutdown,
 ) -> Written {
     use prefixscope_core::live::{Engine, Input};
-    let Capture {
+    let LiveCapture {
         runtime,
         proxy,
         recorder,

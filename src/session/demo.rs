@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Error;
-use super::capture::{Capture, CaptureConfig};
+use super::capture::{CaptureConfig, LiveCapture};
 use prefixscope_core::analysis::{self, Config, Report};
 use prefixscope_core::record::{Record, read_jsonl};
 use prefixscope_demo::agents::{default_slots, run_scenario, scenario_model};
@@ -51,7 +51,7 @@ pub struct DemoConfig {
 pub struct Demo {
     pub config: DemoConfig,
     pub slots: usize,
-    pub capture: Capture,
+    pub capture: LiveCapture,
     pub sim: SimServer,
     pub speed: Arc<Speed>,
     /// `simulated llama-server: scenario …, N slots, cache-ram …, seed …`.
@@ -104,7 +104,7 @@ impl Demo {
             .local_addr()
             .map_err(|e| Error::Unreadable(e.to_string()))?;
         let path = config.out.clone().unwrap_or_else(temporary_recording);
-        let capture = Capture::start(
+        let capture = LiveCapture::start(
             &CaptureConfig {
                 upstream: format!("http://{sim_addr}"),
                 listen: config.listen,
@@ -165,7 +165,7 @@ impl Demo {
         self,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<DemoOutcome, Error> {
-        let Capture {
+        let LiveCapture {
             runtime,
             proxy,
             recorder,
@@ -239,7 +239,7 @@ pub fn run_screen(
     use crate::tui::app::{Input, Source};
     use crate::tui::event::Event;
 
-    let Capture {
+    let LiveCapture {
         runtime,
         proxy,
         recorder,

@@ -15,7 +15,7 @@ use crate::tui::Seek;
 use prefixscope_core::analysis::Config;
 use prefixscope_core::cache::Request;
 use prefixscope_core::input::{self, Format, InputOptions};
-use prefixscope_core::live::{Engine, Input, LIVE_BLOCK_SIZE, Measured};
+use prefixscope_core::live::{Engine, FirstPass, Input, LIVE_BLOCK_SIZE};
 use prefixscope_core::record::{Lines, Record};
 
 /// What to replay and how fast.
@@ -161,7 +161,7 @@ impl Replay {
                 })
             }
             Source::Log(records) => Box::new(move |inputs: Sender<Input>| {
-                let measured = Measured::of(&records);
+                let measured = FirstPass::of(&records);
                 if inputs.send(Input::BlockModel(Box::new(measured))).is_err() {
                     return;
                 }
@@ -216,12 +216,12 @@ impl Replay {
 /// The block model `profile` would cut these recordings with, and their first record id: one
 /// pass over the files that keeps, per record, only its characters, server count and engine
 /// (never the file). Files that cannot be read here are reported by the feeding pass.
-pub fn measure_block_model(paths: &[PathBuf]) -> Measured {
+pub fn measure_block_model(paths: &[PathBuf]) -> FirstPass {
     let files = paths
         .iter()
         .filter_map(|path| std::fs::File::open(path).ok());
     let records = files.flat_map(|file| Lines::new(std::io::BufReader::new(file)).flatten());
-    Measured::of(records)
+    FirstPass::of(records)
 }
 
 /// A file to read, not a directory (which `open` gives on Linux, and only reading refuses).
@@ -284,7 +284,7 @@ fn each_file(
 /// Logs: every record's status line, then the snapshot's summary (as `headless_records`).
 fn headless_log(records: Vec<Record>, pacer: &Pacer, out: &mut dyn Write) -> std::io::Result<()> {
     let mut engine = Engine::new(Config::default());
-    engine.push(Input::BlockModel(Box::new(Measured::of(&records))));
+    engine.push(Input::BlockModel(Box::new(FirstPass::of(&records))));
     for record in records {
         if pacer.stop.load(Ordering::Relaxed) {
             break;

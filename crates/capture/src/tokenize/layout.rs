@@ -647,7 +647,7 @@ fn from_llama_cpp(record: &Record) -> bool {
         .and_then(|r| r.body.as_ref())
         .is_some_and(|body| {
             prefixscope_core::input::server_counts(body).server
-                == Some(prefixscope_core::input::ServerKind::LlamaCpp)
+                == Some(prefixscope_core::input::ServerSeen::LlamaCpp)
         })
 }
 

@@ -49,7 +49,7 @@ pub struct LiveSimulator {
     lru_totals: Vec<Running>,
     measured_tokens: u64,
     /// Every event so far, kept for the optimal snapshot (8 bytes per block), in passes as
-    /// `profile::Replay` has them: a request's prompt, then what it leaves cached.
+    /// `profile::Passes` has them: a request's prompt, then what it leaves cached.
     events: Vec<Event>,
     starts: Vec<usize>,
     /// Each request's prompt events.

@@ -30,7 +30,7 @@ pub use fifo_sweep::fifo_sweep;
 pub use lru_stack::{all_paths_from_root, lru_stack};
 pub use policy::{Ceiling, EventBuilder, Fifo, TrieCache, next_uses};
 pub use prefixes::{PrefixGroup, leaderboards};
-pub use profile::{Point, Replay, aiperf_cache_hit_rate, aiperf_ratios, ceiling_per_request};
+pub use profile::{Passes, Point, aiperf_cache_hit_rate, aiperf_ratios, ceiling_per_request};
 pub use stats::Distribution;
 
 use std::sync::Arc;
@@ -147,7 +147,7 @@ pub struct Request {
     /// turn renders it (llama.cpp keeps the generated tokens in the slot; vLLM and SGLang cache
     /// full blocks of them). Empty where the reply is unknown (traces, digest recordings) or
     /// cannot be reused (it began with reasoning). The simulation inserts them after the request
-    /// is served, without counting them: see [`profile::Replay`].
+    /// is served, without counting them: see [`profile::Passes`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cached_after: Vec<Block>,
 }

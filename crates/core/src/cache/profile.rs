@@ -156,7 +156,7 @@ pub struct ProfileReport {
 /// prompt and the reply as the next turn renders it) one more right after, inserted like a
 /// request but never counted. Every policy then holds what a server holds after answering; on
 /// inputs without replies (traces) the passes are the requests, as kvcache-simulator replays.
-pub struct Replay {
+pub struct Passes {
     pub events: Vec<Event>,
     /// Where each pass's events start, and the last one ends.
     pub starts: Vec<usize>,
@@ -167,8 +167,8 @@ pub struct Replay {
     pub parents: Vec<u32>,
 }
 
-impl Replay {
-    pub fn new(requests: &[Request], with_replies: bool) -> Replay {
+impl Passes {
+    pub fn new(requests: &[Request], with_replies: bool) -> Passes {
         let mut builder = EventBuilder::new();
         let blocks: usize = requests
             .iter()
@@ -202,7 +202,7 @@ impl Replay {
                 starts.push(events.len());
             }
         }
-        Replay {
+        Passes {
             events,
             starts,
             counted,
@@ -266,7 +266,7 @@ struct Totals {
 /// One unit of a profile's work: a replay of (policy, capacity, prompts only), FIFO at every
 /// capacity, LRU at every capacity the stack gives, optimal's next uses, or the leaderboards.
 enum Task<'a> {
-    Replay(Policy, Option<&'a Capacity>, bool),
+    Passes(Policy, Option<&'a Capacity>, bool),
     FifoSweep,
     LruStack,
     NextUses,
@@ -292,7 +292,7 @@ impl From<CapacityTotals> for Totals {
 /// same events).
 fn run_policy(
     scratch: &mut Scratch,
-    replay: &Replay,
+    replay: &Passes,
     policy: Policy,
     capacity: usize,
     next: &[u32],
@@ -366,7 +366,7 @@ fn run_policy(
 /// Optimal at a capacity that holds its working set (`optimal_working_set`) hits what the
 /// ceiling hits, and fills up during the pass whose new nodes bring the distinct nodes to the
 /// capacity (nothing is evicted or bypassed before): that pass.
-fn lossless_full_since(replay: &Replay, capacity: usize) -> Option<u64> {
+fn lossless_full_since(replay: &Passes, capacity: usize) -> Option<u64> {
     let mut seen = vec![false; replay.parents.len()];
     let mut distinct = 0usize;
     (0..replay.passes()).find_map(|pass| {
@@ -507,7 +507,7 @@ fn profile_beside(
     config: &ProfileConfig,
     shape: impl FnOnce() -> TrafficShape,
 ) -> ProfileReport {
-    let replay = Replay::new(requests, !config.prompts_only);
+    let replay = Passes::new(requests, !config.prompts_only);
     let warmup = warmup_requests(requests.len(), config.warmup);
     let warmup_pass = replay.first_pass_of(warmup);
     let request_ranges = replay.request_ranges();
@@ -557,10 +557,10 @@ fn profile_beside(
     }
     tasks.push(Task::Leaderboards);
     let boards_task = tasks.len() - 1;
-    tasks.push(Task::Replay(Policy::Ceiling, None, false));
+    tasks.push(Task::Passes(Policy::Ceiling, None, false));
     let ceiling_task = tasks.len() - 1;
     let ceiling_prompts_only_task = with_replies.then(|| {
-        tasks.push(Task::Replay(Policy::Ceiling, None, true));
+        tasks.push(Task::Passes(Policy::Ceiling, None, true));
         tasks.len() - 1
     });
     let fifo_task = (!fifo_capacities.is_empty()).then(|| {
@@ -586,7 +586,7 @@ fn profile_beside(
         let capacity = &config.capacities[position];
         for (k, &policy) in config.policies.iter().enumerate() {
             if needs_replay(policy, capacity) {
-                tasks.push(Task::Replay(policy, Some(capacity), false));
+                tasks.push(Task::Passes(policy, Some(capacity), false));
                 replay_task[position][k] = Some(tasks.len() - 1);
             }
         }
@@ -626,7 +626,7 @@ fn profile_beside(
             &replay.parents,
             config.top_prefixes,
         )),
-        Task::Replay(policy, capacity, prompts_only) => {
+        Task::Passes(policy, capacity, prompts_only) => {
             let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
             let next: &[u32] = if policy == Policy::Optimal {
                 let (next, working_set) = next_uses_and_working_set();
@@ -812,7 +812,7 @@ fn conversations(requests: &[Request], source: &str) -> Conversations {
 /// The ceiling's hits of every request, replayed cold (replies cached after their prompts
 /// when `with_replies`): what `server_observed` sums beside the server's reuse.
 pub fn ceiling_per_request(requests: &[Request], with_replies: bool) -> Vec<u64> {
-    let replay = Replay::new(requests, with_replies);
+    let replay = Passes::new(requests, with_replies);
     run_policy(
         &mut Scratch::default(),
         &replay,
@@ -987,7 +987,7 @@ mod tests {
             .iter()
             .map(|&id| Block { id, tokens: 10 })
             .collect();
-        let replay = Replay::new(&requests, true);
+        let replay = Passes::new(&requests, true);
         assert_eq!(replay.passes(), 4);
         assert!(all_paths_from_root(
             &replay.parents,
@@ -1026,7 +1026,7 @@ mod tests {
             request.conversation = Some(format!("c{}", random(6)));
             requests.push(request);
         }
-        let replay = Replay::new(&requests, true);
+        let replay = Passes::new(&requests, true);
         assert!(replay.passes() > replay.requests());
         assert!(all_paths_from_root(
             &replay.parents,

@@ -161,21 +161,22 @@ pub struct FileReport {
     pub hint: Option<String>,
 }
 
-/// The engine behind the traffic, as its responses show it; it picks the default block size.
+/// The engine behind the traffic, as its responses show it (`probe::ServerKind` is what the
+/// server says of itself); it picks the default block size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ServerKind {
+pub enum ServerSeen {
     /// `timings` in the responses, or a model named by its `.gguf` path.
     LlamaCpp,
     /// `prompt_eval_count` in the responses.
     Ollama,
 }
 
-impl ServerKind {
+impl ServerSeen {
     pub fn as_str(self) -> &'static str {
         match self {
-            ServerKind::LlamaCpp => "llama.cpp",
-            ServerKind::Ollama => "Ollama",
+            ServerSeen::LlamaCpp => "llama.cpp",
+            ServerSeen::Ollama => "Ollama",
         }
     }
 }
@@ -214,7 +215,7 @@ impl BlockModelChoice {
 #[derive(Debug, Clone, Default)]
 pub struct ModelEvidence {
     pub fit: crate::cache::blocks::WeightFit,
-    pub server: Option<ServerKind>,
+    pub server: Option<ServerSeen>,
 }
 
 impl ModelEvidence {
@@ -225,7 +226,7 @@ impl ModelEvidence {
         key: u64,
         prompt: &crate::cache::blocks::Prompt,
         tokens: Option<u64>,
-        server: Option<ServerKind>,
+        server: Option<ServerSeen>,
     ) {
         if let Some(tokens) = tokens {
             self.fit.add(key, prompt, tokens);
@@ -653,7 +654,7 @@ pub struct ServerCounts {
     /// Counters present but past `limits::MAX_PROMPT_TOKENS` (ignored: read as not reported).
     pub implausible: Option<(&'static str, u64)>,
     /// The engine, when its counters name it.
-    pub server: Option<ServerKind>,
+    pub server: Option<ServerSeen>,
 }
 
 /// The server's prompt count of one request, if it is plausible: a counter past
@@ -753,9 +754,9 @@ pub fn server_counts(body: &Value) -> ServerCounts {
         .and_then(Value::as_str)
         .is_some_and(|model| model.ends_with(".gguf"));
     let server = if body.get("timings").is_some_and(Value::is_object) || gguf {
-        Some(ServerKind::LlamaCpp)
+        Some(ServerSeen::LlamaCpp)
     } else if body.get("prompt_eval_count").is_some() {
-        Some(ServerKind::Ollama)
+        Some(ServerSeen::Ollama)
     } else {
         None
     };
@@ -820,7 +821,7 @@ mod tests {
                 reused_tokens: Some(438),
                 output_tokens: Some(9),
                 implausible: None,
-                server: Some(ServerKind::LlamaCpp),
+                server: Some(ServerSeen::LlamaCpp),
             }
         );
         let hostile = json!({"usage": {"prompt_tokens": 1u64 << 63}, "timings": {"cache_n": 5}});

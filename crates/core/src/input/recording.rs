@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use super::{FileInput, FileReport, Format, InputOptions, server_counts, session_id_in_body};
-use super::{ModelEvidence, ServerKind, choose_block_model};
+use super::{ModelEvidence, ServerSeen, choose_block_model};
 use crate::cache::blocks::{
     Cutter, Prompt, Segment, prompt_from_body, prompt_from_digest, renders, reply_segment,
 };
@@ -65,7 +65,7 @@ pub(crate) struct Pending {
     /// The reply as the next turn renders it, when the record holds it and it can be reused.
     pub reply: Option<Segment>,
     /// The engine, when the response's counters name it.
-    pub server: Option<ServerKind>,
+    pub server: Option<ServerSeen>,
     /// Where it stands in the input: the record id, a log's row.
     pub order: u64,
     pub request: Request,

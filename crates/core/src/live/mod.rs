@@ -107,21 +107,21 @@ pub enum Input {
     Command(Command),
     /// The block model to cut prompts with, measured over the whole input before its first
     /// record (a replay's first pass); what was cut before is cut again.
-    BlockModel(Box<Measured>),
+    BlockModel(Box<FirstPass>),
 }
 
 /// What a replay's first pass found: the block model, and the first record id (where the
 /// cache simulation starts: it takes requests in id order, the order they reached the server).
 #[derive(Debug, Clone)]
-pub struct Measured {
+pub struct FirstPass {
     pub model: BlockModel,
     pub choice: BlockModelChoice,
     pub first_id: Option<u64>,
 }
 
-impl Measured {
+impl FirstPass {
     /// Measures `records` as a replay's first pass does (one at a time, keeping nothing).
-    pub fn of<R: std::borrow::Borrow<Record>>(records: impl IntoIterator<Item = R>) -> Measured {
+    pub fn of<R: std::borrow::Borrow<Record>>(records: impl IntoIterator<Item = R>) -> FirstPass {
         let mut evidence = crate::input::ModelEvidence::default();
         let mut first_id: Option<u64> = None;
         for record in records {
@@ -133,7 +133,7 @@ impl Measured {
             first_id = Some(first_id.map_or(record.id, |f| f.min(record.id)));
         }
         let (model, choice) = choose_block_model(&InputOptions::default(), &evidence);
-        Measured {
+        FirstPass {
             model,
             choice,
             first_id,
@@ -877,7 +877,7 @@ impl Engine {
         config: Config,
         records: impl IntoIterator<Item = &'a Record>,
     ) -> Engine {
-        let measured = Measured::of(records);
+        let measured = FirstPass::of(records);
         let mut engine = Engine::with_block_model(config, measured.model, measured.choice);
         engine.next_id = measured.first_id;
         engine
@@ -997,7 +997,7 @@ impl Engine {
                 true
             }
             Input::BlockModel(given) => {
-                let Measured {
+                let FirstPass {
                     model,
                     choice,
                     first_id,
