@@ -464,15 +464,9 @@ impl View {
             for (loss, loss_ms) in row.losses() {
                 let (tokens, ms, by_cause) = loss_of.entry(row.row().client.as_str()).or_default();
                 *tokens += u64::from(loss.tokens);
-                if let Some(m) = loss_ms {
-                    *ms = Some(ms.unwrap_or(0.0) + m.value);
-                }
+                add_ms(ms, loss_ms.map(|m| m.value));
                 // By cause as recorded; named once per client below.
-                let cause = loss.cause.as_str();
-                match by_cause.iter_mut().find(|(c, _)| *c == cause) {
-                    Some(entry) => entry.1 += u64::from(loss.tokens),
-                    None => by_cause.push((cause, u64::from(loss.tokens))),
-                }
+                tally(by_cause, loss.cause.as_str(), u64::from(loss.tokens));
             }
         }
         // What each client caused: its own breaks, the evictions `evicted_by` names it for; what
@@ -486,7 +480,7 @@ impl View {
         }
         let mut caused_by: IntMap<&str, Caused> = IntMap::default();
         let mut unattributed: Vec<(String, u64, Option<f64>)> = Vec::new();
-        let mut who: Vec<(Option<&str>, &str, u64)> = Vec::new();
+        let mut who: Vec<((Option<&str>, &str), u64)> = Vec::new();
         for row in rows.iter().copied() {
             let victim = row.row().client.as_str();
             let own = row
@@ -497,21 +491,13 @@ impl View {
                 (causer, loss, ms.map(|m| m.value))
             });
             for (causer, loss, ms) in [own, external].into_iter().flatten() {
-                match who
-                    .iter_mut()
-                    .find(|(c, v, _)| *c == causer && *v == victim)
-                {
-                    Some(entry) => entry.2 += u64::from(loss.tokens),
-                    None => who.push((causer, victim, u64::from(loss.tokens))),
-                }
+                tally(&mut who, (causer, victim), u64::from(loss.tokens));
                 let Some(causer) = causer else {
                     let label = cause_label(&loss.cause).to_string();
                     match unattributed.iter_mut().find(|(l, _, _)| *l == label) {
                         Some(entry) => {
                             entry.1 += u64::from(loss.tokens);
-                            if let Some(ms) = ms {
-                                entry.2 = Some(entry.2.unwrap_or(0.0) + ms);
-                            }
+                            add_ms(&mut entry.2, ms);
                         }
                         None => unattributed.push((label, u64::from(loss.tokens), ms)),
                     }
@@ -519,29 +505,15 @@ impl View {
                 };
                 let c = caused_by.entry(causer).or_default();
                 c.tokens += u64::from(loss.tokens);
-                if let Some(ms) = ms {
-                    c.ms = Some(c.ms.unwrap_or(0.0) + ms);
-                }
-                match c
-                    .by_cause
-                    .iter_mut()
-                    .find(|(k, _)| *k == loss.cause.as_str())
-                {
-                    Some(entry) => entry.1 += u64::from(loss.tokens),
-                    None => c
-                        .by_cause
-                        .push((loss.cause.as_str(), u64::from(loss.tokens))),
-                }
-                match c.to.iter_mut().find(|(k, _)| *k == victim) {
-                    Some(entry) => entry.1 += u64::from(loss.tokens),
-                    None => c.to.push((victim, u64::from(loss.tokens))),
-                }
+                add_ms(&mut c.ms, ms);
+                tally(&mut c.by_cause, loss.cause.as_str(), u64::from(loss.tokens));
+                tally(&mut c.to, victim, u64::from(loss.tokens));
             }
         }
         unattributed.sort_by_key(|u| std::cmp::Reverse(u.1));
         let who_cost_whom = who
             .into_iter()
-            .map(|(c, v, t)| (c.map(str::to_string), v.to_string(), t))
+            .map(|((c, v), t)| (c.map(str::to_string), v.to_string(), t))
             .collect();
         // Filtered, a client is listed when some of its rows match, with their counts.
         let mut matched: IntMap<&str, (u32, Vec<u32>)> = IntMap::default();
@@ -568,25 +540,9 @@ impl View {
                     (c.requests, c.conversations)
                 };
                 let (tokens, ms, causes) = loss_of.remove(c.client.as_str()).unwrap_or_default();
-                let mut by_cause: Vec<(&str, u64)> = Vec::new();
-                for (cause, tokens) in causes {
-                    let label = cause_label(cause);
-                    match by_cause.iter_mut().find(|(l, _)| *l == label) {
-                        Some(entry) => entry.1 += tokens,
-                        None => by_cause.push((label, tokens)),
-                    }
-                }
-                by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
+                let by_cause = by_label(causes);
                 let caused = caused_by.remove(c.client.as_str()).unwrap_or_default();
-                let mut caused_by_cause: Vec<(String, u64)> = Vec::new();
-                for (cause, tokens) in caused.by_cause {
-                    let label = cause_label(cause);
-                    match caused_by_cause.iter_mut().find(|(l, _)| l == label) {
-                        Some(entry) => entry.1 += tokens,
-                        None => caused_by_cause.push((label.to_string(), tokens)),
-                    }
-                }
-                caused_by_cause.sort_by_key(|c| std::cmp::Reverse(c.1));
+                let caused_by_cause = by_label(caused.by_cause);
                 let mut caused_to: Vec<(String, u64)> = caused
                     .to
                     .into_iter()
@@ -604,10 +560,7 @@ impl View {
                     conversations,
                     tokens,
                     ms,
-                    by_cause: by_cause
-                        .into_iter()
-                        .map(|(label, tokens)| (label.to_string(), tokens))
-                        .collect(),
+                    by_cause,
                 })
             })
             .collect::<Vec<ClientLoss>>();
@@ -832,6 +785,34 @@ pub fn tokens(n: u64) -> String {
         10_000..=999_999 => format!("{:.1}K", n as f64 / 1000.0),
         _ => format!("{:.1}M", n as f64 / 1_000_000.0),
     }
+}
+
+/// Adds `tokens` to `key`'s entry of a short list kept in first-seen order.
+fn tally<K: PartialEq>(list: &mut Vec<(K, u64)>, key: K, tokens: u64) {
+    match list.iter_mut().find(|(k, _)| *k == key) {
+        Some(entry) => entry.1 += tokens,
+        None => list.push((key, tokens)),
+    }
+}
+
+/// Adds measured milliseconds to a sum that stays "not measured" until one is.
+fn add_ms(sum: &mut Option<f64>, ms: Option<f64>) {
+    if let Some(ms) = ms {
+        *sum = Some(sum.unwrap_or(0.0) + ms);
+    }
+}
+
+/// Tokens by cause as recorded, summed by the cause's label, largest first.
+fn by_label(causes: Vec<(&str, u64)>) -> Vec<(String, u64)> {
+    let mut labelled: Vec<(&str, u64)> = Vec::new();
+    for (cause, tokens) in causes {
+        tally(&mut labelled, cause_label(cause), tokens);
+    }
+    labelled.sort_by_key(|c| std::cmp::Reverse(c.1));
+    labelled
+        .into_iter()
+        .map(|(label, tokens)| (label.to_string(), tokens))
+        .collect()
 }
 
 #[cfg(test)]
