@@ -2,7 +2,7 @@
 # The TUI benchmark (BENCHMARKS.md, "TUI"), at two sizes and on two kinds of traffic:
 #   - generated interleaved agents (crates/workload), RECORDS records (default 20000);
 #   - the real llama.cpp recording parallel-nocache.jsonl replicated to BIG records (default
-#     100000, 405 MB) by ../shared/tools/make_big_recording.py.
+#     100000, 405 MB) by bench/make_big_recording.py.
 # For each, examples/tui_bench.rs runs what `replay --instant` runs (a reader thread, the live
 # engine on its thread, the real app loop on a 120x40 TestBackend) while a typist thread sends a
 # key every 20 ms across the replay, then `q`: key latency (taken in-process, from the loop
@@ -23,7 +23,7 @@ cargo build --release >/dev/null 2>&1
 generated=$work/w$n.jsonl
 [ -s "$generated" ] || target/release/examples/workload --records "$n" --seed 1 -o "$generated" >&2
 real=$work/parallel-nocache-x$big.jsonl
-[ -s "$real" ] || python3 ../shared/tools/make_big_recording.py \
+[ -s "$real" ] || python3 bench/make_big_recording.py \
     recordings/llmp/llama.cpp/parallel-nocache.jsonl "$real" "$big" >&2
 
 echo "== in-process (examples/tui_bench.rs)"
