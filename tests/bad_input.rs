@@ -182,3 +182,73 @@ fn analyze_of_a_trace_says_what_reads_it() {
     );
     assert_eq!(err.lines().count(), 1, "one line, not one per row: {err}");
 }
+
+/// `replay` reads a gzipped recording as every other reader does: the same lines and summary
+/// as the plain file, no bad line.
+#[test]
+fn a_gzipped_recording_replays_as_the_plain_one() {
+    let plain = repo("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
+    let recording = std::fs::read(&plain).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &recording).unwrap();
+    let gzipped = file("parallel-nocache.jsonl.gz", &gz.finish().unwrap());
+    let args = ["replay", "--headless", "--instant"];
+    let (code, out, err) = run(&args, &plain);
+    let (gz_code, gz_out, gz_err) = run(&args, &gzipped);
+    assert_eq!((code, gz_code), (0, 0), "{err}\n{gz_err}");
+    assert!(
+        !gz_out.contains("bad line") && !gz_err.contains("bad line"),
+        "{gz_err}"
+    );
+    assert!(out.contains("8,759"), "{out}");
+    assert_eq!(gz_out, out);
+}
+
+/// Every command exits 1 when nothing of a non-empty input could be used (an empty file stays a
+/// warning, exit 0); `export` then leaves its target as it was.
+#[test]
+fn nothing_usable_is_exit_1_for_every_reader_and_export_writes_nothing() {
+    let bad = file(
+        "all-bad-trace.jsonl",
+        b"{\"timestamp\":\"x\",\"input_length\":\"a\",\"output_length\":1,\"hash_ids\":\"q\"}\n{\"timestamp\":\"x\",\"input_length\":\"a\",\"output_length\":1,\"hash_ids\":\"q\"}\n",
+    );
+    let bad_lines = file("all-bad-lines.jsonl", b"{\"v\":7}\nnot json\n");
+    let empty = file("empty.jsonl", b"");
+    for (args, input) in [
+        (&["replay", "--headless", "--instant"][..], &bad),
+        (&["replay", "--headless", "--instant"], &bad_lines),
+        (&["records"], &bad_lines),
+        (&["analyze"], &bad_lines),
+        (&["profile"], &bad),
+    ] {
+        let (code, _, err) = run(args, input);
+        assert_eq!(code, 1, "{args:?} {input:?}: {err}");
+    }
+    for args in [
+        &["replay", "--headless", "--instant"][..],
+        &["records"],
+        &["analyze"],
+    ] {
+        let (code, _, err) = run(args, &empty);
+        assert_eq!(code, 0, "{args:?}: {err}");
+    }
+    let target = dir().join("trace.jsonl");
+    std::fs::write(&target, "yesterday's trace\n").unwrap();
+    let output = Command::new(BIN)
+        .args(["export", "--to", "mooncake", "-o"])
+        .arg(&target)
+        .arg(&bad)
+        .env("XDG_CONFIG_HOME", dir().join("config"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("nothing in the input could be exported"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "yesterday's trace\n"
+    );
+}

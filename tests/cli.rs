@@ -818,3 +818,26 @@ fn analyze_streamed_equals_analyze_of_the_whole_file() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--upstream` with a user name or password is refused before anything starts (exit 2), and
+/// neither the error nor any file repeats the password.
+#[test]
+fn an_upstream_with_userinfo_is_refused_without_repeating_it() {
+    for command in ["record", "watch"] {
+        let file = temp_file(&format!("userinfo-{command}.jsonl"));
+        let out = run(&[
+            command,
+            "--upstream",
+            "http://user:s3cret-pw@127.0.0.1:9/v1",
+            "--listen",
+            "127.0.0.1:0",
+            "-o",
+            file.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("user name or password"), "{stderr}");
+        assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+        assert!(!file.exists());
+    }
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::Serialize;
 
-use super::{EXIT_OK, EXIT_UNREADABLE};
+use super::EXIT_UNREADABLE;
 use prefixscope_core::normalize::Api;
 use prefixscope_core::record::Record;
 
@@ -52,6 +52,7 @@ pub fn run(args: RecordsArgs) -> u8 {
     let Some(read) = super::read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
     };
+    let exit_code = read.exit_code();
     let (mut records, files) = (read.records, read.files);
     records.sort_by_key(|r| (r.t_start_ms, r.id));
     let summary = summarize(&records, files);
@@ -73,7 +74,7 @@ pub fn run(args: RecordsArgs) -> u8 {
                 &serde_json::to_string_pretty(&summary).unwrap_or_default()
             )
         );
-        return EXIT_OK;
+        return exit_code;
     }
     for record in &records {
         let _ = writeln!(
@@ -87,7 +88,7 @@ pub fn run(args: RecordsArgs) -> u8 {
         "{}",
         prefixscope_core::text::printable(&text_summary(&summary))
     );
-    EXIT_OK
+    exit_code
 }
 
 fn summarize(records: &[Record], files: Vec<super::RecordingFile>) -> Summary {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::{EXIT_OK, fail, print_stdout, screen_switches};
+use super::{EXIT_OK, EXIT_UNREADABLE, fail, print_stdout, screen_switches};
 use prefixscope::session::replay::{Replay, ReplayConfig};
 use prefixscope::session::screen::{Feed, ScreenConfig, run_screen};
 use prefixscope::session::shutdown::Shutdown;
@@ -55,7 +55,24 @@ pub fn run(args: ReplayArgs) -> u8 {
         let pacer = Arc::clone(&replay.pacer);
         shutdown.on_stop(move |_| pacer.stop());
         // A write error is stdout closed (a pipe into `head`): nothing more to say.
-        let _ = replay.headless(&mut std::io::stdout().lock(), &mut std::io::stderr());
+        let read = replay.headless(&mut std::io::stdout().lock(), &mut std::io::stderr());
+        // An empty file is a warning (said already); files with bytes of which nothing could be
+        // replayed are an input that could not be read.
+        let had_bytes = args
+            .files
+            .iter()
+            .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
+        if matches!(read, Ok(0)) && had_bytes && shutdown.requested().is_none() {
+            prefixscope_core::stderr_line!(
+                "prefixscope: nothing in {} could be replayed",
+                args.files
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return EXIT_UNREADABLE;
+        }
         return EXIT_OK;
     }
     let files = args

@@ -182,7 +182,7 @@ impl Replay {
                 // Records are read as they are fed: the first screen never waits for the file.
                 let items = opened.into_iter().flat_map(move |(path, file)| {
                     let warn = Arc::clone(&warn);
-                    Lines::new(std::io::BufReader::new(file)).map(move |item| match item {
+                    Lines::new(gunzipped(file)).map(move |item| match item {
                         Ok(record) => (
                             record.t_end_ms.max(record.t_start_ms),
                             Some(Arc::new(record)),
@@ -200,7 +200,8 @@ impl Replay {
 
     /// No terminal: a line per record (or request) on `out` as it is read, bad lines on `err`,
     /// then the summary of the live engine's snapshot (the one a TUI would show at the end).
-    pub fn headless(self, out: &mut dyn Write, err: &mut dyn Write) -> std::io::Result<()> {
+    /// How many records (or requests) were read.
+    pub fn headless(self, out: &mut dyn Write, err: &mut dyn Write) -> std::io::Result<u64> {
         match self.source {
             Source::Trace {
                 requests,
@@ -220,8 +221,35 @@ pub fn measure_block_model(paths: &[PathBuf]) -> FirstPass {
     let files = paths
         .iter()
         .filter_map(|path| std::fs::File::open(path).ok());
-    let records = files.flat_map(|file| Lines::new(std::io::BufReader::new(file)).flatten());
+    let records = files.flat_map(|file| Lines::new(gunzipped(file)).flatten());
     FirstPass::of(records)
+}
+
+/// A recording's reader, gzip undone as every reader undoes it (`input::decompressed`); a
+/// stream that cannot even be started reads as empty, its error said by the read that follows.
+fn gunzipped(file: std::fs::File) -> Box<dyn std::io::BufRead> {
+    let reader = std::io::BufReader::with_capacity(1 << 18, file);
+    input::decompressed(reader).unwrap_or_else(|e| Box::new(ErrorReader(Some(e))))
+}
+
+/// Reads as its one error, then as the end.
+struct ErrorReader(Option<std::io::Error>);
+
+impl std::io::Read for ErrorReader {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        self.0.take().map_or(Ok(0), Err)
+    }
+}
+
+impl std::io::BufRead for ErrorReader {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        match self.0.take() {
+            Some(e) => Err(e),
+            None => Ok(&[]),
+        }
+    }
+
+    fn consume(&mut self, _: usize) {}
 }
 
 /// A file to read, not a directory (which `open` gives on Linux, and only reading refuses).
@@ -282,22 +310,25 @@ fn each_file(
 }
 
 /// Logs: every record's status line, then the snapshot's summary (as `headless_records`).
-fn headless_log(records: Vec<Record>, pacer: &Pacer, out: &mut dyn Write) -> std::io::Result<()> {
+fn headless_log(records: Vec<Record>, pacer: &Pacer, out: &mut dyn Write) -> std::io::Result<u64> {
     let mut engine = Engine::new(Config::default());
     engine.push(Input::BlockModel(Box::new(FirstPass::of(&records))));
+    let mut read = 0;
     for record in records {
         if pacer.stop.load(Ordering::Relaxed) {
             break;
         }
         writeln!(out, "{}", record_line(&record))?;
         engine.push(Input::Record(Arc::new(record), 0));
+        read += 1;
     }
     engine.push(Input::SourceDone);
     write!(
         out,
         "{}",
         prefixscope_core::text::printable(&engine.snapshot().summary())
-    )
+    )?;
+    Ok(read)
 }
 
 /// A trace's requests, in start order, and the bad rows skipped (each also described in
@@ -332,7 +363,7 @@ fn headless_trace(
     format: Format,
     bad: usize,
     out: &mut dyn Write,
-) -> std::io::Result<()> {
+) -> std::io::Result<u64> {
     let mut engine = Engine::with_block_size(Config::default(), format.default_block_size());
     for (i, request) in requests.iter().enumerate() {
         writeln!(
@@ -370,7 +401,7 @@ fn headless_trace(
             points.join(", ")
         )?;
     }
-    Ok(())
+    Ok(requests.len() as u64)
 }
 
 /// Recordings: every record's status line as it is read, then the snapshot's summary.
@@ -380,13 +411,13 @@ fn headless_records(
     pacer: &Pacer,
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> std::io::Result<()> {
+) -> std::io::Result<u64> {
     let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
     let mut engine = Engine::new(Config::default());
     engine.push(Input::BlockModel(Box::new(measure_block_model(&paths))));
-    let mut bad_lines = 0;
+    let (mut read, mut bad_lines) = (0, 0);
     for (path, file) in files {
-        for item in Lines::new(std::io::BufReader::new(file)) {
+        for item in Lines::new(gunzipped(file)) {
             if pacer.stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -394,6 +425,7 @@ fn headless_records(
                 Ok(record) => {
                     writeln!(out, "{}", record_line(&record))?;
                     engine.push(Input::Record(Arc::new(record), 0));
+                    read += 1;
                 }
                 Err(bad) => {
                     writeln!(
@@ -420,7 +452,8 @@ fn headless_records(
         out,
         "{}",
         prefixscope_core::text::printable(&engine.snapshot().summary())
-    )
+    )?;
+    Ok(read)
 }
 
 /// Feeds the engine at the recorded pace (or at once), and is the app's control of it.

@@ -35,6 +35,13 @@ impl Upstream {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
         };
+        if let Some((_, host)) = authority.rsplit_once('@') {
+            // Never echoed: the part before `@` may be a password.
+            let scheme = if https { "https://" } else { "http://" };
+            return Err(format!(
+                "upstream {scheme}…@{host}{prefix}: a user name or password in the URL is not supported (it would be recorded and shown); give the credentials to the client, whose headers are forwarded unchanged"
+            ));
+        }
         if authority.is_empty() {
             return Err(format!("upstream {url:?}: no host"));
         }
@@ -270,6 +277,18 @@ mod tests {
             ("::1", 9000, "[::1]:9000".to_string())
         );
         assert!(Upstream::parse("ftp://x").is_err());
+        // Userinfo is refused, and the error never repeats it.
+        for url in [
+            "http://user:s3cret@host:8080/v1",
+            "s3cret@localhost:8080",
+            "https://:s3cret@h",
+        ] {
+            let e = Upstream::parse(url).unwrap_err();
+            assert!(
+                !e.contains("s3cret") && e.contains("user name or password"),
+                "{e}"
+            );
+        }
         assert!(Upstream::parse("http://h:notaport").is_err());
     }
 }
