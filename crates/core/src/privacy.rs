@@ -8,49 +8,31 @@ use std::borrow::Cow;
 /// What a credential's value becomes.
 pub const REDACTED: &str = "REDACTED";
 
-/// Query parameter names that are credentials as a whole (compared lowercase, `-` and `.` read
-/// as `_`).
-const CREDENTIAL_NAMES: [&str; 22] = [
-    "key",
-    "apikey",
-    "api_key",
-    "token",
-    "access_token",
-    "auth",
-    "authorization",
-    "auth_token",
-    "secret",
-    "client_secret",
-    "password",
-    "passwd",
-    "pwd",
-    "pass",
-    "signature",
-    "sig",
-    "code",
-    "jwt",
-    "bearer",
-    "credential",
-    "credentials",
-    "session_key",
+/// Query parameter names whose values are recorded as sent (compared lowercase, percent-decoded,
+/// `-` and `.` read as `_`): what LLM APIs put in a query that is not a secret. Every other
+/// parameter's value is recorded as `REDACTED`, whatever its name, separator or encoding: a
+/// list of secret names let `passphrase`, `hmac`, `ticket`, `Policy`, `key[]` or `token%00`
+/// through.
+const HARMLESS_NAMES: [&str; 14] = [
+    "model",
+    "stream",
+    "api_version",
+    "version",
+    "beta",
+    "alt",
+    "format",
+    "limit",
+    "order",
+    "after",
+    "before",
+    "page",
+    "per_page",
+    "n",
 ];
 
-/// Endings that make a name a credential: `*_key`, `*token` (`x_amz_security_token`), and the
-/// rest of the list's words after a separator (`x_amz_signature`, `db_password`).
-const CREDENTIAL_ENDINGS: [&str; 8] = [
-    "_key",
-    "token",
-    "_secret",
-    "_password",
-    "_signature",
-    "_sig",
-    "_credential",
-    "_auth",
-];
-
-/// Whether a query parameter of this name holds a credential (the name as sent: it may be
-/// percent-encoded).
-pub fn is_credential_name(name: &str) -> bool {
+/// Whether a query parameter of this name (as sent: it may be percent-encoded) is recorded with
+/// its value.
+pub fn is_harmless_name(name: &str) -> bool {
     let name: String = percent_decoded(name)
         .chars()
         .map(|c| match c {
@@ -58,31 +40,86 @@ pub fn is_credential_name(name: &str) -> bool {
             c => c.to_ascii_lowercase(),
         })
         .collect();
-    CREDENTIAL_NAMES.contains(&name.as_str())
-        || CREDENTIAL_ENDINGS.iter().any(|end| name.ends_with(end))
+    HARMLESS_NAMES.contains(&name.as_str())
 }
 
-/// The request target with the value of every credential-named query parameter replaced by
-/// `REDACTED`; everything else (path, other parameters, their order and encoding) as it was.
+/// The request target with the value of every query parameter not known to be harmless
+/// replaced by `REDACTED` (pairs split at `&` and `;`); the path, the names, the separators and
+/// the harmless values as they were.
 pub fn redact_query(target: &str) -> Cow<'_, str> {
     let Some((path, query)) = target.split_once('?') else {
         return Cow::Borrowed(target);
     };
     let secret = |pair: &str| {
         pair.split_once('=')
-            .is_some_and(|(name, value)| !value.is_empty() && is_credential_name(name))
+            .is_some_and(|(name, value)| !value.is_empty() && !is_harmless_name(name))
     };
-    if !query.split('&').any(secret) {
+    if !query.split(['&', ';']).any(secret) {
         return Cow::Borrowed(target);
     }
-    let pairs: Vec<Cow<'_, str>> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if secret(pair) => Cow::Owned(format!("{name}={REDACTED}")),
-            _ => Cow::Borrowed(pair),
-        })
-        .collect();
-    Cow::Owned(format!("{path}?{}", pairs.join("&")))
+    let mut out = format!("{path}?");
+    let mut rest = query;
+    loop {
+        let end = rest.find(['&', ';']).unwrap_or(rest.len());
+        let pair = &rest[..end];
+        match pair.split_once('=') {
+            Some((name, _)) if secret(pair) => {
+                out.push_str(name);
+                out.push('=');
+                out.push_str(REDACTED);
+            }
+            _ => out.push_str(pair),
+        }
+        if end == rest.len() {
+            break;
+        }
+        out.push_str(&rest[end..end + 1]);
+        rest = &rest[end + 1..];
+    }
+    Cow::Owned(out)
+}
+
+/// Whether a header value looks like a credential although it has an id's characters: a key of
+/// a known provider's shape (`sk-…`, `AKIA…`, `ghp_…`, `xoxb-…`, `AIza…`), a JWT (three
+/// dot-separated base64url parts, `eyJ…`), or a long opaque token (40 or more characters mixing
+/// upper case, lower case and digits with no `-`). Such values are not recorded even under a
+/// session header's name.
+pub fn is_credential_shaped(value: &str) -> bool {
+    const PREFIXES: [&str; 15] = [
+        "sk-",
+        "sk_",
+        "pk-",
+        "pk_",
+        "rk_",
+        "ghp_",
+        "gho_",
+        "ghs_",
+        "github_pat_",
+        "xoxb-",
+        "xoxp-",
+        "AKIA",
+        "ASIA",
+        "AIza",
+        "eyJ",
+    ];
+    if PREFIXES.iter().any(|p| value.starts_with(p)) {
+        return true;
+    }
+    let base64url = |part: &str| {
+        part.len() >= 8
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+    };
+    let parts: Vec<&str> = value.split('.').collect();
+    if parts.len() == 3 && parts.iter().all(|p| base64url(p)) {
+        return true;
+    }
+    value.len() >= 40
+        && !value.contains('-')
+        && value.bytes().any(|b| b.is_ascii_uppercase())
+        && value.bytes().any(|b| b.is_ascii_lowercase())
+        && value.bytes().any(|b| b.is_ascii_digit())
 }
 
 /// The session and conversation headers recorded (beside llmp's four): an allowlist of names
@@ -179,7 +216,7 @@ mod tests {
     }
 
     #[test]
-    fn credential_values_are_redacted_and_the_rest_is_kept() {
+    fn only_harmless_query_values_are_kept() {
         assert_eq!(
             redact_query("/v1/chat/completions?api_key=sk-1&stream=true&key=AIza2"),
             "/v1/chat/completions?api_key=REDACTED&stream=true&key=REDACTED"
@@ -187,33 +224,70 @@ mod tests {
         for name in [
             "KEY",
             "Api-Key",
-            "api.key",
-            "token",
-            "access_token",
-            "x-goog-api-key",
-            "X-Amz-Signature",
-            "X-Amz-Security-Token",
-            "sig",
-            "password",
-            "auth",
             "api%5Fkey",
-            "refresh_token",
-            "client_secret",
+            "X-Amz-Signature",
+            "passphrase",
+            "hmac",
+            "otp",
+            "ticket",
+            "session",
+            "access-key-id",
+            "Key-Pair-Id",
+            "Policy",
+            "key[]",
+            "token%00",
+            "a",
         ] {
-            assert!(is_credential_name(name), "{name}");
+            assert!(!is_harmless_name(name), "{name}");
             assert_eq!(
-                redact_query(&format!("/p?{name}=s3cr3t&a=1")),
-                format!("/p?{name}=REDACTED&a=1"),
+                redact_query(&format!("/p?{name}=s3cr3t&model=m")),
+                format!("/p?{name}=REDACTED&model=m"),
                 "{name}"
             );
         }
-        for name in ["model", "stream", "keys_only", "monkeys", "limit", "tokens"] {
-            assert!(!is_credential_name(name), "{name}");
+        // `;` separates pairs too, and is kept.
+        assert_eq!(
+            redact_query("/p?model=m;token=s3cr3t&api-version=2024-10-21"),
+            "/p?model=m;token=REDACTED&api-version=2024-10-21"
+        );
+        for name in [
+            "model",
+            "Stream",
+            "api-version",
+            "api.version",
+            "beta",
+            "alt",
+        ] {
+            assert!(is_harmless_name(name), "{name}");
         }
         assert_eq!(redact_query("/v1/models"), "/v1/models");
         assert_eq!(redact_query("/p?key&key="), "/p?key&key=");
-        assert!(matches!(redact_query("/p?a=1&b=2"), Cow::Borrowed(_)));
+        assert!(matches!(
+            redact_query("/p?model=a&stream=b"),
+            Cow::Borrowed(_)
+        ));
         assert_eq!(percent_decoded("a%2"), "a%2");
         assert_eq!(percent_decoded("a%zz"), "a%zz");
+    }
+
+    #[test]
+    fn credential_shaped_values_are_told_from_ids() {
+        for value in [
+            "sk-live-4f8a9b2c",
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "AKIAIOSFODNN7EXAMPLE",
+            "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+            "Zk9vQmFyQmF6UXV4UXV1eDEyMzQ1Njc4OTBhYmNkZWY",
+        ] {
+            assert!(is_credential_shaped(value), "{value}");
+        }
+        for value in [
+            "3f2b9c1e-8a7d-4e55-9b1a-0c2d3e4f5a6b",
+            "ses_01J:abc.def",
+            "conversation-42",
+            "c1",
+        ] {
+            assert!(!is_credential_shaped(value), "{value}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use hyper::header::{self, HeaderMap, HeaderName};
 
-use prefixscope_core::privacy::{is_id_value, is_session_header};
+use prefixscope_core::privacy::{is_credential_shaped, is_id_value, is_session_header};
 
 const RECORDED: [&str; 4] = [
     "user-agent",
@@ -68,7 +68,7 @@ pub(crate) fn recorded_headers(headers: &HeaderMap) -> BTreeMap<String, String> 
         let name = name.as_str();
         if is_recorded(name) {
             let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            if is_session_header(name) && !is_id_value(&value) {
+            if is_session_header(name) && (!is_id_value(&value) || is_credential_shaped(&value)) {
                 continue;
             }
             out.entry(name.to_string())
@@ -190,5 +190,25 @@ mod tests {
         ] {
             assert!(!is_recorded(name), "{name}");
         }
+    }
+
+    #[test]
+    fn a_credential_under_a_session_header_s_name_is_not_recorded() {
+        let mut map = HeaderMap::new();
+        map.insert("session_id", HeaderValue::from_static("sk-live-4f8a9b2c"));
+        map.insert(
+            "x-session-id",
+            HeaderValue::from_static("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmN"),
+        );
+        map.insert(
+            "x-conversation-id",
+            HeaderValue::from_static("3f2b9c1e-8a7d-4e55-9b1a-0c2d3e4f5a6b"),
+        );
+        let recorded = recorded_headers(&map);
+        assert_eq!(
+            recorded.keys().collect::<Vec<_>>(),
+            ["x-conversation-id"],
+            "{recorded:?}"
+        );
     }
 }
