@@ -240,7 +240,7 @@ pub fn run(args: ExportArgs) -> u8 {
             };
             // Nothing usable (every row bad): the target is left as it was.
             export::export(&inputs, format, &options, &mut out).and_then(|s| {
-                if s.requests == 0 && had_bytes(&args.files) {
+                if s.requests == 0 && super::had_bytes(&args.files) {
                     return Ok(s);
                 }
                 out.commit().map(|()| s).map_err(ExportError::Write)
@@ -256,7 +256,7 @@ pub fn run(args: ExportArgs) -> u8 {
     match result {
         Ok(summary) => {
             report(&summary, target, args.output.as_deref());
-            if summary.requests == 0 && had_bytes(&args.files) {
+            if summary.requests == 0 && super::had_bytes(&args.files) {
                 prefixscope_core::stderr_line!(
                     "prefixscope export: nothing in the input could be exported{}",
                     args.output
@@ -270,13 +270,6 @@ pub fn run(args: ExportArgs) -> u8 {
         Err(ExportError::Usage(message)) => usage(message),
         Err(e) => unreadable(e),
     }
-}
-
-/// Some input file has bytes: an empty one is a warning, not an input that could not be used.
-fn had_bytes(files: &[PathBuf]) -> bool {
-    files
-        .iter()
-        .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
 }
 
 fn report(summary: &Summary, target: Target, output: Option<&Path>) {

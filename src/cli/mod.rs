@@ -50,6 +50,14 @@ pub fn print_json(json: &str) {
     );
 }
 
+/// Some input file has bytes: an empty one is a warning (exit 0), not an input of which nothing
+/// could be used (exit 1).
+pub fn had_bytes(files: &[std::path::PathBuf]) -> bool {
+    files
+        .iter()
+        .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+}
+
 /// A session's error on stderr, and its exit code.
 pub fn fail(error: prefixscope::session::Error) -> u8 {
     use prefixscope::session::Error;

@@ -58,11 +58,8 @@ pub fn run(args: ReplayArgs) -> u8 {
         let read = replay.headless(&mut std::io::stdout().lock(), &mut std::io::stderr());
         // An empty file is a warning (said already); files with bytes of which nothing could be
         // replayed are an input that could not be read.
-        let had_bytes = args
-            .files
-            .iter()
-            .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0));
-        if matches!(read, Ok(0)) && had_bytes && shutdown.requested().is_none() {
+        if matches!(read, Ok(0)) && super::had_bytes(&args.files) && shutdown.requested().is_none()
+        {
             prefixscope_core::stderr_line!(
                 "prefixscope: nothing in {} could be replayed",
                 args.files
