@@ -9,7 +9,7 @@ use prefixscope_core::analysis::{Analyzer, Config, Prepared, analyze};
 use prefixscope_core::record::Record;
 
 /// Records handed, as they are read, to the thread that analyses them (`analyze` of one
-/// recording): parsed and normalized on every core (`Prepared`), pushed in file order on one.
+/// recording): parsed and normalized on every core (`Prepared`), pushed in start order on one.
 struct Analysing {
     batches: crossbeam_channel::Sender<Vec<Prepared>>,
     batch: Vec<Prepared>,
@@ -65,6 +65,32 @@ const ANALYSIS_BATCH: usize = 256;
 /// that much and no more.
 const ANALYSIS_QUEUE: usize = 2;
 
+/// Records held back to be pushed in start order, at most.
+const REORDER_WINDOW: usize = 4_096;
+
+/// A prepared record ordered so a `BinaryHeap` gives the earliest start first.
+struct InStartOrder(Prepared);
+
+impl PartialEq for InStartOrder {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.start_order() == other.0.start_order()
+    }
+}
+
+impl Eq for InStartOrder {}
+
+impl PartialOrd for InStartOrder {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for InStartOrder {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.0.start_order().cmp(&self.0.start_order())
+    }
+}
+
 /// `paths`' records analysed as they are read, in memory bounded by the analysis.
 fn analyze_streamed(
     paths: &[std::path::PathBuf],
@@ -72,12 +98,23 @@ fn analyze_streamed(
 ) -> Option<(super::Recordings, prefixscope_core::analysis::Report)> {
     std::thread::scope(|scope| {
         let (sender, receiver) = crossbeam_channel::bounded::<Vec<Prepared>>(ANALYSIS_QUEUE);
+        // Pushed in start order within a window: a record that started before records
+        // already pushed makes the engine derive them again (on agent traffic, replies finish
+        // out of start order), so each is held back until `REORDER_WINDOW` records came after
+        // it. The window bounds what is held.
         let analysing = scope.spawn(move || {
             let mut analyzer = Analyzer::new(config.clone());
-            for batch in receiver {
-                for prepared in batch {
-                    analyzer.push_prepared(prepared);
+            let mut held = std::collections::BinaryHeap::new();
+            for prepared in receiver.into_iter().flatten() {
+                held.push(InStartOrder(prepared));
+                if held.len() > REORDER_WINDOW
+                    && let Some(InStartOrder(first)) = held.pop()
+                {
+                    analyzer.push_prepared(first);
                 }
+            }
+            while let Some(InStartOrder(prepared)) = held.pop() {
+                analyzer.push_prepared(prepared);
             }
             analyzer.into_report()
         });

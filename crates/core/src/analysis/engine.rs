@@ -56,6 +56,7 @@ enum PreparedKind {
     Traffic {
         start_ms: i64,
         end_ms: i64,
+        id: u64,
         outcome: Result<Exchange, Skipped>,
     },
 }
@@ -73,8 +74,18 @@ impl Prepared {
         Prepared(PreparedKind::Traffic {
             start_ms: record.t_start_ms,
             end_ms: record.t_end_ms,
+            id: record.id,
             outcome,
         })
+    }
+
+    /// Where its record sorts in start order, as `Analyzer::from_records` pushes: pushed in
+    /// this order, no row is ever derived twice.
+    pub fn start_order(&self) -> (i64, u64) {
+        match &self.0 {
+            PreparedKind::Probe(record) => (record.t_start_ms, record.id),
+            PreparedKind::Traffic { start_ms, id, .. } => (*start_ms, *id),
+        }
     }
 }
 
@@ -478,6 +489,7 @@ impl Analyzer {
                 start_ms,
                 end_ms,
                 outcome,
+                ..
             } => (start_ms, end_ms, outcome),
         };
         self.count(start_ms, end_ms);
