@@ -10,7 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -86,6 +86,9 @@ pub struct RecorderStats {
     /// Records the enrichment (the token layout) was skipped for because captures were
     /// waiting: it must never make the queue fill and the proxy wait.
     pub not_enriched: AtomicU64,
+    /// Set when the session stops: what is still queued is written without the enrichment, so a
+    /// stop never waits on a server's answers record by record.
+    pub stopping: AtomicBool,
     pub last_error: Mutex<Option<String>>,
     pub files: Mutex<Vec<PathBuf>>,
     /// Captures waiting for the recorder, as it last saw its queue (`--metrics`).
@@ -222,7 +225,10 @@ impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
 
     /// Records everything already handed over, then stops. Senders handed out must be dropped
     /// first, or this waits for them.
+    /// Stops: what is still queued is written without the enrichment (`RecorderStats::stopping`),
+    /// then the thread ends once every sender is gone.
     pub fn finish(mut self) -> Arc<RecorderStats> {
+        self.stats.stopping.store(true, Ordering::Relaxed);
         self.sender = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -298,7 +304,7 @@ fn recorded<B: AsRef<[u8]>>(
 ) -> Record {
     let waiting = receiver.len();
     stats.queued.store(waiting as u64, Ordering::Relaxed);
-    let behind = waiting > ENRICH_BACKLOG;
+    let behind = waiting > ENRICH_BACKLOG || stats.stopping.load(Ordering::Relaxed);
     let enrich = enrich.filter(|e| e.active());
     if behind && enrich.is_some() {
         stats.not_enriched.fetch_add(1, Ordering::Relaxed);
@@ -668,11 +674,16 @@ mod tests {
         let sender = recorder.sender();
         sender.send_blocking(capture(first));
         gate.started.recv().unwrap();
+        let count = 1 + rest.clone().count() as u64;
         for id in rest {
             sender.send_blocking(capture(id));
         }
         let _ = gate.release.send(());
         drop(sender);
+        // Everything recorded before the stop, which would skip the enrichment of what waits.
+        while recorder.stats.records.load(Ordering::Relaxed) < count {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         recorder.finish()
     }
 
@@ -947,6 +958,37 @@ mod tests {
         fn active(&self) -> bool {
             !self.stopped
         }
+    }
+
+    /// A stop does not wait on the enrichment record by record: what is queued when the
+    /// recorder finishes is written without it, counted.
+    #[test]
+    fn what_waits_at_a_stop_is_written_without_the_enrichment() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let enrich: Enrich = Box::new(|record: &mut Record| {
+            // A server that takes its time with every answer.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            record.tokens = Some(prefixscope_core::record::TokenCounts::default());
+        });
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start_enriched(RecorderConfig::default(), vec![tx], Some(enrich)).unwrap();
+        let sender = recorder.sender();
+        for id in 1..=10 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let started = std::time::Instant::now();
+        let stats = recorder.finish();
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(1_500),
+            "{:?}",
+            started.elapsed()
+        );
+        let records: Vec<Arc<Record>> = rx.try_iter().collect();
+        assert_eq!(records.len(), 10);
+        let enriched = records.iter().filter(|r| r.tokens.is_some()).count() as u64;
+        assert!(enriched <= 2, "{enriched}");
+        assert_eq!(stats.not_enriched.load(Ordering::Relaxed), 10 - enriched);
     }
 
     #[test]
