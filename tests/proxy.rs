@@ -1705,3 +1705,45 @@ async fn an_early_answer_before_the_body_is_read_is_delivered() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].response.as_ref().map(|r| r.status), Some(413));
 }
+
+/// A client that sends part of a body and then nothing gets a 408 after the header timeout
+/// (the connection is not held for ever), counted; the exchange is recorded as the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_answered_408_after_the_header_timeout() {
+    let upstream = body_echo_upstream().await;
+    let options = Options {
+        header_timeout: Duration::from_millis(500),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "stalled-body", options).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"a\":",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got))
+        .await
+        .expect("the proxy answers and closes");
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("stalled"), "{got}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        proxy
+            .stats
+            .body_timeouts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].error, Some(ExchangeError::ClientDisconnected));
+}

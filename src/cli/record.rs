@@ -170,6 +170,8 @@ struct RecordSummary {
     rejected: u64,
     /// Connections closed for sending no request head within the header timeout.
     header_timeouts: u64,
+    /// Requests answered 408 because their body stalled for the header timeout.
+    body_timeouts: u64,
     accept_errors: u64,
 }
 
@@ -255,6 +257,7 @@ pub fn run(args: RecordArgs) -> u8 {
         last_upstream_error: proxy_stats.last_upstream_error(),
         rejected: proxy_stats.rejected.load(Ordering::Relaxed),
         header_timeouts: proxy_stats.header_timeouts.load(Ordering::Relaxed),
+        body_timeouts: proxy_stats.body_timeouts.load(Ordering::Relaxed),
         accept_errors: proxy_stats.accept_errors.load(Ordering::Relaxed),
     };
     prefixscope_core::stderr_line!(
@@ -298,6 +301,10 @@ pub fn run(args: RecordArgs) -> u8 {
         (
             summary.header_timeouts,
             "connection(s) closed by the header timeout",
+        ),
+        (
+            summary.body_timeouts,
+            "request(s) answered 408: the body stalled for the header timeout",
         ),
         (summary.accept_errors, "connection(s) not accepted"),
     ];

@@ -308,13 +308,24 @@ pub(crate) async fn forward(
     } else {
         shared.max_body
     };
-    let body = match read_up_to(body, limit).await {
+    let body = match read_up_to(body, limit, shared.body_timeout).await {
         Ok(body) => body,
-        Err(()) => {
+        Err(BodyFailure::Broken) => {
             flight.finish(Some(ExchangeError::ClientDisconnected));
             return error_response(
                 StatusCode::BAD_REQUEST,
                 "the request body did not arrive whole",
+            );
+        }
+        Err(BodyFailure::Stalled) => {
+            shared.stats.body_timeouts.fetch_add(1, Ordering::Relaxed);
+            flight.finish(Some(ExchangeError::ClientDisconnected));
+            return error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the request body stalled: no byte for {} s",
+                    shared.body_timeout.as_secs()
+                ),
             );
         }
     };
@@ -425,8 +436,21 @@ enum RequestBody {
     Streamed { head: Bytes, rest: Incoming },
 }
 
+/// Why a request body could not be read.
+enum BodyFailure {
+    /// The client's stream broke.
+    Broken,
+    /// No byte came for the body timeout: a slow client holds no connection for ever.
+    Stalled,
+}
+
 /// Reads `body` whole if it ends within `limit` bytes; else stops at the frame that passes it.
-async fn read_up_to(mut body: Incoming, limit: usize) -> Result<RequestBody, ()> {
+/// Each frame must come within `idle`.
+async fn read_up_to(
+    mut body: Incoming,
+    limit: usize,
+    idle: std::time::Duration,
+) -> Result<RequestBody, BodyFailure> {
     if limit == 0 {
         // Announced past the limit: nothing read here, all of it streamed.
         return Ok(RequestBody::Streamed {
@@ -436,9 +460,12 @@ async fn read_up_to(mut body: Incoming, limit: usize) -> Result<RequestBody, ()>
     }
     let mut head = bytes::BytesMut::new();
     loop {
-        match body.frame().await {
+        let frame = tokio::time::timeout(idle, body.frame())
+            .await
+            .map_err(|_| BodyFailure::Stalled)?;
+        match frame {
             None => return Ok(RequestBody::Whole(head.freeze())),
-            Some(Err(_)) => return Err(()),
+            Some(Err(_)) => return Err(BodyFailure::Broken),
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     head.extend_from_slice(&data);

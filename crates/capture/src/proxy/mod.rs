@@ -99,6 +99,9 @@ pub struct ProxyStats {
     /// Connections closed because the request head did not arrive within the header timeout
     /// (slow or idle clients).
     pub header_timeouts: AtomicU64,
+    /// Requests answered 408 because their body stalled (no byte for the header timeout)
+    /// while it was being read.
+    pub body_timeouts: AtomicU64,
     /// Connections that could not be accepted (out of descriptors, mostly), and why.
     pub accept_errors: AtomicU64,
     pub last_accept_error: std::sync::Mutex<Option<String>>,
@@ -182,6 +185,8 @@ impl ProxyStats {
 
 pub(crate) struct Shared {
     pub upstream: Upstream,
+    /// How long a request body may go without a byte while it is read (the header timeout).
+    pub body_timeout: Duration,
     pub host_header: hyper::header::HeaderValue,
     pub tls: Option<tokio_rustls::TlsConnector>,
     pub max_body: usize,
@@ -215,6 +220,7 @@ impl Proxy {
         let listener = TcpListener::bind(config.listen).await?;
         let shared = Arc::new(Shared {
             upstream: config.upstream,
+            body_timeout: config.header_timeout,
             host_header,
             tls,
             max_body: config.max_body,
