@@ -395,3 +395,47 @@ fn a_gateway_log_record_past_the_bound_is_a_bad_row_and_the_rest_is_read() {
     assert!(stderr.contains("is past the 64 MiB line bound"), "{stderr}");
     assert!(stdout.contains("2 requests"), "{stdout}");
 }
+
+/// A record whose `messages` is 4 million tiny values (an 8 MiB line) is counted "too large to
+/// analyse" and costs every reader a bounded amount: each finishes under the 2 GiB address
+/// space (analyze, profile, replay and whatif took 2.4 to 4.6 GB before the bound).
+#[test]
+fn a_line_of_tiny_values_is_too_large_to_analyse_and_costs_little() {
+    let real = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recordings/llmp/llama.cpp/session.jsonl"),
+    )
+    .unwrap();
+    let mut record: serde_json::Value = serde_json::from_str(
+        real.lines()
+            .find(|l| l.contains("/v1/chat/completions"))
+            .unwrap(),
+    )
+    .unwrap();
+    record["request"]["body"] = serde_json::json!({"model": "m", "messages": vec![0u8; 4 << 20]});
+    let path = temp("tiny-values.jsonl");
+    std::fs::write(&path, format!("{record}\n")).unwrap();
+    let file = path.to_str().unwrap();
+    let (code, stdout, stderr) = run_bounded(&["analyze", "--json", file]);
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["coverage"]["skipped"]["too_large"], 1, "{stdout}");
+    let export = temp("tiny-values.mooncake.jsonl");
+    let _ = std::fs::remove_file(&export);
+    for args in [
+        vec!["profile", file],
+        vec!["replay", "--headless", "--instant", file],
+        vec!["whatif", file],
+        vec![
+            "export",
+            file,
+            "--to",
+            "mooncake",
+            "-o",
+            export.to_str().unwrap(),
+        ],
+    ] {
+        let (code, _, stderr) = run_bounded(&args);
+        assert!(code == 0 || code == 1, "{args:?}: {code}\n{stderr}");
+        assert!(!stderr.contains("memory allocation"), "{args:?}: {stderr}");
+    }
+}

@@ -68,6 +68,9 @@ pub struct SkippedCounts {
     pub error: u64,
     pub non_2xx: u64,
     pub unparsed: u64,
+    /// Past `normalize::MAX_MESSAGES` or `MAX_TOOLS` (prefixscope's; absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub too_large: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +179,7 @@ fn coverage<R: Priced>(input: &Input<'_>, rows: &[R]) -> Coverage {
             SkipReason::Error => coverage.skipped.error += 1,
             SkipReason::Non2xx => coverage.skipped.non_2xx += 1,
             SkipReason::Unparsed => coverage.skipped.unparsed += 1,
+            SkipReason::TooLarge => coverage.skipped.too_large += 1,
         }
     }
     let mut conversations: Vec<u32> = each(rows).filter_map(|r| r.conversation).collect();
@@ -521,6 +525,7 @@ impl<R: Priced> Report<R> {
             (c.skipped.error, "failed"),
             (c.skipped.non_2xx, "non-2xx"),
             (c.skipped.unparsed, "unreadable"),
+            (c.skipped.too_large, "too large to analyse"),
         ] {
             let checks = c.connectivity_checks;
             if name == "not chat" && checks > 0 && checks == count {

@@ -83,7 +83,15 @@ pub enum SkipReason {
     Error,
     Non2xx,
     Unparsed,
+    /// More messages or tools than any conversation holds (`MAX_MESSAGES`, `MAX_TOOLS`): a
+    /// body of tiny values (`"messages": [0, 0, …]`) would cost hundreds of times its bytes.
+    TooLarge,
 }
+
+/// The most messages a request may have to be analysed: agent sessions reach thousands.
+pub(crate) const MAX_MESSAGES: usize = 20_000;
+/// The most tools a request may offer to be analysed.
+pub(crate) const MAX_TOOLS: usize = 2_000;
 
 /// Request headers harnesses send with a session or conversation id, first match wins:
 /// Claude Code's, opencode's (`x-session-affinity` beside `x-session-id`), then generic names.
@@ -263,10 +271,16 @@ fn request_parts(
     record: &Record,
 ) -> Result<(RequestDigest, Option<MessageTexts>), SkipReason> {
     if let Some(digest) = &record.request.digest {
+        if digest.messages.len() > MAX_MESSAGES || digest.tools.len() > MAX_TOOLS {
+            return Err(SkipReason::TooLarge);
+        }
         return Ok((digest.clone(), None));
     }
     let body = record.request.body.as_ref().ok_or(SkipReason::Unparsed)?;
     let chat = super::chat_request(api, body).ok_or(SkipReason::Unparsed)?;
+    if chat.0.len() > MAX_MESSAGES || chat.1.len() > MAX_TOOLS {
+        return Err(SkipReason::TooLarge);
+    }
     let mut digest = digest::request_digest_of(api, body, &chat, false);
     let (digests, texts) = chat.0.iter().map(digest::message_digest_and_text).unzip();
     digest.messages = digests;
