@@ -396,46 +396,58 @@ fn a_gateway_log_record_past_the_bound_is_a_bad_row_and_the_rest_is_read() {
     assert!(stdout.contains("2 requests"), "{stdout}");
 }
 
-/// A record whose `messages` is 4 million tiny values (an 8 MiB line) is counted "too large to
-/// analyse" and costs every reader a bounded amount: each finishes under the 2 GiB address
-/// space (analyze, profile, replay and whatif took 2.4 to 4.6 GB before the bound).
+/// Tiny values cost every reader a bounded amount, each finishing under the 2 GiB address
+/// space (analyze, profile, replay and whatif took 2.4 to 4.6 GB on an 8 MiB line before the
+/// bounds): a record of 1.5 million messages (a 3 MiB line) is counted "too large to analyse";
+/// a line of 4 million values (8 MiB) is a bad line, too many values to read.
 #[test]
 fn a_line_of_tiny_values_is_too_large_to_analyse_and_costs_little() {
     let real = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("recordings/llmp/llama.cpp/session.jsonl"),
     )
     .unwrap();
-    let mut record: serde_json::Value = serde_json::from_str(
-        real.lines()
-            .find(|l| l.contains("/v1/chat/completions"))
-            .unwrap(),
-    )
-    .unwrap();
-    record["request"]["body"] = serde_json::json!({"model": "m", "messages": vec![0u8; 4 << 20]});
-    let path = temp("tiny-values.jsonl");
-    std::fs::write(&path, format!("{record}\n")).unwrap();
-    let file = path.to_str().unwrap();
-    let (code, stdout, stderr) = run_bounded(&["analyze", "--json", file]);
+    let line = |messages: usize| {
+        let mut record: serde_json::Value = serde_json::from_str(
+            real.lines()
+                .find(|l| l.contains("/v1/chat/completions"))
+                .unwrap(),
+        )
+        .unwrap();
+        record["request"]["body"] =
+            serde_json::json!({"model": "m", "messages": vec![0u8; messages]});
+        format!("{record}\n")
+    };
+    let many = temp("tiny-values-many.jsonl");
+    std::fs::write(&many, line(1_500_000)).unwrap();
+    let (code, stdout, stderr) = run_bounded(&["analyze", "--json", many.to_str().unwrap()]);
     assert_eq!(code, 0, "{stderr}");
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["coverage"]["skipped"]["too_large"], 1, "{stdout}");
-    let export = temp("tiny-values.mooncake.jsonl");
-    let _ = std::fs::remove_file(&export);
-    for args in [
-        vec!["profile", file],
-        vec!["replay", "--headless", "--instant", file],
-        vec!["whatif", file],
-        vec![
-            "export",
-            file,
-            "--to",
-            "mooncake",
-            "-o",
-            export.to_str().unwrap(),
-        ],
-    ] {
-        let (code, _, stderr) = run_bounded(&args);
-        assert!(code == 0 || code == 1, "{args:?}: {code}\n{stderr}");
-        assert!(!stderr.contains("memory allocation"), "{args:?}: {stderr}");
+    let too_many = temp("tiny-values-too-many.jsonl");
+    std::fs::write(&too_many, line(4 << 20)).unwrap();
+    let (code, _, stderr) = run_bounded(&["analyze", too_many.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("JSON values: too many to read"), "{stderr}");
+    for file in [&many, &too_many] {
+        let file = file.to_str().unwrap();
+        let export = temp("tiny-values.mooncake.jsonl");
+        let _ = std::fs::remove_file(&export);
+        for args in [
+            vec!["profile", file],
+            vec!["replay", "--headless", "--instant", file],
+            vec!["whatif", file],
+            vec![
+                "export",
+                file,
+                "--to",
+                "mooncake",
+                "-o",
+                export.to_str().unwrap(),
+            ],
+        ] {
+            let (code, _, stderr) = run_bounded(&args);
+            assert!(code == 0 || code == 1, "{args:?}: {code}\n{stderr}");
+            assert!(!stderr.contains("memory allocation"), "{args:?}: {stderr}");
+        }
     }
 }

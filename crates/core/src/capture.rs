@@ -168,8 +168,13 @@ pub fn apply_mode(record: &mut Record, mode: BodyMode) {
     }
 }
 
-/// JSON when it parses (and isn't `null`), else the text with invalid bytes replaced.
+/// JSON when it parses (and isn't `null`), else the text with invalid bytes replaced. JSON of
+/// more values than `limits::MAX_JSON_VALUES` stays text: read into `Value`s it would cost
+/// many times its bytes, and one such request must never stop the proxy.
 fn stored_body(bytes: &[u8]) -> (Option<Value>, Option<String>) {
+    if crate::limits::too_many_json_values(bytes) {
+        return (None, lossy_text(bytes));
+    }
     match serde_json::from_slice::<Value>(bytes) {
         Ok(value) if !value.is_null() => (Some(value), None),
         _ => (None, lossy_text(bytes)),
@@ -232,6 +237,17 @@ mod tests {
             stored_as_value(b"oops \xff"),
             (None, Some("oops \u{fffd}".into()))
         );
+    }
+
+    #[test]
+    fn a_body_of_too_many_json_values_is_kept_as_text() {
+        let body = format!(
+            "{{\"messages\":[{}0]}}",
+            "0,".repeat(crate::limits::MAX_JSON_VALUES)
+        );
+        let (value, text) = stored_body(body.as_bytes());
+        assert_eq!(value, None);
+        assert_eq!(text.map(|t| t.len()), Some(body.len()));
     }
 
     #[test]

@@ -65,6 +65,46 @@ pub enum Line {
     TooLong { bytes: u64 },
 }
 
+/// The most JSON values a body or a recorded line may hold to be read into a `Value` tree: a
+/// `Value` takes 32 bytes and more, so a body of tiny values (`[0,0,…]`, two bytes a value)
+/// costs sixteen times its size and more once read. Real bodies hold far fewer: a 64 MiB chat
+/// body of text holds thousands.
+pub const MAX_JSON_VALUES: usize = 1 << 21;
+
+/// Whether `json` holds more than `MAX_JSON_VALUES` values, counted without reading it: the
+/// commas and opening brackets outside strings (each value after the first in an array or
+/// object follows a comma). A scan of the bytes of a long text, no allocation.
+pub fn too_many_json_values(json: &[u8]) -> bool {
+    // Each counted byte is one byte of the text, so a shorter text cannot hold too many: the
+    // common case costs no scan.
+    if json.len() <= MAX_JSON_VALUES {
+        return false;
+    }
+    let (mut count, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in json {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => {
+                count += 1;
+                if count > MAX_JSON_VALUES {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Reads one line (through `\n`) into `buffer`, which it clears first, holding at most `max`
 /// bytes of it: a longer line is read to its end, dropped and reported as `TooLong`.
 pub fn read_line_bounded<R: std::io::BufRead + ?Sized>(
@@ -358,5 +398,19 @@ mod tests {
         assert_eq!(max_tokens_for_chars(0), TEMPLATE_AND_MEDIA_TOKENS);
         assert_eq!(max_tokens_for_chars(1000), 4000 + TEMPLATE_AND_MEDIA_TOKENS);
         assert_eq!(max_tokens_for_chars(u64::MAX), MAX_PROMPT_TOKENS);
+    }
+
+    #[test]
+    fn json_values_are_counted_outside_strings_only() {
+        let many = format!("[{}0]", "0,".repeat(MAX_JSON_VALUES));
+        assert!(too_many_json_values(many.as_bytes()));
+        let few = format!("[{}0]", "0,".repeat(MAX_JSON_VALUES - 2));
+        assert!(!too_many_json_values(few.as_bytes()));
+        // Commas and brackets inside a string, escaped quotes included, are text.
+        let text = format!(
+            "{{\"content\": \"a\\\" {}\"}}",
+            ",[{".repeat(MAX_JSON_VALUES)
+        );
+        assert!(!too_many_json_values(text.as_bytes()));
     }
 }

@@ -137,6 +137,12 @@ fn trim_ascii(bytes: &[u8]) -> &[u8] {
 /// make the line bad (llmp's Python reader takes all three as well). Fields are added by
 /// extension (`record`'s module doc), and what we do not read cannot mislead us.
 fn parse_line(line: &[u8]) -> Result<Record, String> {
+    if crate::limits::too_many_json_values(line) {
+        return Err(format!(
+            "more than {} JSON values: too many to read",
+            crate::limits::MAX_JSON_VALUES
+        ));
+    }
     if line.first() == Some(&b'{')
         && let Ok(text) = std::str::from_utf8(line)
         && let Ok(record) = serde_json::from_str::<Record>(text)
