@@ -354,11 +354,11 @@ fn the_same_seed_gives_the_same_run() {
 
 #[test]
 fn whatif_predicts_the_real_servers_losses() {
-    // One slot, host cache off, 8,759 tokens lost; with the cache on the real server lost 585,
+    // One slot, host cache off, 8,604 tokens lost; with the cache on the real server lost 585,
     // all to the system prompt change.
     let nocache = recording("parallel-nocache.jsonl");
     let on = what_if(&nocache, 1, true);
-    assert_eq!(on.recorded.lost_tokens, 8_759);
+    assert_eq!(on.recorded.lost_tokens, 8_604);
     eprintln!("whatif parallel-nocache --cache-ram on: {:?}", on.predicted);
     assert!(
         on.predicted.lost_tokens.abs_diff(585) <= 60,
@@ -373,14 +373,18 @@ fn whatif_predicts_the_real_servers_losses() {
     assert_eq!(off.recorded.lost_tokens, 585);
     eprintln!("whatif parallel --cache-ram off: {:?}", off.predicted);
     assert!(
-        off.predicted.lost_tokens * 10 >= 8_759 * 9,
+        off.predicted.lost_tokens * 10 >= 8_604 * 9,
         "{:?}",
         off.predicted
     );
     assert!(off.predicted.cause_tokens("other_conversation") > 7_000);
-    // Replayed with the settings they were made with, they predict what was recorded.
-    assert_eq!(what_if(&nocache, 1, false).predicted.lost_tokens, 8_759);
-    assert_eq!(what_if(&cached, 1, true).predicted.lost_tokens, 585);
+    // Replayed with the settings they were made with, they predict what was recorded, within
+    // 1% (the tokens inside a message sit at the recording's ratio: no layout was recorded).
+    let within = |predicted: u64, recorded: u64| predicted.abs_diff(recorded) * 100 <= recorded;
+    let own = what_if(&nocache, 1, false).predicted.lost_tokens;
+    assert!(within(own, 8_604), "{own}");
+    let own = what_if(&cached, 1, true).predicted.lost_tokens;
+    assert!(within(own, 585), "{own}");
     assert!(!on.assumptions.is_empty());
 }
 
@@ -460,11 +464,13 @@ fn whatif_command_says_what_it_assumed() {
     for expected in [
         "recorded",
         "predicted",
-        "8,759 tok",
+        "8,604 tok",
         "other_conversation",
         "assumed:",
-        "tokens from the server's counts",
+        "tokens as the ceiling has them",
+        "a slot keeps the prompt and the reply it generated",
         "prefill at the recording's rate",
+        "settings: 1 slot (given (--slots)); host cache on (given (--cache-ram)); sliding window 512 tokens (assumed: Gemma 4's window",
     ] {
         assert!(text.contains(expected), "{expected}:\n{text}");
     }

@@ -218,7 +218,7 @@ fn the_analysis_page_renders_with_analyzes_figures() {
         String::from_utf8_lossy(&browser(chromium, &["--dump-dom"], &page).stdout).to_string();
     assert_eq!(dom.matches("<svg").count(), 3, "causes, clients, timeline");
     let lost = json["time"]["lost_tokens"].as_u64().unwrap();
-    assert_eq!(lost, 8_759);
+    assert_eq!(lost, 8_604);
     assert!(dom.contains(&format!("data-lost-tokens=\"{lost}\"")));
     for (cause, total) in json["time"]["by_cause"].as_object().unwrap() {
         let row = format!(

@@ -140,7 +140,9 @@ fn each_fixture_says_whether_a_real_server_or_only_its_documentation_backs_it() 
 
 /// An Ollama recording whose native responses carry `prompt_eval_cached_count` (the real
 /// Ollama 0.32 session with the field added as 0.33 documents it): reuse is measured, and so
-/// are the side-call's and the system prompt change's losses.
+/// are the side-call's and the system prompt change's losses (the side-call's is what the
+/// runner's cache held after the turn before it: that turn's prompt by the server's count, 523,
+/// and its reply but the last token, 45).
 #[test]
 fn ollama_with_cached_counts_gives_measured_reuse_and_loss() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_prefixscope"))
@@ -153,7 +155,7 @@ fn ollama_with_cached_counts_gives_measured_reuse_and_loss() {
     assert!(text.contains("reuse reported on 6 of 6 turns"), "{text}");
     assert!(
         text.contains(
-            "by cause: system prompt changes 90 ms (639 tokens) · side-calls 32 ms (530 tokens)"
+            "by cause: system prompt changes 90 ms (639 tokens) · side-calls 34 ms (568 tokens)"
         ),
         "{text}"
     );

@@ -264,6 +264,7 @@ async fn partly_counted_records_keep_their_counts_and_get_the_rest() {
         messages: BTreeMap::from([(system_hash.clone(), 999)]),
         tools: BTreeMap::new(),
         layout: false,
+        lead: None,
     });
     let (records, result) = run_enrich(records, format!("http://{addr}")).await;
     assert!(result.warnings.is_empty(), "{:?}", result.warnings);

@@ -33,7 +33,7 @@ fn replay_as_a_person_uses_it() {
     );
     let tmux = Tmux::start("replay", &command);
     // The whole recording (24 s recorded, ×20) arrives, and the figures are on screen.
-    let screen = tmux.wait_for(&["lost 8,759 tokens", "22 turns in 5 conversations", "done"]);
+    let screen = tmux.wait_for(&["lost 8,604 tokens", "22 turns in 5 conversations", "done"]);
     assert!(
         screen.contains("Today is Monday.\" → \"…s. Today is Tuesday."),
         "{screen}"
@@ -79,14 +79,14 @@ fn replay_as_a_person_uses_it() {
         .clone();
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(report["time"]["lost_tokens"], 8759);
+    assert_eq!(report["time"]["lost_tokens"], 8604);
     let html = std::fs::read_to_string(json.with_extension("html")).unwrap();
     assert!(
-        html.contains("data-lost-tokens=\"8759\""),
+        html.contains("data-lost-tokens=\"8604\""),
         "the page of the same report"
     );
     let text = std::fs::read_to_string(json.with_extension("txt")).unwrap();
-    assert!(text.contains("8,759 tokens"), "{text}");
+    assert!(text.contains("8,604 tokens"), "{text}");
     // The snapshot's JSON holds what the panes show beside the report.
     assert!(report["hit_rate"]["points"].is_array(), "{report}");
     assert!(report["top_prefixes"].is_array(), "{report}");
@@ -135,7 +135,7 @@ fn replay_as_a_person_uses_it() {
     // `q` quits, the terminal comes back, and the summary is printed on it.
     tmux.keys(&["q"]);
     let screen = tmux.wait_for(&["EXITED 0"]);
-    assert!(screen.contains("8,759 tokens"), "{screen}");
+    assert!(screen.contains("8,604 tokens"), "{screen}");
     assert!(
         !screen.contains("Prefix breaks"),
         "the TUI is still on screen:\n{screen}"
@@ -447,24 +447,24 @@ fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
             recording("llmp/llama.cpp/parallel-nocache.jsonl")
         );
         let tmux = Tmux::start_sized(&format!("drill-{width}"), &command, width, height);
-        tmux.wait_for(&["lost 8,759 tokens", "done"]);
+        tmux.wait_for(&["lost 8,604 tokens", "done"]);
         // c2 is the second lane; its newest turn is t5: two to the left is t3.
         tmux.keys(&["Down"]);
-        tmux.wait_for(&["c2", "t5 lost 541 tok"]);
+        tmux.wait_for(&["c2", "t5 lost 537 tok"]);
         tmux.keys(&["Left"]);
-        tmux.wait_for(&["t4 lost 518 tok"]);
+        tmux.wait_for(&["t4 lost 510 tok"]);
         tmux.keys(&["Left"]);
-        tmux.wait_for(&["t3 lost 460 tok"]);
+        tmux.wait_for(&["t3 lost 453 tok"]);
         tmux.keys(&["Enter"]);
         // Cause, cost, who evicted it, the fix and whatif's saving, all on the screen at once.
         tmux.wait_for(&[
             "c2 turn 3",
             "request #10",
-            "other conversation: lost 460 tokens, 125 ms",
+            "other conversation: lost 453 tokens, 1",
             "evicted by #9",
             "fix: more conversations than slots",
-            "--cache-ram on: −8,175 tokens",
-            "-np 4: −7,634 tokens",
+            "--cache-ram on: −8,016 tokens",
+            "-np 4: −7,486 tokens",
         ]);
         // `o` writes the view's whole text to a private file in the working directory.
         tmux.keys(&["o"]);
@@ -474,7 +474,7 @@ fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
         assert_eq!(private_mode(&written[0]), 0o600);
         let text = std::fs::read_to_string(&written[0]).unwrap();
         assert!(
-            text.contains("other conversation: lost 460 tokens"),
+            text.contains("other conversation: lost 453 tokens"),
             "{text}"
         );
         assert!(
@@ -486,7 +486,7 @@ fn a_person_finds_a_middle_turn_and_reads_its_cause_cost_and_fix() {
         tmux.keys(&["Escape"]);
         let screen = tmux.wait_until("the panes, the turn still selected", |screen| {
             screen.contains("Top prefixes")
-                && screen.contains("t3 lost 460 tok")
+                && screen.contains("t3 lost 453 tok")
                 && !screen.contains("saving predicted")
         });
         // At 120 columns every visible break line shows its cause and cost whole.

@@ -10,7 +10,7 @@ use super::demo::OnOff;
 use super::{EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope_core::analysis::{Config, analyze};
 use prefixscope_core::sim::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
-use prefixscope_core::sim::{Totals, WhatIf, what_if_given};
+use prefixscope_core::sim::{RecordedSettings, Totals, WhatIf, recorded_settings, what_if_given};
 use prefixscope_core::units::thousands;
 
 #[derive(Args)]
@@ -18,40 +18,78 @@ pub struct WhatIfArgs {
     /// Recordings (prefixscope's or llmp's JSON Lines) with llama.cpp's timings.
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// The server's slots (`-np`).
-    #[arg(long, default_value_t = 1)]
-    slots: usize,
-    /// The server's host-memory prompt cache (llama-server's `--cache-ram`; on by default there).
-    #[arg(long, value_enum, default_value = "on")]
-    cache_ram: OnOff,
+    /// The server's slots (`-np`) [default: the recording's own: its /props, else inferred]
+    #[arg(long)]
+    slots: Option<usize>,
+    /// The server's host-memory prompt cache (llama-server's `--cache-ram`) [default: the
+    /// recording's own, inferred from the traffic; on, llama-server's default, where it does
+    /// not tell]
+    #[arg(long, value_enum)]
+    cache_ram: Option<OnOff>,
     /// The whole result as JSON on stdout.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: WhatIfArgs) -> u8 {
-    if args.slots == 0 || args.slots > 1024 {
+    if args.slots.is_some_and(|slots| slots == 0 || slots > 1024) {
         prefixscope_core::stderr_line!("prefixscope: --slots must be between 1 and 1024");
         return EXIT_USAGE;
     }
     let Some(read) = read_recordings(&args.files) else {
         return EXIT_UNREADABLE;
     };
-    let cache_ram = args.cache_ram == OnOff::On;
+    // The recording's own settings, each with its source; an option given replaces its own.
+    let own = recorded_settings(&read.records);
+    let settings = RecordedSettings {
+        sliding_window: own.sliding_window.clone(),
+        slots: args.slots.unwrap_or(own.slots),
+        slots_source: match args.slots {
+            Some(_) => "given (--slots)".into(),
+            None => own.slots_source.clone(),
+        },
+        cache_ram: args.cache_ram.map_or(own.cache_ram, |c| c == OnOff::On),
+        cache_ram_source: match args.cache_ram {
+            Some(_) => "given (--cache-ram)".into(),
+            None => own.cache_ram_source.clone(),
+        },
+    };
+    let (slots_given, cache_ram) = (settings.slots, settings.cache_ram);
     let recorded = analyze(&read.records, &Config::default());
-    let result = what_if_given(&read.records, args.slots, cache_ram, &recorded);
-    let slots = residency(&read.records, &recorded, args.slots, cache_ram);
+    let result = what_if_given(&read.records, slots_given, cache_ram, &recorded);
+    let slots = residency(&read.records, &recorded, slots_given, cache_ram);
     if args.json {
         let mut value = serde_json::to_value(&result).unwrap_or_default();
         value["residency"] = serde_json::to_value(&slots).unwrap_or_default();
+        value["settings"] = serde_json::to_value(&settings).unwrap_or_default();
+        value["recorded_settings"] = serde_json::to_value(&own).unwrap_or_default();
         super::print_json(&serde_json::to_string_pretty(&value).unwrap_or_default());
     } else {
         let mut text = render(&result);
+        text.push_str(&format!(
+            "settings: {} slot{} ({}); host cache {} ({}); {}\n",
+            settings.slots,
+            if settings.slots == 1 { "" } else { "s" },
+            settings.slots_source,
+            if settings.cache_ram { "on" } else { "off" },
+            settings.cache_ram_source,
+            match &settings.sliding_window {
+                Some((window, source)) => format!(
+                    "sliding window {} tokens ({source}; --swa-full lifts it)",
+                    thousands(*window as u64)
+                ),
+                None => "full attention".into(),
+            }
+        ));
         text.push_str(&render_residency(&slots));
         super::print_stdout(&text);
     }
     read.exit_code()
 }
+
+/// The share of requests the simulation must agree with the server on for its predictions to
+/// be trusted.
+const TRUSTED_AGREEMENT: f64 = 0.9;
 
 /// How far the replay is to be trusted with these settings, and who holds the cache at the end.
 fn render_residency(r: &Residency) -> String {
@@ -73,6 +111,12 @@ fn render_residency(r: &Residency) -> String {
             AGREE_SHARE * 100.0,
             models.join(", ")
         ));
+        if (agreed as f64) < TRUSTED_AGREEMENT * compared as f64 {
+            out.push_str(&format!(
+                "not to be trusted: under {:.0}% of the requests agree with the server\n",
+                TRUSTED_AGREEMENT * 100.0
+            ));
+        }
     }
     let who = |h: &Holder| match h.conversation {
         Some(c) => format!("conversation {c} ({}), #{}", h.client, h.record),

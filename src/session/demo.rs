@@ -127,9 +127,10 @@ impl Demo {
         let mut sim_config = SimConfig::new(slots, config.cache_ram);
         sim_config.seed = config.seed;
         let model = scenario_model(&config.scenario);
-        if let Some((name, window)) = model {
-            sim_config.model = name.to_string();
-            sim_config.kv.swa_window = (!config.swa_full).then_some(window);
+        if let Some(model) = model {
+            sim_config.model = model.name.to_string();
+            sim_config.kv.swa_window = (!config.swa_full).then_some(model.sliding_window);
+            sim_config.reasoning_words = model.reasoning_words;
         }
         let sim = {
             let _entered = capture.runtime.enter();
@@ -143,9 +144,13 @@ impl Demo {
             if config.cache_ram { "on" } else { "off" },
             config.seed
         );
-        if let Some((name, window)) = model {
+        if let Some(model) = model {
+            let name = model.name;
             setting.push_str(&match config.swa_full {
-                false => format!(", {name} (sliding window {window} tokens)"),
+                false => format!(
+                    ", {name} (sliding window {} tokens, thinking)",
+                    model.sliding_window
+                ),
                 true => format!(", {name} with --swa-full"),
             });
         }

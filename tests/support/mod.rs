@@ -4,6 +4,7 @@
 
 pub mod bound;
 pub mod llama;
+pub mod server_model;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -33,20 +33,36 @@ pub const SCENARIOS: [&str; 6] = [
     "swa",
 ];
 
-/// A scenario's own model, when it needs one: `swa` runs a Gemma 3–style model whose
-/// sliding-window cache (`kv::KvConfig::swa_window`) forces full re-prefills the client did not
-/// cause.
-pub fn scenario_model(scenario: &str) -> Option<(&'static str, usize)> {
+/// A scenario's own model, when it needs one: `swa` runs a Gemma 4–style thinking model whose
+/// sliding-window cache (`kv::KvConfig::swa_window`) cannot serve a prefix that stops well
+/// before the slot's end, and each turn's reasoning, which the client does not send back,
+/// puts it there: full re-prefills the client did not cause.
+pub fn scenario_model(scenario: &str) -> Option<ScenarioModel> {
     match scenario {
-        "swa" => Some(("sim-gemma-3-4b-it-q4_k_m.gguf", SWA_WINDOW)),
+        "swa" => Some(ScenarioModel {
+            name: "sim-gemma-4-e2b-it-q4_k_m.gguf",
+            sliding_window: SWA_WINDOW,
+            reasoning_words: SWA_REASONING_WORDS,
+        }),
         _ => None,
     }
 }
 
-/// The `swa` scenario's window, in the simulated server's tokens (words and marks, fewer
-/// than a real tokenizer's): its first prompt is past it already (Gemma 3's window is 1,024
-/// tokens, Gemma 2's 4,096, gpt-oss's 128).
+/// A scenario's model: its file name, sliding window and reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScenarioModel {
+    pub name: &'static str,
+    pub sliding_window: usize,
+    pub reasoning_words: usize,
+}
+
+/// The `swa` scenario's window, in the simulated server's tokens: Gemma 4's, 512 (Gemma 3's
+/// is 1,024, Gemma 2's 4,096, gpt-oss's 128).
 pub const SWA_WINDOW: usize = 512;
+
+/// The `swa` scenario's reasoning a turn: more tokens than the window layers keep past their
+/// window (`kv::SWA_MARGIN`), so the next turn's prefix is out of their reach.
+pub const SWA_REASONING_WORDS: usize = 300;
 
 pub fn default_slots(scenario: &str) -> usize {
     match scenario {

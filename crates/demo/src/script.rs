@@ -332,7 +332,7 @@ mod tests {
     }
 
     /// Serves prompts on one slot and logs them as the server does.
-    fn serve(kv: &mut KvCache, prompts: &[Vec<u32>]) -> Vec<ServedLog> {
+    fn serve(kv: &mut KvCache, prompts: &[Vec<u64>]) -> Vec<ServedLog> {
         prompts
             .iter()
             .enumerate()
@@ -351,9 +351,9 @@ mod tests {
 
     #[test]
     fn evictions_come_from_the_servers_log() {
-        let a1: Vec<u32> = (0..100).collect();
-        let a2: Vec<u32> = (0..150).collect();
-        let title: Vec<u32> = (1000..1010).collect();
+        let a1: Vec<u64> = (0..100).collect();
+        let a2: Vec<u64> = (0..150).collect();
+        let title: Vec<u64> = (1000..1010).collect();
         let log = RunLog {
             requests: vec![
                 request(1, Some("a")),

@@ -47,6 +47,9 @@ pub struct SimConfig {
     pub model: String,
     pub n_ctx: usize,
     pub seed: u64,
+    /// Words of reasoning before each reply (0: none), sent as `reasoning_content`: a
+    /// thinking model's, which clients do not send back.
+    pub reasoning_words: usize,
 }
 
 impl SimConfig {
@@ -58,6 +61,7 @@ impl SimConfig {
             model: "sim-coder-7b-q4_k_m.gguf".into(),
             n_ctx: 32_768,
             seed: 0,
+            reasoning_words: 0,
         }
     }
 }
@@ -366,7 +370,10 @@ struct Completion {
     model: String,
     created: u64,
     reply: Reply,
-    /// The reply's token pieces (content, or the tool call's JSON).
+    /// Reasoning before the reply, if the model thinks.
+    reasoning: Option<String>,
+    reasoning_pieces: Vec<String>,
+    /// The reply's token pieces (content, or the tool call as the template renders it).
     reply_pieces: Vec<String>,
     served: Served,
     prompt_ms: f64,
@@ -431,22 +438,45 @@ async fn chat(shared: Arc<Shared>, body: Value) -> Response<SimBody> {
         _permit: permit,
     };
     let reply = model::reply(&body, shared.config.seed, number);
+    // The reply as the template renders it in the next turn, so a client that sends it back
+    // unchanged continues what the slot holds (`render_chat`'s tool call form).
     let reply_text = match (&reply.content, reply.tool_calls.first()) {
         (Some(text), _) => text.clone(),
         (None, Some(call)) => format!(
-            "<tool_call>\n{{\"name\": \"{}\", \"arguments\": {}}}\n</tool_call>",
+            "\n<tool_call>\n{{\"name\": \"{}\", \"arguments\": {}}}\n</tool_call>",
             call.name, call.arguments
         ),
         (None, None) => String::new(),
     };
+    let reasoning = (shared.config.reasoning_words > 0).then(|| {
+        model::sentence(
+            shared.config.seed ^ number.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            shared.config.reasoning_words,
+        )
+    });
+    let reasoning_pieces: Vec<String> = reasoning
+        .as_deref()
+        .map(|text| pieces(text).into_iter().map(String::from).collect())
+        .unwrap_or_default();
     let reply_pieces: Vec<String> = pieces(&reply_text).into_iter().map(String::from).collect();
+    // The slot keeps what it generated, all but the last token (sampled, never evaluated).
+    if let Ok(mut state) = shared.state.lock() {
+        let mut held = prompt.clone();
+        held.extend(tokenize(reasoning.as_deref().unwrap_or_default()));
+        held.extend(tokenize(&reply_text));
+        held.pop();
+        state.kv.hold(served.slot, &held);
+    }
+    let generated = reasoning_pieces.len() + reply_pieces.len();
     let completion = Completion {
         id,
         model: shared.config.model.clone(),
         created: unix_seconds(),
         prompt_ms: ms_for(served.prompt_n, shared.config.prefill_tps),
-        predicted_ms: ms_for(reply_pieces.len().max(1), shared.config.decode_tps),
+        predicted_ms: ms_for(generated.max(1), shared.config.decode_tps),
         reply,
+        reasoning,
+        reasoning_pieces,
         reply_pieces,
         served,
     };
@@ -486,9 +516,14 @@ async fn chat(shared: Arc<Shared>, body: Value) -> Response<SimBody> {
 }
 
 impl Completion {
+    /// Tokens generated: the reasoning's and the reply's.
+    fn generated(&self) -> usize {
+        (self.reasoning_pieces.len() + self.reply_pieces.len()).max(1)
+    }
+
     fn usage(&self) -> Value {
         let prompt = self.served.cache_n + self.served.prompt_n;
-        let completion = self.reply_pieces.len().max(1);
+        let completion = self.generated();
         json!({
             "completion_tokens": completion,
             "prompt_tokens": prompt,
@@ -499,7 +534,7 @@ impl Completion {
 
     fn timings(&self) -> Value {
         let prompt_n = self.served.prompt_n;
-        let predicted_n = self.reply_pieces.len().max(1);
+        let predicted_n = self.generated();
         let per = |ms: f64, n: usize| (ms / n.max(1) as f64, n as f64 * 1000.0 / ms.max(1e-9));
         let (prompt_per_token_ms, prompt_per_second) = per(self.prompt_ms, prompt_n);
         let (predicted_per_token_ms, predicted_per_second) = per(self.predicted_ms, predicted_n);
@@ -544,6 +579,9 @@ impl Completion {
         let mut message = serde_json::Map::new();
         message.insert("role".into(), json!("assistant"));
         message.insert("content".into(), json!(self.reply.content));
+        if let Some(reasoning) = &self.reasoning {
+            message.insert("reasoning_content".into(), json!(reasoning));
+        }
         if !self.reply.tool_calls.is_empty() {
             message.insert("tool_calls".into(), json!(self.tool_calls()));
         }
@@ -566,14 +604,19 @@ impl Completion {
                 json!([{"finish_reason": finish, "index": 0, "delta": delta}]),
             ))
         };
-        let per_token = self.predicted_ms / self.reply_pieces.len().max(1) as f64;
+        let per_token = self.predicted_ms / self.generated() as f64;
         let mut out = vec![(
             self.prompt_ms,
             chunk(json!({"role": "assistant", "content": null}), None),
         )];
+        for (i, piece) in self.reasoning_pieces.iter().enumerate() {
+            let due = self.prompt_ms + per_token * (i + 1) as f64;
+            out.push((due, chunk(json!({"reasoning_content": piece}), None)));
+        }
+        let thought = self.reasoning_pieces.len();
         if self.reply.tool_calls.is_empty() {
             for (i, piece) in self.reply_pieces.iter().enumerate() {
-                let due = self.prompt_ms + per_token * (i + 1) as f64;
+                let due = self.prompt_ms + per_token * (thought + i + 1) as f64;
                 out.push((due, chunk(json!({"content": piece}), None)));
             }
         } else {

@@ -160,12 +160,13 @@ async fn lay_out_record(
             laid
         }
     };
-    let (prompt, message_counts, tool_counts) = match laid {
+    let (prompt, message_counts, tool_counts, lead) = match laid {
         Laid::Counts {
             prompt,
             messages,
             tools,
-        } => (prompt, messages, tools),
+            lead,
+        } => (prompt, messages, tools, lead),
         Laid::Unlocated(message) => {
             return Ok(Verdict::Unlocated(match message {
                 Some(k) => format!(
@@ -210,6 +211,7 @@ async fn lay_out_record(
             .zip(tool_counts)
             .collect(),
         layout: true,
+        lead,
     };
     // By construction they add up to the rendered prompt; they must also add up to what the
     // server counted for this very request.
@@ -235,6 +237,8 @@ enum Laid {
         prompt: u32,
         messages: Vec<u32>,
         tools: Vec<u32>,
+        /// Tokens before the first message's content, where no tools render there.
+        lead: Option<u32>,
     },
     /// The message whose content is not in the rendered prompt (None: the tools' tokens are
     /// not where they were looked for).
@@ -265,10 +269,11 @@ async fn lay_out(
         .unzip();
     let prompt = render(client, messages, &rendered_tools).await?;
     let pieces = tokenize(client, &prompt).await?;
-    let mut counts = match split(&prompt, &pieces, messages) {
-        Ok(counts) => counts,
+    let (mut counts, lead) = match split(&prompt, &pieces, messages) {
+        Ok(split) => split,
         Err(k) => return Ok(Laid::Unlocated(Some(k))),
     };
+    let mut lead = Some(lead);
     let total: u32 = counts.iter().sum();
     let mut tool_counts = vec![0; tools.len()];
     // Tools weigh what rendering them adds; a template that never names them drops them.
@@ -287,6 +292,8 @@ async fn lay_out(
             return Ok(Laid::Unlocated(None));
         }
         counts[0] -= added;
+        // Rendered tools may sit before the first content, inside the lead: not known here.
+        lead = None;
         for (&i, n) in functions.iter().zip(share(added, &rendered_tools)) {
             tool_counts[i] = n;
         }
@@ -295,6 +302,7 @@ async fn lay_out(
         prompt: total,
         messages: counts,
         tools: tool_counts,
+        lead,
     })
 }
 
@@ -459,7 +467,13 @@ fn needle(message: &Value) -> Needle {
 /// of its content to the start of the next message's (the first from 0, the last to the end).
 /// A message with text must be found, in order (`Err` gives the first that is not); one without
 /// (a tool call the template does not render) starts where the previous content ended.
-pub(super) fn split(prompt: &str, pieces: &[usize], messages: &[Value]) -> Result<Vec<u32>, usize> {
+/// Each message's tokens (see the module's doc) and the tokens before the first message's
+/// content; `Err(k)` when message `k`'s content is not in the rendered prompt.
+pub(super) fn split(
+    prompt: &str,
+    pieces: &[usize],
+    messages: &[Value],
+) -> Result<(Vec<u32>, u32), usize> {
     let mut starts = Vec::with_capacity(messages.len());
     let mut cursor = 0usize;
     for (k, message) in messages.iter().enumerate() {
@@ -496,10 +510,14 @@ pub(super) fn split(prompt: &str, pieces: &[usize], messages: &[Value]) -> Resul
     let mut bounds: Vec<usize> = starts.iter().skip(1).map(|&s| tokens_before(s)).collect();
     bounds.insert(0, 0);
     bounds.push(pieces.len());
-    Ok(bounds
-        .windows(2)
-        .map(|w| u32::try_from(w[1].saturating_sub(w[0])).unwrap_or(u32::MAX))
-        .collect())
+    let lead = starts.first().map_or(0, |&s| tokens_before(s));
+    Ok((
+        bounds
+            .windows(2)
+            .map(|w| u32::try_from(w[1].saturating_sub(w[0])).unwrap_or(u32::MAX))
+            .collect(),
+        u32::try_from(lead).unwrap_or(u32::MAX),
+    ))
 }
 
 /// What `LiveLayout` did, for the summary at exit.
@@ -683,8 +701,9 @@ mod tests {
             json!({"role": "system", "content": "Be brief"}),
             json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
         ];
-        // system: up to "hi" (its header and the user's header); user: "hi" to the end.
-        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![10, 6]));
+        // system: up to "hi" (its header and the user's header); user: "hi" to the end;
+        // the lead: the three tokens before "Be brief".
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![10, 6], 3)));
     }
 
     #[test]
@@ -695,7 +714,7 @@ mod tests {
             json!({"role": "user", "content": "A"}),
             json!({"role": "assistant", "content": "b"}),
         ];
-        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![3, 1]));
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![3, 1], 1)));
     }
 
     #[test]
@@ -724,7 +743,7 @@ mod tests {
             json!({"role": "system", "content": "S: Quote me please"}),
             json!({"role": "assistant", "content": "Quote me"}),
         ];
-        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![5, 1]));
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![5, 1], 0)));
     }
 
     #[test]
@@ -734,7 +753,7 @@ mod tests {
             json!({"role": "user", "content": "q"}),
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}),
         ];
-        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![2, 1]));
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![2, 1], 0)));
         // A template that does not render the call: the call starts where the question ended.
         let (prompt, lengths) = pieces(&["q", " ", "next"]);
         let messages = [
@@ -742,7 +761,7 @@ mod tests {
             messages[1].clone(),
             json!({"role": "user", "content": "next"}),
         ];
-        assert_eq!(split(&prompt, &lengths, &messages), Ok(vec![1, 1, 1]));
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![1, 1, 1], 0)));
     }
 
     #[test]

@@ -147,6 +147,8 @@ struct KeyGroup {
 #[derive(Debug, Default)]
 struct Domain {
     groups: HashMap<u64, KeyGroup>,
+    /// The same by exact message lists (no wildcard): which rows a later, longer one extends.
+    exact_groups: HashMap<u64, KeyGroup>,
     continuing_rows: usize,
     /// Rows that continue or are continued, by system prompt hash.
     linked_systems: HashMap<Option<String>, usize>,
@@ -328,6 +330,8 @@ pub struct Analyzer {
     prefix_keys: Vec<Vec<u64>>,
     continued: Vec<bool>,
     continuing: Vec<bool>,
+    /// A later request sends this one's messages, every one unchanged, and more: a turn.
+    extended: Vec<bool>,
     kinds: Vec<(RowKind, Option<Shape>)>,
     domains: HashMap<String, Domain>,
     /// Each exchange's part in the global figures, by position like `xs`.
@@ -436,6 +440,7 @@ impl Analyzer {
             prefix_keys: Vec::new(),
             continued: Vec::new(),
             continuing: Vec::new(),
+            extended: Vec::new(),
             kinds: Vec::new(),
             domains: HashMap::new(),
             facts: Vec::new(),
@@ -977,6 +982,7 @@ impl Analyzer {
         let key = order_key(&x);
         let p = self.position(key);
         let (own_key, prefixes) = message_keys(&x);
+        let exact_prefixes = exact_message_keys(&x);
         let model = x.model.clone();
         let w = weights(&x);
         let facts = self.facts_of(&x, &w);
@@ -991,6 +997,7 @@ impl Analyzer {
         self.prefix_keys.insert(p, prefixes.clone());
         self.continued.insert(p, false);
         self.continuing.insert(p, false);
+        self.extended.insert(p, false);
         self.kinds.insert(p, (RowKind::Turn, None));
         self.xs.insert(p, x);
 
@@ -1026,7 +1033,35 @@ impl Analyzer {
             }
         }
 
+        // Which earlier requests this one extends (strictly longer, every message unchanged),
+        // and whether a later one extends it.
+        let mut newly_extended = Vec::new();
+        if let Some((exact_own, strict)) = exact_prefixes.split_last() {
+            for prefix in strict {
+                let group = domain.exact_groups.entry(*prefix).or_default();
+                if group.continued_below.is_none_or(|old| old < key) {
+                    let start = group
+                        .continued_below
+                        .map_or(0, |old| group.members.partition_point(|&m| m < old));
+                    let end = group.members.partition_point(|&m| m < key);
+                    newly_extended.extend_from_slice(&group.members[start..end]);
+                    group.continued_below = Some(key);
+                }
+            }
+            let group = domain.exact_groups.entry(*exact_own).or_default();
+            self.extended[p] = group.continued_below.is_some_and(|c| c > key);
+            let at = group.members.partition_point(|&m| m < key);
+            group.members.insert(at, key);
+        }
+
         let mut touched = vec![p];
+        for other in newly_extended {
+            let i = self.position(other);
+            if !self.extended[i] {
+                self.extended[i] = true;
+                touched.push(i);
+            }
+        }
         let mut newly_linked = Vec::new();
         self.mark(p, continued, continuing, &mut newly_linked);
         for other in newly_continued {
@@ -1162,6 +1197,11 @@ impl Analyzer {
 
     fn shape(&self, i: usize) -> Option<Shape> {
         let x = &self.xs[i];
+        // A request a later one extends is a turn, whatever its shape (where llmp is wrong: a
+        // first turn with a small `max_tokens` looks like a title call until it goes on).
+        if self.extended[i] {
+            return None;
+        }
         if summarise(x) {
             return Some(Shape::Summarise);
         }
@@ -1465,6 +1505,23 @@ fn message_keys(x: &Exchange) -> (u64, Vec<u64>) {
     }
     let own = prefixes.last().copied().unwrap_or(0);
     (own, prefixes)
+}
+
+/// The keys of each prefix of `x`'s messages compared exactly (role and identity, no
+/// wildcard), the whole list's last.
+fn exact_message_keys(x: &Exchange) -> Vec<u64> {
+    let mut state = hash::fnv1a64(b"prefixscope-exact");
+    x.messages
+        .iter()
+        .map(|m| {
+            let mut bytes = Vec::with_capacity(m.role.len() + m.identity.len() + 1);
+            bytes.extend_from_slice(m.role.as_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(m.identity.as_bytes());
+            state = mix(state, hash::fnv1a64(&bytes));
+            state
+        })
+        .collect()
 }
 
 fn token(role: &str, message_hash: &str, last: bool) -> u64 {

@@ -126,6 +126,23 @@ pub(crate) fn memory_of(model: &str) -> Option<(EngineKind, &'static str)> {
         .or_else(|| found(&RECURRENT).map(|family| (EngineKind::RecurrentMemory, family)))
 }
 
+/// The attention window of a sliding-window family, in tokens, from its model cards (Gemma 2
+/// 4,096, Gemma 3 1,024, Gemma 4 512, gpt-oss 128, Command R7B and Command A 4,096): what a
+/// server that does not say its own (`/props`' `n_swa`) is assumed to run.
+pub(crate) fn sliding_window_of(model: &str) -> Option<(u64, &'static str)> {
+    let (kind, family) = memory_of(model)?;
+    if kind != EngineKind::SlidingWindow {
+        return None;
+    }
+    let window = match family {
+        "Gemma 3" => 1_024,
+        "Gemma 4" => 512,
+        "gpt-oss" => 128,
+        _ => 4_096,
+    };
+    Some((window, family))
+}
+
 /// A model load this long before a request is a reload, not the warm path (Ollama reports a
 /// few milliseconds when the model is resident).
 pub(crate) const RELOAD_MS: f64 = 500.0;

@@ -193,11 +193,21 @@ fn classify(order: &[&Exchange]) -> Vec<(RowKind, Option<Shape>)> {
         let n = members.len();
         let mut continued = vec![false; n];
         let mut continuing = vec![false; n];
+        let mut extended = vec![false; n];
         for a in 0..n {
             for b in a + 1..n {
-                if continues(order[members[a]], order[members[b]]) {
+                let (x, y) = (order[members[a]], order[members[b]]);
+                if continues(x, y) {
                     continued[a] = true;
                     continuing[b] = true;
+                }
+                if y.messages.len() > x.messages.len()
+                    && x.messages
+                        .iter()
+                        .zip(&y.messages)
+                        .all(|(p, q)| p.role == q.role && p.identity == q.identity)
+                {
+                    extended[a] = true;
                 }
             }
         }
@@ -208,7 +218,9 @@ fn classify(order: &[&Exchange]) -> Vec<(RowKind, Option<Shape>)> {
             .collect();
         for (k, &i) in members.iter().enumerate() {
             let x = order[i];
-            let shape = if summarise(x) {
+            let shape = if extended[k] {
+                None
+            } else if summarise(x) {
                 Some(Shape::Summarise)
             } else if structured(x) {
                 Some(Shape::Structured)

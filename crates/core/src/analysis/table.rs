@@ -385,6 +385,11 @@ pub(super) struct Link {
     reordered: bool,
     /// prefixscope: the break's named cause (`client_cause`).
     named: Option<&'static str>,
+    /// prefixscope: on an appended turn, what the server's slot held beyond the estimated
+    /// prefix: the previous prompt by the server's own count, and the previous reply (the slot
+    /// keeps the tokens it generated, all but the last, which it sampled but never evaluated).
+    /// An eviction loses it too, where llmp charges only the estimated previous prompt.
+    reply_held: f64,
 }
 
 /// A row before linking: what the exchange alone says.
@@ -638,6 +643,7 @@ pub(super) fn link(
             seen_before: prefix_tokens,
             reordered: false,
             named: unseen_cause(prev, cur, k),
+            reply_held: 0.0,
         };
     }
     if prev.tools_hash != cur.tools_hash {
@@ -671,6 +677,7 @@ pub(super) fn link(
                 &prev.tools,
                 &cur.tools,
             )),
+            reply_held: 0.0,
         };
     }
     let overlap = prev.messages.len().min(cur.messages.len());
@@ -726,6 +733,32 @@ pub(super) fn link(
         _ => None,
     }
     .or_else(|| unseen_cause(prev, cur, k));
+    // What the slot held of `prev` that this turn could reuse: on an appended turn, the server's
+    // own count of `prev`'s prompt (estimated weights move with the template's tokens, the
+    // count does not) and its reply, below.
+    let prompt_held = match (break_cause, prev.counts.prompt_tokens) {
+        (None, Some(prompt)) if k == prev.messages.len() && k > 0 => {
+            f64::from(prompt.value) - prefix_tokens
+        }
+        _ => 0.0,
+    };
+    let reply_held = match (break_cause, cur.messages.get(k), cw.messages.get(k)) {
+        // A reply that began with reasoning: the slot holds the reasoning first, which the
+        // next turn does not send back, so nothing of the reply is reusable (as the ceiling).
+        (None, Some(m), Some(&weight))
+            if k == prev.messages.len()
+                && prev.output.reasoning_chars == 0
+                && is_reply(prev, m) =>
+        {
+            // The server's count of what it generated, where it gave one: a weight from
+            // characters moves with the text's ratio.
+            match prev.counts.completion_tokens {
+                Some(generated) => f64::from(generated.value.saturating_sub(1)),
+                None => weight,
+            }
+        }
+        _ => 0.0,
+    };
     Link {
         location,
         prefix_len: k,
@@ -735,7 +768,26 @@ pub(super) fn link(
         seen_before,
         reordered,
         named,
+        reply_held: prompt_held + reply_held,
     }
+}
+
+/// Whether `m` is `prev`'s reply re-sent as history: the same tool call ids, or no calls and
+/// the length of its text, give or take padding.
+fn is_reply(prev: &Exchange, m: &Msg) -> bool {
+    let output = &prev.output;
+    m.role == "assistant"
+        && if output.tool_calls.is_empty() {
+            m.tool_calls.is_empty()
+                && output.content_chars > 0
+                && m.chars.abs_diff(output.content_chars) <= REPLY_CHARS_SLACK
+        } else {
+            output.tool_calls.iter().all(|c| c.id.is_some())
+                && m.tool_calls
+                    .iter()
+                    .map(|c| c.id.as_deref())
+                    .eq(output.tool_calls.iter().map(|c| c.id.as_deref()))
+        }
 }
 
 /// prefixscope: what changed in the first `k` messages that llmp's identities cannot see: the
@@ -795,25 +847,9 @@ fn moved_or_replied(prev: &Exchange, cur: &Exchange, cw: &Weights) -> f64 {
             None => left.push((m, w)),
         }
     }
-    let output = &prev.output;
-    let reply_ids: Vec<Option<&str>> = output.tool_calls.iter().map(|c| c.id.as_deref()).collect();
-    let is_reply = |m: &Msg| {
-        m.role == "assistant"
-            && if output.tool_calls.is_empty() {
-                m.tool_calls.is_empty()
-                    && output.content_chars > 0
-                    && m.chars.abs_diff(output.content_chars) <= REPLY_CHARS_SLACK
-            } else {
-                reply_ids.iter().all(Option::is_some)
-                    && m.tool_calls
-                        .iter()
-                        .map(|c| c.id.as_deref())
-                        .eq(reply_ids.iter().copied())
-            }
-    };
     let mut reply_found = false;
     for (m, w) in left {
-        if !reply_found && is_reply(m) {
+        if !reply_found && is_reply(prev, m) {
             reply_found = true;
             weight += w;
             continue;
@@ -994,7 +1030,7 @@ pub(super) fn apply_link(
     let evaluated_tokens = f64::from(evaluated.value);
     let reusable = match charged_break {
         Some(_) => link.prefix_tokens.max(link.seen_before),
-        None => link.prefix_tokens,
+        None => link.prefix_tokens + link.reply_held,
     };
     let lost = (reusable - reused).clamp(0.0, evaluated_tokens);
     let client = match (charged_break, row.cause) {

@@ -87,6 +87,8 @@ pub struct Segment {
     pub text: Option<Arc<str>>,
     /// Tokens by the recording's tokenizer, when it counted them.
     pub tokens: Option<u64>,
+    /// The characters of this rendering's own markup before the content (`<user>`, `<tools>`).
+    pub markup_chars: u64,
     /// The content's first characters, when the input has the text.
     pub preview: Option<Arc<str>>,
 }
@@ -151,6 +153,8 @@ pub struct Prompt {
     pub model: Option<String>,
     pub tools: Option<Segment>,
     pub messages: Vec<Segment>,
+    /// The server's layout: tokens before the first message's content (`TokenCounts::lead`).
+    pub lead_tokens: Option<u64>,
 }
 
 impl Prompt {
@@ -249,9 +253,11 @@ pub(crate) fn prompt_from_body(
                 identity: hash::fnv1a64(text.as_bytes()),
                 chars: char_count(&text),
                 tokens: None,
+                markup_chars: 0,
                 preview: preview(&text),
                 text: Some(text.into()),
             }],
+            lead_tokens: None,
         });
     }
     let (messages, tools) = crate::normalize::chat_request(api, body)?;
@@ -273,6 +279,7 @@ pub(crate) fn prompt_from_body(
             chars: char_count(&text),
             text: Some(text.into()),
             tokens,
+            markup_chars: "<tools>".len() as u64,
             preview: None,
         }
     });
@@ -285,6 +292,7 @@ pub(crate) fn prompt_from_body(
         model,
         tools: tools_segment,
         messages: segments,
+        lead_tokens: layout_lead(counts),
     })
 }
 
@@ -318,6 +326,7 @@ fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
         chars: char_count(&text),
         text: Some(text.into()),
         tokens,
+        markup_chars: char_count(&header(role, name, tool_call_id)),
         preview: preview(&content),
     }
 }
@@ -439,6 +448,7 @@ pub(crate) fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCo
             chars: "<tools>".len() as u64 + json_chars,
             text: None,
             tokens,
+            markup_chars: "<tools>".len() as u64,
             preview: None,
         }
     });
@@ -461,6 +471,7 @@ pub(crate) fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCo
                 tokens: counts
                     .and_then(|c| c.messages.get(&m.hash))
                     .map(|&n| u64::from(n)),
+                markup_chars: char_count(&header),
                 preview: None,
             }
         })
@@ -469,7 +480,16 @@ pub(crate) fn prompt_from_digest(digest: &RequestDigest, counts: Option<&TokenCo
         model: digest.model.clone(),
         tools,
         messages,
+        lead_tokens: layout_lead(counts),
     }
+}
+
+/// The layout's lead, where the counts are the server's layout.
+fn layout_lead(counts: Option<&TokenCounts>) -> Option<u64> {
+    counts
+        .filter(|c| c.layout)
+        .and_then(|c| c.lead)
+        .map(u64::from)
 }
 
 /// Tokens per character over every prompt whose server count is known; the default when none.
@@ -519,6 +539,21 @@ impl Weights {
             segment.chars as f64 * self.per_tools_char
         } else {
             segment.chars as f64 * self.per_text_char + self.per_message
+        }
+    }
+
+    /// Where a part's tokens sit in its characters: its kind's ratio (a fit that came out at 0
+    /// or below, or not a number, places them at the default ratio).
+    fn per_char(&self, segment: &Segment) -> f64 {
+        let ratio = if &*segment.kind == "tools" {
+            self.per_tools_char
+        } else {
+            self.per_text_char
+        };
+        if ratio.is_finite() && ratio > 0.0 {
+            ratio
+        } else {
+            DEFAULT_TOKENS_PER_CHAR
         }
     }
 }
@@ -782,6 +817,10 @@ pub(crate) const MAX_ANCHORS: usize = 1 << 22;
 #[derive(Debug, Clone, Default)]
 pub struct Anchors {
     ends: super::IdMap<u64, f64>,
+    /// Tokens per character inside a part, by the parts before it and its role: fixed by the
+    /// first part counted there, so the reply and the same reply re-sent, or a message and
+    /// its edit, keep their boundaries where their text is the same.
+    ratios: super::IdMap<u64, f64>,
 }
 
 impl Anchors {
@@ -793,6 +832,17 @@ impl Anchors {
         if self.ends.len() < MAX_ANCHORS {
             self.ends.entry(chain).or_insert(end);
         }
+    }
+
+    /// The ratio fixed at `key`, or `own`, which is fixed there if nothing was.
+    fn ratio(&mut self, key: u64, own: f64) -> f64 {
+        if let Some(&known) = self.ratios.get(&key) {
+            return known;
+        }
+        if self.ratios.len() < MAX_ANCHORS {
+            self.ratios.insert(key, own);
+        }
+        own
     }
 
     pub fn len(&self) -> usize {
@@ -807,6 +857,14 @@ impl Anchors {
 /// The key of a prefix of parts: the previous prefix's key and this part's content (its text
 /// where there is one, so a reply re-sent with another JSON shape but the same rendering still
 /// matches; its digest hash otherwise).
+/// The key of a part's place: the parts before it and its role.
+fn ratio_key(parent: u64, kind: &str) -> u64 {
+    let mut bytes = Vec::with_capacity(8 + kind.len());
+    bytes.extend_from_slice(&parent.to_le_bytes());
+    bytes.extend_from_slice(kind.as_bytes());
+    xxh3_64_with_seed(&bytes, 3)
+}
+
 fn anchor_chain(parent: u64, segment: &Segment) -> u64 {
     let own = match &segment.text {
         Some(text) => xxh3_64_with_seed(text.as_bytes(), 1),
@@ -847,6 +905,7 @@ impl Cutter {
             prompt.model.as_deref(),
             &segments,
             prompt_tokens,
+            prompt.lead_tokens,
             &mut self.anchors,
         )
     }
@@ -868,14 +927,17 @@ impl Cutter {
                 prompt.model.as_deref(),
                 &segments,
                 total_tokens,
+                prompt.lead_tokens,
                 &mut self.anchors,
             )
             .blocks
     }
 
-    /// One request: its prompt, then (where its reply is known) what it leaves cached, the
-    /// prompt and the reply, `prompt_tokens + completion_tokens` in all. In that order, as the
-    /// profile, the live engine and the exports all cut, so their anchors agree.
+    /// One request: its prompt, then (where its reply is known) what it leaves cached: the
+    /// prompt and the reply but its last block, which holds the last token generated: sampled,
+    /// never evaluated, so no engine holds it (llama.cpp reuses `prompt + completion − 1` on the
+    /// next turn; a block engine caches full blocks only). In that order, as the profile, the
+    /// live engine and the exports all cut, so their anchors agree.
     pub fn cut_turn(
         &mut self,
         prompt: &Prompt,
@@ -887,7 +949,11 @@ impl Cutter {
         let cached_after = match reply {
             Some(reply) => {
                 let total = prompt_tokens.zip(completion_tokens).map(|(p, c)| p + c);
-                self.cut_with_reply(prompt, reply, total)
+                let mut held = self.cut_with_reply(prompt, reply, total);
+                if held.len() > cut.blocks.len() {
+                    held.pop();
+                }
+                held
             }
             None => Vec::new(),
         };
@@ -936,6 +1002,7 @@ impl BlockModel {
         model: Option<&str>,
         segments: &[&Segment],
         prompt_tokens: Option<u64>,
+        lead_tokens: Option<u64>,
         anchors: &mut Anchors,
     ) -> CutPrompt {
         let total_chars: u64 = segments.iter().map(|s| s.chars).sum();
@@ -958,12 +1025,34 @@ impl BlockModel {
             .iter()
             .position(|s| &*s.kind != "tools")
             .filter(|&first| &*segments[first].kind != "system");
+        // Where each part's tokens sit in its characters (`char_within`): with counts, its
+        // tokens start at its content (after the lead, in the first part) at the ratio fixed
+        // for its place; else at the fitted ratio from its start.
+        let mut placements = Vec::with_capacity(segments.len());
         for (i, segment) in segments.iter().enumerate() {
             if counted {
-                running += segment.tokens.unwrap_or_default() as f64;
+                let tokens = segment.tokens.unwrap_or_default() as f64;
+                let lead = match i {
+                    0 if &*segment.kind != "tools" => lead_tokens.map(|n| n as f64),
+                    _ => Some(0.0),
+                };
+                let text = match lead {
+                    Some(_) => segment.chars.saturating_sub(segment.markup_chars),
+                    None => segment.chars,
+                } as f64;
+                let own = if text > 0.0 && tokens > lead.unwrap_or(0.0) {
+                    (tokens - lead.unwrap_or(0.0)) / text
+                } else {
+                    weights.per_char(segment)
+                };
+                let place = ratio_key(chain, &segment.kind);
+                placements.push((lead, anchors.ratio(place, own)));
+                chain = anchor_chain(chain, segment);
+                running += tokens;
                 token_ends.push(running);
                 continue;
             }
+            placements.push((None, weights.per_char(segment)));
             chain = anchor_chain(chain, segment);
             let end = match anchors.get(chain) {
                 Some(known) => known.max(running),
@@ -1016,12 +1105,15 @@ impl BlockModel {
             }
             let at = match segments.get(segment) {
                 Some(s) => {
-                    let span = token_ends[segment] - start_token;
-                    let within = if span > 0.0 {
-                        ((token - start_token) / span * s.chars as f64).floor() as u64
-                    } else {
-                        0
-                    };
+                    // Inside a part, tokens sit at the input's fixed ratio from the part's
+                    // start, never at the part's own: the same text rendered with another count
+                    // (a reply, then the same reply as the next turn's message with its
+                    // template tokens; a system prompt edited at its end) keeps its boundaries,
+                    // so the unchanged head matches. Tokens past the text are the template's.
+                    // With the server's layout a part's tokens start at its content (its role
+                    // header closes the part before), the first part's after the lead.
+                    let (lead, per_char) = placements[segment];
+                    let within = char_within(token - start_token, s, lead, per_char);
                     start_char + within.min(s.chars)
                 }
                 None => total_chars,
@@ -1150,6 +1242,19 @@ impl BlockModel {
         }
         ids
     }
+}
+
+/// Where the token `offset` tokens into part `s` ends, in characters from the part's start:
+/// at `per_char` tokens a character; with the server's layout, the part's markup (the
+/// rendering's `<role>`) shares the `lead` tokens before its content, and the content follows.
+fn char_within(offset: f64, s: &Segment, lead: Option<f64>, per_char: f64) -> u64 {
+    let markup = s.markup_chars.min(s.chars) as f64;
+    let at = match lead {
+        Some(lead) if offset < lead => offset / lead * markup,
+        Some(lead) => markup + (offset - lead) / per_char,
+        None => offset / per_char,
+    };
+    at.floor().max(0.0) as u64
 }
 
 /// The prompt body a request carries (full mode), for the APIs the block model renders.
@@ -1403,6 +1508,7 @@ mod tests {
                 chars: 300 + 20 * i,
                 text: None,
                 tokens: None,
+                markup_chars: 0,
                 preview: None,
             });
             let text: u64 = prompt.messages.iter().map(|m| m.chars).sum();

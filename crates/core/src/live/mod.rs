@@ -184,16 +184,20 @@ pub struct Prediction {
     pub hit_rate: f64,
     /// The same of what the real server reported, where it reported it for every request.
     pub recorded_hit_rate: Option<f64>,
+    /// The simulated server at the server's own settings (`sim::recorded_settings`): what a
+    /// saving is measured from, so the model's own error cancels out.
+    pub baseline: crate::sim::whatif::Totals,
 }
 
 impl Prediction {
-    /// Tokens the setting would have saved (negative: it would lose more).
+    /// Tokens the setting would save against the server's own settings, both simulated
+    /// (negative: it would lose more).
     pub fn saving_tokens(&self) -> i64 {
-        self.recorded.lost_tokens as i64 - self.predicted.lost_tokens as i64
+        self.baseline.lost_tokens as i64 - self.predicted.lost_tokens as i64
     }
 
     pub fn saving_ms(&self) -> Option<f64> {
-        Some(self.recorded.lost_ms? - self.predicted.lost_ms.unwrap_or(0.0))
+        Some(self.baseline.lost_ms? - self.predicted.lost_ms.unwrap_or(0.0))
     }
 
     /// `--cache-ram on: −8,175 tokens, −2.1 s`, the saving as the fix states it.
@@ -243,6 +247,12 @@ impl Predictions {
             Predictions::Ready(all) => all.iter().find(|p| p.lever == lever),
             _ => None,
         }
+    }
+
+    /// The prediction of `lever` where it saves something: a fix never offers a setting that
+    /// saves nothing or loses more.
+    pub fn saving(&self, lever: crate::analysis::findings::Lever) -> Option<&Prediction> {
+        self.of(lever).filter(|p| p.saving_tokens() > 0)
     }
 }
 
@@ -387,11 +397,12 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
         .into_iter()
         .map(|finding| {
             let fix = crate::analysis::findings::fix(finding);
-            let savings = fix
+            let mut savings: Vec<Prediction> = fix
                 .levers
                 .iter()
-                .filter_map(|l| predictions.of(*l).cloned())
+                .filter_map(|l| predictions.saving(*l).cloned())
                 .collect();
+            savings.sort_by_key(|p| std::cmp::Reverse(p.saving_tokens()));
             let below = finding
                 .evidence
                 .get("below_thresholds")
@@ -420,6 +431,9 @@ pub fn predict(records: &[Record]) -> Predictions {
 /// analysed once for all of them.
 pub fn predict_at(records: &[Record], settings: &[(usize, bool)]) -> Predictions {
     let recorded = crate::analysis::analyze(records, &Config::default());
+    let own = crate::sim::whatif::recorded_settings(records);
+    let baseline =
+        crate::sim::whatif::what_if_given(records, own.slots, own.cache_ram, &recorded).predicted;
     let mut all = Vec::new();
     for &(slots, cache_ram) in settings {
         let result = crate::sim::whatif::what_if_given(records, slots, cache_ram, &recorded);
@@ -455,6 +469,7 @@ pub fn predict_at(records: &[Record], settings: &[(usize, bool)]) -> Predictions
             replayed: result.replayed,
             hit_rate: share(predicted_reused),
             recorded_hit_rate: recorded_reused.map(share),
+            baseline: baseline.clone(),
         });
     }
     Predictions::Ready(all)
@@ -1201,12 +1216,28 @@ impl Engine {
         predictions: &Predictions,
         report: &crate::analysis::Report<R>,
     ) -> Arc<Option<SlotView>> {
-        // The server's own slot count from its probes (`/props`, `/slots`); llama-server's
-        // host cache is on by default (8 GiB) and /props does not say, so it is assumed, said.
-        let probed = self.server.total_slots().map(|slots| ServerSettings {
-            slots,
-            cache_ram: true,
-            source: "the server's slot count from its /props; its host cache assumed on, llama-server's default".into(),
+        // The server's own slot count from its probes (`/props`, `/slots`); its host cache,
+        // which /props does not say, inferred from the traffic where it tells, else assumed
+        // on (llama-server's default), said.
+        let probed = self.server.total_slots().map(|slots| {
+            let own = (self.records_seen as usize <= self.records.len())
+                .then(|| crate::sim::whatif::settings_with_slots(&self.records, Some(slots)));
+            match own {
+                Some(own) => ServerSettings {
+                    slots,
+                    cache_ram: own.cache_ram,
+                    source: format!(
+                        "the server's slot count from its /props; its host cache {} ({})",
+                        if own.cache_ram { "on" } else { "off" },
+                        own.cache_ram_source
+                    ),
+                },
+                None => ServerSettings {
+                    slots,
+                    cache_ram: true,
+                    source: "the server's slot count from its /props; its host cache assumed on, llama-server's default".into(),
+                },
+            }
         });
         // Another engine's slots are its own (Ollama's runner, vLLM's and SGLang's blocks):
         // the replay is llama-server's, and says so.

@@ -191,4 +191,8 @@ pub struct TokenCounts {
     /// tokens included, tools the template drops at 0), not each text's own tokens.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub layout: bool,
+    /// With the layout: tokens of the rendered prompt before the first message's content (a
+    /// BOS, the template's opening), which the first message's count includes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lead: Option<u32>,
 }

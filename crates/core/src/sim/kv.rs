@@ -10,7 +10,14 @@
 //! a prompt it does not continue, and the cached prompt sharing the longest prefix with the new
 //! one is loaded back if it beats what the slot holds.
 
-pub(crate) type Token = u32;
+/// A token id: the demo's tokenizer's, or a block id of the ceiling's model (below 2^53).
+pub(crate) type Token = u64;
+
+/// How far back from the end of what a slot holds a prompt may stop matching and still reuse
+/// its prefix on a sliding-window model: llama.cpp keeps positions past the window (its window
+/// layers hold `n_swa + n_ubatch` cells) and context checkpoints. Fitted to the real Gemma 4
+/// recordings (`recordings/llmp`): every request agrees for any margin from 165 to 420 tokens.
+pub(crate) const SWA_MARGIN: usize = 256;
 
 /// llama-server's `--slot-prompt-similarity` default.
 pub(crate) const SLOT_PROMPT_SIMILARITY: f64 = 0.1;
@@ -152,6 +159,9 @@ impl KvCache {
         let mut replaced = self.slots[slot].request;
         let mut restored = false;
         let mut shared = in_slot;
+        // What the prefix is reused from holds this many tokens (the slot, or what the host
+        // cache gives back).
+        let mut held = self.slots[slot].tokens.len();
         if self.config.cache_ram {
             let best = self
                 .host
@@ -165,6 +175,7 @@ impl KvCache {
                 let back = self.host.remove(i);
                 self.host_tokens -= back.tokens.len();
                 replaced = back.request;
+                held = back.tokens.len();
                 self.slots[slot] = back;
                 shared = n;
                 restored = true;
@@ -176,15 +187,13 @@ impl KvCache {
                 self.slots[slot] = leaving;
             }
         }
-        // With a sliding window, the window layers keep only the last `window` positions of
-        // what the slot holds, and a slot holds its reply too, which the next prompt re-renders
-        // (so never matches to the end): past the window nothing is reusable, and llama.cpp
-        // re-processes the whole prompt (without context checkpoints, or before they existed).
+        // With a sliding window, the window layers keep the last `window` positions of what
+        // the slot holds, and some more (`SWA_MARGIN`): a prompt that stops matching further
+        // back needs positions they no longer have, and llama.cpp re-processes the whole
+        // prompt. A turn after its reply (reasoning dropped, even) reuses its prefix.
         let forced = shared > 0
-            && self
-                .config
-                .swa_window
-                .is_some_and(|window| self.slots[slot].tokens.len() > window);
+            && shared + SWA_MARGIN < held
+            && self.config.swa_window.is_some_and(|window| held > window);
         if forced {
             shared = 0;
         }
@@ -202,6 +211,15 @@ impl KvCache {
             restored,
             replaced,
             forced,
+        }
+    }
+
+    /// What `slot` holds once its request has answered: `tokens`, the prompt it served and
+    /// the reply generated into it (llama.cpp keeps both; the next turn starts with them).
+    pub fn hold(&mut self, slot: usize, tokens: &[Token]) {
+        if let Some(held) = self.slots.get_mut(slot) {
+            held.tokens.clear();
+            held.tokens.extend_from_slice(tokens);
         }
     }
 
@@ -245,7 +263,7 @@ pub fn ms_for(tokens: usize, tokens_per_second: f64) -> f64 {
 mod tests {
     use super::*;
 
-    fn toks(range: std::ops::Range<u32>) -> Vec<Token> {
+    fn toks(range: std::ops::Range<Token>) -> Vec<Token> {
         range.collect()
     }
 
@@ -263,23 +281,46 @@ mod tests {
     }
 
     #[test]
-    fn a_sliding_window_reuses_nothing_once_the_slot_holds_more_than_the_window() {
+    fn a_sliding_window_cannot_serve_a_prefix_that_stops_well_before_the_slots_end() {
         let mut config = KvConfig::new(1, false);
         config.swa_window = Some(120);
         let mut kv = KvCache::new(config);
-        kv.serve(0, &toks(0..100), 1);
-        // Within the window: reused as on any model.
-        let second = kv.serve(0, &toks(0..150), 2);
-        assert_eq!((second.cache_n, second.forced), (100, false));
-        // The slot now holds 150 > 120: the continued prompt is evaluated whole.
-        let third = kv.serve(0, &toks(0..200), 3);
+        kv.serve(0, &toks(0..1000), 1);
+        // Continued to its end: reused as on any model.
+        let second = kv.serve(0, &toks(0..1100), 2);
+        assert_eq!((second.cache_n, second.forced), (1000, false));
+        // The slot holds its reply too; the next prompt drops it (a thinking model's
+        // reasoning): within the margin it is still reused...
+        let with_reply = |prompt: Token, reply: Token| {
+            let mut held = toks(0..prompt);
+            held.extend(toks(9_000..9_000 + reply));
+            held
+        };
+        let next = |prompt: Token| {
+            let mut next = toks(0..prompt);
+            next.extend(toks(7_000..7_100));
+            next
+        };
+        kv.hold(0, &with_reply(1100, SWA_MARGIN as Token));
+        let third = kv.serve(0, &next(1100), 3);
+        assert_eq!((third.cache_n, third.forced), (1100, false));
+        // ...past it, the prompt is evaluated whole.
+        kv.hold(0, &with_reply(1200, SWA_MARGIN as Token + 1));
+        let fourth = kv.serve(0, &next(1200), 4);
         assert_eq!(
-            (third.cache_n, third.prompt_n, third.forced),
-            (0, 200, true)
+            (fourth.cache_n, fourth.prompt_n, fourth.forced),
+            (0, 1300, true)
         );
-        assert_eq!(third.replaced, Some(2), "nothing else used the slot");
+        assert_eq!(fourth.replaced, Some(3), "nothing else used the slot");
         // A prompt sharing nothing is not forced: there was nothing to reuse.
-        assert!(!kv.serve(0, &toks(1000..1300), 4).forced);
+        assert!(!kv.serve(0, &toks(10_000..10_300), 5).forced);
+        // A slot within the window is never forced.
+        let mut small = KvCache::new(KvConfig {
+            swa_window: Some(5_000),
+            ..KvConfig::new(1, false)
+        });
+        small.serve(0, &toks(0..1000), 1);
+        assert_eq!(small.serve(0, &toks(0..10), 2).cache_n, 9);
     }
 
     #[test]

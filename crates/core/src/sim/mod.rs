@@ -6,6 +6,7 @@
 pub(crate) mod kv;
 pub(crate) mod residency;
 pub(crate) mod text;
+pub(crate) mod tokens;
 pub(crate) mod whatif;
 
 pub use kv::{KvCache, KvConfig, Served, ServedLog, ms_for};
@@ -13,4 +14,4 @@ pub use residency::{
     AGREE_SHARE, AGREE_TOKENS, Holder, Residency, agrees, residency, residency_with_starts,
 };
 pub use text::{VOCAB, pieces, render_chat, token_id, tokenize};
-pub use whatif::{Totals, WhatIf, what_if, what_if_given};
+pub use whatif::{RecordedSettings, Totals, WhatIf, recorded_settings, what_if, what_if_given};

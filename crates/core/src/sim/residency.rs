@@ -13,17 +13,18 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::kv::Token;
-use super::whatif::{GENERATION_PROMPT_TOKENS, prompt_tokens, replay, replayable, tokens_per_char};
+use super::tokens::SimTokens;
+use super::whatif::{GENERATION_PROMPT_TOKENS, replay, replayable};
 use crate::analysis::{Priced, Report};
 use crate::normalize::Api;
 use crate::normalize::exchange::normalize;
 use crate::record::{Record, ResponseRecord};
 
 /// A prediction agrees with the server when it is within this many tokens of what the server
-/// reused, or within `AGREE_SHARE` of the prompt, whichever is larger (the sim weighs messages
-/// by characters and reuses whole messages).
+/// reused, or within `AGREE_SHARE` of the prompt, whichever is larger (inside a message without
+/// the server's layout, tokens sit at the recording's ratio).
 pub const AGREE_TOKENS: u32 = 16;
-pub const AGREE_SHARE: f64 = 0.10;
+pub const AGREE_SHARE: f64 = 0.02;
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Residency {
@@ -65,6 +66,10 @@ pub struct Starting {
     pub queued: bool,
     /// The share of its prompt the sim finds in that slot (or restores from the host cache).
     pub reused_share: f64,
+    /// The tokens it finds there: the server's own where the prefix is earlier prompts' (their
+    /// tokens are the server's count); the share's whole is estimated, its server count not
+    /// known yet.
+    pub reused_tokens: usize,
     /// Another conversation's prefix the slot holds, which this request overwrites.
     pub evicts: Option<Holder>,
     /// With the host cache on, the evicted prompt is saved, not lost.
@@ -152,7 +157,6 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
         }
     };
     let exchanges = replayable(records);
-    let ratio = tokens_per_char(exchanges.iter().map(|(_, x)| x));
     let mut calibration: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut disagreements = Vec::new();
     let mut holders: Vec<Option<u64>> = vec![None; slots.max(1)];
@@ -161,11 +165,11 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
     let mut latest: BTreeMap<u32, (u64, Vec<Token>)> = BTreeMap::new();
     let mut chains: BTreeMap<u64, Vec<Token>> = BTreeMap::new();
     let mut evicted = Vec::new();
-    let kv = replay(
+    let (kv, mut tokens) = replay(
+        records,
         &exchanges,
         slots,
         cache_ram,
-        ratio,
         |_, x, prompt, served, reused| {
             if let Some(slot) = holders.get_mut(served.slot) {
                 *slot = Some(x.id);
@@ -220,11 +224,11 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
     }
     let starting = predict_starts(
         starting,
-        kv.clone(),
+        (kv.clone(), &mut tokens),
         &holders,
         &chains,
         &holder,
-        (ratio, cache_ram),
+        cache_ram,
     );
     let (host_prompts, host_tokens) = kv.host_cache();
     Residency {
@@ -251,11 +255,11 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
 /// What the requests that have started do to the slots, on a copy of the replayed cache.
 fn predict_starts(
     starting: &[Record],
-    mut kv: super::kv::KvCache,
+    (mut kv, tokens): (super::kv::KvCache, &mut SimTokens),
     holders: &[Option<Holder>],
     chains: &BTreeMap<u64, Vec<Token>>,
     holder_of: &dyn Fn(u64) -> Holder,
-    (tokens_per_char, cache_ram): (f64, bool),
+    cache_ram: bool,
 ) -> Vec<Starting> {
     let mut order: Vec<&Record> = starting.iter().collect();
     order.sort_by_key(|r| (r.t_start_ms, r.id));
@@ -263,10 +267,12 @@ fn predict_starts(
     let mut busy = vec![false; holders.len()];
     let mut predicted = Vec::new();
     for record in order {
-        let Some(x) = request_only(record) else {
+        if request_only(record).is_none() {
+            continue;
+        }
+        let Some(prompt) = tokens.started(record) else {
             continue;
         };
-        let prompt = prompt_tokens(&x, tokens_per_char);
         // The turn whose prompt, less its generation prompt, this one extends (the longest).
         let continued = chains
             .iter()
@@ -307,6 +313,7 @@ fn predict_starts(
             slot,
             queued: idle.is_none(),
             reused_share: served.cache_n as f64 / prompt.len().max(1) as f64,
+            reused_tokens: served.cache_n,
             evicts: held.filter(|h| !same_chain(h)),
             saved_to_host: cache_ram,
         });
@@ -330,10 +337,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agreement_is_within_16_tokens_or_a_tenth_of_the_prompt() {
+    fn agreement_is_within_16_tokens_or_a_fiftieth_of_the_prompt() {
         assert!(agrees(100, 50, 66));
         assert!(!agrees(100, 50, 67));
-        assert!(agrees(2_000, 1_000, 1_200));
-        assert!(!agrees(2_000, 1_000, 1_201));
+        assert!(agrees(2_000, 1_000, 1_040));
+        assert!(!agrees(2_000, 1_000, 1_041));
     }
 }

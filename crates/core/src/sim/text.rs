@@ -141,18 +141,6 @@ pub fn render_chat(body: &Value) -> String {
     out
 }
 
-/// Message-level tokens for replaying a recording whose texts are hashed or whose tokenizer
-/// we don't have: `count` tokens derived from `key` alone (a message hash), so equal messages
-/// give equal tokens and any change to a message changes all of its tokens.
-pub(crate) fn keyed_tokens(key: &str, count: usize) -> impl Iterator<Item = Token> + '_ {
-    let base = xxh3_64(key.as_bytes());
-    (0..count as u64).map(move |i| {
-        (FIRST_WORD_ID
-            + base.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (u64::from(VOCAB) - 256))
-            as Token
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,13 +192,5 @@ mod tests {
         let tools = text.find("read_file").unwrap();
         assert!(text.find("S").unwrap() < tools && tools < text.find("U").unwrap());
         assert!(text.ends_with("<|im_start|>assistant\n"));
-    }
-
-    #[test]
-    fn keyed_tokens_depend_on_the_key_only() {
-        let a: Vec<Token> = keyed_tokens("abc", 5).collect();
-        assert_eq!(a, keyed_tokens("abc", 5).collect::<Vec<_>>());
-        assert_ne!(a[0], keyed_tokens("abd", 1).next().unwrap());
-        assert_eq!(a.len(), 5);
     }
 }

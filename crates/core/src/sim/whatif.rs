@@ -4,12 +4,10 @@
 //! analysis is the same one as for real traffic, so predicted losses carry the same causes.
 //!
 //! Assumptions, reported with the result (`WhatIf::assumptions`):
-//! - Tokens: each message (and the tool list) weighs its characters × one tokens-per-character
-//!   ratio for the whole recording (Σ server prompt tokens / Σ characters, after the template's
-//!   tokens), and any change to a message changes all its tokens: the sim reuses whole messages.
-//!   Gemma's sliding-window cache, which made the llama.cpp recordings, reuses no more than that;
-//!   a full-attention model also reuses the unchanged start of a changed message. Predicted
-//!   reuse is scaled back to each request's own server token count.
+//! - Tokens: the ceiling's (`sim::tokens`): each prompt has the server's count of tokens, each
+//!   message's where the server's layout puts them (else at the recording's ratio), an edited
+//!   message keeps its unchanged head, and a slot keeps the reply it generated but its last
+//!   token.
 //! - Time: each request occupies a slot for its recorded duration; one that finds every slot
 //!   busy waits for the first to free (llama-server's queue). Prefill costs the recording's bulk
 //!   rate (server prefill ms per evaluated token over requests of at least 50 tokens).
@@ -18,7 +16,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::kv::{KvCache, KvConfig, Token};
-use super::text::keyed_tokens;
+use super::tokens::SimTokens;
 use crate::analysis::{self, Config, Report};
 use crate::normalize::Api;
 use crate::normalize::exchange::{Exchange, normalize};
@@ -104,23 +102,32 @@ pub(super) fn replayable<B: std::borrow::Borrow<Record>>(records: &[B]) -> Vec<(
         .collect()
 }
 
-/// Replays `exchanges` on a simulated cache with `slots` and `cache_ram`, in the order they
-/// reached the server, each holding a slot for its recorded duration (queued when all are
-/// busy); `served` sees each request (record index, exchange, its sim prompt, what the cache
-/// did, the reuse scaled back to the server's own count). Returns the cache as it ends.
-pub(super) fn replay(
+/// Replays `exchanges` (of `records`) on a simulated cache with `slots` and `cache_ram`, in the
+/// order they reached the server, each holding a slot for its recorded duration (queued when
+/// all are busy) and leaving its prompt and reply there; `served` sees each request (record
+/// index, exchange, its sim prompt, what the cache did, the reuse in the server's tokens).
+/// Returns the cache as it ends and the tokens' model, for requests still to come.
+pub(super) fn replay<B: std::borrow::Borrow<Record>>(
+    records: &[B],
     exchanges: &[(usize, Exchange)],
     slots: usize,
     cache_ram: bool,
-    tokens_per_char: f64,
     mut served: impl FnMut(usize, &Exchange, &[Token], super::kv::Served, u32),
-) -> KvCache {
+) -> (KvCache, SimTokens) {
     let mut order: Vec<&(usize, Exchange)> = exchanges.iter().collect();
     order.sort_by_key(|(_, x)| (x.t_start_ms, x.id));
-    let mut kv = KvCache::new(KvConfig::new(slots, cache_ram));
+    let mut tokens = SimTokens::of(records);
+    let mut config = KvConfig::new(slots, cache_ram);
+    config.swa_window = sliding_window(records).map(|(window, _)| window);
+    let mut kv = KvCache::new(config);
     let mut free_at = vec![i64::MIN; kv.slot_count()];
     for (index, x) in order {
-        let prompt = prompt_tokens(x, tokens_per_char);
+        let Some((prompt, held)) = records
+            .get(*index)
+            .and_then(|record| tokens.answered(record.borrow()))
+        else {
+            continue;
+        };
         // Wait for a slot if all are busy, as llama-server queues the request.
         let earliest = free_at.iter().copied().min().unwrap_or(i64::MIN);
         let start = x.t_start_ms.max(earliest);
@@ -129,13 +136,161 @@ pub(super) fn replay(
             .unwrap_or(0);
         free_at[slot] = start + (x.t_end_ms - x.t_start_ms).max(0);
         let result = kv.serve(slot, &prompt, x.id);
+        kv.hold(result.slot, &held);
         let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
+        // The prompt has the server's count of tokens (fewer only where a count was implausible
+        // for its text): the scale is 1 but there.
         let scale = f64::from(server_prompt) / prompt.len().max(1) as f64;
         let reused =
             ((result.cache_n as f64 * scale).round() as u32).min(server_prompt.saturating_sub(1));
         served(*index, x, &prompt, result, reused);
     }
-    kv
+    (kv, tokens)
+}
+
+/// The server's settings as the recording shows them, each with where it comes from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecordedSettings {
+    /// The sliding window the replay models, and its source (`None`: full attention).
+    pub sliding_window: Option<(usize, String)>,
+    pub slots: usize,
+    /// `the server's /props`, `inferred: …` or `assumed: …`.
+    pub slots_source: String,
+    pub cache_ram: bool,
+    pub cache_ram_source: String,
+}
+
+/// The model's sliding window, in tokens, and where it comes from: the server's `/props`, else
+/// the served model's family (assumed from its model card); `None` for full attention.
+pub(crate) fn sliding_window<B: std::borrow::Borrow<Record>>(
+    records: &[B],
+) -> Option<(usize, String)> {
+    let mut server = crate::probe::ServerInfo::default();
+    let mut model = None;
+    for record in records.iter().map(|r| r.borrow()) {
+        if record.probe {
+            server.apply_record(record);
+        } else if model.is_none()
+            && let Ok(x) = normalize(record)
+            && x.api == Api::OpenaiChat
+        {
+            model = Some(x.served_model.as_deref().unwrap_or(&x.model).to_string());
+        }
+    }
+    if let Some(window) = server.props.as_ref().and_then(|p| p.sliding_window) {
+        return Some((
+            usize::try_from(window).unwrap_or(usize::MAX),
+            "the server's /props".into(),
+        ));
+    }
+    let model = server.model().map(str::to_string).or(model)?;
+    let (window, family) = crate::analysis::engine_cause::sliding_window_of(&model)?;
+    Some((
+        window as usize,
+        format!("assumed: {family}'s window, from the model's name"),
+    ))
+}
+
+/// Slot counts tried when the server never said its own.
+const SLOTS_TRIED: [usize; 4] = [1, 2, 4, 8];
+
+/// The server's own settings, from evidence: the slot count its `/props` gave (probe records);
+/// what it does not say is inferred from the traffic, as the setting under which the
+/// simulation's reuse agrees with the server's on the most requests (a host cache shows as a
+/// conversation that comes back to a taken slot with its prefix reused); a default
+/// (llama-server's: host cache on) only where nothing tells them apart, and said.
+pub fn recorded_settings<B: std::borrow::Borrow<Record>>(records: &[B]) -> RecordedSettings {
+    settings_with_slots(records, None)
+}
+
+/// `recorded_settings`, with the slot count the server's `/props` gave where the records do
+/// not carry it (the live engine reads the probes apart).
+pub(crate) fn settings_with_slots<B: std::borrow::Borrow<Record>>(
+    records: &[B],
+    props_slots: Option<usize>,
+) -> RecordedSettings {
+    let mut server = crate::probe::ServerInfo::default();
+    for record in records.iter().map(|r| r.borrow()).filter(|r| r.probe) {
+        server.apply_record(record);
+    }
+    let props_slots = server.total_slots().or(props_slots);
+    let exchanges = replayable(records);
+    let agreed = |slots: usize, cache_ram: bool| -> (usize, usize) {
+        let (mut compared, mut agreed) = (0, 0);
+        replay(
+            records,
+            &exchanges,
+            slots,
+            cache_ram,
+            |_, x, _, _, reused| {
+                if let (Some(recorded), Some(prompt)) =
+                    (x.counts.reused_tokens, x.counts.prompt_tokens)
+                {
+                    compared += 1;
+                    agreed += usize::from(super::residency::agrees(
+                        prompt.value,
+                        recorded.value,
+                        reused,
+                    ));
+                }
+            },
+        );
+        (compared, agreed)
+    };
+    let slot_choices: Vec<usize> = match props_slots {
+        Some(slots) => vec![slots.clamp(1, 1_024)],
+        None => SLOTS_TRIED.to_vec(),
+    };
+    // Every candidate, best agreement first; among equals the fewest slots, the host cache on.
+    let mut tried: Vec<(usize, bool, (usize, usize))> = slot_choices
+        .iter()
+        .flat_map(|&slots| [(slots, true), (slots, false)])
+        .map(|(slots, cache_ram)| (slots, cache_ram, agreed(slots, cache_ram)))
+        .collect();
+    tried.sort_by_key(|&(slots, cache_ram, (_, agreed))| {
+        (std::cmp::Reverse(agreed), slots, !cache_ram)
+    });
+    let (slots, cache_ram, (compared, best)) = tried[0];
+    let other = tried
+        .iter()
+        .find(|&&(s, c, _)| s == slots && c != cache_ram)
+        .map_or(0, |t| t.2.1);
+    let slots_source = match props_slots {
+        Some(_) => "the server's /props".to_string(),
+        None if compared == 0 => "assumed: the server said nothing and reported no reuse".into(),
+        None if tried.iter().filter(|t| t.2.1 == best).count() > 1 => format!(
+            "assumed: the fewest that agree best with the server's reuse ({best} of {compared} requests); its /props was not recorded"
+        ),
+        None => format!(
+            "inferred: the simulation agrees with the server's reuse on {best} of {compared} requests with it; its /props was not recorded"
+        ),
+    };
+    // Inferred only when every setting that agrees best has the host cache the same way.
+    let undecided = tried
+        .iter()
+        .any(|&(_, c, (_, agreed))| agreed == best && c != cache_ram);
+    let cache_ram_source = if compared == 0 || best == other {
+        "assumed: llama-server's default; the traffic does not tell".to_string()
+    } else if undecided {
+        format!(
+            "assumed: with {slots} slot{} the simulation agrees with the server's reuse on {best} of {compared} requests with it {}, but other slot counts agree as well either way",
+            if slots == 1 { "" } else { "s" },
+            if cache_ram { "on" } else { "off" }
+        )
+    } else {
+        format!(
+            "inferred: the simulation agrees with the server's reuse on {best} of {compared} requests with it {}, on {other} with it {}",
+            if cache_ram { "on" } else { "off" },
+            if cache_ram { "off" } else { "on" }
+        )
+    };
+    RecordedSettings {
+        sliding_window: sliding_window(records),
+        slots,
+        slots_source,
+        cache_ram,
+        cache_ram_source,
+    }
 }
 
 /// The simulated server's counts for one request, in the server's tokens.
@@ -164,11 +319,11 @@ pub fn what_if_given(
 
     let mut predicted: Vec<Option<Predicted>> = (0..records.len()).map(|_| None).collect();
     let mut requests = Vec::new();
-    let kv = replay(
+    let (kv, _) = replay(
+        records,
         &exchanges,
         slots,
         cache_ram,
-        tokens_per_char,
         |index, x, _, served, reused| {
             let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
             let evaluated = server_prompt - reused;
@@ -221,9 +376,9 @@ fn assumptions(tokens_per_char: f64, rate: Option<f64>) -> Vec<String> {
     vec![
         "requests replayed in the order they reached the server, each holding a slot for its recorded duration (queued when all slots were busy)".into(),
         format!(
-            "tokens from the server's counts: every message weighs its characters × {tokens_per_char:.3} tokens (the recording's ratio), reuse scaled back to each request's own count"
+            "tokens as the ceiling has them: each prompt the server's count, each message where the server's layout puts it, else at {tokens_per_char:.3} tokens a character (the recording's ratio); a changed message keeps its unchanged start"
         ),
-        "a changed message is re-evaluated whole (as on Gemma's sliding-window cache; a full-attention model also keeps the unchanged start of that message)".into(),
+        "a slot keeps the prompt and the reply it generated, but the reply's last token (llama.cpp's prompt + completion − 1)".into(),
         match rate {
             Some(rate) => format!(
                 "prefill at the recording's rate, {:.3} ms per evaluated token",
@@ -236,7 +391,7 @@ fn assumptions(tokens_per_char: f64, rate: Option<f64>) -> Vec<String> {
 }
 
 /// Σ prompt tokens (less the template's) / Σ characters of messages and tools.
-pub(super) fn tokens_per_char<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> f64 {
+fn tokens_per_char<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> f64 {
     let (mut tokens, mut chars) = (0.0, 0.0);
     for x in exchanges {
         let template = (x.messages.len() * TOKENS_PER_MESSAGE + GENERATION_PROMPT_TOKENS) as f64;
@@ -266,40 +421,6 @@ fn prefill_rate<'a>(exchanges: impl Iterator<Item = &'a Exchange>) -> Option<f64
         }
     }
     (evaluated > 0).then(|| ms / evaluated as f64)
-}
-
-/// The sim's prompt for a recorded request: leading system messages, the tool list, the other
-/// messages (as `render_chat` orders them), then the generation prompt.
-pub(super) fn prompt_tokens(x: &Exchange, tokens_per_char: f64) -> Vec<Token> {
-    let weigh = |chars: u32| (f64::from(chars) * tokens_per_char).round() as usize;
-    let mut tokens = Vec::new();
-    let leading_system = x.messages.iter().take_while(|m| m.role == "system").count();
-    let push_message = |tokens: &mut Vec<Token>, key: String, chars: u32| {
-        tokens.extend(keyed_tokens(&key, weigh(chars) + TOKENS_PER_MESSAGE));
-    };
-    for m in &x.messages[..leading_system] {
-        push_message(&mut tokens, format!("{}:{}", m.role, m.identity), m.chars);
-    }
-    if !x.tools.is_empty() {
-        let chars = x.tools.iter().map(|t| t.chars).sum();
-        let key = x
-            .tools_hash
-            .as_deref()
-            .map(str::to_string)
-            .unwrap_or_else(|| {
-                x.tools
-                    .iter()
-                    .map(|t| t.hash.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            });
-        push_message(&mut tokens, format!("tools:{key}"), chars);
-    }
-    for m in &x.messages[leading_system..] {
-        push_message(&mut tokens, format!("{}:{}", m.role, m.identity), m.chars);
-    }
-    tokens.extend(keyed_tokens("generation prompt", GENERATION_PROMPT_TOKENS));
-    tokens
 }
 
 /// A copy of `record` whose response says what the simulated server did.

@@ -92,7 +92,7 @@ pub fn turn_fix(snapshot: &Snapshot, row: &Row) -> Option<(String, Fix, Vec<Pred
     let savings = fix
         .levers
         .iter()
-        .filter_map(|l| snapshot.predictions.of(*l).cloned())
+        .filter_map(|l| snapshot.predictions.saving(*l).cloned())
         .collect();
     Some((cause, fix, savings))
 }
@@ -121,8 +121,8 @@ pub(super) fn saving_lines<'a>(
                 Span::styled(format!("    {}", saving.saving_text()), theme.good()),
                 Span::styled(
                     format!(
-                        " (lost {} → {}; {})",
-                        thousands(saving.recorded.lost_tokens),
+                        " (simulated: lost {} → {}; {})",
+                        thousands(saving.baseline.lost_tokens),
                         thousands(saving.predicted.lost_tokens),
                         saving.lever.whatif_args()
                     ),
