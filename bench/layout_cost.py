@@ -2,8 +2,9 @@
 """What the server's layout costs the server: the `/apply-template` and `/tokenize` requests
 `record` and `watch` send for each chat request, timed against that request's own prefill.
 
-Usage: layout_cost.py BASE_URL [ROUNDS]
+Usage: layout_cost.py BASE_URL [ROUNDS [WORDS...]]
   BASE_URL  a llama.cpp server (tests/llama/xllamacpp_serve.py MODEL PORT 1 40960)
+  WORDS     system prompt sizes in words (default 900 26000: about 1k and 27k tokens)
 For prompts of about 1k and 30k tokens: the chat request (cold: a new system prompt each round,
 so its prefill is whole), then the layout's requests as prefixscope sends them (render with the
 tools, tokenize with pieces, render without the tools to weigh them, tokenize that), each timed
@@ -24,7 +25,7 @@ def post(path, body):
     request = urllib.request.Request(BASE + path, data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
     started = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=600) as response:
+    with urllib.request.urlopen(request, timeout=3600) as response:
         value = json.loads(response.read())
     return value, (time.perf_counter() - started) * 1000.0
 
@@ -52,7 +53,7 @@ def one(words, salt):
     return prompt_tokens, prefill, layout
 
 
-for words in (700, 21000):
+for words in [int(w) for w in sys.argv[3:]] or [900, 26000]:
     rows = [one(words, f"{words}-{r}-{time.time_ns()}") for r in range(ROUNDS)]
     tokens = statistics.median(r[0] for r in rows)
     prefill = statistics.median(r[1] for r in rows)

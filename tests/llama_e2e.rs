@@ -526,3 +526,67 @@ async fn the_probe_reads_a_real_llama_cpp_servers_props_and_slots() {
         "{server:?}"
     );
 }
+
+/// The server model against a real llama.cpp on traffic made now: three agents taking turns
+/// on one slot without the host cache, then a date change at the end of a 1,000-character
+/// system prompt, each played by `tests/llama/scenarios.py` through `prefixscope record`
+/// (layout on, the default) and held to what the server reported as the checked-in
+/// `recordings/xllamacpp/scenarios` are (`tests/server_model.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_model_agrees_with_a_real_llama_cpp_on_traffic_made_now() {
+    for (scenario, cache_ram) in [("alternate", "0"), ("date", "")] {
+        let config = support::llama::Config {
+            env: vec![
+                ("PREFIXSCOPE_LLAMA_CACHE_RAM", cache_ram.to_string()),
+                ("PREFIXSCOPE_LLAMA_THREADS", "1".to_string()),
+            ]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .collect(),
+            ..support::llama::Config::default()
+        };
+        let Some((_server, upstream)) = support::llama::start_server_with(scenario, &config).await
+        else {
+            return;
+        };
+        let out = support::temp_file_path(&format!("scenario-{scenario}.jsonl"));
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&out);
+        let listen = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut record = std::process::Command::new(env!("CARGO_BIN_EXE_prefixscope"))
+            .args(["record", "--upstream", &format!("http://{upstream}")])
+            .args(["--listen", &listen.to_string(), "-o"])
+            .arg(&out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(listen).is_err() {
+            assert!(started.elapsed().as_secs() < 30, "record did not listen");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/llama/scenarios.py");
+        let played = std::process::Command::new("python3")
+            .args([script, scenario, &format!("http://{listen}")])
+            .status()
+            .unwrap();
+        assert!(played.success(), "{scenario}: scenarios.py failed");
+        // SIGINT: record writes what waits and exits.
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &record.id().to_string()])
+            .status();
+        assert!(record.wait().unwrap().success());
+        let jsonl = std::fs::read(&out).unwrap();
+        let check = support::server_model::check(&jsonl, scenario);
+        assert!(check.problems.is_empty(), "{:#?}", check.problems);
+        assert!(check.server_total > 0 && check.ceiling_total >= check.server_total);
+        eprintln!(
+            "{scenario} now: ceiling {} ≥ server {}; charged {} against {} lost",
+            check.ceiling_total, check.server_total, check.charged_total, check.truth_total
+        );
+        let _ = std::fs::remove_file(&out);
+    }
+}
