@@ -143,6 +143,29 @@ struct KeyGroup {
     continued_below: Option<OrderKey>,
 }
 
+impl KeyGroup {
+    /// A request at `key` starts with this group's messages: the members that started before
+    /// it and were not known to be continued yet are now (added to `newly`).
+    fn continued_by(&mut self, key: OrderKey, newly: &mut Vec<OrderKey>) {
+        if self.continued_below.is_none_or(|old| old < key) {
+            let start = self
+                .continued_below
+                .map_or(0, |old| self.members.partition_point(|&m| m < old));
+            let end = self.members.partition_point(|&m| m < key);
+            newly.extend_from_slice(&self.members[start..end]);
+            self.continued_below = Some(key);
+        }
+    }
+
+    /// Adds the request at `key`; whether a later request already continues it.
+    fn join(&mut self, key: OrderKey) -> bool {
+        let continued = self.continued_below.is_some_and(|c| c > key);
+        let at = self.members.partition_point(|&m| m < key);
+        self.members.insert(at, key);
+        continued
+    }
+}
+
 /// Per model (the llmp "domain"): what classification needs to stay exact incrementally.
 #[derive(Debug, Default)]
 struct Domain {
@@ -1011,19 +1034,9 @@ impl Analyzer {
             if group.members.first().is_some_and(|&m| m < key) {
                 continuing = true;
             }
-            if group.continued_below.is_none_or(|old| old < key) {
-                let start = group
-                    .continued_below
-                    .map_or(0, |old| group.members.partition_point(|&m| m < old));
-                let end = group.members.partition_point(|&m| m < key);
-                newly_continued.extend_from_slice(&group.members[start..end]);
-                group.continued_below = Some(key);
-            }
+            group.continued_by(key, &mut newly_continued);
         }
-        let group = domain.groups.entry(own_key).or_default();
-        let mut continued = group.continued_below.is_some_and(|c| c > key);
-        let at = group.members.partition_point(|&m| m < key);
-        group.members.insert(at, key);
+        let mut continued = domain.groups.entry(own_key).or_default().join(key);
         // An out-of-order arrival: later-started requests may continue this one.
         let mut later_continuing = Vec::new();
         for i in p + 1..self.xs.len() {
@@ -1039,19 +1052,9 @@ impl Analyzer {
         if let Some((exact_own, strict)) = exact_prefixes.split_last() {
             for prefix in strict {
                 let group = domain.exact_groups.entry(*prefix).or_default();
-                if group.continued_below.is_none_or(|old| old < key) {
-                    let start = group
-                        .continued_below
-                        .map_or(0, |old| group.members.partition_point(|&m| m < old));
-                    let end = group.members.partition_point(|&m| m < key);
-                    newly_extended.extend_from_slice(&group.members[start..end]);
-                    group.continued_below = Some(key);
-                }
+                group.continued_by(key, &mut newly_extended);
             }
-            let group = domain.exact_groups.entry(*exact_own).or_default();
-            self.extended[p] = group.continued_below.is_some_and(|c| c > key);
-            let at = group.members.partition_point(|&m| m < key);
-            group.members.insert(at, key);
+            self.extended[p] = domain.exact_groups.entry(*exact_own).or_default().join(key);
         }
 
         let mut touched = vec![p];
