@@ -144,6 +144,12 @@ fn have_prlimit() -> bool {
 }
 
 /// Runs the binary under the address-space limit; returns (exit code, stdout, stderr).
+/// `export FILE --to mooncake -o OUT`: the exporter among every reader a limit is tried on.
+fn export_args<'a>(file: &'a str, out: &'a std::path::Path) -> Vec<&'a str> {
+    let out = out.to_str().unwrap();
+    vec!["export", file, "--to", "mooncake", "-o", out]
+}
+
 fn run_bounded(args: &[&str]) -> (i32, String, String) {
     let mut command = if have_prlimit() {
         let mut c = Command::new("prlimit");
@@ -175,14 +181,7 @@ fn every_reader_command_survives_hostile_counts_in_a_recording() {
         vec!["profile", file],
         vec!["analyze", file],
         vec!["replay", "--headless", "--instant", file],
-        vec![
-            "export",
-            file,
-            "--to",
-            "mooncake",
-            "-o",
-            export.to_str().unwrap(),
-        ],
+        export_args(file, &export),
     ] {
         let (code, stdout, stderr) = run_bounded(&args);
         assert_eq!(code, 0, "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
@@ -222,14 +221,7 @@ fn a_trace_row_past_every_context_window_is_a_bad_row_and_the_rest_is_read() {
     assert!(stderr.contains(":3: input_length"), "{stderr}");
     let export = temp("crafted.trace.out.jsonl");
     let _ = std::fs::remove_file(&export);
-    let (code, stdout, stderr) = run_bounded(&[
-        "export",
-        file,
-        "--to",
-        "mooncake",
-        "-o",
-        export.to_str().unwrap(),
-    ]);
+    let (code, stdout, stderr) = run_bounded(&export_args(file, &export));
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert_eq!(std::fs::read_to_string(&export).unwrap().lines().count(), 2);
 }
@@ -282,14 +274,7 @@ fn a_line_past_the_bound_is_a_bad_line_in_every_reader_command_and_the_rest_is_r
         vec!["profile", huge],
         vec!["analyze", long],
         vec!["records", long],
-        vec![
-            "export",
-            long,
-            "--to",
-            "mooncake",
-            "-o",
-            export.to_str().unwrap(),
-        ],
+        export_args(long, &export),
     ] {
         let (code, stdout, stderr) = run_bounded(&args);
         assert_eq!(code, 0, "{args:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
@@ -436,14 +421,7 @@ fn a_line_of_tiny_values_is_too_large_to_analyse_and_costs_little() {
             vec!["profile", file],
             vec!["replay", "--headless", "--instant", file],
             vec!["whatif", file],
-            vec![
-                "export",
-                file,
-                "--to",
-                "mooncake",
-                "-o",
-                export.to_str().unwrap(),
-            ],
+            export_args(file, &export),
         ] {
             let (code, _, stderr) = run_bounded(&args);
             assert!(code == 0 || code == 1, "{args:?}: {code}\n{stderr}");
