@@ -37,12 +37,12 @@ fn main() {
         .take(most)
         .collect();
     let held_mib = (rss_kib() as f64 / 1024.0) - before;
-    let levers: Vec<(usize, bool)> = LEVERS.iter().map(|l| l.settings()).collect();
+    let levers: Vec<(usize, bool)> = LEVERS.iter().filter_map(|l| l.settings()).collect();
     for n in sizes {
         let part = &records[..n.min(records.len())];
         let time = |settings: &[(usize, bool)]| {
             let start = Instant::now();
-            let replayed = match predict_at(part, settings) {
+            let replayed = match predict_at(part, settings, None) {
                 Predictions::Ready(p) => p.first().map_or(0, |p| p.replayed),
                 _ => 0,
             };

@@ -1265,3 +1265,29 @@ fn findings_on_requests_that_name_no_model_say_so() {
     assert!(!summary.contains("()"), "{summary}");
     assert!(!summary.contains("model ,"), "{summary}");
 }
+
+/// A turn whose slot another conversation took before it came, and which also rewrote its
+/// history: the loss is the eviction's, whole; the break is on the row, costing nothing.
+#[test]
+fn a_break_on_a_turn_whose_slot_was_taken_costs_nothing() {
+    let system = "You are agent A. ".repeat(40);
+    let first = chat_record(1, &system, 2, 0);
+    let mut other = chat_record(2, "You are B, a reviewer with rules of its own.", 1, 0);
+    other.request.body.as_mut().unwrap()["messages"][1]["content"] =
+        serde_json::json!("review the change");
+    let mut second = chat_record(3, &system, 3, 0);
+    second.request.body.as_mut().unwrap()["messages"][2]["content"] =
+        serde_json::json!("a rewritten answer");
+    let r = analyze(&[first, other, second], &Config::default());
+    let row = &r.rows[2];
+    assert_eq!(row.linked_to, Some(1));
+    assert_eq!(row.break_cause, Some(BreakCause::HistoryRewritten));
+    assert_eq!(
+        row.cause,
+        Some(prefixscope_core::analysis::Cause::OtherConversation)
+    );
+    assert_eq!(row.lost_client, None);
+    let lost = row.lost_external.as_ref().unwrap();
+    assert_eq!(lost.cause, "other_conversation");
+    assert_eq!(r.time.lost_tokens, u64::from(lost.tokens));
+}

@@ -44,6 +44,8 @@ fn recording(name: &str) -> Vec<Record> {
 
 struct Demo {
     records: Vec<Record>,
+    /// The recording as written: the exchanges and the probes of the server.
+    recording: Vec<u8>,
     report: Report,
     log: RunLog,
     events: Vec<ScriptEvent>,
@@ -99,6 +101,7 @@ fn demo(scenario: &str, extra: &[&str]) -> Demo {
         analysis::analyze(&read.records, &Config::default())
     );
     Demo {
+        recording: std::fs::read(&out).unwrap(),
         records: outcome.records,
         report: outcome.report,
         log: outcome.log,
@@ -447,6 +450,96 @@ fn the_slot_replay_matches_the_real_servers_reuse_and_predicts_its_evictions() {
         }
     }
     assert_eq!((predicted, evictions), (15, 15), "predicted of evicted");
+}
+
+/// The simulated server renders and tokenizes as llama-server does, so the demo is laid out as
+/// `watch` lays out a real llama.cpp's traffic. On every demo the model then agrees with the
+/// server: the ceiling bounds what it reused on each request, the replay at the recording's
+/// own settings (from its /props and the traffic) matches ≥ 95% of requests and its loss
+/// within 5%, and the sliding-window model is offered `--swa-full` with what it saves.
+#[test]
+fn the_server_model_agrees_with_every_demo_at_its_own_settings() {
+    use prefixscope_core::analysis::Lever;
+    use prefixscope_core::sim::{recorded_settings, residency};
+    for scenario in ["mixed", "parallel", "swa"] {
+        let run = demo(scenario, &[]);
+        let unlaid: Vec<u64> = run
+            .records
+            .iter()
+            .filter(|r| !r.tokens.as_ref().is_some_and(|t| t.layout))
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(
+            unlaid,
+            Vec::<u64>::new(),
+            "{scenario}: records not laid out"
+        );
+        let bound = support::bound::ceiling_bound(&run.recording, scenario);
+        assert!(bound.over.is_empty(), "{scenario}: {:?}", bound.over);
+        assert!(bound.ceiling_total >= bound.server_total, "{scenario}");
+
+        let records = read_jsonl(run.recording.as_slice()).records;
+        let own = recorded_settings(&records);
+        assert_eq!(own.slots_source, "the server's /props", "{scenario}");
+        let r = residency(&records, &run.report, own.slots, own.cache_ram);
+        let (compared, agreed) = r
+            .calibration
+            .iter()
+            .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
+        eprintln!("{scenario}: calibration {agreed}/{compared}");
+        assert!(
+            compared > 0 && agreed * 100 >= compared * 95,
+            "{scenario}: {agreed} of {compared}: {:?}",
+            r.disagreements
+        );
+        let w = what_if(&records, own.slots, own.cache_ram);
+        let (predicted, recorded) = (w.predicted.lost_tokens, w.recorded.lost_tokens);
+        eprintln!("{scenario}: predicted {predicted}, recorded {recorded}");
+        assert!(
+            predicted.abs_diff(recorded) * 20 <= recorded,
+            "{scenario}: predicted {predicted}, recorded {recorded}"
+        );
+        let predictions = prefixscope_core::live::predict(&records);
+        let swa_full = predictions.saving(Lever::SwaFull);
+        if scenario == "swa" {
+            let saving = swa_full.expect("--swa-full offered").saving_tokens();
+            assert!(saving > 0 && (saving as u64).abs_diff(recorded) * 20 <= recorded);
+            // Every loss is the window's: a full-size cache saves it all.
+            let fixes = prefixscope_core::live::advise(&run.report.findings, &predictions);
+            assert!(
+                fixes
+                    .iter()
+                    .any(|a| a.savings.iter().any(|s| s.lever == Lever::SwaFull)),
+                "the sliding-window finding offers --swa-full"
+            );
+        } else {
+            assert!(predictions.of(Lever::SwaFull).is_none(), "{scenario}");
+        }
+        let baseline = predictions.baseline().unwrap();
+        assert!(baseline.trusted(), "{}", baseline.line());
+        // What the same agents lose on a server started with another setting, as predicted
+        // from this run: within 5% (or 16 tokens) of what they lose there.
+        for (lever, flags) in [
+            (Lever::Slots(1), vec!["--slots", "1"]),
+            (Lever::Slots(4), vec!["--slots", "4"]),
+            (Lever::CacheRam, vec!["--slots", "1", "--cache-ram", "on"]),
+        ] {
+            if scenario == "swa" || (scenario == "parallel" && lever == Lever::Slots(1)) {
+                continue;
+            }
+            let predicted = predictions.of(lever).unwrap().predicted.lost_tokens;
+            let there = demo(scenario, &flags).report.time.lost_tokens;
+            eprintln!(
+                "{scenario} at {}: predicted {predicted}, lost {there}",
+                lever.flag()
+            );
+            assert!(
+                predicted.abs_diff(there) <= (there / 20).max(16),
+                "{scenario} at {}: predicted {predicted}, lost {there}",
+                lever.flag()
+            );
+        }
+    }
 }
 
 #[test]

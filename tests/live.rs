@@ -72,6 +72,7 @@ fn the_snapshot_json_is_analyze_json_plus_what_the_panes_show() {
         "top_prefixes",
         "filter",
         "fixes",
+        "calibration",
         "server",
     ] {
         json.as_object_mut().unwrap().remove(added);

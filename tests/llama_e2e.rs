@@ -423,7 +423,7 @@ async fn three_agents_on_two_slots_match_the_slot_replay() {
         .collect();
     assert_eq!(chat.len(), 12);
     let report = analyze(&chat, &Config::default());
-    let replay = what_if_given(&chat, 2, false, &report);
+    let replay = what_if_given(&chat, 2, false, false, &report);
     let predicted_slots: Vec<Option<usize>> =
         replay.requests.iter().map(|r| Some(r.slot)).collect();
     assert_eq!(

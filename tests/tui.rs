@@ -1461,8 +1461,9 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         lost.abs_diff(8_604) * 100 <= 8_604 && one.contains('◀'),
         "{view}"
     );
-    // Who holds the slot now: the replay at the marked setting (the recording does not say
-    // the server's), its calibration the one `prefixscope whatif` prints for it.
+    // Who holds the slot now: the replay at the marked setting (the server's own, inferred
+    // from the traffic: the recording has no /props), its calibration the one `prefixscope
+    // whatif` prints for it.
     let report = prefixscope_core::analysis::analyze(
         &records,
         &prefixscope_core::analysis::Config::default(),
@@ -1474,7 +1475,7 @@ fn the_capacity_view_is_whatif_at_every_setting() {
         .fold((0, 0), |(c, a), m| (c + m.compared, a + m.agreed));
     assert_eq!((compared, agreed), (23, 23));
     for line in [
-        "who holds each slot, replayed at -np 1 --cache-ram off (nearest what the server reported; its own not known)".to_string(),
+        "who holds each slot, replayed at -np 1 --cache-ram off (its own settings: /props and the traffic)".to_string(),
         format!("calibration: the replay matched the server's reuse on {agreed} of {compared} requests"),
         format!("slot 0  c{} ", slots.holders[0].as_ref().unwrap().conversation.unwrap()),
     ] {
@@ -1488,7 +1489,7 @@ fn the_capacity_view_is_whatif_at_every_setting() {
             &styled_view,
         );
     }
-    // With the host cache on, the real server is nearest `--cache-ram on`.
+    // With the host cache on, the server's own settings are `--cache-ram on`.
     let on = screen("llmp/llama.cpp/parallel", 120, 40, &keys);
     let marked = on.lines().find(|l| l.contains('◀')).unwrap();
     assert!(

@@ -10,7 +10,9 @@ use super::demo::OnOff;
 use super::{EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope_core::analysis::{Config, analyze};
 use prefixscope_core::sim::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
-use prefixscope_core::sim::{RecordedSettings, Totals, WhatIf, recorded_settings, what_if_given};
+use prefixscope_core::sim::{
+    RecordedSettings, TRUSTED_AGREEMENT, Totals, WhatIf, recorded_settings, what_if_given,
+};
 use prefixscope_core::units::thousands;
 
 #[derive(Args)]
@@ -26,6 +28,9 @@ pub struct WhatIfArgs {
     /// not tell]
     #[arg(long, value_enum)]
     cache_ram: Option<OnOff>,
+    /// A sliding-window model given a full-size cache (llama-server's `--swa-full`)
+    #[arg(long)]
+    swa_full: bool,
     /// The whole result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -42,7 +47,7 @@ pub fn run(args: WhatIfArgs) -> u8 {
     // The recording's own settings, each with its source; an option given replaces its own.
     let own = recorded_settings(&read.records);
     let settings = RecordedSettings {
-        sliding_window: own.sliding_window.clone(),
+        sliding_window: own.sliding_window.clone().filter(|_| !args.swa_full),
         slots: args.slots.unwrap_or(own.slots),
         slots_source: match args.slots {
             Some(_) => "given (--slots)".into(),
@@ -56,7 +61,13 @@ pub fn run(args: WhatIfArgs) -> u8 {
     };
     let (slots_given, cache_ram) = (settings.slots, settings.cache_ram);
     let recorded = analyze(&read.records, &Config::default());
-    let result = what_if_given(&read.records, slots_given, cache_ram, &recorded);
+    let result = what_if_given(
+        &read.records,
+        slots_given,
+        cache_ram,
+        args.swa_full,
+        &recorded,
+    );
     let slots = residency(&read.records, &recorded, slots_given, cache_ram);
     if args.json {
         let mut value = serde_json::to_value(&result).unwrap_or_default();
@@ -78,6 +89,7 @@ pub fn run(args: WhatIfArgs) -> u8 {
                     "sliding window {} tokens ({source}; --swa-full lifts it)",
                     thousands(*window as u64)
                 ),
+                None if args.swa_full => "full-size cache (given: --swa-full)".into(),
                 None => "full attention".into(),
             }
         ));
@@ -86,10 +98,6 @@ pub fn run(args: WhatIfArgs) -> u8 {
     }
     read.exit_code()
 }
-
-/// The share of requests the simulation must agree with the server on for its predictions to
-/// be trusted.
-const TRUSTED_AGREEMENT: f64 = 0.9;
 
 /// How far the replay is to be trusted with these settings, and who holds the cache at the end.
 fn render_residency(r: &Residency) -> String {

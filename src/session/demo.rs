@@ -114,8 +114,8 @@ impl Demo {
                 max_size: None,
                 connect_timeout: 10,
                 ca_file: None,
-                // The simulated server counts by its own words; it has no chat template to ask.
-                layout: false,
+                // The simulated server renders its template and tokenizes as llama-server does.
+                layout: true,
                 // The simulated server answers `/props` as llama-server does.
                 probe: prefixscope_capture::poll::Schedule::Watch,
                 // For the slot predictions on screen; a headless demo lets them go.
@@ -182,7 +182,7 @@ impl Demo {
         let handle = self.sim.handle();
         let sim = self.sim;
         let (scenario, seed, speed) = (self.config.scenario.clone(), self.config.seed, self.speed);
-        let (log, served) = runtime.block_on(async move {
+        let (log, served, stats) = runtime.block_on(async move {
             let (stop_sim, sim_stopped) = tokio::sync::oneshot::channel::<()>();
             let sim_task = tokio::spawn(sim.run(async {
                 let _ = sim_stopped.await;
@@ -198,12 +198,15 @@ impl Demo {
             let _ = stop_proxy.send(());
             let _ = proxy_task.await;
             probe.abort();
+            // The recorder lays out the last records by asking the simulated server: it
+            // stops once they are written.
+            let stats = tokio::task::spawn_blocking(move || recorder.finish_enriched()).await;
             let _ = stop_sim.send(());
             let _ = sim_task.await;
-            (log, handle.log())
+            (log, handle.log(), stats)
         });
         drop(runtime);
-        let stats = recorder.finish();
+        let stats = stats.map_err(|e| Error::Unreadable(format!("the recorder stopped: {e}")))?;
         let log = log.map_err(|e| Error::Unreadable(format!("the demo stopped: {e}")))?;
         // Read back what was written: the recording is what the analysis is of.
         let records = std::fs::File::open(&path)

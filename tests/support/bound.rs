@@ -51,8 +51,16 @@ pub fn ceiling_bound(jsonl: &[u8], name: &str) -> Bound {
             b.get("system").is_none()
                 && b.pointer("/messages/0/role").is_some_and(|r| r != "system")
         });
+        // Reuse that ends inside the first message is of another prompt's first message (the
+        // words two system prompts start with): inside a message the ceiling places tokens by
+        // characters, which two different texts need not share.
+        let first_message_end = request
+            .parts
+            .iter()
+            .find(|part| &*part.kind != "tools")
+            .map_or(0, |part| part.token_end);
         let allowance = block_size
-            + if without_system {
+            + if without_system || reused < first_message_end {
                 DEFAULT_SYSTEM_ALLOWANCE
             } else {
                 0

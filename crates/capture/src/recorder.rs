@@ -227,8 +227,14 @@ impl<B: AsRef<[u8]> + Send + 'static> Recorder<B> {
     /// first, or this waits for them.
     /// Stops: what is still queued is written without the enrichment (`RecorderStats::stopping`),
     /// then the thread ends once every sender is gone.
-    pub fn finish(mut self) -> Arc<RecorderStats> {
+    pub fn finish(self) -> Arc<RecorderStats> {
         self.stats.stopping.store(true, Ordering::Relaxed);
+        self.finish_enriched()
+    }
+
+    /// `finish`, with what is still queued enriched as before (the demo's simulated server
+    /// answers its layout at once; a real server may not, which is why `finish` does not).
+    pub fn finish_enriched(mut self) -> Arc<RecorderStats> {
         self.sender = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -1,5 +1,5 @@
 //! The simulated llama-server's HTTP edge (tokio + hyper, HTTP/1.1): `/v1/chat/completions`
-//! (streamed or not), `/tokenize`, `/health`, `/v1/models`, `/slots`, `/props`. The decisions are the
+//! (streamed or not), `/apply-template`, `/tokenize`, `/health`, `/v1/models`, `/slots`, `/props`. The decisions are the
 //! pure modules' (`kv`, `text`, `model`); this file only queues, sleeps and writes JSON.
 //!
 //! Like llama-server, at most `slots` requests run at once; the others wait in arrival order
@@ -230,6 +230,11 @@ async fn route(shared: Arc<Shared>, request: Request<Incoming>) -> Response<SimB
         }
         (Method::GET, "/slots") => json_response(StatusCode::OK, &slots(&shared)),
         (Method::GET, "/props") => json_response(StatusCode::OK, &props(&shared.config)),
+        // The prompt `chat` evaluates for these messages, as llama-server renders it.
+        (Method::POST, "/apply-template") => match read_json(request).await {
+            Ok(body) => json_response(StatusCode::OK, &json!({ "prompt": render_chat(&body) })),
+            Err(e) => e,
+        },
         (Method::POST, "/tokenize") => match read_json(request).await {
             Ok(body) => json_response(StatusCode::OK, &tokenize_response(&body)),
             Err(e) => e,

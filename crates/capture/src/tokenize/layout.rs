@@ -474,7 +474,9 @@ pub(super) fn split(
     pieces: &[usize],
     messages: &[Value],
 ) -> Result<(Vec<u32>, u32), usize> {
-    let mut starts = Vec::with_capacity(messages.len());
+    // Each message's content as (start, end) in the prompt.
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(messages.len());
+    let mut without_text = Vec::new();
     let mut cursor = 0usize;
     for (k, message) in messages.iter().enumerate() {
         let rest = prompt.get(cursor..).ok_or(k)?;
@@ -490,12 +492,17 @@ pub(super) fn split(
                 };
                 (at, length)
             }
-            Needle::Optional(Some(name)) => rest.find(&name).map_or((0, 0), |at| (at, name.len())),
-            Needle::Optional(None) => (0, 0),
+            Needle::Optional(name) => {
+                without_text.push(k);
+                name.and_then(|name| rest.find(&name).map(|at| (at, name.len())))
+                    .unwrap_or((0, 0))
+            }
         };
-        starts.push(cursor + at);
+        spans.push((cursor + at, cursor + at + length));
         cursor += at + length;
     }
+    start_after_the_header(prompt, messages, &mut spans, &without_text);
+    let starts: Vec<usize> = spans.iter().map(|&(start, _)| start).collect();
     // Token end offsets; pieces before the text (a BOS the template did not write) end at 0.
     let rendered: usize = pieces.iter().sum();
     let extra = rendered.checked_sub(prompt.len()).ok_or(0usize)?;
@@ -669,6 +676,73 @@ fn from_llama_cpp(record: &Record) -> bool {
         })
 }
 
+/// Places each message without text (a tool call, an empty reply) right after its role header,
+/// where a text would start: where the request that produced it ended, with the generation
+/// prompt. Found by the generation prompt this prompt ends with (the text after the last
+/// content): its longest ending that the gap before the message holds. Without it, the
+/// template's tool-call markup (`<tool_call>\n{"name": "`) would count with the message before,
+/// which then differs from that message in the request that produced the call.
+fn start_after_the_header(
+    prompt: &str,
+    messages: &[Value],
+    spans: &mut [(usize, usize)],
+    without_text: &[usize],
+) {
+    /// Markup between one content and the next, at most (a bound on the search).
+    const MAX_MARKUP: usize = 4096;
+    let ends_with_a_reply = messages
+        .last()
+        .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
+    let Some(&(_, last_end)) = spans.last() else {
+        return;
+    };
+    if ends_with_a_reply {
+        return;
+    }
+    let generation_prompt = {
+        let tail = prompt.get(last_end..).unwrap_or_default();
+        let mut from = tail.len().saturating_sub(256);
+        while !tail.is_char_boundary(from) {
+            from += 1;
+        }
+        &tail[from..]
+    };
+    for &k in without_text {
+        if k == 0 || messages[k].get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let from = spans[k - 1].1;
+        let found = spans[k].1 > spans[k].0;
+        let to = if found {
+            spans[k].0
+        } else {
+            spans
+                .get(k + 1..)
+                .and_then(|later| later.iter().map(|&(start, _)| start).find(|&s| s > from))
+                .unwrap_or(prompt.len())
+        };
+        let mut to = to.min(from + MAX_MARKUP).max(from);
+        while !prompt.is_char_boundary(to) {
+            to -= 1;
+        }
+        let Some(gap) = prompt.get(from..to) else {
+            continue;
+        };
+        let header_end = generation_prompt
+            .char_indices()
+            .map(|(i, _)| &generation_prompt[i..])
+            // Not a bare newline or bracket that any gap holds.
+            .filter(|ending| ending.chars().filter(|c| !c.is_whitespace()).count() >= 3)
+            .find_map(|ending| gap.find(ending).map(|at| from + at + ending.len()));
+        if let Some(start) = header_end {
+            spans[k].0 = start;
+            if !found {
+                spans[k].1 = start;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -762,6 +836,40 @@ mod tests {
             json!({"role": "user", "content": "next"}),
         ];
         assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![1, 1, 1], 0)));
+    }
+
+    #[test]
+    fn a_tool_call_starts_after_its_role_header() {
+        let header = ["<|im_start|>", "assistant", "\n"];
+        let end = ["<|im_end|>", "\n"];
+        let call = ["<tool_call>", "\n", "{\"name\": \"", "ls", "\"}"];
+        let mut tokens = vec!["q"];
+        tokens.extend(end);
+        tokens.extend(header);
+        tokens.extend(call);
+        tokens.extend(end);
+        tokens.extend(["<|im_start|>", "tool", "\n", "a.txt"]);
+        tokens.extend(end);
+        tokens.extend(header);
+        let (prompt, lengths) = pieces(&tokens);
+        let messages = [
+            json!({"role": "user", "content": "q"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}),
+            json!({"role": "tool", "tool_call_id": "1", "content": "a.txt"}),
+        ];
+        // The question keeps what it had as the request before (its end and the reply's
+        // header: 6 tokens), the call runs from `<tool_call>` to the tool's content.
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![6, 10, 6], 0)));
+        // Not rendered at all: the same place, after the header the template wrote for it.
+        let mut tokens = vec!["q"];
+        tokens.extend(end);
+        tokens.extend(header);
+        tokens.extend(end);
+        tokens.extend(["<|im_start|>", "tool", "\n", "a.txt"]);
+        tokens.extend(end);
+        tokens.extend(header);
+        let (prompt, lengths) = pieces(&tokens);
+        assert_eq!(split(&prompt, &lengths, &messages), Ok((vec![6, 5, 6], 0)));
     }
 
     #[test]

@@ -703,6 +703,9 @@ pub enum Lever {
     Slots(usize),
     /// Any other setting of the capacity view: `whatif FILE --slots N --cache-ram on|off`.
     Server { slots: usize, cache_ram: bool },
+    /// `--swa-full` (a full-size cache for a sliding-window model's window layers), the
+    /// server's slots and host cache as they are: `whatif FILE --swa-full`.
+    SwaFull,
 }
 
 impl Lever {
@@ -725,6 +728,7 @@ impl Lever {
                 "-np {slots} --cache-ram {}",
                 if cache_ram { "on" } else { "off" }
             ),
+            Lever::SwaFull => "--swa-full".into(),
         }
     }
 
@@ -737,15 +741,18 @@ impl Lever {
                 "--slots {slots} --cache-ram {}",
                 if cache_ram { "on" } else { "off" }
             ),
+            Lever::SwaFull => "--swa-full".into(),
         }
     }
 
-    /// `(slots, cache_ram)` for `sim::whatif::what_if`.
-    pub fn settings(self) -> (usize, bool) {
+    /// `(slots, cache_ram)` for `sim::whatif::what_if`; `None` for `--swa-full`, which keeps
+    /// the server's own.
+    pub fn settings(self) -> Option<(usize, bool)> {
         match self {
-            Lever::CacheRam => (1, true),
-            Lever::Slots(n) => (n, false),
-            Lever::Server { slots, cache_ram } => (slots, cache_ram),
+            Lever::CacheRam => Some((1, true)),
+            Lever::Slots(n) => Some((n, false)),
+            Lever::Server { slots, cache_ram } => Some((slots, cache_ram)),
+            Lever::SwaFull => None,
         }
     }
 }
@@ -861,13 +868,17 @@ pub fn fix(finding: &Finding) -> Fix {
             change: "models share one cache: give each model its own server, or keep prefixes in host memory (--cache-ram)".into(),
             levers: vec![Lever::CacheRam],
         },
-        FindingKind::ServerCacheLoss => Fix {
-            owner: "server",
-            change: engine_kind(evidence_text(finding, "engine_cause"))
-                .fix()
-                .into(),
-            levers: Vec::new(),
-        },
+        FindingKind::ServerCacheLoss => {
+            let kind = engine_kind(evidence_text(finding, "engine_cause"));
+            Fix {
+                owner: "server",
+                change: kind.fix().into(),
+                levers: match kind {
+                    EngineKind::SlidingWindow => vec![Lever::SwaFull],
+                    _ => Vec::new(),
+                },
+            }
+        }
         FindingKind::UnusedTool => client(format!(
             "drop the tool {} from the tool list: offered, never called",
             evidence_text(finding, "tool")

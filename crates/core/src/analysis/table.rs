@@ -1033,7 +1033,16 @@ pub(super) fn apply_link(
         None => link.prefix_tokens + link.reply_held,
     };
     let lost = (reusable - reused).clamp(0.0, evaluated_tokens);
+    // A loss has one cause. Where others had taken the slot before this turn came (a side-call,
+    // another conversation or model), the break cost nothing more: the server had nothing of
+    // the turn before to reuse. Every token is the eviction's; the break stays on the row, a
+    // harmless fact. (llmp splits it: the break's part past its point.)
+    let slot_taken = matches!(
+        row.cause,
+        Some(Cause::SideCall | Cause::OtherConversation | Cause::OtherModel)
+    );
     let client = match (charged_break, row.cause) {
+        (Some(_), _) if slot_taken => 0.0,
         // The cache was warm (the server reused about what the prefix predicted, or more): every
         // token it had and re-evaluated is the break's, including what the estimated prefix got
         // wrong (a template that drops the tool schemas makes the estimate too long).

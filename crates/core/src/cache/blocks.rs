@@ -309,10 +309,24 @@ fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
     push_media_markers(message, &mut text);
     if let Some(calls) = message
         .get("tool_calls")
-        .filter(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+        .and_then(Value::as_array)
+        .filter(|calls| !calls.is_empty())
     {
+        // Without a streamed reply's `index`, which no template renders: a harness that sends
+        // it back and one that drops it send the same call (`reply_segment` drops it too).
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|call| match call {
+                Value::Object(fields) if fields.contains_key("index") => {
+                    let mut fields = fields.clone();
+                    fields.remove("index");
+                    Value::Object(fields)
+                }
+                other => other.clone(),
+            })
+            .collect();
         text.push_str("<calls>");
-        text.push_str(&hash::canonical_json(calls));
+        text.push_str(&hash::canonical_json(&Value::Array(calls)));
     }
     let digest = message_digest(message);
     let tokens = counts

@@ -184,20 +184,90 @@ pub struct Prediction {
     pub hit_rate: f64,
     /// The same of what the real server reported, where it reported it for every request.
     pub recorded_hit_rate: Option<f64>,
-    /// The simulated server at the server's own settings (`sim::recorded_settings`): what a
-    /// saving is measured from, so the model's own error cancels out.
-    pub baseline: crate::sim::whatif::Totals,
+    /// The simulated server at the server's own settings: what a saving is measured from, so
+    /// the model's own error cancels out.
+    pub baseline: Arc<Baseline>,
+}
+
+/// The simulated server at the server's own settings (`sim::recorded_settings`: its `/props`,
+/// else inferred from the traffic): what every prediction is measured from, and how far the
+/// predictions are to be trusted (the calibration).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Baseline {
+    pub settings: crate::sim::RecordedSettings,
+    pub predicted: crate::sim::whatif::Totals,
+    pub recorded: crate::sim::whatif::Totals,
+    /// Requests the server reported its reuse for, and those the replay matched.
+    pub compared: usize,
+    pub agreed: usize,
+}
+
+impl Baseline {
+    pub fn trusted(&self) -> bool {
+        self.compared > 0
+            && self.agreed as f64 >= crate::sim::whatif::TRUSTED_AGREEMENT * self.compared as f64
+    }
+
+    /// `-np 2 (the server's /props), --cache-ram off (inferred)`.
+    pub fn settings_text(&self) -> String {
+        let short = |source: &str| source.split(':').next().unwrap_or(source).to_string();
+        let s = &self.settings;
+        format!(
+            "-np {} ({}), --cache-ram {} ({}){}",
+            s.slots,
+            short(&s.slots_source),
+            if s.cache_ram { "on" } else { "off" },
+            short(&s.cache_ram_source),
+            match &s.sliding_window {
+                Some((window, source)) => {
+                    format!(
+                        ", sliding window {} ({})",
+                        thousands(*window as u64),
+                        short(source)
+                    )
+                }
+                None => String::new(),
+            }
+        )
+    }
+
+    /// The calibration as every output says it, with "not to be trusted" below
+    /// `TRUSTED_AGREEMENT`.
+    pub fn line(&self) -> String {
+        if self.compared == 0 {
+            return format!(
+                "calibration: not measured (the server reported no reuse); at {}",
+                self.settings_text()
+            );
+        }
+        format!(
+            "calibration: at {} the simulated server matched the server's reuse on {} of {} requests, and predicts {} tokens lost where {} were{}",
+            self.settings_text(),
+            self.agreed,
+            self.compared,
+            thousands(self.predicted.lost_tokens),
+            thousands(self.recorded.lost_tokens),
+            if self.trusted() {
+                String::new()
+            } else {
+                format!(
+                    "; under {:.0}%: the predictions are not to be trusted",
+                    crate::sim::whatif::TRUSTED_AGREEMENT * 100.0
+                )
+            }
+        )
+    }
 }
 
 impl Prediction {
     /// Tokens the setting would save against the server's own settings, both simulated
     /// (negative: it would lose more).
     pub fn saving_tokens(&self) -> i64 {
-        self.baseline.lost_tokens as i64 - self.predicted.lost_tokens as i64
+        self.baseline.predicted.lost_tokens as i64 - self.predicted.lost_tokens as i64
     }
 
     pub fn saving_ms(&self) -> Option<f64> {
-        Some(self.baseline.lost_ms? - self.predicted.lost_ms.unwrap_or(0.0))
+        Some(self.baseline.predicted.lost_ms? - self.predicted.lost_ms.unwrap_or(0.0))
     }
 
     /// `--cache-ram on: −8,175 tokens, −2.1 s`, the saving as the fix states it.
@@ -230,14 +300,11 @@ pub enum Predictions {
 }
 
 impl Predictions {
-    /// The setting whose prediction is nearest what the server reported (a recording does not
-    /// say how its server was set up): the capacity view marks it, the slot view falls back
-    /// to it.
-    pub fn nearest(&self) -> Option<&Prediction> {
+    /// The simulated server at the server's own settings, which every prediction is measured
+    /// from: the capacity view marks them, the slot view replays them.
+    pub fn baseline(&self) -> Option<&Baseline> {
         match self {
-            Predictions::Ready(all) => all
-                .iter()
-                .min_by_key(|p| p.predicted.lost_tokens.abs_diff(p.recorded.lost_tokens)),
+            Predictions::Ready(all) => all.first().map(|p| &*p.baseline),
             _ => None,
         }
     }
@@ -424,19 +491,44 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
 /// The simulated server over `records` at every setting of the capacity view (`prefixscope
 /// whatif` on them): every lever a fix names is one of them.
 pub fn predict(records: &[Record]) -> Predictions {
-    predict_at(records, &crate::analysis::findings::CAPACITY_SETTINGS)
+    predict_at(records, &crate::analysis::findings::CAPACITY_SETTINGS, None)
 }
 
 /// The simulated server over `records` at `settings` (`(slots, cache_ram)`), the recording
 /// analysed once for all of them.
-pub fn predict_at(records: &[Record], settings: &[(usize, bool)]) -> Predictions {
+/// `props_slots`: the slot count the server's `/props` gave, where `records` hold no probes
+/// (the live engine keeps them apart).
+pub fn predict_at(
+    records: &[Record],
+    settings: &[(usize, bool)],
+    props_slots: Option<usize>,
+) -> Predictions {
     let recorded = crate::analysis::analyze(records, &Config::default());
-    let own = crate::sim::whatif::recorded_settings(records);
-    let baseline =
-        crate::sim::whatif::what_if_given(records, own.slots, own.cache_ram, &recorded).predicted;
+    let own = crate::sim::whatif::settings_with_slots(records, props_slots);
+    let at_own =
+        crate::sim::whatif::what_if_given(records, own.slots, own.cache_ram, false, &recorded);
+    let (compared, agreed) = at_own.calibration();
+    let baseline = Arc::new(Baseline {
+        settings: own.clone(),
+        predicted: at_own.predicted,
+        recorded: at_own.recorded,
+        compared,
+        agreed,
+    });
     let mut all = Vec::new();
-    for &(slots, cache_ram) in settings {
-        let result = crate::sim::whatif::what_if_given(records, slots, cache_ram, &recorded);
+    // A sliding-window model's lever: a full-size cache, at the server's own slots and host
+    // cache.
+    let swa_full = own
+        .sliding_window
+        .is_some()
+        .then_some((own.slots, own.cache_ram, true));
+    let levers = settings
+        .iter()
+        .map(|&(slots, cache_ram)| (slots, cache_ram, false))
+        .chain(swa_full);
+    for (slots, cache_ram, swa_full) in levers {
+        let result =
+            crate::sim::whatif::what_if_given(records, slots, cache_ram, swa_full, &recorded);
         if result.replayed == 0 {
             return Predictions::NotReplayable;
         }
@@ -463,13 +555,17 @@ pub fn predict_at(records: &[Record], settings: &[(usize, bool)]) -> Predictions
             .map(|r| r.recorded_reused.map(u64::from))
             .sum();
         all.push(Prediction {
-            lever: crate::analysis::findings::Lever::of_settings(slots, cache_ram),
+            lever: if swa_full {
+                crate::analysis::findings::Lever::SwaFull
+            } else {
+                crate::analysis::findings::Lever::of_settings(slots, cache_ram)
+            },
             recorded: result.recorded,
             predicted: result.predicted,
             replayed: result.replayed,
             hit_rate: share(predicted_reused),
             recorded_hit_rate: recorded_reused.map(share),
-            baseline: baseline.clone(),
+            baseline: Arc::clone(&baseline),
         });
     }
     Predictions::Ready(all)
@@ -651,6 +747,9 @@ impl Snapshot {
                 out.push_str(&line);
                 out.push('\n');
             }
+            if let Some(baseline) = self.predictions.baseline() {
+                out.push_str(&format!("  {}\n", baseline.line()));
+            }
         }
         if !self.view.prefixes.is_empty() {
             out.push_str("top prefixes (requests × prefix, reusable tokens):\n");
@@ -772,6 +871,21 @@ impl Snapshot {
                 })
                 .collect();
             object.insert("fixes".into(), fixes.into());
+            // How far the savings are to be trusted: the simulated server at the server's own
+            // settings against what it reported.
+            if let Some(b) = self.predictions.baseline() {
+                object.insert(
+                    "calibration".into(),
+                    serde_json::json!({
+                        "settings": b.settings,
+                        "compared": b.compared,
+                        "agreed": b.agreed,
+                        "trusted": b.trusted(),
+                        "predicted_lost_tokens": b.predicted.lost_tokens,
+                        "recorded_lost_tokens": b.recorded.lost_tokens,
+                    }),
+                );
+            }
         }
         json
     }
@@ -1208,37 +1322,13 @@ impl Engine {
         }
     }
 
-    /// Who holds the slots now: the records so far replayed with the server's settings, or,
-    /// unknown, with the setting whose prediction is nearest what the server reported (said).
-    /// Worked out again only when records came since.
+    /// Who holds the slots now: the records so far replayed with the server's settings (its
+    /// /props and the traffic, said). Worked out again only when records came since.
     fn slot_view<R: crate::analysis::Priced>(
         &mut self,
         predictions: &Predictions,
         report: &crate::analysis::Report<R>,
     ) -> Arc<Option<SlotView>> {
-        // The server's own slot count from its probes (`/props`, `/slots`); its host cache,
-        // which /props does not say, inferred from the traffic where it tells, else assumed
-        // on (llama-server's default), said.
-        let probed = self.server.total_slots().map(|slots| {
-            let own = (self.records_seen as usize <= self.records.len())
-                .then(|| crate::sim::whatif::settings_with_slots(&self.records, Some(slots)));
-            match own {
-                Some(own) => ServerSettings {
-                    slots,
-                    cache_ram: own.cache_ram,
-                    source: format!(
-                        "the server's slot count from its /props; its host cache {} ({})",
-                        if own.cache_ram { "on" } else { "off" },
-                        own.cache_ram_source
-                    ),
-                },
-                None => ServerSettings {
-                    slots,
-                    cache_ram: true,
-                    source: "the server's slot count from its /props; its host cache assumed on, llama-server's default".into(),
-                },
-            }
-        });
         // Another engine's slots are its own (Ollama's runner, vLLM's and SGLang's blocks):
         // the replay is llama-server's, and says so.
         let not_llama = self
@@ -1251,16 +1341,13 @@ impl Engine {
                     k.name()
                 )
             });
-        let settings = self.server_settings.clone().or(probed).or_else(|| {
-            predictions.nearest().map(|p| {
-                let (slots, cache_ram) = p.lever.settings();
-                ServerSettings {
-                    slots,
-                    cache_ram,
-                    source: format!(
-                        "nearest what the server reported; its own not known{not_llama}"
-                    ),
-                }
+        // The server's own settings, as the predictions found them (its /props, else the
+        // traffic), unless the source knows them (the demo's simulated server).
+        let settings = self.server_settings.clone().or_else(|| {
+            predictions.baseline().map(|b| ServerSettings {
+                slots: b.settings.slots,
+                cache_ram: b.settings.cache_ram,
+                source: format!("its own settings: /props and the traffic{not_llama}"),
             })
         });
         let inputs = SlotViewInputs {
@@ -1310,14 +1397,19 @@ impl Engine {
             Predictions::TooMany(self.records_seen)
         } else {
             let records: Vec<Record> = self.records.iter().map(|r| (**r).clone()).collect();
+            let props_slots = self.server.total_slots();
             if every {
-                predict(&records)
+                predict_at(
+                    &records,
+                    &crate::analysis::findings::CAPACITY_SETTINGS,
+                    props_slots,
+                )
             } else {
                 let levers: Vec<(usize, bool)> = crate::analysis::findings::LEVERS
                     .iter()
-                    .map(|l| l.settings())
+                    .filter_map(|l| l.settings())
                     .collect();
-                predict_at(&records, &levers)
+                predict_at(&records, &levers, props_slots)
             }
         });
         self.predicted = Some((self.records_seen, every, Arc::clone(&predictions)));

@@ -14,4 +14,6 @@ pub use residency::{
     AGREE_SHARE, AGREE_TOKENS, Holder, Residency, agrees, residency, residency_with_starts,
 };
 pub use text::{VOCAB, pieces, render_chat, token_id, tokenize};
-pub use whatif::{RecordedSettings, Totals, WhatIf, recorded_settings, what_if, what_if_given};
+pub use whatif::{
+    RecordedSettings, TRUSTED_AGREEMENT, Totals, WhatIf, recorded_settings, what_if, what_if_given,
+};

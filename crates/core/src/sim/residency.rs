@@ -170,6 +170,7 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
         &exchanges,
         slots,
         cache_ram,
+        false,
         |_, x, prompt, served, reused| {
             if let Some(slot) = holders.get_mut(served.slot) {
                 *slot = Some(x.id);

@@ -112,13 +112,16 @@ pub(super) fn replay<B: std::borrow::Borrow<Record>>(
     exchanges: &[(usize, Exchange)],
     slots: usize,
     cache_ram: bool,
+    swa_full: bool,
     mut served: impl FnMut(usize, &Exchange, &[Token], super::kv::Served, u32),
 ) -> (KvCache, SimTokens) {
     let mut order: Vec<&(usize, Exchange)> = exchanges.iter().collect();
     order.sort_by_key(|(_, x)| (x.t_start_ms, x.id));
     let mut tokens = SimTokens::of(records);
     let mut config = KvConfig::new(slots, cache_ram);
-    config.swa_window = sliding_window(records).map(|(window, _)| window);
+    config.swa_window = sliding_window(records)
+        .filter(|_| !swa_full)
+        .map(|(window, _)| window);
     let mut kv = KvCache::new(config);
     let mut free_at = vec![i64::MIN; kv.slot_count()];
     for (index, x) in order {
@@ -222,6 +225,7 @@ pub(crate) fn settings_with_slots<B: std::borrow::Borrow<Record>>(
             &exchanges,
             slots,
             cache_ram,
+            false,
             |_, x, _, _, reused| {
                 if let (Some(recorded), Some(prompt)) =
                     (x.counts.reused_tokens, x.counts.prompt_tokens)
@@ -302,15 +306,17 @@ struct Predicted {
 
 pub fn what_if(records: &[Record], slots: usize, cache_ram: bool) -> WhatIf {
     let recorded = analysis::analyze(records, &Config::default());
-    what_if_given(records, slots, cache_ram, &recorded)
+    what_if_given(records, slots, cache_ram, false, &recorded)
 }
 
 /// `what_if` with the recording's own analysis already done (`analysis::analyze(records,
 /// &Config::default())`): several settings over the same records analyse them once.
+/// `swa_full`: a sliding-window model given a full-size cache (llama-server's `--swa-full`).
 pub fn what_if_given(
     records: &[Record],
     slots: usize,
     cache_ram: bool,
+    swa_full: bool,
     recorded: &Report,
 ) -> WhatIf {
     let exchanges = replayable(records);
@@ -324,6 +330,7 @@ pub fn what_if_given(
         &exchanges,
         slots,
         cache_ram,
+        swa_full,
         |index, x, _, served, reused| {
             let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
             let evaluated = server_prompt - reused;
@@ -371,6 +378,29 @@ pub fn what_if_given(
         requests,
     }
 }
+
+impl WhatIf {
+    /// Requests the server reported its reuse for, and of them those whose reuse the replay
+    /// matched (`residency::agrees`): at the server's own settings, how far to trust it.
+    pub fn calibration(&self) -> (usize, usize) {
+        self.requests
+            .iter()
+            .filter_map(|r| Some((r.prompt_tokens, r.recorded_reused?, r.predicted_reused)))
+            .fold(
+                (0, 0),
+                |(compared, agreed), (prompt, recorded, predicted)| {
+                    (
+                        compared + 1,
+                        agreed + usize::from(super::residency::agrees(prompt, recorded, predicted)),
+                    )
+                },
+            )
+    }
+}
+
+/// The share of requests the replay must match at the server's own settings for its
+/// predictions to be trusted.
+pub const TRUSTED_AGREEMENT: f64 = 0.9;
 
 fn assumptions(tokens_per_char: f64, rate: Option<f64>) -> Vec<String> {
     vec![

@@ -79,9 +79,10 @@ pub(super) fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line
         ),
         Line::raw(String::new()),
     ];
-    // The recording does not say how the server was set up: the setting whose prediction is
-    // nearest what the server reported is marked.
-    let nearest = predictions.nearest().map(|p| p.lever);
+    // The server's own settings (its /props, else inferred from the traffic) are marked.
+    let own = predictions.baseline().map(|b| {
+        prefixscope_core::analysis::Lever::of_settings(b.settings.slots, b.settings.cache_ram)
+    });
     lines.push(Line::styled(
         format!("{:<8}{:<32}{}", "", "--cache-ram off", "--cache-ram on"),
         theme.dim(),
@@ -103,9 +104,9 @@ pub(super) fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line
                         p.hit_rate * 100.0,
                         tokens(p.predicted.lost_tokens),
                         p.predicted.lost_ms.map_or("-".into(), duration),
-                        if nearest == Some(lever) { " ◀" } else { "" }
+                        if own == Some(lever) { " ◀" } else { "" }
                     ),
-                    nearest == Some(lever),
+                    own == Some(lever),
                 ),
                 None => ("-".into(), false),
             }
@@ -126,10 +127,20 @@ pub(super) fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line
         ]));
     }
     lines.push(Line::raw(String::new()));
-    lines.push(Line::styled(
-        "◀ the setting whose prediction is nearest what the server reported (the recording does not say how it was set up)",
-        theme.dim(),
-    ));
+    if let Some(baseline) = predictions.baseline() {
+        lines.push(Line::styled(
+            format!("◀ the server's own settings: {}", baseline.settings_text()),
+            theme.dim(),
+        ));
+        lines.extend(
+            super::turn::calibration_line(predictions, theme).map(|mut line| {
+                line.spans.iter_mut().for_each(|s| {
+                    s.content = s.content.trim_start().to_string().into();
+                });
+                line
+            }),
+        );
+    }
     lines.push(Line::styled(
         "-np: llama-server's slots (one conversation's cache each); --cache-ram: its host-memory prompt cache, unbounded here",
         theme.dim(),

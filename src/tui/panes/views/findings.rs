@@ -32,6 +32,18 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
     if !app.view().header.filter.is_empty() {
         lines.push(Line::styled("(unfiltered: every request)", theme.dim()));
     }
+    // How far the savings below are to be trusted, once.
+    let savings = all.iter().any(|a| !a.savings.is_empty());
+    if savings {
+        lines.extend(
+            calibration_line(&app.snapshot.predictions, theme).map(|mut line| {
+                for span in &mut line.spans {
+                    span.content = span.content.trim_start().to_string().into();
+                }
+                line
+            }),
+        );
+    }
     let mut at = 0;
     for (i, advice) in all.iter().enumerate() {
         lines.push(Line::raw(String::new()));

@@ -97,6 +97,17 @@ pub fn turn_fix(snapshot: &Snapshot, row: &Row) -> Option<(String, Fix, Vec<Pred
     Some((cause, fix, savings))
 }
 
+/// How far the predictions are to be trusted (`Baseline::line`), marked when they are not.
+pub(super) fn calibration_line<'a>(predictions: &Predictions, theme: &Theme) -> Option<Line<'a>> {
+    let baseline = predictions.baseline()?;
+    let style = if baseline.trusted() {
+        theme.dim()
+    } else {
+        theme.warn()
+    };
+    Some(Line::styled(format!("    {}", baseline.line()), style))
+}
+
 /// `−8,175 tokens, −2.1 s` lines of a fix's settings, or why there are none.
 pub(super) fn saving_lines<'a>(
     fix: &Fix,
@@ -122,7 +133,7 @@ pub(super) fn saving_lines<'a>(
                 Span::styled(
                     format!(
                         " (simulated: lost {} → {}; {})",
-                        thousands(saving.baseline.lost_tokens),
+                        thousands(saving.baseline.predicted.lost_tokens),
                         thousands(saving.predicted.lost_tokens),
                         saving.lever.whatif_args()
                     ),
@@ -369,6 +380,9 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             Span::raw(format!("{} ({})", fix.change, cause_label_plural(&cause))),
         ]));
         lines.extend(saving_lines(&fix, &savings, &snapshot.predictions, theme));
+        if !savings.is_empty() {
+            lines.extend(calibration_line(&snapshot.predictions, theme));
+        }
     }
     if let Some(at) = &row.break_location {
         lines.push(Line::raw(String::new()));
