@@ -47,6 +47,9 @@ enum Command {
     /// Replay a recording against the simulated server with other settings (slots, host cache)
     /// and compare the predicted losses with the recorded ones.
     Whatif(cli::whatif::WhatIfArgs),
+    /// For CI: exit 1 when recordings lose more of their prefill than --max-lost, or a cause of
+    /// loss appears or grows against --baseline (an earlier `analyze --json`); 2 on bad input.
+    Check(cli::check::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
             | Command::Profile(_)
             | Command::Export(_)
             | Command::Whatif(_)
+            | Command::Check(_)
     ) {
         prefixscope::session::shutdown::exit_on_signal();
     }
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Command::Export(args) => cli::export::run(args),
         Command::Demo(args) => cli::demo::run(args),
         Command::Whatif(args) => cli::whatif::run(args),
+        Command::Check(args) => cli::check::run(args),
     };
     ExitCode::from(code)
 }

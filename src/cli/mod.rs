@@ -4,6 +4,7 @@
 //! (`session::shutdown`).
 
 pub mod analyze;
+pub mod check;
 pub mod demo;
 pub mod export;
 pub mod profile;
