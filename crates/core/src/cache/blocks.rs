@@ -307,26 +307,29 @@ fn message_segment(message: &Value, counts: Option<&TokenCounts>) -> Segment {
     let mut text = header(role, name, tool_call_id);
     text.push_str(&content);
     push_media_markers(message, &mut text);
-    if let Some(calls) = message
+    if let Some((sent, calls)) = message
         .get("tool_calls")
-        .and_then(Value::as_array)
-        .filter(|calls| !calls.is_empty())
+        .and_then(|sent| Some((sent, sent.as_array()?)))
+        .filter(|(_, calls)| !calls.is_empty())
     {
         // Without a streamed reply's `index`, which no template renders: a harness that sends
         // it back and one that drops it send the same call (`reply_segment` drops it too).
-        let calls: Vec<Value> = calls
-            .iter()
-            .map(|call| match call {
-                Value::Object(fields) if fields.contains_key("index") => {
-                    let mut fields = fields.clone();
-                    fields.remove("index");
-                    Value::Object(fields)
-                }
-                other => other.clone(),
-            })
-            .collect();
         text.push_str("<calls>");
-        text.push_str(&hash::canonical_json(&Value::Array(calls)));
+        if calls.iter().any(|call| call.get("index").is_some()) {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|call| {
+                    let mut call = call.clone();
+                    if let Some(fields) = call.as_object_mut() {
+                        fields.remove("index");
+                    }
+                    call
+                })
+                .collect();
+            text.push_str(&hash::canonical_json(&Value::Array(calls)));
+        } else {
+            text.push_str(&hash::canonical_json(sent));
+        }
     }
     let digest = message_digest(message);
     let tokens = counts
