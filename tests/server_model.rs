@@ -10,7 +10,14 @@ mod support;
 
 use support::server_model::{check, check_within, held_after};
 
-const SCENARIOS: [&str; 5] = ["append", "alternate", "short-first", "date", "two-slots"];
+const SCENARIOS: [&str; 6] = [
+    "append",
+    "alternate",
+    "short-first",
+    "date",
+    "two-slots",
+    "tool-calls",
+];
 
 fn recording(name: &str) -> Vec<u8> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -143,6 +150,7 @@ fn whatif_at_the_recorded_settings_predicts_what_the_server_did() {
         ("short-first", 1, Some(false)),
         ("date", 1, None),
         ("two-slots", 2, Some(false)),
+        ("tool-calls", 1, None),
     ] {
         let records = prefixscope_core::record::read_jsonl(recording(name).as_slice()).records;
         let own = recorded_settings(&records);

@@ -15,13 +15,13 @@ MODEL=$(python3 -c "import importlib.util, os; spec = importlib.util.find_spec('
 # scenario → slots and host-memory prompt cache in MiB (empty: llama-server's default, on)
 settings() {
   case "$1" in
-    append | date) echo "1 " ;;
+    append | date | tool-calls) echo "1 " ;;
     alternate | short-first) echo "1 0" ;;
     two-slots) echo "2 0" ;;
     *) echo "unknown scenario $1" >&2; exit 2 ;;
   esac
 }
-for scenario in "${@:-append alternate short-first date two-slots}"; do
+for scenario in "${@:-append alternate short-first date two-slots tool-calls}"; do
  for name in $scenario; do
   read -r slots cache_ram <<<"$(settings "$name")"
   rm -f "$OUT/$name.jsonl"

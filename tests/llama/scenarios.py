@@ -7,6 +7,8 @@ Usage: scenarios.py SCENARIO BASE_URL
   short-first the same without tools, first turns at max_tokens 20 (as a title call looks)
   date        a 1,000-character system prompt whose last words (the date) change after 3 turns
   two-slots   three agents taking turns (for a server of two slots)
+  tool-calls  one agent; after each answer the harness sends a call of read_file in its place,
+              with the tool's result, then asks for the next answer
 Only the standard library. No session ids: conversations are found from the messages, as for
 a local server. Temperature 0; replies are never read by the tests, only counted.
 """
@@ -83,6 +85,21 @@ elif SCENARIO == "date":
         if k == 3:
             messages[0] = {"role": "system", "content": dated("Tuesday 8 December 2026")}
         messages.append({"role": "user", "content": question})
+        turn(messages)
+elif SCENARIO == "tool-calls":
+    # SmolLM2 calls no tools, so the harness's part is scripted: after each answer it sends
+    # back a call of read_file in its place, with the tool's result (the template renders
+    # such a call as an empty assistant message).
+    messages = [{"role": "system", "content": system("Ada")}]
+    for k, question in enumerate(QUESTIONS[:3]):
+        messages.append({"role": "user", "content": question + " Read src/main.rs first."})
+        post({"model": "smollm2", "max_tokens": 64, "temperature": 0, "messages": messages,
+              "tools": TOOLS})
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": "read_file", "arguments": json.dumps({"path": "src/main.rs"})}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": call["id"],
+                         "content": f"fn main() {{ println!(\"turn {k}\"); }}"})
         turn(messages)
 else:
     sys.exit(f"unknown scenario {SCENARIO}")

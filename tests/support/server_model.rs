@@ -7,7 +7,7 @@
 //! every warm turn reuses exactly that (`held_after`), which is what makes it the truth here.
 
 use prefixscope_core::analysis::{Config, Report, Row, analyze};
-use prefixscope_core::record::read_jsonl;
+use prefixscope_core::record::{Record, read_jsonl};
 
 /// Tokens a llama.cpp slot holds after serving `row`: its prompt and its reply less one.
 pub fn held_after(row: &Row) -> Option<u32> {
@@ -35,9 +35,36 @@ pub fn check(jsonl: &[u8], name: &str) -> Check {
     check_within(jsonl, name, 0.03)
 }
 
+/// Whether `next` sends `prev`'s reply back as its next message (else the slot's reply is
+/// not what the prompt continues with: a harness that put a tool call in its place).
+fn reply_sent_back(prev: &Record, next: &Record) -> bool {
+    let reply = prev
+        .response
+        .as_ref()
+        .and_then(|r| r.body.as_ref())
+        .and_then(|b| b.pointer("/choices/0/message/content"))
+        .and_then(|c| c.as_str());
+    let (Some(sent), Some(next_messages)) = (
+        prev.request
+            .body
+            .as_ref()
+            .and_then(|b| b["messages"].as_array()),
+        next.request
+            .body
+            .as_ref()
+            .and_then(|b| b["messages"].as_array()),
+    ) else {
+        return true;
+    };
+    next_messages
+        .get(sent.len())
+        .is_some_and(|m| m["role"] == "assistant" && m["content"].as_str() == reply)
+}
+
 pub fn check_within(jsonl: &[u8], name: &str, share: f64) -> Check {
     let bound = super::bound::ceiling_bound(jsonl, name);
     let records = read_jsonl(jsonl).records;
+    let record = |id: u64| records.iter().find(|r| r.id == id);
     let report = analyze(&records, &Config::default());
     let mut problems = bound.over.clone();
     if bound.ceiling_total < bound.server_total {
@@ -62,7 +89,13 @@ pub fn check_within(jsonl: &[u8], name: &str, share: f64) -> Check {
             }
             continue;
         };
-        let (Some(held), Some(reused)) = (held_after(prev), row.counts.reused_tokens) else {
+        let held = match (record(prev.id), record(row.id)) {
+            (Some(p), Some(r)) if !reply_sent_back(p, r) => {
+                prev.counts.prompt_tokens.map(|p| p.value)
+            }
+            _ => held_after(prev),
+        };
+        let (Some(held), Some(reused)) = (held, row.counts.reused_tokens) else {
             continue;
         };
         let truth = held.saturating_sub(reused.value);
