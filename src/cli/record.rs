@@ -290,7 +290,7 @@ pub fn run(args: RecordArgs) -> u8 {
     let not_laid_out = recorder_stats.not_enriched.load(Ordering::Relaxed);
     if not_laid_out > 0 {
         prefixscope_core::stderr_line!(
-            "prefixscope: {not_laid_out} records not laid out: captures were waiting (the layout never holds the proxy back)"
+            "prefixscope: {not_laid_out} records not laid out: captures were waiting, or the stop's second for it ran out (the layout never holds the proxy back)"
         );
     }
     let refused = [

@@ -92,7 +92,7 @@ pub fn run(args: WatchArgs) -> u8 {
 fn report_written(written: &prefixscope::session::capture::Written, code: u8) -> u8 {
     if written.not_laid_out > 0 {
         prefixscope_core::stderr_line!(
-            "prefixscope: {} records not laid out: captures were waiting (the layout never holds the proxy back)",
+            "prefixscope: {} records not laid out: captures were waiting, or the stop's second for it ran out (the layout never holds the proxy back)",
             written.not_laid_out
         );
     }
