@@ -132,14 +132,7 @@ pub(super) fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line
             format!("◀ the server's own settings: {}", baseline.settings_text()),
             theme.dim(),
         ));
-        lines.extend(
-            super::turn::calibration_line(predictions, theme).map(|mut line| {
-                line.spans.iter_mut().for_each(|s| {
-                    s.content = s.content.trim_start().to_string().into();
-                });
-                line
-            }),
-        );
+        lines.extend(super::turn::calibration_line(predictions, "", theme));
     }
     lines.push(Line::styled(
         "-np: llama-server's slots (one conversation's cache each); --cache-ram: its host-memory prompt cache, unbounded here",

@@ -35,14 +35,7 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
     // How far the savings below are to be trusted, once.
     let savings = all.iter().any(|a| !a.savings.is_empty());
     if savings {
-        lines.extend(
-            calibration_line(&app.snapshot.predictions, theme).map(|mut line| {
-                for span in &mut line.spans {
-                    span.content = span.content.trim_start().to_string().into();
-                }
-                line
-            }),
-        );
+        lines.extend(calibration_line(&app.snapshot.predictions, "", theme));
     }
     let mut at = 0;
     for (i, advice) in all.iter().enumerate() {

@@ -97,15 +97,20 @@ pub fn turn_fix(snapshot: &Snapshot, row: &Row) -> Option<(String, Fix, Vec<Pred
     Some((cause, fix, savings))
 }
 
-/// How far the predictions are to be trusted (`Baseline::line`), marked when they are not.
-pub(super) fn calibration_line<'a>(predictions: &Predictions, theme: &Theme) -> Option<Line<'a>> {
+/// How far the predictions are to be trusted (`Baseline::line`) after `indent`, marked when
+/// they are not.
+pub(super) fn calibration_line<'a>(
+    predictions: &Predictions,
+    indent: &str,
+    theme: &Theme,
+) -> Option<Line<'a>> {
     let baseline = predictions.baseline()?;
     let style = if baseline.trusted() {
         theme.dim()
     } else {
         theme.warn()
     };
-    Some(Line::styled(format!("    {}", baseline.line()), style))
+    Some(Line::styled(format!("{indent}{}", baseline.line()), style))
 }
 
 /// `−8,175 tokens, −2.1 s` lines of a fix's settings, or why there are none.
@@ -381,7 +386,7 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
         ]));
         lines.extend(saving_lines(&fix, &savings, &snapshot.predictions, theme));
         if !savings.is_empty() {
-            lines.extend(calibration_line(&snapshot.predictions, theme));
+            lines.extend(calibration_line(&snapshot.predictions, "    ", theme));
         }
     }
     if let Some(at) = &row.break_location {
