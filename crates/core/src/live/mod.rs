@@ -510,8 +510,8 @@ pub fn predict_at(
     let (compared, agreed) = at_own.calibration();
     let baseline = Arc::new(Baseline {
         settings: own.clone(),
-        predicted: at_own.predicted,
-        recorded: at_own.recorded,
+        predicted: at_own.predicted.clone(),
+        recorded: at_own.recorded.clone(),
         compared,
         agreed,
     });
@@ -526,9 +526,17 @@ pub fn predict_at(
         .iter()
         .map(|&(slots, cache_ram)| (slots, cache_ram, false))
         .chain(swa_full);
+    let mut at_own = Some(at_own);
     for (slots, cache_ram, swa_full) in levers {
-        let result =
-            crate::sim::whatif::what_if_given(records, slots, cache_ram, swa_full, &recorded);
+        // The server's own settings are usually one of the grid's: replayed once.
+        let result = match at_own
+            .take_if(|_| (slots, cache_ram, swa_full) == (own.slots, own.cache_ram, false))
+        {
+            Some(result) => result,
+            None => {
+                crate::sim::whatif::what_if_given(records, slots, cache_ram, swa_full, &recorded)
+            }
+        };
         if result.replayed == 0 {
             return Predictions::NotReplayable;
         }
