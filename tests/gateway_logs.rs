@@ -104,10 +104,11 @@ fn profile_splits_the_logs_reuse_by_the_analysis_conversations() {
         ceiling["other_tokens"].as_u64().unwrap(),
     );
     eprintln!("ceiling: same conversation {same}, other {other} tokens");
-    assert!(
-        same > 4 * other,
-        "most of the reuse is the conversations' own"
-    );
+    // The log is a test suite: hundreds of tests open with the same system prompts, tools and
+    // first messages, one run each. Its reuse is mostly across runs (other conversations, 38,484
+    // tokens), and within a run (16,480) only where a test went on: no run is taken for
+    // another's continuation (`tests/hosted.rs`).
+    assert!(same > 0 && other > same, "same {same}, other {other}");
 }
 
 #[test]
@@ -162,7 +163,7 @@ fn analyze_and_the_headless_replay_of_a_log_say_the_same() {
     );
     let summary = String::from_utf8_lossy(&analyze_text.stdout).to_string();
     assert!(
-        summary.contains("472 turns in 169 conversations"),
+        summary.contains("472 turns in 301 conversations"),
         "{summary}"
     );
     let replay = Command::new(BIN)

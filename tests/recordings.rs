@@ -79,6 +79,12 @@ fn digest_pair(full: &str, digest: &str) {
     assert_eq!(full.len(), digest.len());
     for (mut ours, theirs) in full.into_iter().zip(digest) {
         apply_digest(&mut ours);
+        // A field added since the digest recording was made: absent there, not compared.
+        if let (Some(ours), Some(theirs)) = (ours.request.digest.as_mut(), &theirs.request.digest)
+            && theirs.params.cache_marks.is_none()
+        {
+            ours.params.cache_marks = None;
+        }
         assert_eq!(
             ours.request.digest, theirs.request.digest,
             "request digest of record {}",

@@ -39,6 +39,7 @@ pub mod normalize;
 pub mod output_file;
 pub mod privacy;
 pub mod probe;
+pub mod provider;
 pub mod record;
 pub mod shared;
 pub mod sim;

@@ -59,6 +59,9 @@ pub fn cause_label(cause: &str) -> &str {
         "server_empty" => "server emptied cache",
         "server_head_only" => "server kept head only",
         "server_rollback" => "server rolled back",
+        "no_cache_breakpoint" => "no cache_control breakpoint",
+        "cache_expired" => "cache expired",
+        "provider_miss" => "provider cache miss",
         other => other,
     }
 }
@@ -77,6 +80,9 @@ pub fn cause_label_plural(cause: &str) -> &str {
         "server_empty" => "server cache emptied",
         "server_head_only" => "server kept only the head",
         "server_rollback" => "server cache rolled back",
+        "no_cache_breakpoint" => "no cache_control breakpoint",
+        "cache_expired" => "cache expired",
+        "provider_miss" => "provider cache misses",
         other => other,
     }
 }

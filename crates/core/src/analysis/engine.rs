@@ -1400,21 +1400,27 @@ impl Analyzer {
         row
     }
 
-    /// The tip `choose` would pick because row `i` continues its request: the longest such
-    /// request, then the most recent. Found through the message-key index; `continues` is
+    /// The tip `choose` would pick because row `i` continues its request and carries it on
+    /// (`table::carries_on`): one it goes on with before one it sends again, then the longest
+    /// such request, then the most recent. Found through the message-key index; `continues` is
     /// checked again so a hash collision cannot change the answer.
     fn continued_tip(&self, i: usize, session: u32, tip_hash: u64) -> Option<usize> {
         let x = &self.xs[i];
-        for key in self.prefix_keys[i].iter().rev() {
+        // A request it goes on with before one it sends again (`choose`): the shorter
+        // prefixes, longest first, then its own length.
+        let keys = &self.prefix_keys[i];
+        let shorter = &keys[..keys.len().saturating_sub(1)];
+        for key in shorter.iter().rev().chain(keys.last()) {
             let Some(set) = self.seq.tips_by_message_key.get(&(tip_hash, *key)) else {
                 continue;
             };
-            let found = set.iter().rev().find(|&&(row, _)| {
+            let found = set.iter().rev().find(|&&(row, t)| {
                 let prev = &self.xs[row];
                 prev.model == x.model
                     && table::same_agent(prev, x)
                     && self.rows[row].session == session
                     && continues(prev, x)
+                    && table::carries_on(prev, x, self.seq.tips[t].turns == 1)
             });
             if let Some(&(_, t)) = found {
                 return Some(t);
@@ -1426,7 +1432,7 @@ impl Analyzer {
     /// llmp's sessions: per model, a pause longer than the gap after the last end starts one.
     fn session(&mut self, i: usize) -> u32 {
         let x = &self.xs[i];
-        let gap = self.config.session_gap_ms as i64;
+        let gap = table::session_gap_ms(x, self.config.session_gap_ms);
         let model = self.seq.names.id(&x.model);
         let open = self.seq.open_sessions.get(&model).copied();
         let session = match open {

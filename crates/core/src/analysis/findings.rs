@@ -53,6 +53,28 @@ pub enum FindingKind {
     /// prefixscope: `server_*` losses after the template rendered earlier turns anew
     /// (`client_cause` `template_rerendered`).
     TemplateRerendered,
+    /// prefixscope, hosted APIs: losses to the provider's caching rules (no `cache_control`
+    /// breakpoint, the cache's lifetime) or its own misses (`provider::Uncached`).
+    ProviderCache,
+}
+
+/// The loss causes of a hosted provider's rules (`provider::Uncached::loss_cause`).
+pub(crate) const PROVIDER_CAUSES: [&str; 3] =
+    ["no_cache_breakpoint", "cache_expired", "provider_miss"];
+
+impl FindingKind {
+    /// The finding a loss of `cause` belongs to when no finding names its turn; `theirs`:
+    /// the loss is the client's (a break's).
+    pub fn of_loss(cause: &str, theirs: bool) -> FindingKind {
+        match cause {
+            "side_call" => FindingKind::SideCallOnConversationModel,
+            "other_conversation" => FindingKind::OtherConversationEviction,
+            "other_model" => FindingKind::OtherModelEviction,
+            cause if PROVIDER_CAUSES.contains(&cause) => FindingKind::ProviderCache,
+            _ if theirs => FindingKind::PrefixBreak,
+            _ => FindingKind::ServerCacheLoss,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -135,6 +157,7 @@ pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) 
         let (model, rows): (&str, &[Rated]) = (model, rows);
         findings.extend(side_call_on_conversation_model(model, rows));
         findings.extend(server_cache_losses(model, rows));
+        findings.extend(provider_cache_losses(model, rows));
         findings.extend(other_conversation_eviction(model, rows, &by_id));
         findings.extend(other_model_eviction(model, rows, &by_id));
         let mut clients = clients_of.remove(model).unwrap_or_default();
@@ -365,6 +388,42 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
                 (model, None),
                 hit.iter().map(|r| r.id).collect(),
                 hit.len(),
+                sum,
+                object(evidence),
+            ))
+        })
+        .collect()
+}
+
+/// prefixscope, hosted APIs: each provider rule's losses (`PROVIDER_CAUSES`), whichever side
+/// of the row holds them.
+fn provider_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
+    PROVIDER_CAUSES
+        .into_iter()
+        .filter_map(|kind| {
+            let mut sum = LossSum::default();
+            let mut hit = Vec::new();
+            let mut provider = None;
+            for row in rows {
+                let Some(loss) = row.losses().find(|(l, _)| l.cause == kind) else {
+                    continue;
+                };
+                sum.add(loss);
+                hit.push(row);
+                provider = provider.or(Some(row.row().provider));
+            }
+            if hit.is_empty() {
+                return None;
+            }
+            let mut evidence = json!({ "kind": kind });
+            if let Some(provider) = provider {
+                evidence["provider"] = json!(provider);
+            }
+            Some(loss_finding(
+                FindingKind::ProviderCache,
+                (model, None),
+                hit.iter().map(|r| r.id).collect(),
+                hit.iter().filter(|r| r.loss_measured).count(),
                 sum,
                 object(evidence),
             ))
@@ -877,6 +936,23 @@ pub fn fix(finding: &Finding) -> Fix {
                     EngineKind::SlidingWindow => vec![Lever::SwaFull],
                     _ => Vec::new(),
                 },
+            }
+        }
+        FindingKind::ProviderCache => {
+            let kind = evidence_text(finding, "kind");
+            let provider = finding
+                .evidence
+                .get("provider")
+                .and_then(|p| serde_json::from_value(p.clone()).ok())
+                .unwrap_or_default();
+            Fix {
+                owner: if kind == "no_cache_breakpoint" {
+                    "client"
+                } else {
+                    "provider"
+                },
+                change: crate::provider::fix(kind, provider).into(),
+                levers: Vec::new(),
             }
         }
         FindingKind::UnusedTool => client(format!(

@@ -148,8 +148,15 @@ pub(super) fn choose<'a>(
     let recent = |t: &usize| tips[*t].row;
     if let Some(&t) = candidates
         .iter()
-        .filter(|&&t| continues(at(tips[t].row), x))
-        .max_by_key(|&&t| (at(tips[t].row).messages.len(), recent(&t)))
+        .filter(|&&t| {
+            let prev = at(tips[t].row);
+            continues(prev, x) && carries_on(prev, x, tips[t].turns == 1)
+        })
+        // One it goes on with before one it sends again, then the longest, the latest.
+        .max_by_key(|&&t| {
+            let len = at(tips[t].row).messages.len();
+            (x.messages.len() > len, len, recent(&t))
+        })
     {
         return Choice::Continue(t);
     }
@@ -164,7 +171,7 @@ pub(super) fn sessions(order: &[&Exchange], gap_ms: u64) -> Vec<u32> {
         .map(|x| {
             let session = match open.get(x.model.as_str()) {
                 Some(&(session, last_end))
-                    if x.t_start_ms.saturating_sub(last_end) <= gap_ms as i64 =>
+                    if x.t_start_ms.saturating_sub(last_end) <= session_gap_ms(x, gap_ms) =>
                 {
                     session
                 }

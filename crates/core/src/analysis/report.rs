@@ -625,6 +625,11 @@ pub fn finding_label(finding: &Finding) -> String {
                 kind => format!(", the engine's {}", kind.label()),
             }
         ),
+        FindingKind::ProviderCache => format!(
+            "{} on {} ({model}){lost}",
+            cause_label_plural(&text("kind")),
+            plural(finding.rows.len() as u64, "turn"),
+        ),
         FindingKind::OtherConversationEviction => format!(
             "cache lost to other conversations on {} ({model}){lost}",
             plural(finding.rows.len() as u64, "turn")

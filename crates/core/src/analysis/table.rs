@@ -52,6 +52,13 @@ pub struct Row {
     /// (`server_events`): what a refinement falls back to when the probes stop explaining it.
     #[serde(skip)]
     pub engine_base: Option<Box<super::engine_cause::EngineCause>>,
+    /// prefixscope, hosted APIs: the provider's rule that kept this turn's prefix from its
+    /// cache, where one did (`Cause::NotCacheable`, `CacheExpired`, `ProviderMiss`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncached: Option<crate::provider::Uncached>,
+    /// prefixscope: who answered (`Provider::of_response`); absent for a local server.
+    #[serde(default, skip_serializing_if = "crate::provider::Provider::is_local")]
+    pub provider: crate::provider::Provider,
 }
 
 /// Where a break is: the first differing message and, in full mode, the first differing
@@ -155,6 +162,13 @@ pub enum Cause {
     OtherModel,
     ServerReset,
     Undetermined,
+    /// prefixscope, hosted APIs: the provider's rules kept the prefix out of its cache
+    /// (`Row::uncached` says which: too short, no breakpoint).
+    NotCacheable,
+    /// prefixscope, hosted APIs: the pause since the prefix was sent exceeded its lifetime.
+    CacheExpired,
+    /// prefixscope, hosted APIs: no rule explains it; the provider did not serve the prefix.
+    ProviderMiss,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -390,6 +404,117 @@ pub(super) struct Link {
     /// keeps the tokens it generated, all but the last, which it sampled but never evaluated).
     /// An eviction loses it too, where llmp charges only the estimated previous prompt.
     reply_held: f64,
+    /// Milliseconds from the linked request's end to this one's start: how long its prefix
+    /// sat unused (a hosted cache's lifetime counts from the last use).
+    idle_ms: i64,
+    /// On a hosted API, what its rules allow of this link.
+    hosted: Option<HostedLink>,
+}
+
+/// A link on a hosted API: the provider's rules for the model, and what the two requests' own
+/// numbers say of where their cache breakpoints fell.
+struct HostedLink {
+    rules: Option<crate::provider::Rules>,
+    /// Anthropic: the prefix the provider can serve ends at the earlier request's last
+    /// breakpoint (what it wrote) and at this one's (where it reads): each request's cache
+    /// read plus cache write, in its own numbers.
+    window: Option<f64>,
+    /// The provider caches only at a `cache_control` breakpoint, and one of the two requests
+    /// had none: nothing was written, or nothing could be read.
+    no_breakpoint: bool,
+    /// The longest lifetime the provider gives a prefix here, in seconds.
+    ttl_s: Option<u32>,
+}
+
+impl HostedLink {
+    /// What the provider can serve of `reusable` tokens on a prompt of `prompt`: up to the
+    /// breakpoints (unless a missing one is the finding: then what it would have served),
+    /// past the minimum, in its steps.
+    fn servable(&self, reusable: f64, prompt: u32) -> f64 {
+        let reusable = match self.window {
+            Some(window) if !self.no_breakpoint => reusable.min(window),
+            _ => reusable,
+        };
+        self.rules
+            .map_or(reusable, |rules| rules.cacheable(reusable, prompt))
+    }
+
+    /// The cause of a turn the provider served less of than it could: a rule (too short, no
+    /// breakpoint, expired) or the provider's own miss, never another conversation, model or
+    /// a server that emptied its cache. `unruled` is the shortfall against the prefix alone
+    /// (percentage points of the prompt), which a prompt below the minimum shows.
+    fn cause(
+        &self,
+        cause: Option<Cause>,
+        idle_ms: i64,
+        prompt: u32,
+        unruled: f64,
+    ) -> (Option<Cause>, Option<crate::provider::Uncached>) {
+        use crate::provider::Uncached;
+        if let Some(rules) = self.rules
+            && prompt < rules.minimum
+            && unruled > CAUSE_GAP_POINTS
+        {
+            let minimum = rules.minimum;
+            return (
+                Some(Cause::NotCacheable),
+                Some(Uncached::BelowMinimum { minimum }),
+            );
+        }
+        if !matches!(
+            cause,
+            Some(
+                Cause::SideCall
+                    | Cause::OtherConversation
+                    | Cause::OtherModel
+                    | Cause::ServerReset
+                    | Cause::Undetermined
+            )
+        ) {
+            return (cause, None);
+        }
+        if self.no_breakpoint {
+            return (Some(Cause::NotCacheable), Some(Uncached::NoBreakpoint));
+        }
+        if let Some(ttl_s) = self.ttl_s
+            && idle_ms > i64::from(ttl_s) * 1_000
+        {
+            let gap_s = u64::try_from(idle_ms / 1_000).unwrap_or(0);
+            return (
+                Some(Cause::CacheExpired),
+                Some(Uncached::Expired { gap_s, ttl_s }),
+            );
+        }
+        (Some(Cause::ProviderMiss), Some(Uncached::ProviderMiss))
+    }
+}
+
+fn hosted_link(prev: &Exchange, cur: &Exchange) -> Option<HostedLink> {
+    if !cur.provider.hosted() {
+        return None;
+    }
+    let rules = crate::provider::rules(cur.provider, &cur.model);
+    let needs_breakpoint = rules.is_some_and(|r| r.needs_breakpoint);
+    let marks = [prev.params.cache_marks, cur.params.cache_marks];
+    let no_breakpoint = needs_breakpoint && marks.iter().flatten().any(|m| m.breakpoints == 0);
+    let breakpoint_end = |x: &Exchange| match (x.counts.reused_tokens, x.counts.cache_written) {
+        (Some(read), Some(written)) => Some(f64::from(read.value) + f64::from(written.value)),
+        _ => None,
+    };
+    let window = match (needs_breakpoint, breakpoint_end(prev), breakpoint_end(cur)) {
+        (true, Some(a), Some(b)) => Some(a.min(b)),
+        _ => None,
+    };
+    let asked = marks.iter().flatten().map(|m| m.ttl_s).max();
+    let ttl_s = rules
+        .and_then(|r| r.ttl_s)
+        .map(|ttl| asked.map_or(ttl, |asked| asked.max(ttl)));
+    Some(HostedLink {
+        rules,
+        window,
+        no_breakpoint,
+        ttl_s,
+    })
 }
 
 /// A row before linking: what the exchange alone says.
@@ -432,6 +557,8 @@ pub(super) fn base_row(
         client_cause: None,
         engine_cause: None,
         engine_base: None,
+        uncached: None,
+        provider: x.provider,
     }
 }
 
@@ -498,9 +625,36 @@ pub(super) fn choose_by_match<'a>(
             .count()
     };
     let recent = |t: &usize| tips[*t].row;
+    // A break needs evidence of the same conversation: a message past the opening (the
+    // system prompt and the first message) that both send, or messages of its own past what
+    // it shares (a compaction keeps the task and sends a summary). A request that only
+    // repeats an earlier conversation's opening is another run that opens alike.
+    let opening = lead + 1;
+    let mut sent: Option<std::collections::HashSet<&str>> = None;
+    let mut went_on = |t: usize| {
+        let sent = sent.get_or_insert_with(|| {
+            x.messages
+                .iter()
+                .skip(opening)
+                .map(|m| m.identity.as_str())
+                .collect()
+        });
+        at(tips[t].row)
+            .messages
+            .iter()
+            .skip(opening)
+            .any(|m| sent.contains(m.identity.as_str()))
+    };
+    // The same messages again are not a break: a request of its own (see `carries_on`).
+    let same = |t: usize| {
+        let prev = at(tips[t].row);
+        matched(t) == prev.messages.len() && matched(t) == x.messages.len()
+    };
     if let Some(&t) = candidates
         .iter()
-        .filter(|&&t| matched(t) > lead)
+        .filter(|&&t| {
+            matched(t) > lead && !same(t) && (matched(t) < x.messages.len() || went_on(t))
+        })
         .max_by_key(|&&t| (matched(t), recent(&t)))
     {
         return Choice::Continue(t);
@@ -565,6 +719,37 @@ pub(super) fn weights(x: &Exchange) -> Weights {
 /// session id.
 pub(super) fn same_agent(a: &Exchange, b: &Exchange) -> bool {
     a.user_agent == b.user_agent && a.session_id == b.session_id
+}
+
+/// On a hosted API a minute's pause does not end a conversation: the pause that outlives the
+/// provider's usual 5-minute cache is what the analysis must name (`Uncached::Expired`). Its
+/// sessions break after half an hour: six lifetimes of the default cache, and short of the
+/// hour-long ones, which a longer pause may still find warm (a new conversation that reuses
+/// a prefix, never a loss claimed that did not happen).
+pub(super) const HOSTED_SESSION_GAP_MS: u64 = 30 * 60_000;
+
+/// The pause after which `x` starts a new session of its model.
+pub(super) fn session_gap_ms(x: &Exchange, configured: u64) -> i64 {
+    let gap = if x.provider.hosted() {
+        configured.max(HOSTED_SESSION_GAP_MS)
+    } else {
+        configured
+    };
+    i64::try_from(gap).unwrap_or(i64::MAX)
+}
+
+/// `b`, which `continues` `a`, goes on with `a`'s conversation: it sends `a`'s messages and
+/// then a reply (`a`'s, as the assistant's), or it sends them again (a retry). Not when `a`
+/// opened its conversation (`first`) and got its reply: the same first request again is
+/// another run that opens alike (a test suite, a benchmark), a conversation of its own that
+/// shares the prefix. Nor when the next message is not the assistant's: another agent handed
+/// `a`'s reply as its user's message.
+pub(super) fn carries_on(a: &Exchange, b: &Exchange, first: bool) -> bool {
+    let replied = a.output.content_chars > 0 || !a.output.tool_calls.is_empty();
+    match b.messages.get(a.messages.len()) {
+        Some(next) => next.role == "assistant",
+        None => !(first && replied),
+    }
 }
 
 pub(super) fn continues(a: &Exchange, b: &Exchange) -> bool {
@@ -644,6 +829,8 @@ pub(super) fn link(
             reordered: false,
             named: unseen_cause(prev, cur, k),
             reply_held: 0.0,
+            idle_ms: cur.t_start_ms.saturating_sub(prev.t_end_ms),
+            hosted: hosted_link(prev, cur),
         };
     }
     if prev.tools_hash != cur.tools_hash {
@@ -678,6 +865,8 @@ pub(super) fn link(
                 &cur.tools,
             )),
             reply_held: 0.0,
+            idle_ms: cur.t_start_ms.saturating_sub(prev.t_end_ms),
+            hosted: hosted_link(prev, cur),
         };
     }
     let overlap = prev.messages.len().min(cur.messages.len());
@@ -743,6 +932,8 @@ pub(super) fn link(
         _ => 0.0,
     };
     let reply_held = match (break_cause, cur.messages.get(k), cw.messages.get(k)) {
+        // A hosted provider caches prompts, never the reply it generated.
+        _ if prev.provider.hosted() => 0.0,
         // A reply that began with reasoning: the slot holds the reasoning first, which the
         // next turn does not send back, so nothing of the reply is reusable (as the ceiling).
         (None, Some(m), Some(&weight))
@@ -769,6 +960,8 @@ pub(super) fn link(
         reordered,
         named,
         reply_held: prompt_held + reply_held,
+        idle_ms: cur.t_start_ms.saturating_sub(prev.t_end_ms),
+        hosted: hosted_link(prev, cur),
     }
 }
 
@@ -1003,7 +1196,11 @@ pub(super) fn apply_link(
     if let (Some(prompt), Some(reused)) = (counts.prompt_tokens, counts.reused_tokens)
         && prompt.value > 0
     {
-        let predicted = link.prefix_tokens / f64::from(prompt.value);
+        // On a hosted API, what its rules let it serve of the prefix.
+        let expected = link.hosted.as_ref().map_or(link.prefix_tokens, |h| {
+            h.servable(link.prefix_tokens, prompt.value)
+        });
+        let predicted = expected / f64::from(prompt.value);
         let observed = f64::from(reused.value) / f64::from(prompt.value);
         row.predicted_reuse = Some(predicted);
         row.observed_reuse = Some(observed);
@@ -1014,12 +1211,20 @@ pub(super) fn apply_link(
             latest,
             !row.other_domains_between.is_empty(),
         );
+        if let Some(hosted) = &link.hosted {
+            let unruled = (link.prefix_tokens / f64::from(prompt.value) - observed) * 100.0;
+            (row.cause, row.uncached) =
+                hosted.cause(row.cause, link.idle_ms, prompt.value, unruled);
+        }
     }
 
-    let (Some(_), Some(evaluated), Some(prefill), Some(reused)) = (
+    // A hosted API's counts measure its tokens without any timing (its time is then not
+    // measured); a local server's loss needs its prefill time too (llmp's rule).
+    let timed = counts.prefill_ms.is_some() || link.hosted.is_some();
+    let (Some(_), Some(evaluated), true, Some(reused)) = (
         counts.prompt_tokens,
         counts.evaluated_tokens,
-        counts.prefill_ms,
+        timed,
         counts.reused_tokens,
     ) else {
         return;
@@ -1031,6 +1236,10 @@ pub(super) fn apply_link(
     let reusable = match charged_break {
         Some(_) => link.prefix_tokens.max(link.seen_before),
         None => link.prefix_tokens + link.reply_held,
+    };
+    let reusable = match (&link.hosted, counts.prompt_tokens) {
+        (Some(hosted), Some(prompt)) => hosted.servable(reusable, prompt.value),
+        _ => reusable,
     };
     let lost = (reusable - reused).clamp(0.0, evaluated_tokens);
     // A loss has one cause. Where others had taken the slot before this turn came (a side-call,
@@ -1050,20 +1259,29 @@ pub(super) fn apply_link(
         (Some(_), _) => lost.min((reusable - link.prefix_tokens.max(reused)).max(0.0)),
         (None, _) => 0.0,
     };
+    // A hosted provider's rule takes what no break explains: the client's where it is a
+    // missing breakpoint, alone on the row or beside the break's part.
+    let ruled = row.uncached.as_ref().and_then(|u| u.loss_cause());
+    let client = match (ruled, charged_break) {
+        (Some("no_cache_breakpoint"), None) => lost,
+        _ => client,
+    };
     let external = match row.cause {
         Some(
             Cause::SideCall
             | Cause::OtherConversation
             | Cause::OtherModel
             | Cause::ServerReset
-            | Cause::Undetermined,
+            | Cause::Undetermined
+            | Cause::CacheExpired
+            | Cause::ProviderMiss,
         ) => lost - client,
+        Some(Cause::NotCacheable) if charged_break.is_some() => lost - client,
         _ => 0.0,
     };
 
     // Milliseconds are priced once every row is known (`price`): the per-token rate uses the
     // model's bulk rate over the whole recording.
-    let _ = prefill;
     let loss = |cause: &str, tokens: f64| {
         let tokens = round(tokens);
         (tokens > 0).then(|| Loss {
@@ -1079,8 +1297,11 @@ pub(super) fn apply_link(
             cause.name()
         };
         row.lost_client = loss(name, client);
+    } else if let Some(cause @ "no_cache_breakpoint") = ruled {
+        row.lost_client = loss(cause, client);
     }
     let external_cause = match row.cause {
+        Some(Cause::NotCacheable | Cause::CacheExpired | Cause::ProviderMiss) => ruled,
         Some(Cause::SideCall) => Some("side_call"),
         Some(Cause::OtherConversation) => Some("other_conversation"),
         Some(Cause::OtherModel) => Some("other_model"),
@@ -1262,6 +1483,7 @@ mod tests {
             counts: Counts::default(),
             output: Output::default(),
             ok: true,
+            provider: Default::default(),
         }
     }
 

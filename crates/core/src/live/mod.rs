@@ -371,13 +371,7 @@ pub fn uncovered<R: crate::analysis::Priced>(
             let at = match at {
                 Some(at) => at,
                 None => {
-                    let kind = match loss.cause.as_str() {
-                        "side_call" => FindingKind::SideCallOnConversationModel,
-                        "other_conversation" => FindingKind::OtherConversationEviction,
-                        "other_model" => FindingKind::OtherModelEviction,
-                        _ if theirs => FindingKind::PrefixBreak,
-                        _ => FindingKind::ServerCacheLoss,
-                    };
+                    let kind = FindingKind::of_loss(&loss.cause, theirs);
                     let location = row.break_location.as_ref();
                     groups.push((
                         row.model.clone(),
@@ -396,6 +390,7 @@ pub fn uncovered<R: crate::analysis::Priced>(
                                 "below_thresholds": true,
                                 "break_cause": loss.cause,
                                 "kind": loss.cause,
+                                "provider": row.provider,
                                 "before": location.and_then(|l| l.before.clone()),
                                 "after": location.and_then(|l| l.after.clone()),
                             }),
@@ -1693,5 +1688,10 @@ pub fn advice_cause(finding: &Finding) -> &str {
         FindingKind::LargeSystemPrompt => "large system prompt",
         FindingKind::ReasoningChanged => "reasoning_changed",
         FindingKind::TemplateRerendered => "template_rerendered",
+        FindingKind::ProviderCache => finding
+            .evidence
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or("provider_miss"),
     }
 }

@@ -125,23 +125,30 @@ pub fn response_digest(api: Api, body: &Value) -> ResponseDigest {
                 .find_map(|key| message.get(*key).and_then(Value::as_str))
                 .map(char_count)
                 .unwrap_or_default(),
-            tool_calls: tool_calls(&message),
+            tool_calls: reply_calls(&message),
         })
         .unwrap_or_default();
     ResponseDigest { usage, output }
 }
 
 /// An object with its numbers, booleans and nulls, nested objects filtered alike; strings and
-/// arrays dropped.
+/// arrays dropped, but for arrays of objects, filtered alike (Anthropic's `usage.iterations`:
+/// the counters of each pass the server ran).
 fn numbers_only(value: &Value) -> Value {
     match value {
         Value::Object(object) => Value::Object(
             object
                 .iter()
-                .filter(|(_, v)| !matches!(v, Value::String(_) | Value::Array(_)))
+                // A pass's `type` (`message`, `compaction`) is the server's name, never text.
+                .filter(|(k, v)| match v {
+                    Value::String(_) => k.as_str() == "type",
+                    Value::Array(items) => !items.is_empty() && items.iter().all(Value::is_object),
+                    _ => true,
+                })
                 .map(|(k, v)| (k.clone(), numbers_only(v)))
                 .collect(),
         ),
+        Value::Array(items) => Value::Array(items.iter().map(numbers_only).collect()),
         other => other.clone(),
     }
 }
@@ -423,6 +430,9 @@ fn params(api: Api, body: &Value) -> Params {
         response_format,
         grammar,
         stream,
+        // Where the API has them: other requests would carry a field that says nothing.
+        cache_marks: (api == Api::AnthropicMessages)
+            .then(|| crate::provider::CacheMarks::of_request(body)),
     }
 }
 
@@ -438,6 +448,21 @@ fn raw_tool_calls(message: &Value) -> Option<&Value> {
     message
         .get("tool_calls")
         .filter(|calls| calls.as_array().is_some_and(|a| !a.is_empty()))
+}
+
+/// A reply's calls: its tool calls, or the one call of OpenAI's legacy `function_call`.
+fn reply_calls(message: &Value) -> Vec<ToolCall> {
+    let calls = tool_calls(message);
+    match message
+        .pointer("/function_call/name")
+        .and_then(Value::as_str)
+    {
+        Some(name) if calls.is_empty() => vec![ToolCall {
+            id: None,
+            name: name.to_string(),
+        }],
+        _ => calls,
+    }
 }
 
 fn tool_calls(message: &Value) -> Vec<ToolCall> {
@@ -562,7 +587,7 @@ mod tests {
     }
 
     #[test]
-    fn anthropic_cache_control_does_not_change_the_digest() {
+    fn anthropic_cache_control_changes_only_the_counted_markers() {
         let plain = json!({"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "Be brief."}],
             "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
@@ -571,7 +596,10 @@ mod tests {
         marked["tools"][0]["cache_control"] = json!({"type": "ephemeral"});
         marked["messages"][0]["content"][0]["cache_control"] = json!({"type": "ephemeral"});
         let a = request_digest(Api::AnthropicMessages, &plain).unwrap();
-        let b = request_digest(Api::AnthropicMessages, &marked).unwrap();
+        let mut b = request_digest(Api::AnthropicMessages, &marked).unwrap();
+        assert_eq!(b.params.cache_marks.map(|m| m.breakpoints), Some(3));
+        assert_eq!(a.params.cache_marks.map(|m| m.breakpoints), Some(0));
+        b.params.cache_marks = a.params.cache_marks;
         assert_eq!(a, b);
         assert_eq!(a.messages[0].role, "system");
         assert_eq!(a.messages[0].chars, 9);

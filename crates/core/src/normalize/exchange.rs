@@ -20,6 +20,11 @@ pub struct Counts {
     pub prefill_ms: Option<Measured<f64>>,
     pub decode_ms: Option<Measured<f64>>,
     pub load_ms: Option<Measured<f64>>,
+    /// prefixscope: tokens the provider wrote to its cache for later requests (Anthropic's
+    /// `cache_creation_input_tokens`), billed above the input price. With `reused_tokens` it
+    /// is where the request's last `cache_control` breakpoint fell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_written: Option<Measured<u32>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +49,9 @@ pub struct Exchange {
     pub counts: Counts,
     pub output: Output,
     pub ok: bool,
+    /// prefixscope: who answered, read from the response (`Provider::of_response`).
+    #[serde(default)]
+    pub provider: crate::provider::Provider,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -181,6 +189,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
             Some((cut, _)) => Arc::from(&m[..cut]),
             None => Arc::from(m),
         });
+    let provider = crate::provider::Provider::of_response(api, &fields);
     let server = match api {
         Api::OllamaChat => ollama_counts(&fields),
         Api::AnthropicMessages => anthropic_counts(&fields),
@@ -255,6 +264,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         counts,
         output,
         ok,
+        provider,
     })
 }
 
@@ -358,12 +368,14 @@ fn openai_counts(fields: &Value) -> Counts {
             .or_else(|| server_tokens(fields, "/timings/predicted_n")),
         reused_tokens: server_tokens(fields, "/timings/cache_n")
             .or_else(|| server_tokens(fields, "/usage/prompt_tokens_details/cached_tokens"))
+            .or_else(|| server_tokens(fields, "/usage/prompt_cache_hit_tokens"))
             .or_else(|| progress("cache")),
         evaluated_tokens: server_tokens(fields, "/timings/prompt_n"),
         prefill_ms: server_ms(fields, "/timings/prompt_ms", 1.0)
             .or_else(|| server_ms(fields, "/prompt_progress/time_ms", 1.0)),
         decode_ms: server_ms(fields, "/timings/predicted_ms", 1.0),
         load_ms: None,
+        cache_written: server_tokens(fields, "/usage/prompt_tokens_details/cache_write_tokens"),
     }
 }
 
@@ -395,12 +407,37 @@ fn ollama_counts(fields: &Value) -> Counts {
         prefill_ms: server_ms(fields, "/prompt_eval_duration", NANOS_PER_MS),
         decode_ms: server_ms(fields, "/eval_duration", NANOS_PER_MS),
         load_ms: server_ms(fields, "/load_duration", NANOS_PER_MS),
+        cache_written: None,
     }
 }
 
 /// Anthropic Messages: reused = `cache_read_input_tokens`; evaluated = `input_tokens` +
 /// `cache_creation_input_tokens` (both were processed this time); the prompt is their sum.
+///
+/// A response that ran several passes on the server (server tools such as web search, an
+/// advisor, compaction) reports their sum: 404,500 input tokens for a 1.3 KB request. The
+/// prompt's own counts are then those of its first pass (`usage.iterations[0]`, when that is
+/// the message itself), else not measured.
 fn anthropic_counts(fields: &Value) -> Counts {
+    let server_tool_passes = fields
+        .pointer("/usage/server_tool_use")
+        .and_then(Value::as_object)
+        .is_some_and(|uses| uses.values().any(|n| n.as_u64().is_some_and(|n| n > 0)));
+    let iterations = fields
+        .pointer("/usage/iterations")
+        .and_then(Value::as_array);
+    let first_pass: Value;
+    let fields = match iterations {
+        Some(passes) if passes.len() > 1 => {
+            first_pass = passes
+                .first()
+                .filter(|pass| pass.get("type").and_then(Value::as_str) == Some("message"))
+                .map_or(Value::Null, |pass| serde_json::json!({ "usage": pass }));
+            &first_pass
+        }
+        _ if server_tool_passes => &Value::Null,
+        _ => fields,
+    };
     let input = server_tokens(fields, "/usage/input_tokens");
     let creation = server_tokens(fields, "/usage/cache_creation_input_tokens");
     let evaluated = input.map(|i| Measured {
@@ -416,6 +453,7 @@ fn anthropic_counts(fields: &Value) -> Counts {
         prefill_ms: None,
         decode_ms: None,
         load_ms: None,
+        cache_written: creation,
     }
 }
 

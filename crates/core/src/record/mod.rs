@@ -128,6 +128,10 @@ pub struct Params {
     pub response_format: bool,
     pub grammar: bool,
     pub stream: bool,
+    /// prefixscope: the request's `cache_control` markers (Anthropic's breakpoints). Absent
+    /// in older recordings: not known, never taken for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_marks: Option<crate::provider::CacheMarks>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

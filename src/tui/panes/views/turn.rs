@@ -28,12 +28,8 @@ pub(super) fn finding_of_turn(row: &Row, cause: &str) -> Finding {
         || row.break_cause.is_some_and(|b| cause_name(b) == cause);
     let kind = match cause {
         "system_changed" => FindingKind::VolatileSystemPrompt,
-        "side_call" => FindingKind::SideCallOnConversationModel,
-        "other_conversation" => FindingKind::OtherConversationEviction,
-        "other_model" => FindingKind::OtherModelEviction,
         // The client's breaks (tools, history, any cause the analysis adds) by their cause.
-        _ if the_clients => FindingKind::PrefixBreak,
-        _ => FindingKind::ServerCacheLoss,
+        cause => FindingKind::of_loss(cause, the_clients),
     };
     Finding {
         fix: None,
@@ -51,6 +47,8 @@ pub(super) fn finding_of_turn(row: &Row, cause: &str) -> Finding {
             "after": location.and_then(|l| l.after.clone()),
             "engine_cause": row.engine_cause.as_ref().map(|e| e.kind.name()),
             "client_cause": row.client_cause,
+            "kind": cause,
+            "provider": row.provider,
         }),
     }
 }
