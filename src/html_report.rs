@@ -89,6 +89,15 @@ fn analysis_sections<R: prefixscope_core::analysis::Priced>(
         report.time.lost_tokens,
         thousands(report.time.lost_tokens),
     ));
+    if let Some(money) = &report.money {
+        body.push_str(&format!(
+            "<p class=\"inputs\">money lost <span data-lost-usd=\"{}\">{}</span> on {} tokens (prices: {})</p>\n",
+            money.lost_usd,
+            prefixscope_core::pricing::dollars(money.lost_usd),
+            thousands(money.priced_tokens),
+            escape(&money.source)
+        ));
+    }
     // Loss by cause.
     let causes: Vec<(String, u64, String)> = report
         .time

@@ -352,3 +352,221 @@ fn local_recordings_stay_local() {
         );
     }
 }
+
+/// Media and the provider's own tools count where they are: on every hosted row (this corpus
+/// and the gateway log, where images, audio, PDF documents, MCP servers and server tools
+/// ride along), the system prompt and each tool weigh at most twice their own text's
+/// estimate, whatever the server's count holds besides.
+#[test]
+fn no_system_prompt_or_tool_is_charged_for_media_or_the_providers_tools() {
+    let log = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gateway-logs/pydantic-ai-cassettes.csv.gz");
+    let gateway = prefixscope_core::input::gateway_log_records(
+        open_decompressed(&log).unwrap(),
+        "pydantic-ai",
+        None,
+    );
+    let mut sets: Vec<(String, Vec<Record>)> =
+        FILES.iter().map(|f| (f.to_string(), records(f))).collect();
+    sets.push(("gateway log".into(), gateway.records));
+    let bound = |chars: u32| 2.0 * (f64::from(chars) / 4.0).ceil() + 1.0;
+    for (name, records) in sets {
+        let exchanges: BTreeMap<u64, Exchange> = records
+            .iter()
+            .filter_map(|r| normalize(r).ok().map(|x| (r.id, x)))
+            .collect();
+        let report = analyze(&records, &Config::default());
+        let mut hosted = 0;
+        let mut tool_chars: BTreeMap<&str, u32> = BTreeMap::new();
+        for row in report.rows.iter().filter(|r| r.provider.hosted()) {
+            hosted += 1;
+            let x = &exchanges[&row.id];
+            let system: u32 = x
+                .messages
+                .iter()
+                .filter(|m| m.role == "system")
+                .map(|m| m.chars)
+                .sum();
+            assert!(
+                f64::from(row.composition.system.value) <= bound(system),
+                "{name} #{}: system {} tokens for {system} characters",
+                row.id,
+                row.composition.system.value
+            );
+            for tool in x.tools.iter() {
+                let chars = tool_chars.entry(tool.name.as_str()).or_default();
+                *chars = (*chars).max(tool.chars);
+            }
+        }
+        assert!(hosted > 100, "{name}: {hosted} hosted rows");
+        // Tools some local server was offered too are scaled by its counts (llmp's rule).
+        let local_tools: BTreeSet<&str> = report
+            .rows
+            .iter()
+            .filter(|r| !r.provider.hosted())
+            .flat_map(|r| exchanges[&r.id].tools.iter().map(|t| t.name.as_str()))
+            .collect();
+        for usage in &report.tools {
+            if local_tools.contains(usage.name.as_str()) {
+                continue;
+            }
+            if let Some(&chars) = tool_chars.get(usage.name.as_str()) {
+                assert!(
+                    f64::from(usage.schema_tokens) <= bound(chars),
+                    "{name}: tool {} {} tokens for {chars} characters",
+                    usage.name,
+                    usage.schema_tokens
+                );
+            }
+        }
+    }
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
+
+/// `--prices` on a recording: the money lost is its lost tokens × (the price billed − the
+/// cache-read price), the same in `analyze`'s text, JSON and finding, the HTML page, the
+/// headless replay's summary and the TUI's header. OpenAI's three misses: 3,072 tokens of
+/// gpt-4o-mini at $1.00 input and $0.25 cached per million: $0.002304.
+#[test]
+fn prices_turn_lost_tokens_into_the_same_money_everywhere() {
+    let dir = std::env::temp_dir().join(format!("prefixscope-prices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prices = dir.join("prices.json");
+    std::fs::write(
+        &prices,
+        r#"[{"model": "gpt-4o-mini", "input": 1.0, "cache_read": 0.25}]"#,
+    )
+    .unwrap();
+    let recording = data("openai.jsonl.gz");
+    let expected = 3_072.0 * (1.0 - 0.25) / 1e6;
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(BIN).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let json_path = dir.join("report.json");
+    let text = run(&[
+        "analyze".as_ref(),
+        recording.as_os_str(),
+        "--prices".as_ref(),
+        prices.as_os_str(),
+        "-o".as_ref(),
+        json_path.as_os_str(),
+    ]);
+    assert!(
+        text.contains("money lost: $0.0023 on 3,072 tokens"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    let lost = json["money"]["lost_usd"].as_f64().unwrap();
+    assert!((lost - expected).abs() < 1e-12, "{lost}");
+    let finding = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["evidence"]["kind"] == "provider_miss")
+        .unwrap();
+    assert!((finding["lost_usd"].as_f64().unwrap() - expected).abs() < 1e-12);
+    let html = std::fs::read_to_string(json_path.with_extension("html")).unwrap();
+    assert!(
+        html.contains(&format!("data-lost-usd=\"{lost}\"")),
+        "no money in the page"
+    );
+    let replay = run(&[
+        "replay".as_ref(),
+        "--headless".as_ref(),
+        "--instant".as_ref(),
+        "--prices".as_ref(),
+        prices.as_os_str(),
+        recording.as_os_str(),
+    ]);
+    assert!(
+        replay.contains("money lost: $0.0023 on 3,072 tokens"),
+        "{replay}"
+    );
+    // The TUI's header and Loss pane read the view's header.
+    let config = Config {
+        prices: prefixscope_core::pricing::Prices::with_file(
+            &std::fs::read_to_string(&prices).unwrap(),
+            "prices.json",
+        )
+        .unwrap(),
+        ..Config::default()
+    };
+    let report = analyze(&records("openai.jsonl"), &config);
+    let view = prefixscope_core::live::view::View::build(&report, "");
+    assert!((view.header.lost_usd.unwrap() - expected).abs() < 1e-12);
+    // Without the file, the default table's gpt-4o-mini ($0.15 and $0.075).
+    let report = analyze(&records("openai.jsonl"), &Config::default());
+    let default = report.money.unwrap().lost_usd;
+    assert!((default - 3_072.0 * 0.075 / 1e6).abs() < 1e-12, "{default}");
+    // A local server's model is priced only when named: the llama.cpp session is not.
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("recordings/xllamacpp/session.jsonl");
+    let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(file).unwrap()));
+    assert!(analyze(&read.records, &Config::default()).money.is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The chains of a bailian export (what AIPerf replays) are the analysis's conversations: no
+/// link between two runs, and every continuation the truth file lists (22 OpenAI, 86 Anthropic).
+#[test]
+fn exported_chains_follow_the_runs() {
+    let dir = std::env::temp_dir().join(format!("prefixscope-chains-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, continuations) in [("openai.jsonl", 22), ("anthropic.jsonl", 86)] {
+        let out = dir.join(format!("{file}.bailian"));
+        let status = std::process::Command::new(BIN)
+            .arg("export")
+            .arg(data(&format!("{file}.gz")))
+            .args(["--to", "bailian", "--salt-file"])
+            .arg(dir.join("salt"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let truth = truth(file);
+        // Exported rows are the analysed requests in start order.
+        let mut analysed: Vec<Record> = records(file)
+            .into_iter()
+            .filter(|r| {
+                r.response
+                    .as_ref()
+                    .is_some_and(|r| (200..300).contains(&r.status))
+            })
+            .collect();
+        analysed.sort_by_key(|r| (r.t_start_ms, r.id));
+        let rows: Vec<Value> = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), analysed.len(), "{file}");
+        let id_of: BTreeMap<i64, u64> = rows
+            .iter()
+            .zip(&analysed)
+            .map(|(row, record)| (row["chat_id"].as_i64().unwrap(), record.id))
+            .collect();
+        let mut links = 0;
+        for row in &rows {
+            let parent = row["parent_chat_id"].as_i64().unwrap();
+            if parent < 0 {
+                continue;
+            }
+            links += 1;
+            let (a, b) = (id_of[&parent], id_of[&row["chat_id"].as_i64().unwrap()]);
+            assert_eq!(truth[&a]["run"], truth[&b]["run"], "{file}: #{a} → #{b}");
+        }
+        assert_eq!(links, continuations, "{file}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

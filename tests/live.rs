@@ -364,6 +364,7 @@ fn a_replay_session_feeds_the_engine_and_prints_the_same_summary_headless() {
         files: vec![recording(name)],
         speed: 1.0,
         instant: true,
+        analysis: Default::default(),
     };
     let replay = Replay::open(&config).unwrap();
     assert_eq!(replay.trace_format(), None);

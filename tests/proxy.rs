@@ -203,12 +203,13 @@ async fn randomized_exchanges() -> Vec<Record> {
         );
         assert_eq!(response.stream, spec.streamed.then_some(StreamKind::Sse));
         assert_eq!(record.error, None);
-        assert!(
-            record
-                .request
-                .headers
-                .keys()
-                .all(|k| ["user-agent", "content-type", "content-length"].contains(&k.as_str()))
+        assert!(record.request.headers.keys().all(|k| {
+            ["user-agent", "content-type", "content-length", "host"].contains(&k.as_str())
+        }));
+        // The Host the upstream saw: its own name, never the client's or a credential.
+        assert_eq!(
+            record.request.headers.get("host"),
+            Some(&format!("127.0.0.1:{}", upstream.port()))
         );
     }
     records

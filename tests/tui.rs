@@ -1790,6 +1790,7 @@ fn seek_reads_on_to_a_record_or_a_time_and_the_screen_equals_a_replay_fed_that_f
         files: vec![path.clone()],
         speed: 1.0,
         instant: false,
+        analysis: Default::default(),
     })
     .unwrap();
     let pacer = Arc::clone(&replay.pacer);

@@ -164,6 +164,11 @@ pub struct AnalyzeArgs {
     /// upstream); default: the first recording's file name.
     #[arg(long, value_name = "NAME", requires = "prometheus")]
     server: Option<String>,
+    /// Prices in dollars per million tokens (a JSON array of {"model", "input", "cache_read",
+    /// "cache_write"}) over the dated default table of hosted models; a local server's model
+    /// is priced only when named here.
+    #[arg(long, value_name = "FILE")]
+    prices: Option<PathBuf>,
 }
 
 pub fn run(args: AnalyzeArgs) -> u8 {
@@ -172,9 +177,9 @@ pub fn run(args: AnalyzeArgs) -> u8 {
             return code;
         }
     }
-    let config = Config {
-        session_gap_ms: args.gap_seconds.saturating_mul(1000),
-        ..Config::default()
+    let config = match super::analysis_config(args.prices.as_deref(), Some(args.gap_seconds)) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
     // One recording, nothing that needs its records again: each record is analysed as it is
     // read and dropped, so memory is the analysis's, not the file's (issue #16). The incremental engine's

@@ -59,6 +59,44 @@ pub fn had_bytes(files: &[std::path::PathBuf]) -> bool {
         .any(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
 }
 
+/// The analysis's settings from the command line: the session gap (`--gap-seconds`) and the
+/// prices (`--prices FILE` over the default table). A prices file that cannot be read or
+/// parsed is said, with the entry at fault, and refused (exit 2).
+pub fn analysis_config(
+    prices: Option<&std::path::Path>,
+    gap_seconds: Option<u64>,
+) -> Result<prefixscope_core::analysis::Config, u8> {
+    let mut config = prefixscope_core::analysis::Config::default();
+    if let Some(gap) = gap_seconds {
+        config.session_gap_ms = gap.saturating_mul(1000);
+    }
+    if let Some(path) = prices {
+        // A table of models, not a payload: bounded before it is read whole.
+        const MAX_PRICES_BYTES: u64 = 4 << 20;
+        let name = path.display().to_string();
+        let text = std::fs::metadata(path)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                if m.len() > MAX_PRICES_BYTES {
+                    Err(format!("larger than {} MiB", MAX_PRICES_BYTES >> 20))
+                } else {
+                    std::fs::read_to_string(path).map_err(|e| e.to_string())
+                }
+            });
+        let prices = text
+            .map_err(|e| format!("{name}: {e}"))
+            .and_then(|text| prefixscope_core::pricing::Prices::with_file(&text, &name));
+        match prices {
+            Ok(prices) => config.prices = prices,
+            Err(e) => {
+                prefixscope_core::stderr_line!("prefixscope: --prices {e}");
+                return Err(EXIT_USAGE);
+            }
+        }
+    }
+    Ok(config)
+}
+
 /// A session's error on stderr, and its exit code.
 pub fn fail(error: prefixscope::session::Error) -> u8 {
     use prefixscope::session::Error;

@@ -34,14 +34,24 @@ pub struct ReplayArgs {
     /// One line per record and a summary, even on a terminal.
     #[arg(long)]
     headless: bool,
+    /// Prices in dollars per million tokens (a JSON array of {"model", "input", "cache_read",
+    /// "cache_write"}) over the dated default table of hosted models; a local server's model
+    /// is priced only when named here.
+    #[arg(long, value_name = "FILE")]
+    prices: Option<PathBuf>,
 }
 
 pub fn run(args: ReplayArgs) -> u8 {
     let shutdown = Shutdown::listen();
+    let analysis = match super::analysis_config(args.prices.as_deref(), None) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
     let config = ReplayConfig {
         files: args.files.clone(),
         speed: args.speed,
         instant: args.instant,
+        analysis: analysis.clone(),
     };
     let replay = match Replay::open(&config) {
         Ok(replay) => replay,
@@ -100,6 +110,7 @@ pub fn run(args: ReplayArgs) -> u8 {
         speed: (!args.instant).then_some(args.speed),
         switches: screen_switches(!args.no_mouse),
         server_settings: None,
+        analysis: analysis.clone(),
     };
     let feed = Feed {
         records: None,

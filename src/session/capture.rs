@@ -486,6 +486,7 @@ pub fn watch_screen(
         speed: None,
         switches,
         server_settings: None,
+        analysis: prefixscope_core::analysis::Config::default(),
     };
     // The recorder's consumer channel goes straight into the live engine.
     let feed = Feed {

@@ -302,6 +302,7 @@ pub fn run_screen(
             cache_ram: demo.config.cache_ram,
             source: "the simulated server's own settings".into(),
         }),
+        analysis: Config::default(),
     };
     let feed = Feed {
         records: Some(records),

@@ -26,6 +26,8 @@ pub struct ReplayConfig {
     pub speed: f64,
     /// Every record at once, no pacing.
     pub instant: bool,
+    /// The analysis's settings (its prices).
+    pub analysis: Config,
 }
 
 enum Source {
@@ -47,6 +49,7 @@ enum Source {
 pub struct Replay {
     pub pacer: Arc<Pacer>,
     source: Source,
+    analysis: Config,
     /// Bad rows and values of a trace, to show before anything else.
     pub messages: Vec<String>,
 }
@@ -120,6 +123,7 @@ impl Replay {
         Ok(Replay {
             pacer,
             source,
+            analysis: config.analysis.clone(),
             messages,
         })
     }
@@ -208,8 +212,10 @@ impl Replay {
                 format,
                 bad,
             } => headless_trace(&requests, format, bad, out),
-            Source::Log(records) => headless_log(records, &self.pacer, out),
-            Source::Recordings(opened) => headless_records(opened, &self.pacer, out, err),
+            Source::Log(records) => headless_log(records, &self.pacer, self.analysis, out),
+            Source::Recordings(opened) => {
+                headless_records(opened, &self.pacer, self.analysis, out, err)
+            }
         }
     }
 }
@@ -310,8 +316,13 @@ fn each_file(
 }
 
 /// Logs: every record's status line, then the snapshot's summary (as `headless_records`).
-fn headless_log(records: Vec<Record>, pacer: &Pacer, out: &mut dyn Write) -> std::io::Result<u64> {
-    let mut engine = Engine::new(Config::default());
+fn headless_log(
+    records: Vec<Record>,
+    pacer: &Pacer,
+    analysis: Config,
+    out: &mut dyn Write,
+) -> std::io::Result<u64> {
+    let mut engine = Engine::new(analysis);
     engine.push(Input::BlockModel(Box::new(FirstPass::of(&records))));
     let mut read = 0;
     for record in records {
@@ -409,11 +420,12 @@ fn headless_trace(
 fn headless_records(
     files: Vec<(PathBuf, std::fs::File)>,
     pacer: &Pacer,
+    analysis: Config,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> std::io::Result<u64> {
     let paths: Vec<PathBuf> = files.iter().map(|(p, _)| p.clone()).collect();
-    let mut engine = Engine::new(Config::default());
+    let mut engine = Engine::new(analysis);
     engine.push(Input::BlockModel(Box::new(measure_block_model(&paths))));
     let (mut read, mut bad_lines) = (0, 0);
     for (path, file) in files {

@@ -30,6 +30,8 @@ pub struct ScreenConfig {
     /// The server's slots and host cache, when known: the capacity view's slot residency is
     /// replayed with them (else with the setting nearest what the server reported, said).
     pub server_settings: Option<prefixscope_core::live::ServerSettings>,
+    /// The analysis's settings (its prices).
+    pub analysis: Config,
 }
 
 /// What the person (and the tests) choose about the screen itself.
@@ -163,8 +165,8 @@ fn run_app(
         });
     }
     let mut engine = match view.trace_block_size {
-        Some(block_size) => Engine::with_block_size(Config::default(), block_size),
-        None => Engine::new(Config::default()),
+        Some(block_size) => Engine::with_block_size(view.analysis.clone(), block_size),
+        None => Engine::new(view.analysis.clone()),
     };
     engine.set_server_settings(view.server_settings.clone());
     let first = Arc::new(engine.snapshot());

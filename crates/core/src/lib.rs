@@ -37,6 +37,7 @@ pub mod limits;
 pub mod live;
 pub mod normalize;
 pub mod output_file;
+pub mod pricing;
 pub mod privacy;
 pub mod probe;
 pub mod provider;

@@ -29,7 +29,31 @@ pub enum Provider {
     Gemini,
     #[serde(rename = "openrouter")]
     OpenRouter,
+    /// Another hosted API (`HOSTED_HOSTS`): no slot to evict, rules not in the table.
+    Hosted,
 }
+
+/// Hosts of hosted APIs, by the end of the name, and who they are.
+const PROVIDER_HOSTS: [(&str, Provider); 18] = [
+    ("api.openai.com", Provider::OpenAi),
+    (".openai.azure.com", Provider::OpenAi),
+    ("api.anthropic.com", Provider::Anthropic),
+    ("api.deepseek.com", Provider::DeepSeek),
+    ("generativelanguage.googleapis.com", Provider::Gemini),
+    ("openrouter.ai", Provider::OpenRouter),
+    ("api.groq.com", Provider::Hosted),
+    ("api.mistral.ai", Provider::Hosted),
+    ("api.together.xyz", Provider::Hosted),
+    ("api.fireworks.ai", Provider::Hosted),
+    ("api.cerebras.ai", Provider::Hosted),
+    ("api.x.ai", Provider::Hosted),
+    ("api.z.ai", Provider::Hosted),
+    ("api.perplexity.ai", Provider::Hosted),
+    ("router.huggingface.co", Provider::Hosted),
+    ("api.moonshot.ai", Provider::Hosted),
+    (".amazonaws.com", Provider::Hosted),
+    ("ollama.com", Provider::Hosted),
+];
 
 impl Provider {
     pub fn name(self) -> &'static str {
@@ -40,7 +64,27 @@ impl Provider {
             Provider::DeepSeek => "DeepSeek API",
             Provider::Gemini => "Gemini API",
             Provider::OpenRouter => "OpenRouter",
+            Provider::Hosted => "hosted API",
         }
+    }
+
+    /// The provider a host name says, when it is one of theirs (`PROVIDER_HOSTS`); the port
+    /// and a trailing dot are ignored.
+    pub fn of_host(host: &str) -> Option<Provider> {
+        let name = host
+            .rsplit_once(':')
+            .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+            .map_or(host, |(name, _)| name)
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        PROVIDER_HOSTS
+            .iter()
+            .find(|(suffix, _)| {
+                name == suffix.trim_start_matches('.')
+                    || (suffix.starts_with('.') && name.ends_with(suffix))
+                    || name.ends_with(&format!(".{suffix}"))
+            })
+            .map(|(_, provider)| *provider)
     }
 
     pub fn hosted(self) -> bool {
@@ -67,7 +111,11 @@ impl Provider {
     pub fn of_response(api: Api, fields: &Value) -> Provider {
         let text = |key: &str| fields.get(key).and_then(Value::as_str).unwrap_or("");
         let usage = |key: &str| fields.pointer(&format!("/usage/{key}")).is_some();
-        if api == Api::AnthropicMessages && usage("cache_creation_input_tokens") {
+        // A server that answers with a model file's path (llama.cpp) is nobody's API.
+        if api == Api::AnthropicMessages
+            && usage("cache_creation_input_tokens")
+            && text("model").starts_with("claude")
+        {
             return Provider::Anthropic;
         }
         if usage("prompt_cache_hit_tokens") {
@@ -87,9 +135,11 @@ impl Provider {
         }
         let fingerprint = text("system_fingerprint");
         let model = text("model");
+        // Open-weight models served locally under OpenAI's names are not its API.
         let openai_model = ["gpt-", "o1", "o3", "o4", "chatgpt-"]
             .iter()
-            .any(|p| model.starts_with(p));
+            .any(|p| model.starts_with(p))
+            && !model.starts_with("gpt-oss");
         if !text("service_tier").is_empty() || fingerprint.starts_with("fp_") || openai_model {
             return Provider::OpenAi;
         }
@@ -234,7 +284,7 @@ pub fn rules(provider: Provider, model: &str) -> Option<Rules> {
             .map_or(1_024, |(_, minimum)| *minimum)
     };
     match provider {
-        Provider::Local => None,
+        Provider::Local | Provider::Hosted => None,
         // Automatic for prompts of 1,024 tokens or more.
         Provider::OpenAi => {
             let (_, step, ttl_s) = OPENAI_STEPS
@@ -384,7 +434,7 @@ mod tests {
 
     #[test]
     fn providers_from_their_responses() {
-        let anthropic = json!({"id": "msg_01X", "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}});
+        let anthropic = json!({"id": "msg_01X", "model": "claude-sonnet-4-5-20250929", "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}});
         assert_eq!(
             Provider::of_response(Api::AnthropicMessages, &anthropic),
             Provider::Anthropic
@@ -420,6 +470,34 @@ mod tests {
             Provider::of_response(Api::OpenaiChat, &vllm),
             Provider::Local
         );
+        let gpt_oss =
+            json!({"model": "gpt-oss-20b", "service_tier": null, "usage": {"prompt_tokens": 5}});
+        assert_eq!(
+            Provider::of_response(Api::OpenaiChat, &gpt_oss),
+            Provider::Local
+        );
+        let gguf = json!({"model": "/models/qwen.gguf", "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0}});
+        assert_eq!(
+            Provider::of_response(Api::AnthropicMessages, &gguf),
+            Provider::Local
+        );
+    }
+
+    #[test]
+    fn providers_from_their_hosts() {
+        assert_eq!(Provider::of_host("api.openai.com"), Some(Provider::OpenAi));
+        assert_eq!(
+            Provider::of_host("myorg.openai.azure.com:443"),
+            Some(Provider::OpenAi)
+        );
+        assert_eq!(
+            Provider::of_host("API.Anthropic.com."),
+            Some(Provider::Anthropic)
+        );
+        assert_eq!(Provider::of_host("api.groq.com"), Some(Provider::Hosted));
+        assert_eq!(Provider::of_host("127.0.0.1:8080"), None);
+        assert_eq!(Provider::of_host("notapi.openai.com.evil"), None);
+        assert_eq!(Provider::of_host("llm.example.com"), None);
     }
 
     #[test]

@@ -52,19 +52,29 @@ pub fn draw(
     } else {
         format!("all matching /{}", h.filter)
     };
+    let untimed = h.untimed_tokens > 0 && h.untimed_tokens == h.lost_tokens;
+    // The dollars beside the tokens where a price is known: what a hosted API's user pays.
+    let lost_tokens = match h.lost_usd {
+        Some(usd) => format!(
+            "{} ({})",
+            token_count(h.lost_tokens),
+            prefixscope_core::pricing::dollars(usd)
+        ),
+        None => token_count(h.lost_tokens),
+    };
     let total = match (h.lost_ms, h.prefill_ms) {
         _ if !h.loss_measured => format!("{all}: {}", h.loss_not_measured()),
+        _ if untimed => format!("{all}: {lost_tokens}, time not measured"),
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
             format!(
-                "{all}: {}, {} of {} prefill ({:.0}%)",
-                token_count(h.lost_tokens),
+                "{all}: {lost_tokens}, {} of {} prefill ({:.0}%)",
                 duration(lost),
                 duration(prefill),
                 100.0 * lost / prefill
             )
         }
-        (Some(lost), _) => format!("{all}: {}, {}", token_count(h.lost_tokens), duration(lost)),
-        (None, _) => format!("{all}: {}, time not measured", token_count(h.lost_tokens)),
+        (Some(lost), _) => format!("{all}: {lost_tokens}, {}", duration(lost)),
+        (None, _) => format!("{all}: {lost_tokens}, time not measured"),
     };
     lines.push(Line::styled(fit(&total, width), theme.title()));
     let name_width = losses

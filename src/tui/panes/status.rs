@@ -27,17 +27,32 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
         } => format!("watch {listen} → {upstream}"),
         Source::Replay { files } => format!("replay {files}"),
     };
+    let untimed = h.untimed_tokens > 0 && h.untimed_tokens == h.lost_tokens;
+    // The dollars beside the tokens, where a price is known.
+    let usd = h
+        .lost_usd
+        .map(|usd| format!(" ({})", prefixscope_core::pricing::dollars(usd)))
+        .unwrap_or_default();
     let lost = match (h.lost_ms, h.prefill_ms) {
+        // No server said how long these took: the tokens, never "0 ms".
+        _ if untimed => format!(
+            "lost {}{usd}, time not measured",
+            plural(h.lost_tokens, "token")
+        ),
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
+            let untimed = match h.untimed_tokens {
+                0 => String::new(),
+                n => format!(", {} untimed", thousands(n)),
+            };
             format!(
-                "lost {}, {} ({:.0}% of prefill)",
+                "lost {}{usd}, {} ({:.0}% of prefill{untimed})",
                 plural(h.lost_tokens, "token"),
                 duration(lost),
                 100.0 * lost / prefill
             )
         }
         _ if !h.loss_measured => h.loss_not_measured().to_string(),
-        _ => format!("lost {}", plural(h.lost_tokens, "token")),
+        _ => format!("lost {}{usd}", plural(h.lost_tokens, "token")),
     };
     // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
     // end of the line. Filtered, every figure is of the matching rows and the line says so.
@@ -63,8 +78,14 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     } else {
         plural(h.records, "request")
     };
+    // A hosted API is named first: its cache follows the provider's rules, not a slot's.
+    let provider = if h.providers.is_empty() {
+        String::new()
+    } else {
+        format!("{} · ", h.providers)
+    };
     let text = format!(
-        " prefixscope · {filter}{lost} · {requests}, {} in {} · {source}",
+        " prefixscope · {provider}{filter}{lost} · {requests}, {} in {} · {source}",
         plural(h.turns, "turn"),
         plural(h.conversations, "conversation")
     );

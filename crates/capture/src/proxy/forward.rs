@@ -288,12 +288,13 @@ pub(crate) async fn forward(
         std::mem::take(&mut parts.uri),
         &path,
     );
-    let mut flight = InFlight::begin(
-        &connection,
-        parts.method.to_string(),
-        path,
-        recorded_headers(&parts.headers),
-    );
+    // The Host the upstream sees (its own name, set below): which server answered, and
+    // so which provider's caching rules apply (`Provider::of_host`).
+    let mut request_headers = recorded_headers(&parts.headers);
+    if let Ok(host) = shared.host_header.to_str() {
+        request_headers.insert("host".into(), host.to_string());
+    }
+    let mut flight = InFlight::begin(&connection, parts.method.to_string(), path, request_headers);
     connection.wait_for_previous_delivery().await;
 
     // Read whole up to `--max-body` (kept for the record, and sent whole); a body announced

@@ -162,6 +162,7 @@ mod tests {
             hash: hash.into(),
             chars: 10,
             tokens: None,
+            provided: false,
         }
     }
 

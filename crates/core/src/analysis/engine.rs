@@ -624,6 +624,7 @@ impl Analyzer {
             analysed: self.xs.len() as u64,
             skipped: &self.skipped,
             probes: self.probes,
+            prices: &self.config.prices,
         };
         let globals = report::Globals {
             clients,
@@ -1475,6 +1476,7 @@ fn map_rows<A, B>(report: Report<A>, f: impl FnOnce(Vec<A>) -> Vec<B>) -> Report
         clients: report.clients,
         tools: report.tools,
         findings: report.findings,
+        money: report.money,
         rows: f(report.rows),
     }
 }

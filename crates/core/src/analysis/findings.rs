@@ -25,6 +25,9 @@ pub struct Finding {
     /// prefixscope: what to change (`fix`), in the report as in the TUI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fix: Option<FixNote>,
+    /// prefixscope: the dollars its lost tokens cost, where a price is known (`pricing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_usd: Option<f64>,
 }
 
 /// A fix as reports carry it: whose doing, and the change in words.
@@ -187,8 +190,24 @@ pub(crate) fn find<R: Priced>(rows: &[R], tools: &[ToolUsage], config: &Config) 
             owner: owner.to_string(),
             change,
         });
+        finding.lost_usd = lost_usd(finding, &by_id, &config.prices);
     }
     findings
+}
+
+/// What a finding's lost tokens cost: at the price of its rows' model and provider, billed
+/// as its cause is (`Price::lost_per_token`).
+fn lost_usd(finding: &Finding, by_id: &ById<&Row>, prices: &crate::pricing::Prices) -> Option<f64> {
+    let tokens = finding.lost_tokens.filter(|&t| t > 0)?;
+    let row = finding.rows.first().and_then(|&id| by_id.get(id))?;
+    let price = prices.of(&row.model, row.provider)?;
+    let cause = finding
+        .evidence
+        .get("kind")
+        .or_else(|| finding.evidence.get("break_cause"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Some(f64::from(tokens) * price.lost_per_token(cause))
 }
 
 fn loss_finding(
@@ -204,6 +223,7 @@ fn loss_finding(
     }
     Finding {
         fix: None,
+        lost_usd: None,
         kind,
         model: Some(model.to_string()),
         client: client.map(str::to_string),
@@ -230,7 +250,11 @@ fn side_call_on_conversation_model(model: &str, rows: &[Rated]) -> Option<Findin
         .copied()
         .filter(|r| r.kind == RowKind::SideCall)
         .collect();
-    if side_calls.is_empty() || !rows.iter().any(|r| r.kind == RowKind::Turn) {
+    // A hosted API keeps no slot a side-call could take: it evicts nothing there.
+    if side_calls.is_empty()
+        || !rows.iter().any(|r| r.kind == RowKind::Turn)
+        || rows.iter().all(|r| r.provider.hosted())
+    {
         return None;
     }
     let after: Vec<Rated> = rows
@@ -627,6 +651,7 @@ fn large_system_prompt(
     let exact = over.iter().all(|r| server_sized(r));
     Some(Finding {
         fix: None,
+        lost_usd: None,
         kind: FindingKind::LargeSystemPrompt,
         model: Some(model.to_string()),
         client: Some(client.to_string()),
@@ -691,6 +716,7 @@ fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Find
         if tool.called == 0 && tool.offered > 0 && !dropped {
             findings.push(Finding {
                 fix: None,
+                lost_usd: None,
                 kind: FindingKind::UnusedTool,
                 model: None,
                 client: Some(tool.client.clone()),
@@ -705,6 +731,7 @@ fn tool_findings(all: &[Rated], tools: &[ToolUsage], threshold: u32) -> Vec<Find
         if tool.schema_tokens > threshold {
             findings.push(Finding {
                 fix: None,
+                lost_usd: None,
                 kind: FindingKind::LargeToolSchema,
                 model: None,
                 client: Some(tool.client.clone()),
@@ -1005,6 +1032,7 @@ mod fix_tests {
     fn finding(kind: FindingKind, evidence: Value) -> Finding {
         Finding {
             fix: None,
+            lost_usd: None,
             kind,
             model: None,
             client: None,

@@ -46,6 +46,10 @@ pub const REPORT_VERSION: u32 = 1;
 pub struct Config {
     pub session_gap_ms: u64,
     pub thresholds: Thresholds,
+    /// What a lost token costs (`pricing`): the dated default table for hosted APIs, and the
+    /// user's `--prices`.
+    #[serde(skip)]
+    pub prices: crate::pricing::Prices,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +63,7 @@ impl Default for Config {
         Config {
             session_gap_ms: 60_000,
             thresholds: Thresholds::default(),
+            prices: crate::pricing::Prices::default(),
         }
     }
 }

@@ -30,6 +30,7 @@ pub fn analyze_reference(records: &[Record], config: &Config) -> Report {
         analysed: normalized.exchanges.len() as u64,
         skipped: &normalized.skipped,
         probes: probes.len() as u64,
+        prices: &config.prices,
     };
     let globals = report::Globals {
         clients: table.clients,

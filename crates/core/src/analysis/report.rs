@@ -28,6 +28,10 @@ pub struct Report<R = Row> {
     pub tools: Vec<ToolUsage>,
     pub findings: Vec<Finding>,
     pub rows: Vec<R>,
+    /// prefixscope: what the lost tokens cost in dollars, where a price is known
+    /// (`pricing::money`; hosted APIs by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub money: Option<crate::pricing::Money>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -96,6 +100,10 @@ pub struct Time {
     pub prefill_ms: Option<Measured<f64>>,
     pub lost_ms: Option<Measured<f64>>,
     pub lost_tokens: u64,
+    /// prefixscope: lost tokens whose time is not measured (a hosted API reports no prefill
+    /// time): in `lost_tokens`, never in `lost_ms`. Absent: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub untimed_tokens: u64,
     pub by_cause: BTreeMap<String, CauseTotal>,
 }
 
@@ -128,6 +136,7 @@ pub(crate) struct Input<'a> {
     pub skipped: &'a [Skipped],
     /// Probe records, left out of everything above.
     pub probes: u64,
+    pub prices: &'a crate::pricing::Prices,
 }
 
 /// The global figures a report carries beside its rows.
@@ -153,8 +162,31 @@ pub(crate) fn assemble<R: Priced>(input: Input<'_>, rows: Vec<R>, globals: Globa
         clients: globals.clients,
         tools: globals.tools,
         findings: globals.findings,
+        money: money(&rows, input.prices),
         rows,
     }
+}
+
+/// The dollars of the rows' losses (`pricing::money`).
+pub(crate) fn money<R: Priced>(
+    rows: &[R],
+    prices: &crate::pricing::Prices,
+) -> Option<crate::pricing::Money> {
+    let losses = each(rows).flat_map(|row| {
+        let row = row.row();
+        [&row.lost_client, &row.lost_external]
+            .into_iter()
+            .flatten()
+            .map(move |loss| {
+                (
+                    row.model.as_str(),
+                    row.provider,
+                    loss.cause.as_str(),
+                    loss.tokens,
+                )
+            })
+    });
+    crate::pricing::money(losses, prices)
 }
 
 fn each<R: Priced>(rows: &[R]) -> impl Iterator<Item = Rated<'_>> {
@@ -262,6 +294,7 @@ pub fn time<R: Priced>(rows: &[R]) -> Time {
     let mut prefill_ms = None;
     let mut lost_ms: Option<Measured<f64>> = None;
     let mut lost_tokens = 0u64;
+    let mut untimed_tokens = 0u64;
     let mut by_cause: BTreeMap<String, CauseTotal> = BTreeMap::new();
     for row in each(rows) {
         if let Some(prefill) = row.counts.prefill_ms {
@@ -297,9 +330,12 @@ pub fn time<R: Priced>(rows: &[R]) -> Time {
             };
             total.tokens += u64::from(loss.tokens);
             total.rows += 1;
-            if let Some(ms) = ms {
-                total.ms = Some(add_ms(total.ms, ms));
-                lost_ms = Some(add_ms(lost_ms, ms));
+            match ms {
+                Some(ms) => {
+                    total.ms = Some(add_ms(total.ms, ms));
+                    lost_ms = Some(add_ms(lost_ms, ms));
+                }
+                None => untimed_tokens += u64::from(loss.tokens),
             }
         }
     }
@@ -307,6 +343,7 @@ pub fn time<R: Priced>(rows: &[R]) -> Time {
         prefill_ms,
         lost_ms,
         lost_tokens,
+        untimed_tokens,
         by_cause,
     }
 }
@@ -395,6 +432,7 @@ impl<R: Priced> Report<R> {
                 .collect();
             lines.push(format!("  by cause: {}", top.join(" · ")));
         }
+        lines.extend(self.money_line());
         lines.extend(self.server_lines());
         lines.push(self.coverage_line());
         if !findings.is_empty() {
@@ -425,22 +463,57 @@ impl<R: Priced> Report<R> {
         text
     }
 
+    /// `money lost: $1.23 (…)`, where a lost token has a price (`pricing`).
+    fn money_line(&self) -> Option<String> {
+        let money = self.money.as_ref()?;
+        let unpriced = match money.unpriced_tokens {
+            0 => String::new(),
+            n => format!("; {} more lost tokens have no price", thousands(n)),
+        };
+        Some(format!(
+            "money lost: {} on {} tokens, each billed above a cache read{unpriced} (prices: {})",
+            crate::pricing::dollars(money.lost_usd),
+            thousands(money.priced_tokens),
+            money.source
+        ))
+    }
+
     fn time_line(&self) -> String {
-        match (self.time.lost_ms, self.time.prefill_ms) {
+        let time = &self.time;
+        // Tokens whose time no server reported are counted, never priced at 0 ms.
+        let untimed = match time.untimed_tokens {
+            0 => String::new(),
+            n if n == time.lost_tokens => {
+                " (their time not measured: no prefill time reported)".into()
+            }
+            n => format!(
+                " ({} of them untimed: no prefill time reported)",
+                thousands(n)
+            ),
+        };
+        let all_untimed = time.untimed_tokens > 0 && time.untimed_tokens == time.lost_tokens;
+        match (time.lost_ms, time.prefill_ms) {
+            (_, _) if all_untimed => format!(
+                "tokens lost re-processing prompts: {}{untimed}",
+                thousands(time.lost_tokens)
+            ),
             (Some(lost), Some(prefill)) if prefill.value > 0.0 => format!(
-                "time lost re-processing prompts: {}{} of {} prefill ({:.0}%), {} tokens",
+                "time lost re-processing prompts: {}{} of {} prefill ({:.0}%), {} tokens{untimed}",
                 duration_compound(lost.value),
                 source_note(lost.source),
                 duration_compound(prefill.value),
                 100.0 * lost.value / prefill.value,
-                thousands(self.time.lost_tokens)
+                thousands(time.lost_tokens)
             ),
             (Some(lost), _) => format!(
-                "time lost re-processing prompts: {}{}, {} tokens",
+                "time lost re-processing prompts: {}{}, {} tokens{untimed}",
                 duration_compound(lost.value),
                 source_note(lost.source),
-                thousands(self.time.lost_tokens)
+                thousands(time.lost_tokens)
             ),
+            (None, _) if self.rows.iter().any(|r| r.rated().loss_measured) => {
+                "time lost re-processing prompts: not measured (no prefill time reported), 0 tokens lost".into()
+            }
             (None, _) => "time lost re-processing prompts: not measured (no turn had the server's reuse and timing counters)".into(),
         }
     }
@@ -585,8 +658,12 @@ pub fn finding_label(finding: &Finding) -> String {
         None => "?".to_string(),
     };
     let number = |key: &str| evidence.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+    let usd = finding
+        .lost_usd
+        .map(|usd| format!(", {}", crate::pricing::dollars(usd)))
+        .unwrap_or_default();
     let lost = match (finding.lost_tokens, finding.lost_ms) {
-        (Some(tokens), ms) => format!(": {} lost", size(u64::from(tokens), ms)),
+        (Some(tokens), ms) => format!(": {}{usd} lost", size(u64::from(tokens), ms)),
         (None, _) => ", loss not measured".into(),
     };
     let context = finding

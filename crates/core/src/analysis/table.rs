@@ -675,6 +675,9 @@ impl Weights {
     }
 }
 
+/// How far a hosted API's count may scale the request's estimated text (`weights`).
+const HOSTED_MAX_SCALE: f64 = 2.0;
+
 pub(super) fn weights(x: &Exchange) -> Weights {
     let mut exact = true;
     let mut weight = |tokens: Option<Measured<u32>>, chars: u32| match tokens {
@@ -691,15 +694,41 @@ pub(super) fn weights(x: &Exchange) -> Weights {
         .collect();
     let mut tools: Vec<f64> = x.tools.iter().map(|t| weight(t.tokens, t.chars)).collect();
     let raw_total = messages.iter().chain(&tools).fold(0.0, |sum, w| sum + w);
+    // Parts whose tokens no character shows: media, and the provider's own tools (their
+    // instructions are the provider's, their definition a name).
+    let media: u32 = x.messages.iter().map(|m| m.media).sum();
+    let provided = x.tools.iter().filter(|t| t.provided).count() as u32;
+    // The provider's tools' instructions: in the tool block, not in any tool's schema (no
+    // client can shorten them).
+    let mut instructions = 0.0;
     if let Some(prompt) = x.counts.prompt_tokens
         && raw_total > 0.0
     {
-        let scale = f64::from(prompt.value) / raw_total;
-        for w in messages.iter_mut().chain(tools.iter_mut()) {
-            *w *= scale;
+        let prompt = f64::from(prompt.value);
+        if media + provided > 0 && prompt > raw_total {
+            // What the text does not account for is theirs: each part's share goes where it
+            // is (the message that holds it, the tool block), never to the system prompt.
+            let per_part = (prompt - raw_total) / f64::from(media + provided);
+            for (w, m) in messages.iter_mut().zip(&x.messages) {
+                *w += per_part * f64::from(m.media);
+            }
+            instructions = per_part * f64::from(provided);
+        } else {
+            // A hosted provider adds prompts of its own no request shows (MCP servers' tools,
+            // citations, a server tool's instructions): past twice the text, the count is
+            // theirs, left unattributed rather than charged to the system prompt and tools.
+            let scale = prompt / raw_total;
+            let scale = if x.provider.hosted() {
+                scale.min(HOSTED_MAX_SCALE)
+            } else {
+                scale
+            };
+            for w in messages.iter_mut().chain(tools.iter_mut()) {
+                *w *= scale;
+            }
         }
     }
-    let tool_block = tools.iter().fold(0.0, |sum, w| sum + w);
+    let tool_block = tools.iter().fold(instructions, |sum, w| sum + w);
     let total = messages.iter().fold(tool_block, |sum, w| sum + w);
     let source = if exact && !(messages.is_empty() && tools.is_empty()) {
         Source::Tokenizer
@@ -1454,6 +1483,7 @@ mod tests {
             tool_call_id: None,
             name: None,
             reasoning_chars: 0,
+            media: 0,
         }
     }
 
@@ -1498,6 +1528,7 @@ mod tests {
                     value: *tokens,
                     source: Source::Tokenizer,
                 }),
+                provided: false,
             })
             .collect();
         x.tools_hash = Some(hash::hex(format!("{names:?}").as_bytes()).into());
@@ -2265,6 +2296,50 @@ mod tests {
             row(&t, 2).lost_external.clone().map(|l| l.cause),
             Some("other_model".into())
         );
+    }
+
+    /// An image's tokens are its message's: the server's count less the text goes to the
+    /// message that holds it, and the system prompt keeps its own size; the provider's own
+    /// tools' instructions go to the tool block, not to a tool's schema.
+    #[test]
+    fn media_and_provided_tools_count_where_they_are() {
+        let mut image = msg("user", &"q".repeat(40));
+        image.media = 1;
+        let x = served(
+            ex(1, 0, vec![msg("system", &"s".repeat(400)), image]),
+            2_000,
+            0,
+            2_000,
+            10.0,
+        );
+        let w = weights(&x);
+        assert_eq!(w.messages, [100.0, 1_900.0]);
+        let mut search = with_tools(ex(2, 0, vec![msg("user", &"q".repeat(400))]), &[("x", 0)]);
+        search.tools = Arc::from(vec![ToolDef {
+            name: "web_search".into(),
+            hash: "h".into(),
+            chars: 40,
+            tokens: None,
+            provided: true,
+        }]);
+        let search = served(search, 1_110, 0, 1_110, 10.0);
+        let w = weights(&search);
+        assert_eq!(w.messages, [100.0]);
+        assert_eq!(w.tools, [10.0]);
+        assert_eq!(w.tool_block, 1_010.0);
+    }
+
+    /// On a hosted API, a count far past the request's text (an MCP server's tools, a
+    /// provider's own instructions) is left unattributed past twice the text, never charged
+    /// to the system prompt; a local server's scales as llmp's does.
+    #[test]
+    fn a_hosted_count_scales_the_text_at_most_twice() {
+        let x = ex(1, 0, vec![msg("system", &"s".repeat(400))]);
+        let mut hosted = served(x.clone(), 1_000, 0, 1_000, 10.0);
+        hosted.provider = crate::provider::Provider::Anthropic;
+        assert_eq!(weights(&hosted).messages, [200.0]);
+        let local = served(x, 1_000, 0, 1_000, 10.0);
+        assert_eq!(weights(&local).messages, [1_000.0]);
     }
 
     #[test]

@@ -119,6 +119,7 @@ pub(crate) struct Rows<R: std::io::Read> {
     ts_column: Option<usize>,
     /// A column of session or conversation ids (`SESSION_COLUMNS`), and its name.
     session_column: Option<(usize, String)>,
+    host_column: Option<usize>,
     index: usize,
     pub report: FileReport,
 }
@@ -145,6 +146,8 @@ pub(crate) struct RawRow {
     pub t_ms: Option<i64>,
     /// The session column's name and the row's value in it.
     pub session: Option<(String, String)>,
+    /// The `host` column: the server that answered (which provider's rules apply).
+    pub host: Option<String>,
 }
 
 impl<R: BufRead> Rows<R> {
@@ -195,6 +198,7 @@ impl<R: BufRead> Rows<R> {
             status_column: column("status_code"),
             ts_column,
             session_column,
+            host_column: column("host"),
             csv,
             record: csv::StringRecord::new(),
             index: 0,
@@ -288,10 +292,18 @@ impl<R: BufRead> Rows<R> {
                 body,
                 t_ms,
                 session,
+                host: field(self.host_column).map(host_of),
             });
         }
     }
 }
+
+/// A host column's value, bounded (a name, not a payload).
+fn host_of(value: &str) -> String {
+    value.chars().take(MAX_HOST_CHARS).collect()
+}
+
+const MAX_HOST_CHARS: usize = 256;
 
 /// A session id is cut to this many characters (an id, not a payload).
 const MAX_SESSION_CHARS: usize = 256;
@@ -429,6 +441,7 @@ fn json_rows(
             model: text_of("model_name"),
             t_ms,
             session,
+            host: text_of("host").map(|h| host_of(&h)),
         });
     }
     (raws, report)
@@ -470,6 +483,7 @@ fn of_rows(raws: Vec<RawRow>, report: FileReport) -> LogRecords {
                         .session
                         .into_iter()
                         .map(|(_, value)| ("x-session-id".to_string(), value))
+                        .chain(raw.host.map(|host| ("host".to_string(), host)))
                         .collect(),
                     body_bytes: 0,
                     body: Some(body),

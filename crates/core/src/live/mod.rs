@@ -378,6 +378,7 @@ pub fn uncovered<R: crate::analysis::Priced>(
                         loss.cause.clone(),
                         Finding {
                             fix: None,
+                            lost_usd: None,
                             kind,
                             model: Some(row.model.clone()),
                             client: None,

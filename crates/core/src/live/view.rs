@@ -50,6 +50,27 @@ pub struct Header {
     pub filter: String,
     /// Records received in all, whatever the filter.
     pub all_records: u64,
+    /// Lost tokens whose time no server reported (`Time::untimed_tokens`).
+    pub untimed_tokens: u64,
+    /// The hosted APIs that answered (`OpenAI API`…); empty for a local server.
+    pub providers: String,
+    /// Dollars lost (`Report::money`), unfiltered only: a filter's rows are not priced apart.
+    pub lost_usd: Option<f64>,
+}
+
+/// The hosted providers among the rows, by name, in their order (`Provider`'s).
+fn providers(rows: &[Rated]) -> String {
+    let mut seen: Vec<crate::provider::Provider> = rows
+        .iter()
+        .map(|r| r.provider)
+        .filter(|p| p.hosted())
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.iter()
+        .map(|p| p.name())
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 impl Header {
@@ -295,6 +316,9 @@ impl View {
                 continued: rows.iter().any(|r| r.linked_to.is_some()),
                 filter: filter.trim().to_string(),
                 all_records: report.coverage.records,
+                untimed_tokens: time.untimed_tokens,
+                providers: providers(&rows),
+                lost_usd: None,
             }
         } else {
             Header {
@@ -310,6 +334,9 @@ impl View {
                 continued: rows.iter().any(|r| r.linked_to.is_some()),
                 filter: String::new(),
                 all_records: report.coverage.records,
+                untimed_tokens: report.time.untimed_tokens,
+                providers: providers(&rows),
+                lost_usd: report.money.as_ref().map(|m| m.lost_usd),
             }
         };
         let aliases = Aliases::new(

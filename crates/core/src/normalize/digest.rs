@@ -209,11 +209,47 @@ pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
             tool_call_id,
             name,
             reasoning_chars: char_count(reasoning),
+            media: media_parts(message),
         };
         memo.messages
             .insert(key, (digest.clone(), Arc::clone(&text)));
         (digest, text)
     })
+}
+
+/// Content part types that carry media: OpenAI's chat and Responses parts, Anthropic's
+/// blocks (in the chat form `normalize` makes of them).
+const MEDIA_TYPES: [&str; 8] = [
+    "image_url",
+    "input_image",
+    "image",
+    "input_audio",
+    "audio",
+    "file",
+    "input_file",
+    "document",
+];
+
+/// A message's media parts: typed content parts of `MEDIA_TYPES`, and Ollama's `images`.
+pub fn media_parts(message: &Value) -> u32 {
+    let parts = message
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(0, |parts| {
+            parts
+                .iter()
+                .filter(|part| {
+                    part.get("type")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| MEDIA_TYPES.contains(&t))
+                })
+                .count()
+        });
+    let images = message
+        .get("images")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    u32::try_from(parts + images).unwrap_or(u32::MAX)
 }
 
 /// The canonical form the message hash is taken over: `[role, content, tool calls, name,
@@ -332,10 +368,20 @@ fn tool_digest(tool: &Value) -> ToolDigest {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    // A client's tool carries its schema (`function`, `parameters`, `input_schema`); a
+    // provider's names a type of its own and nothing to render.
+    let provided = tool
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| !matches!(t, "function" | "custom"))
+        && ["function", "parameters", "input_schema"]
+            .iter()
+            .all(|key| tool.get(*key).is_none());
     ToolDigest {
         name,
         hash: hash::hex(canonical.as_bytes()),
         chars: char_count(&canonical),
+        provided,
     }
 }
 

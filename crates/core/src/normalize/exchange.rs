@@ -74,6 +74,10 @@ pub struct Msg {
     /// Characters of the reasoning sent back with it (`MessageDigest::reasoning_chars`).
     #[serde(default)]
     pub reasoning_chars: u32,
+    /// Its media parts (`MessageDigest::media`): their tokens are the server's count less the
+    /// text's, never spread over the other messages.
+    #[serde(default)]
+    pub media: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +86,9 @@ pub struct ToolDef {
     pub hash: String,
     pub chars: u32,
     pub tokens: Option<Measured<u32>>,
+    /// The provider's own tool (`ToolDigest::provided`).
+    #[serde(default)]
+    pub provided: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,7 +196,13 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
             Some((cut, _)) => Arc::from(&m[..cut]),
             None => Arc::from(m),
         });
-    let provider = crate::provider::Provider::of_response(api, &fields);
+    // The host the upstream answered as, where the recording has it, else the response.
+    let provider = record
+        .request
+        .headers
+        .get("host")
+        .and_then(|host| crate::provider::Provider::of_host(host))
+        .unwrap_or_else(|| crate::provider::Provider::of_response(api, &fields));
     let server = match api {
         Api::OllamaChat => ollama_counts(&fields),
         Api::AnthropicMessages => anthropic_counts(&fields),
@@ -228,6 +241,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
                     head: message.head,
                     tail: message.tail,
                     reasoning_chars: message.reasoning_chars,
+                    media: message.media,
                     tool_calls: message.tool_calls,
                     tool_call_id: message.tool_call_id,
                     name: message.name,
@@ -242,6 +256,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
             name: tool.name,
             hash: tool.hash,
             chars: tool.chars,
+            provided: tool.provided,
         })
         .collect();
     Ok(Exchange {

@@ -155,6 +155,10 @@ pub struct MessageDigest {
     /// identity leaves out but a template may render. Absent: none (or an older recording).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub reasoning_chars: u32,
+    /// prefixscope: image, audio, file and document parts (`normalize::digest::media_parts`),
+    /// whose tokens no character count sees. Absent: none (or an older recording).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub media: u32,
 }
 
 fn is_zero_u32(n: &u32) -> bool {
@@ -172,6 +176,11 @@ pub struct ToolDigest {
     pub name: String,
     pub hash: String,
     pub chars: u32,
+    /// prefixscope: a tool the provider runs and describes to the model itself (Anthropic's
+    /// `web_search_20250305`, `code_execution_…`; the Responses API's built-ins): its tokens
+    /// are the provider's instructions, not its few characters. Absent: a client's tool.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub provided: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

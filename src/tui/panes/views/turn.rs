@@ -33,6 +33,7 @@ pub(super) fn finding_of_turn(row: &Row, cause: &str) -> Finding {
     };
     Finding {
         fix: None,
+        lost_usd: None,
         kind,
         model: Some(row.model.clone()),
         client: Some(row.client.clone()),
@@ -376,6 +377,11 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             engine.kind.label(),
             engine.evidence
         )));
+    }
+    // A hosted provider's rule that kept the prefix out of its cache (too short, no marker,
+    // the lifetime past): what the provider did, in its terms.
+    if let Some(uncached) = &row.uncached {
+        lines.push(Line::raw(format!("the provider's: {}", uncached.text())));
     }
     if let Some((cause, fix, savings)) = turn_fix(snapshot, &row) {
         lines.push(Line::from(vec![
