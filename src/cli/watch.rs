@@ -21,9 +21,18 @@ pub struct WatchArgs {
     /// Don't capture the mouse (keep the terminal's own selection).
     #[arg(long)]
     no_mouse: bool,
+    /// Prices in dollars per million tokens (a JSON array of {"model", "input", "cache_read",
+    /// "cache_write"}) over the dated default table of hosted models; a local server's model
+    /// is priced only when named here.
+    #[arg(long, value_name = "FILE")]
+    prices: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: WatchArgs) -> u8 {
+    let analysis = match super::analysis_config(args.prices.as_deref(), None) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
     let shutdown = Shutdown::listen();
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let mut config = args.capture.config();
@@ -61,7 +70,7 @@ pub fn run(args: WatchArgs) -> u8 {
             capture.upstream.url(),
             capture.path.display()
         );
-        let written = watch_headless(capture, records_rx, std::io::stdout(), &shutdown);
+        let written = watch_headless(capture, records_rx, analysis, std::io::stdout(), &shutdown);
         if let Some(endpoint) = endpoint {
             endpoint.join();
         }
@@ -71,6 +80,7 @@ pub fn run(args: WatchArgs) -> u8 {
     let (result, written) = watch_screen(
         capture,
         records_rx,
+        analysis,
         screen_switches(!args.no_mouse),
         &shutdown,
     );

@@ -444,6 +444,7 @@ impl Written {
 pub fn watch_screen(
     capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
+    analysis: prefixscope_core::analysis::Config,
     switches: super::screen::Switches,
     shutdown: &Shutdown,
 ) -> (
@@ -486,7 +487,7 @@ pub fn watch_screen(
         speed: None,
         switches,
         server_settings: None,
-        analysis: prefixscope_core::analysis::Config::default(),
+        analysis,
     };
     // The recorder's consumer channel goes straight into the live engine.
     let feed = Feed {
@@ -510,6 +511,7 @@ pub fn watch_screen(
 pub fn watch_headless(
     capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
+    analysis: prefixscope_core::analysis::Config,
     mut out: impl std::io::Write + Send + 'static,
     shutdown: &Shutdown,
 ) -> Written {
@@ -523,7 +525,7 @@ pub fn watch_headless(
     } = capture;
     let proxy_stats = proxy.stats();
     let printer = std::thread::spawn(move || {
-        let mut engine = Engine::new(prefixscope_core::analysis::Config::default());
+        let mut engine = Engine::new(analysis);
         for record in records {
             let _ = writeln!(out, "{}", super::headless::record_line(&record));
             if matches!(
