@@ -19,7 +19,7 @@ use super::ids::{ById, IntMap};
 use super::report::{self, Report};
 use super::table::{
     self, Choice, Client, Link, Row, RowKind, Shape, SharedRow, Tip, ToolUsage, Weights,
-    apply_link, choose_by_match, continues, link, structured, summarise, system_hash, weights,
+    apply_link, continues, link, structured, summarise, system_hash, weights,
 };
 use super::{Config, Skipped, findings};
 use crate::normalize::exchange::{Exchange, Msg, SkipReason, ToolDef, normalize};
@@ -114,6 +114,18 @@ enum Undo {
         key: (u64, u64),
         entry: (usize, usize),
     },
+    /// A tip's request indexed under each of its message prefixes (`SeqState::by_prefix`),
+    /// with its keys: positions shift on an insert before a rewind, keys do not.
+    PrefixIndexed {
+        tip_hash: u64,
+        keys: Arc<[u64]>,
+        entry: (usize, usize),
+    },
+    PrefixUnindexed {
+        tip_hash: u64,
+        keys: Arc<[u64]>,
+        entry: (usize, usize),
+    },
 }
 
 /// A tip's model, agent key (`agent_key`, `NONE` for none) as ids of `SeqState::names`, and
@@ -133,6 +145,11 @@ struct SeqState {
     /// Each tip under (its tip-key hash, its row's message key), as (row, tip): finds the tips
     /// a request continues without scanning every conversation of the session.
     tips_by_message_key: HashMap<(u64, u64), BTreeSet<(usize, usize)>>,
+    /// Each tip under (its tip-key hash, the exact key of each of its row's message prefixes),
+    /// as (row, tip): the tips sharing a request's first k messages, for `choose_by_match`'s
+    /// longest shared start without a scan of every conversation (a benchmark that repeats
+    /// one session starts thousands).
+    by_prefix: HashMap<(u64, u64), BTreeSet<(usize, usize)>>,
 }
 
 #[derive(Debug, Default)]
@@ -351,6 +368,8 @@ pub struct Analyzer {
     keys: Vec<u64>,
     /// Each row's prefix keys (see `message_keys`).
     prefix_keys: Vec<Vec<u64>>,
+    /// Each row's exact prefix keys (`exact_message_keys`), for `SeqState::by_prefix`.
+    exact_keys: Vec<Arc<[u64]>>,
     continued: Vec<bool>,
     continuing: Vec<bool>,
     /// A later request sends this one's messages, every one unchanged, and more: a turn.
@@ -416,6 +435,26 @@ impl SeqState {
         }
     }
 
+    fn index_prefixes(&mut self, keys: &[u64], tip_hash: u64, entry: (usize, usize)) {
+        for &key in keys {
+            self.by_prefix
+                .entry((tip_hash, key))
+                .or_default()
+                .insert(entry);
+        }
+    }
+
+    fn unindex_prefixes(&mut self, keys: &[u64], tip_hash: u64, entry: (usize, usize)) {
+        for &key in keys {
+            if let Some(set) = self.by_prefix.get_mut(&(tip_hash, key)) {
+                set.remove(&entry);
+                if set.is_empty() {
+                    self.by_prefix.remove(&(tip_hash, key));
+                }
+            }
+        }
+    }
+
     fn take_back(&mut self, undo: Undo) {
         match undo {
             Undo::OpenSession { model, before } => match before {
@@ -444,6 +483,16 @@ impl SeqState {
             }
             Undo::Indexed { key, entry } => self.unindex(key, entry),
             Undo::Unindexed { key, entry } => self.index(key, entry),
+            Undo::PrefixIndexed {
+                tip_hash,
+                keys,
+                entry,
+            } => self.unindex_prefixes(&keys, tip_hash, entry),
+            Undo::PrefixUnindexed {
+                tip_hash,
+                keys,
+                entry,
+            } => self.index_prefixes(&keys, tip_hash, entry),
         }
     }
 }
@@ -461,6 +510,7 @@ impl Analyzer {
             ws: Vec::new(),
             keys: Vec::new(),
             prefix_keys: Vec::new(),
+            exact_keys: Vec::new(),
             continued: Vec::new(),
             continuing: Vec::new(),
             extended: Vec::new(),
@@ -1015,10 +1065,13 @@ impl Analyzer {
         crate::growth::reserve_by_quarter(&mut self.facts, 1);
         crate::growth::reserve_by_quarter(&mut self.ws, 1);
         crate::growth::reserve_by_quarter(&mut self.prefix_keys, 1);
+        crate::growth::reserve_by_quarter(&mut self.exact_keys, 1);
         self.facts.insert(p, facts);
         self.ws.insert(p, w);
         self.keys.insert(p, own_key);
         self.prefix_keys.insert(p, prefixes.clone());
+        self.exact_keys
+            .insert(p, Arc::from(exact_prefixes.as_slice()));
         self.continued.insert(p, false);
         self.continuing.insert(p, false);
         self.extended.insert(p, false);
@@ -1281,8 +1334,8 @@ impl Analyzer {
         self.rewind(from.min(self.rows.len()));
         let first = self.rows.len();
         for i in first..self.xs.len() {
-            // A row pushes at most 5 undos: 2 for its session, 3 for its tip.
-            crate::growth::reserve_by_quarter(&mut self.undo, 5);
+            // A row pushes at most 7 undos: 2 for its session, 5 for its tip.
+            crate::growth::reserve_by_quarter(&mut self.undo, 7);
             crate::growth::reserve_by_quarter(&mut self.applied, 1);
             self.undo_start.push(self.undo.len());
             let row = self.derive(i);
@@ -1324,12 +1377,7 @@ impl Analyzer {
         );
         let choice = match self.continued_tip(i, session, tip_hash) {
             Some(t) => Choice::Continue(t),
-            None => {
-                let empty = Vec::new();
-                let candidates = self.seq.tips_by.get(&tip_key).unwrap_or(&empty);
-                let xs = &self.xs;
-                choose_by_match(&|r| &xs[r], &self.seq.tips, candidates, x)
-            }
+            None => self.choose_by_prefix(i, session, tip_hash),
         };
         let (prev, fresh) = match choice {
             Choice::Continue(t) => {
@@ -1355,6 +1403,20 @@ impl Analyzer {
                     key: new_key,
                     entry: (i, t),
                 });
+                let keys = Arc::clone(&self.exact_keys[prev]);
+                self.seq.unindex_prefixes(&keys, tip_hash, (prev, t));
+                self.undo.push(Undo::PrefixUnindexed {
+                    tip_hash,
+                    keys,
+                    entry: (prev, t),
+                });
+                let keys = Arc::clone(&self.exact_keys[i]);
+                self.seq.index_prefixes(&keys, tip_hash, (i, t));
+                self.undo.push(Undo::PrefixIndexed {
+                    tip_hash,
+                    keys,
+                    entry: (i, t),
+                });
                 (Some(prev), false)
             }
             Choice::Fresh(from) => {
@@ -1371,6 +1433,13 @@ impl Analyzer {
                 let key = (tip_hash, self.keys[i]);
                 self.seq.index(key, (i, t));
                 self.undo.push(Undo::Indexed { key, entry: (i, t) });
+                let keys = Arc::clone(&self.exact_keys[i]);
+                self.seq.index_prefixes(&keys, tip_hash, (i, t));
+                self.undo.push(Undo::PrefixIndexed {
+                    tip_hash,
+                    keys,
+                    entry: (i, t),
+                });
                 row.conversation = Some(conversation);
                 row.turn = Some(1);
                 (from_row, true)
@@ -1428,6 +1497,73 @@ impl Analyzer {
             }
         }
         None
+    }
+
+    /// `table::choose_by_match` through the prefix index (`SeqState::by_prefix`): the same
+    /// choice (the most messages shared, then the latest), found level by level from row `i`'s
+    /// whole message list down, each level's latest tip, instead of a scan of every tip.
+    fn choose_by_prefix(&self, i: usize, session: u32, tip_hash: u64) -> Choice {
+        if let Some(t) = self.identical_tip(i, session, tip_hash) {
+            return Choice::Fresh(Some(t));
+        }
+        let x = &self.xs[i];
+        let keys = &self.exact_keys[i];
+        let lead = x.messages.iter().take_while(|m| m.role == "system").count();
+        let opening = lead + 1;
+        // The latest tip of this agent and session sharing at least `k` leading messages
+        // (checked, so a hash collision cannot choose).
+        let latest = |k: usize| -> Option<usize> {
+            let set = self.seq.by_prefix.get(&(tip_hash, keys[k - 1]))?;
+            set.iter().rev().find_map(|&(row, t)| {
+                let prev = &self.xs[row];
+                let shared = prev
+                    .messages
+                    .iter()
+                    .zip(&x.messages)
+                    .take_while(|(a, b)| a.identity == b.identity)
+                    .count();
+                (prev.model == x.model
+                    && table::same_agent(prev, x)
+                    && self.rows[row].session == session
+                    && self.seq.tips.get(t).is_some_and(|tip| tip.row == row)
+                    && shared >= k)
+                    .then_some(t)
+            })
+        };
+        let n = x.messages.len();
+        // A break: the most shared, past the opening. Sharing all of `x` (no tip sends it
+        // alone: `identical_tip`), it must send a message past the opening too, which a tip
+        // holding all of `x` does exactly when `x` has one; sharing less, `x` goes on past it.
+        for k in (opening..=n).rev() {
+            if k == n && n <= opening {
+                continue;
+            }
+            if let Some(t) = latest(k) {
+                return Choice::Continue(t);
+            }
+        }
+        // A new conversation: the tip sharing the longest start, if any.
+        Choice::Fresh((1..=n).rev().find_map(latest))
+    }
+
+    /// The latest tip whose request sends row `i`'s messages exactly (`table::same_messages`),
+    /// through the message-key index.
+    fn identical_tip(&self, i: usize, session: u32, tip_hash: u64) -> Option<usize> {
+        let x = &self.xs[i];
+        let set = self
+            .seq
+            .tips_by_message_key
+            .get(&(tip_hash, self.keys[i]))?;
+        set.iter()
+            .rev()
+            .find(|&&(row, _)| {
+                let prev = &self.xs[row];
+                prev.model == x.model
+                    && table::same_agent(prev, x)
+                    && self.rows[row].session == session
+                    && table::same_messages(prev, x)
+            })
+            .map(|&(_, t)| t)
     }
 
     /// llmp's sessions: per model, a pause longer than the gap after the last end starts one.
@@ -1617,7 +1753,8 @@ mod tests {
 
     #[test]
     fn an_undo_entry_holds_no_string() {
-        // 40 bytes, one or more per row: it held a model name's copy (and a tip's two) before.
-        assert!(std::mem::size_of::<Undo>() <= 40);
+        // 48 bytes, one or more per row (a prefix entry holds its keys, shared): it held a
+        // model name's copy (and a tip's two) before.
+        assert!(std::mem::size_of::<Undo>() <= 48);
     }
 }

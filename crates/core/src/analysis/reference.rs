@@ -161,7 +161,12 @@ pub(super) fn choose<'a>(
     {
         return Choice::Continue(t);
     }
-    choose_by_match(&at, tips, candidates, x)
+    let identical = candidates
+        .iter()
+        .filter(|&&t| same_messages(at(tips[t].row), x))
+        .max_by_key(|&&t| recent(&t))
+        .copied();
+    choose_by_match(&at, tips, candidates, identical, x)
 }
 
 pub(super) fn sessions(order: &[&Exchange], gap_ms: u64) -> Vec<u32> {
@@ -515,4 +520,72 @@ pub(crate) fn refine(rows: &mut [Row], events: &ServerEvents) {
             row.engine_cause = Some(Box::new(cause));
         }
     }
+}
+
+/// `choose` when no candidate's request is continued by `x`: the tip sharing the longest
+/// leading run of messages.
+fn choose_by_match<'a>(
+    at: &impl Fn(usize) -> &'a Exchange,
+    tips: &[Tip],
+    candidates: &[usize],
+    identical: Option<usize>,
+    x: &Exchange,
+) -> Choice {
+    // A request a tip sent already, message for message (`identical`, the latest such): a
+    // re-send of that request, never a break of another conversation; found by the caller's
+    // index, so a benchmark that repeats one session costs no scan of every run before it.
+    if identical.is_some() {
+        return Choice::Fresh(identical);
+    }
+    let lead = x.messages.iter().take_while(|m| m.role == "system").count();
+    let matched = |t: usize| {
+        let prev = at(tips[t].row);
+        prev.messages
+            .iter()
+            .zip(&x.messages)
+            .take_while(|(a, b)| a.identity == b.identity)
+            .count()
+    };
+    let recent = |t: &usize| tips[*t].row;
+    // A break needs evidence of the same conversation: a message past the opening (the
+    // system prompt and the first message) that both send, or messages of its own past what
+    // it shares (a compaction keeps the task and sends a summary). A request that only
+    // repeats an earlier conversation's opening is another run that opens alike.
+    let opening = lead + 1;
+    let mut sent: Option<std::collections::HashSet<&str>> = None;
+    let mut went_on = |t: usize| {
+        let sent = sent.get_or_insert_with(|| {
+            x.messages
+                .iter()
+                .skip(opening)
+                .map(|m| m.identity.as_str())
+                .collect()
+        });
+        at(tips[t].row)
+            .messages
+            .iter()
+            .skip(opening)
+            .any(|m| sent.contains(m.identity.as_str()))
+    };
+    // The same messages again are not a break: a request of its own (see `carries_on`).
+    let same = |t: usize| {
+        let prev = at(tips[t].row);
+        matched(t) == prev.messages.len() && matched(t) == x.messages.len()
+    };
+    if let Some(&t) = candidates
+        .iter()
+        .filter(|&&t| {
+            matched(t) > lead && !same(t) && (matched(t) < x.messages.len() || went_on(t))
+        })
+        .max_by_key(|&&t| (matched(t), recent(&t)))
+    {
+        return Choice::Continue(t);
+    }
+    Choice::Fresh(
+        candidates
+            .iter()
+            .filter(|&&t| matched(t) > 0)
+            .max_by_key(|&&t| (matched(t), recent(&t)))
+            .copied(),
+    )
 }

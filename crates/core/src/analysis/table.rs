@@ -607,67 +607,6 @@ pub(super) fn finish_link(row: &mut Row, link: Link, latest: Option<(Cause, u64)
     });
 }
 
-/// `choose` when no candidate's request is continued by `x`: the tip sharing the longest
-/// leading run of messages.
-pub(super) fn choose_by_match<'a>(
-    at: &impl Fn(usize) -> &'a Exchange,
-    tips: &[Tip],
-    candidates: &[usize],
-    x: &Exchange,
-) -> Choice {
-    let lead = x.messages.iter().take_while(|m| m.role == "system").count();
-    let matched = |t: usize| {
-        let prev = at(tips[t].row);
-        prev.messages
-            .iter()
-            .zip(&x.messages)
-            .take_while(|(a, b)| a.identity == b.identity)
-            .count()
-    };
-    let recent = |t: &usize| tips[*t].row;
-    // A break needs evidence of the same conversation: a message past the opening (the
-    // system prompt and the first message) that both send, or messages of its own past what
-    // it shares (a compaction keeps the task and sends a summary). A request that only
-    // repeats an earlier conversation's opening is another run that opens alike.
-    let opening = lead + 1;
-    let mut sent: Option<std::collections::HashSet<&str>> = None;
-    let mut went_on = |t: usize| {
-        let sent = sent.get_or_insert_with(|| {
-            x.messages
-                .iter()
-                .skip(opening)
-                .map(|m| m.identity.as_str())
-                .collect()
-        });
-        at(tips[t].row)
-            .messages
-            .iter()
-            .skip(opening)
-            .any(|m| sent.contains(m.identity.as_str()))
-    };
-    // The same messages again are not a break: a request of its own (see `carries_on`).
-    let same = |t: usize| {
-        let prev = at(tips[t].row);
-        matched(t) == prev.messages.len() && matched(t) == x.messages.len()
-    };
-    if let Some(&t) = candidates
-        .iter()
-        .filter(|&&t| {
-            matched(t) > lead && !same(t) && (matched(t) < x.messages.len() || went_on(t))
-        })
-        .max_by_key(|&&t| (matched(t), recent(&t)))
-    {
-        return Choice::Continue(t);
-    }
-    Choice::Fresh(
-        candidates
-            .iter()
-            .filter(|&&t| matched(t) > 0)
-            .max_by_key(|&&t| (matched(t), recent(&t)))
-            .copied(),
-    )
-}
-
 impl Weights {
     /// Each tool's schema tokens, in the exchange's order.
     pub(super) fn tools(&self) -> &[f64] {
@@ -765,6 +704,15 @@ pub(super) fn session_gap_ms(x: &Exchange, configured: u64) -> i64 {
         configured
     };
     i64::try_from(gap).unwrap_or(i64::MAX)
+}
+
+/// `a` and `b` send the same messages, one for one.
+pub(super) fn same_messages(a: &Exchange, b: &Exchange) -> bool {
+    a.messages.len() == b.messages.len()
+        && a.messages
+            .iter()
+            .zip(&b.messages)
+            .all(|(x, y)| x.identity == y.identity)
 }
 
 /// `b`, which `continues` `a`, goes on with `a`'s conversation: it sends `a`'s messages and
