@@ -1291,3 +1291,27 @@ fn a_break_on_a_turn_whose_slot_was_taken_costs_nothing() {
     assert_eq!(lost.cause, "other_conversation");
     assert_eq!(r.time.lost_tokens, u64::from(lost.tokens));
 }
+
+/// An Anthropic request's `system` is not one of its `messages`: a break there has no message
+/// index (its role says `system`), and a break in the messages counts as the request does,
+/// from its first message, not from the system prompt the chat form puts first.
+#[test]
+fn anthropic_break_locations_count_the_requests_own_messages() {
+    let path = root().join("tests/data/named-causes/claude-code-attribution.jsonl");
+    let read = read_jsonl(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let report = analyze(&read.records, &Config::default());
+    let at = report.rows[1].break_location.as_ref().unwrap();
+    assert_eq!((at.message, at.role.as_deref()), (None, Some("system")));
+    // The third request with the second's system prompt and its third message (the second
+    // user message, `messages[2]`) edited.
+    let mut records = read.records.clone();
+    let system = records[1].request.body.as_ref().unwrap()["system"].clone();
+    let third = records[2].request.body.as_mut().unwrap();
+    third["system"] = system;
+    third["messages"][2]["content"][0]["text"] = serde_json::json!("Make it faster instead.");
+    let report = analyze(&records[..3], &Config::default());
+    let row = &report.rows[2];
+    assert_eq!(row.break_cause, Some(BreakCause::HistoryRewritten));
+    let at = row.break_location.as_ref().unwrap();
+    assert_eq!((at.message, at.role.as_deref()), (Some(2), Some("user")));
+}

@@ -1046,8 +1046,17 @@ fn moved_or_replied(prev: &Exchange, cur: &Exchange, cw: &Weights) -> f64 {
 /// character with a snippet of each side.
 fn locate(prev: &Exchange, cur: &Exchange, k: usize) -> BreakLocation {
     let (a, b) = (prev.messages.get(k), cur.messages.get(k));
+    // Where the user looks: an Anthropic request's `system` is not one of its `messages`, so
+    // a break there has no message index and the others count from after it.
+    let system_apart = cur.api == crate::normalize::Api::AnthropicMessages
+        && cur.messages.first().is_some_and(|m| m.role == "system");
+    let message = match (system_apart, k) {
+        (true, 0) => None,
+        (true, k) => Some(k as u32 - 1),
+        (false, k) => Some(k as u32),
+    };
     let mut location = BreakLocation {
-        message: Some(k as u32),
+        message,
         role: b.or(a).map(|m| m.role.clone()),
         char_offset: None,
         before: None,

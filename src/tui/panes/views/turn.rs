@@ -454,8 +454,16 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             measured(c.evaluated_tokens)
         ),
         format!(
-            "  prefill ms {} · completion {}",
-            measured(c.prefill_ms),
+            "  prefill {} · completion {}",
+            // Milliseconds as a person reads them (`186.7 ms`), not the float's digits.
+            c.prefill_ms.map_or("not measured".into(), |m| format!(
+                "{} ({})",
+                duration(m.value),
+                serde_json::to_value(m.source)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            )),
             measured(c.completion_tokens)
         ),
         format!(
