@@ -37,7 +37,7 @@ pub const HELP: &[&str] = &[
     "",
     "cells (one per turn, by the tokens it lost; the glyph says it without colour)",
     "  ■ nothing lost  × the client broke the prefix  ! evicted by a request that ran",
-    "  in between  ~ the server dropped its cache  ? loss not measured (no reuse and timing counts)",
+    "  in between  ~ the server (or hosted API) lost its cache  ? loss not measured (no counts)",
     "  colour: green none · yellow under a quarter of the prompt · red more · grey unknown",
     "  ‹ earlier turns to the left (← scrolls back)",
     "",

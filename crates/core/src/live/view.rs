@@ -172,7 +172,8 @@ pub enum Mark {
     /// Something else ran on the cache in between (a side-call, another conversation or model)
     /// (`!`).
     Eviction,
-    /// The server dropped or trimmed its cache on its own (`~`).
+    /// The server dropped or trimmed its cache on its own, or a hosted provider's cache
+    /// expired or missed (`~`).
     Server,
     /// The server reported no reuse: the loss cannot be told (`?`).
     Unmeasured,
@@ -630,7 +631,8 @@ fn mark_of(row: &Row) -> Mark {
         return Mark::Break;
     }
     match external {
-        Some(l) if l.cause.starts_with("server_") => Mark::Server,
+        Some(l) if l.cause.starts_with("server_") || l.cause == "cache_expired" => Mark::Server,
+        Some(l) if l.cause == "provider_miss" => Mark::Server,
         _ => Mark::Eviction,
     }
 }

@@ -341,7 +341,14 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
     }
     if !lossy {
         let text = match (row.loss_measured, row.break_cause) {
-            (false, _) => "loss not measured: the server reported no reuse".to_string(),
+            // Which count is missing, in the server's terms: a first turn has nothing to lose.
+            (false, _) if row.linked_to.is_none() => {
+                "nothing to lose: no earlier request shares its start".to_string()
+            }
+            (false, _) if row.counts.reused_tokens.is_none() => {
+                "loss not measured: the server reported no reuse".to_string()
+            }
+            (false, _) => "loss not measured: the server reported no prefill time".to_string(),
             (true, Some(cause)) => format!(
                 "{}, but nothing was lost (the change came after what could be reused)",
                 cause_label(&cause_name(cause))
