@@ -1315,3 +1315,24 @@ fn anthropic_break_locations_count_the_requests_own_messages() {
     let at = row.break_location.as_ref().unwrap();
     assert_eq!((at.message, at.role.as_deref()), (Some(2), Some("user")));
 }
+
+/// Two agents open with the same user message under their own system prompts; the first
+/// one's next turn goes on from its own request, not from the other agent's later one (seen on
+/// real traffic: two tests of one suite running at once).
+#[test]
+fn a_turn_goes_on_from_the_request_with_its_own_system_prompt() {
+    let question = |id: u64, system: &str, turns: usize| {
+        let mut r = chat_record(id, system, turns, 0);
+        r.request.body.as_mut().unwrap()["messages"][1]["content"] =
+            serde_json::json!("What is 2 + 2?");
+        r
+    };
+    let first = question(1, "You are agent A, a careful calculator.", 1);
+    let other = question(2, "You are agent B, who answers in French.", 1);
+    let second = question(3, "You are agent A, a careful calculator.", 2);
+    let report = analyze(&[first, other, second], &Config::default());
+    let row = &report.rows[2];
+    assert_eq!(row.linked_to, Some(1));
+    assert_eq!(row.break_cause, None);
+    assert_eq!(row.conversation, report.rows[0].conversation);
+}

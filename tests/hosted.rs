@@ -15,11 +15,18 @@ use prefixscope_core::provider::{Provider, Uncached};
 use prefixscope_core::record::{Record, read_jsonl};
 use serde_json::{Value, json};
 
-const FILES: [&str; 2] = ["openai.jsonl", "anthropic.jsonl"];
+/// The two corpora (`tests/data/hosted`, and `hosted2` from three other suites), each with its
+/// truth file, and the real breaks the linking can see of those the truth lists.
+const FILES: [(&str, usize, usize); 4] = [
+    ("hosted/openai.jsonl", 5, 7),
+    ("hosted/anthropic.jsonl", 4, 5),
+    ("hosted2/openai.jsonl", 0, 1),
+    ("hosted2/anthropic.jsonl", 0, 1),
+];
 
 fn data(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/hosted")
+        .join("tests/data")
         .join(name)
 }
 
@@ -29,10 +36,12 @@ fn records(file: &str) -> Vec<Record> {
     read.records
 }
 
-/// The truth file's object for each record id of `file`.
+/// The truth file's object for each record id of `file` (`corpus/name.jsonl`).
 fn truth(file: &str) -> BTreeMap<u64, Value> {
-    let all: Value = serde_json::from_slice(&std::fs::read(data("truth.json")).unwrap()).unwrap();
-    all[file]
+    let (corpus, name) = file.split_once('/').unwrap();
+    let path = data(&format!("{corpus}/truth.json"));
+    let all: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    all[name]
         .as_array()
         .unwrap()
         .iter()
@@ -80,7 +89,7 @@ fn links(report: &Report, truth: &BTreeMap<u64, Value>) -> Links {
     }
 }
 
-fn check_links(file: &str, records: &[Record], with: &str) {
+fn check_links((file, found_real, real): (&str, usize, usize), records: &[Record], with: &str) {
     let truth = truth(file);
     let report = analyze(records, &Config::default());
     let found = links(&report, &truth);
@@ -95,26 +104,27 @@ fn check_links(file: &str, records: &[Record], with: &str) {
         found.false_breaks,
         found.breaks
     );
-    // The real breaks the linking can see (a re-rendered single message and a dropped
-    // thinking block are not message-level breaks): 5 of OpenAI's 7, 4 of Anthropic's 5.
-    let expected = if file == "openai.jsonl" { 5 } else { 4 };
+    // The real breaks the linking can see: a re-rendered single message (DSPy), a dropped
+    // thinking block, a first message rewritten with nothing before it, a history cut back to
+    // the system prompt are not message-level breaks of a linked request.
     assert_eq!(
         (found.real_found, found.real),
-        (expected, if file == "openai.jsonl" { 7 } else { 5 }),
+        (found_real, real),
         "{file} {with}"
     );
 }
 
 #[test]
 fn conversations_follow_the_runs_without_session_ids() {
-    for file in FILES {
-        check_links(file, &records(file), "without session ids");
+    for case in FILES {
+        check_links(case, &records(case.0), "without session ids");
     }
 }
 
 #[test]
 fn conversations_follow_the_runs_with_session_ids() {
-    for file in FILES {
+    for case in FILES {
+        let file = case.0;
         let truth = truth(file);
         let mut records = records(file);
         for record in &mut records {
@@ -122,7 +132,7 @@ fn conversations_follow_the_runs_with_session_ids() {
             let id = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(run.as_bytes()));
             record.request.headers.insert("x-session-id".into(), id);
         }
-        check_links(file, &records, "with session ids");
+        check_links(case, &records, "with session ids");
     }
 }
 
@@ -131,7 +141,7 @@ fn conversations_follow_the_runs_with_session_ids() {
 /// Anthropic request without `cache_control`) is "not cacheable" when it lost anything.
 #[test]
 fn no_server_reset_or_eviction_on_a_hosted_api() {
-    for file in FILES {
+    for (file, _, _) in FILES {
         let truth = truth(file);
         let report = analyze(&records(file), &Config::default());
         let mut not_cacheable = 0;
@@ -194,7 +204,7 @@ fn no_server_reset_or_eviction_on_a_hosted_api() {
 /// later) are the provider's misses, its 1,024 cacheable tokens each, with OpenAI's fix.
 #[test]
 fn openai_misses_are_the_providers_in_its_128_token_steps() {
-    let report = analyze(&records("openai.jsonl"), &Config::default());
+    let report = analyze(&records("hosted/openai.jsonl"), &Config::default());
     let missed: Vec<(u64, u32)> = report
         .rows
         .iter()
@@ -251,18 +261,22 @@ fn anthropic_cache_reads_and_writes_read_right() {
         (230, [None, None, None, None]),
     ];
     for (id, want) in expected {
-        assert_eq!(counts(&exchange("anthropic.jsonl", id)), want, "#{id}");
         assert_eq!(
-            counts(&digest_exchange("anthropic.jsonl", id)),
+            counts(&exchange("hosted/anthropic.jsonl", id)),
+            want,
+            "#{id}"
+        );
+        assert_eq!(
+            counts(&digest_exchange("hosted/anthropic.jsonl", id)),
             want,
             "#{id} digest"
         );
         assert_eq!(
-            exchange("anthropic.jsonl", id).provider,
+            exchange("hosted/anthropic.jsonl", id).provider,
             Provider::Anthropic
         );
     }
-    let x = exchange("anthropic.jsonl", 35);
+    let x = exchange("hosted/anthropic.jsonl", 35);
     let marks = x.params.cache_marks.unwrap();
     assert!(marks.breakpoints > 0, "{marks:?}");
 }
@@ -272,7 +286,7 @@ fn anthropic_cache_reads_and_writes_read_right() {
 /// lifetime asked for, the same pause is the provider's miss, not an expiry.
 #[test]
 fn a_pause_past_the_cache_lifetime_is_named() {
-    let all = records("anthropic.jsonl");
+    let all = records("hosted/anthropic.jsonl");
     // #31 → #32: a `cache_control` conversation whose second turn read 9,116 tokens.
     let first = all.iter().find(|r| r.id == 31).unwrap().clone();
     let mut second = all.iter().find(|r| r.id == 32).unwrap().clone();
@@ -366,8 +380,10 @@ fn no_system_prompt_or_tool_is_charged_for_media_or_the_providers_tools() {
         "pydantic-ai",
         None,
     );
-    let mut sets: Vec<(String, Vec<Record>)> =
-        FILES.iter().map(|f| (f.to_string(), records(f))).collect();
+    let mut sets: Vec<(String, Vec<Record>)> = FILES
+        .iter()
+        .map(|f| (f.0.to_string(), records(f.0)))
+        .collect();
     sets.push(("gateway log".into(), gateway.records));
     let bound = |chars: u32| 2.0 * (f64::from(chars) / 4.0).ceil() + 1.0;
     for (name, records) in sets {
@@ -438,7 +454,7 @@ fn prices_turn_lost_tokens_into_the_same_money_everywhere() {
         r#"[{"model": "gpt-4o-mini", "input": 1.0, "cache_read": 0.25}]"#,
     )
     .unwrap();
-    let recording = data("openai.jsonl.gz");
+    let recording = data("hosted/openai.jsonl.gz");
     let expected = 3_072.0 * (1.0 - 0.25) / 1e6;
     let run = |args: &[&std::ffi::OsStr]| {
         let out = std::process::Command::new(BIN).args(args).output().unwrap();
@@ -498,11 +514,11 @@ fn prices_turn_lost_tokens_into_the_same_money_everywhere() {
         .unwrap(),
         ..Config::default()
     };
-    let report = analyze(&records("openai.jsonl"), &config);
+    let report = analyze(&records("hosted/openai.jsonl"), &config);
     let view = prefixscope_core::live::view::View::build(&report, "");
     assert!((view.header.lost_usd.unwrap() - expected).abs() < 1e-12);
     // Without the file, the default table's gpt-4o-mini ($0.15 and $0.075).
-    let report = analyze(&records("openai.jsonl"), &Config::default());
+    let report = analyze(&records("hosted/openai.jsonl"), &Config::default());
     let default = report.money.unwrap().lost_usd;
     assert!((default - 3_072.0 * 0.075 / 1e6).abs() < 1e-12, "{default}");
     // A local server's model is priced only when named: the llama.cpp session is not.
@@ -518,8 +534,8 @@ fn prices_turn_lost_tokens_into_the_same_money_everywhere() {
 fn exported_chains_follow_the_runs() {
     let dir = std::env::temp_dir().join(format!("prefixscope-chains-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (file, continuations) in [("openai.jsonl", 22), ("anthropic.jsonl", 86)] {
-        let out = dir.join(format!("{file}.bailian"));
+    for (file, continuations) in [("hosted/openai.jsonl", 22), ("hosted/anthropic.jsonl", 86)] {
+        let out = dir.join(format!("{}.bailian", file.replace('/', "-")));
         let status = std::process::Command::new(BIN)
             .arg("export")
             .arg(data(&format!("{file}.gz")))

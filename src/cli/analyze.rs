@@ -149,7 +149,8 @@ pub struct AnalyzeArgs {
     /// the page is written only when asked for here).
     #[arg(long, value_name = "FILE", requires = "out")]
     html: Option<PathBuf>,
-    /// A pause longer than this (per model) starts a new session.
+    /// A pause longer than this (per model) starts a new session (on a hosted API at least 30
+    /// minutes: a pause there is what expires its cache, to be seen).
     #[arg(long, default_value_t = 60)]
     gap_seconds: u64,
     /// Count messages and tools with the server's tokenizer (llama-server /tokenize); without it,

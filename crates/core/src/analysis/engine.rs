@@ -1484,17 +1484,26 @@ impl Analyzer {
             let Some(set) = self.seq.tips_by_message_key.get(&(tip_hash, *key)) else {
                 continue;
             };
-            let found = set.iter().rev().find(|&&(row, t)| {
+            let valid = |&&(row, t): &&(usize, usize)| {
                 let prev = &self.xs[row];
                 prev.model == x.model
                     && table::same_agent(prev, x)
                     && self.rows[row].session == session
                     && continues(prev, x)
                     && table::carries_on(prev, x, self.seq.tips[t].turns == 1)
-            });
-            if let Some(&(_, t)) = found {
-                return Some(t);
+            };
+            // The latest with the same system prompt and tools, else the latest.
+            let mut found = set.iter().rev().filter(valid);
+            let Some(&(latest_row, latest)) = found.next() else {
+                continue;
+            };
+            if table::same_context(&self.xs[latest_row], x) {
+                return Some(latest);
             }
+            let same = found
+                .find(|&&(row, _)| table::same_context(&self.xs[row], x))
+                .map(|&(_, t)| t);
+            return Some(same.unwrap_or(latest));
         }
         None
     }
@@ -1512,7 +1521,22 @@ impl Analyzer {
         let opening = lead + 1;
         // The latest tip of this agent and session sharing at least `k` leading messages
         // (checked, so a hash collision cannot choose).
-        let latest = |k: usize| -> Option<usize> {
+        // `past_opening`: sharing more than the opening, any tip qualifies; else one that
+        // differs from `x` there and which `x` compacts (`table::compacts`), or one of whose
+        // later messages `x` sends elsewhere (moved: `choose_by_match`'s `went_on`).
+        let sent: std::collections::HashSet<&str> = x
+            .messages
+            .iter()
+            .skip(opening)
+            .map(|m| m.identity.as_str())
+            .collect();
+        let went_on = |prev: &Exchange| {
+            prev.messages
+                .iter()
+                .skip(opening)
+                .any(|m| sent.contains(m.identity.as_str()))
+        };
+        let latest = |k: usize, past_opening: bool| -> Option<usize> {
             let set = self.seq.by_prefix.get(&(tip_hash, keys[k - 1]))?;
             set.iter().rev().find_map(|&(row, t)| {
                 let prev = &self.xs[row];
@@ -1526,24 +1550,28 @@ impl Analyzer {
                     && table::same_agent(prev, x)
                     && self.rows[row].session == session
                     && self.seq.tips.get(t).is_some_and(|tip| tip.row == row)
-                    && shared >= k)
-                    .then_some(t)
+                    && shared >= k
+                    && (past_opening
+                        || (prev.messages.len() > k && table::compacts(prev, x))
+                        || went_on(prev)))
+                .then_some(t)
             })
         };
         let n = x.messages.len();
         // A break: the most shared, past the opening. Sharing all of `x` (no tip sends it
         // alone: `identical_tip`), it must send a message past the opening too, which a tip
-        // holding all of `x` does exactly when `x` has one; sharing less, `x` goes on past it.
+        // holding all of `x` does exactly when `x` has one. Sharing less, `x` goes on past it:
+        // past the opening, any tip; at the opening only, a tip `x` compacts.
         for k in (opening..=n).rev() {
             if k == n && n <= opening {
                 continue;
             }
-            if let Some(t) = latest(k) {
+            if let Some(t) = latest(k, k > opening || k == n) {
                 return Choice::Continue(t);
             }
         }
         // A new conversation: the tip sharing the longest start, if any.
-        Choice::Fresh((1..=n).rev().find_map(latest))
+        Choice::Fresh((1..=n).rev().find_map(|k| latest(k, true)))
     }
 
     /// The latest tip whose request sends row `i`'s messages exactly (`table::same_messages`),

@@ -153,10 +153,17 @@ pub(super) fn choose<'a>(
             let prev = at(tips[t].row);
             continues(prev, x) && carries_on(prev, x, tips[t].turns == 1)
         })
-        // One it goes on with before one it sends again, then the longest, the latest.
+        // One it goes on with before one it sends again, then the longest, then one with its
+        // system prompt and tools, then the latest.
         .max_by_key(|&&t| {
-            let len = at(tips[t].row).messages.len();
-            (x.messages.len() > len, len, recent(&t))
+            let prev = at(tips[t].row);
+            let len = prev.messages.len();
+            (
+                x.messages.len() > len,
+                len,
+                same_context(prev, x),
+                recent(&t),
+            )
         })
     {
         return Choice::Continue(t);
@@ -575,7 +582,15 @@ fn choose_by_match<'a>(
     if let Some(&t) = candidates
         .iter()
         .filter(|&&t| {
-            matched(t) > lead && !same(t) && (matched(t) < x.messages.len() || went_on(t))
+            // New messages of its own past a point where the two differ: an edit past the
+            // opening, or a compaction of it. A request that holds all of the tip's messages
+            // and goes on without the tip's reply is the tip's only if they share more than
+            // the opening.
+            let prev = at(tips[t].row);
+            let diverged = matched(t) < x.messages.len()
+                && matched(t) < prev.messages.len()
+                && (matched(t) > opening || compacts(prev, x));
+            matched(t) > lead && !same(t) && (diverged || went_on(t))
         })
         .max_by_key(|&&t| (matched(t), recent(&t)))
     {

@@ -706,6 +706,21 @@ pub(super) fn session_gap_ms(x: &Exchange, configured: u64) -> i64 {
     i64::try_from(gap).unwrap_or(i64::MAX)
 }
 
+/// `a` and `b` send the same system prompt and tools: of two requests a third continues
+/// alike, the one it more likely goes on from (another agent sends the same first message
+/// under its own system prompt).
+pub(super) fn same_context(a: &Exchange, b: &Exchange) -> bool {
+    system_hash(a) == system_hash(b) && a.tools_hash == b.tools_hash
+}
+
+/// `b` is a compaction of `a`: it keeps `a`'s opening and is much shorter (characters, as
+/// the break's `compaction` flag weighs tokens). Sharing only the opening, that is what makes
+/// it the same conversation rather than another run that opens alike.
+pub(super) fn compacts(a: &Exchange, b: &Exchange) -> bool {
+    let chars = |x: &Exchange| x.messages.iter().map(|m| f64::from(m.chars)).sum::<f64>();
+    chars(b) < COMPACTION_RATIO * chars(a)
+}
+
 /// `a` and `b` send the same messages, one for one.
 pub(super) fn same_messages(a: &Exchange, b: &Exchange) -> bool {
     a.messages.len() == b.messages.len()

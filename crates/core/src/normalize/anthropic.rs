@@ -78,7 +78,9 @@ pub(crate) fn chat_reply(body: &Value) -> Value {
                     .and_then(Value::as_str)
                     .unwrap_or_default(),
             ),
-            Some("tool_use") => calls.push(tool_call(block)),
+            // The provider's own tools (web search, code execution) are calls too: a tool
+            // offered and used on the server is not unused.
+            Some("tool_use" | "server_tool_use" | "mcp_tool_use") => calls.push(tool_call(block)),
             _ => {}
         }
     }

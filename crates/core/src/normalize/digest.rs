@@ -230,19 +230,26 @@ const MEDIA_TYPES: [&str; 8] = [
     "document",
 ];
 
-/// A message's media parts: typed content parts of `MEDIA_TYPES`, and Ollama's `images`.
+/// A message's parts whose tokens no character count sees: media (typed content parts of
+/// `MEDIA_TYPES`, Ollama's `images`) and a hosted provider's own tool uses and results
+/// (Anthropic's `server_tool_use`, `web_search_tool_result`, `mcp_tool_result`…), whose
+/// content is the provider's (encrypted search results, files).
 pub fn media_parts(message: &Value) -> u32 {
+    let opaque = |t: &str| {
+        MEDIA_TYPES.contains(&t)
+            || t.ends_with("_tool_result")
+            || matches!(
+                t,
+                "server_tool_use" | "mcp_tool_use" | "container_upload" | "search_result"
+            )
+    };
     let parts = message
         .get("content")
         .and_then(Value::as_array)
         .map_or(0, |parts| {
             parts
                 .iter()
-                .filter(|part| {
-                    part.get("type")
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| MEDIA_TYPES.contains(&t))
-                })
+                .filter(|part| part.get("type").and_then(Value::as_str).is_some_and(opaque))
                 .count()
         });
     let images = message
