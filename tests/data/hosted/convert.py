@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Convert the VCR cassettes under raw/ into prefixscope (llmp format v1) recordings.
 
-    python3 convert.py            # writes openai.jsonl, anthropic.jsonl, records_index.json
+    python3 convert.py [DIR]      # writes DIR/openai.jsonl, anthropic.jsonl, records_index.json
+                                  # from DIR/raw (DIR: this folder, or ../hosted2)
 
 No network. Needs PyYAML (python3-yaml). Reads raw/manifest.json for the source commits.
 
@@ -40,7 +41,7 @@ try:
 except ImportError:  # pragma: no cover
     from yaml import SafeLoader as Loader
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 RAW = os.path.join(HERE, 'raw')
 
 PROVIDERS = {
@@ -232,7 +233,8 @@ def interactions(path):
     """Yield normalised exchanges from a cassette (pydantic-ai or vcrpy flavour)."""
     with open(path, 'rb') as f:
         doc = yaml.load(f.read(), Loader=Loader)
-    for n, it in enumerate(doc.get('interactions') or []):
+    # R vcr (ellmer) names them `http_interactions`.
+    for n, it in enumerate(doc.get('interactions') or doc.get('http_interactions') or []):
         rq, rs = it['request'], it['response']
         u = urlsplit(rq.get('uri', ''))
         prov = PROVIDERS.get((u.hostname, u.path))
@@ -252,6 +254,8 @@ def interactions(path):
         # response body
         st = rs.get('status')
         status = st.get('code') if isinstance(st, dict) else st
+        if isinstance(status, dict):      # R vcr: status: {status_code: 200, ...}
+            status = status.get('status_code')
         stream = chunks = bad = None
         if 'parsed_body' in rs:
             sjson = rs['parsed_body']

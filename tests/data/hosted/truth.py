@@ -20,7 +20,9 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# The corpus folder (its records and truth_overrides.py): the first argument, else this one.
+HERE = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 
 def strip_cc(x):
