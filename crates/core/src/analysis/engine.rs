@@ -1403,20 +1403,8 @@ impl Analyzer {
                     key: new_key,
                     entry: (i, t),
                 });
-                let keys = Arc::clone(&self.exact_keys[prev]);
-                self.seq.unindex_prefixes(&keys, tip_hash, (prev, t));
-                self.undo.push(Undo::PrefixUnindexed {
-                    tip_hash,
-                    keys,
-                    entry: (prev, t),
-                });
-                let keys = Arc::clone(&self.exact_keys[i]);
-                self.seq.index_prefixes(&keys, tip_hash, (i, t));
-                self.undo.push(Undo::PrefixIndexed {
-                    tip_hash,
-                    keys,
-                    entry: (i, t),
-                });
+                self.index_prefixes(tip_hash, (prev, t), false);
+                self.index_prefixes(tip_hash, (i, t), true);
                 (Some(prev), false)
             }
             Choice::Fresh(from) => {
@@ -1433,13 +1421,7 @@ impl Analyzer {
                 let key = (tip_hash, self.keys[i]);
                 self.seq.index(key, (i, t));
                 self.undo.push(Undo::Indexed { key, entry: (i, t) });
-                let keys = Arc::clone(&self.exact_keys[i]);
-                self.seq.index_prefixes(&keys, tip_hash, (i, t));
-                self.undo.push(Undo::PrefixIndexed {
-                    tip_hash,
-                    keys,
-                    entry: (i, t),
-                });
+                self.index_prefixes(tip_hash, (i, t), true);
                 row.conversation = Some(conversation);
                 row.turn = Some(1);
                 (from_row, true)
@@ -1506,6 +1488,27 @@ impl Analyzer {
             return Some(same.unwrap_or(latest));
         }
         None
+    }
+
+    /// Indexes (or, `false`, unindexes) the tip `entry.1` at row `entry.0` under its message
+    /// prefixes (`SeqState::by_prefix`), with the undo that takes it back.
+    fn index_prefixes(&mut self, tip_hash: u64, entry: (usize, usize), index: bool) {
+        let keys = Arc::clone(&self.exact_keys[entry.0]);
+        if index {
+            self.seq.index_prefixes(&keys, tip_hash, entry);
+            self.undo.push(Undo::PrefixIndexed {
+                tip_hash,
+                keys,
+                entry,
+            });
+        } else {
+            self.seq.unindex_prefixes(&keys, tip_hash, entry);
+            self.undo.push(Undo::PrefixUnindexed {
+                tip_hash,
+                keys,
+                entry,
+            });
+        }
     }
 
     /// `table::choose_by_match` through the prefix index (`SeqState::by_prefix`): the same

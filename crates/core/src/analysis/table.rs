@@ -171,6 +171,21 @@ pub enum Cause {
     ProviderMiss,
 }
 
+impl Cause {
+    /// llmp's causes of a loss that is not the client's: something took the slot, or the
+    /// server dropped its cache.
+    fn slot_or_server(self) -> bool {
+        matches!(
+            self,
+            Cause::SideCall
+                | Cause::OtherConversation
+                | Cause::OtherModel
+                | Cause::ServerReset
+                | Cause::Undetermined
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Loss {
     pub cause: String,
@@ -461,16 +476,7 @@ impl HostedLink {
                 Some(Uncached::BelowMinimum { minimum }),
             );
         }
-        if !matches!(
-            cause,
-            Some(
-                Cause::SideCall
-                    | Cause::OtherConversation
-                    | Cause::OtherModel
-                    | Cause::ServerReset
-                    | Cause::Undetermined
-            )
-        ) {
+        if !cause.is_some_and(Cause::slot_or_server) {
             return (cause, None);
         }
         if self.no_breakpoint {
@@ -1268,15 +1274,8 @@ pub(super) fn apply_link(
         _ => client,
     };
     let external = match row.cause {
-        Some(
-            Cause::SideCall
-            | Cause::OtherConversation
-            | Cause::OtherModel
-            | Cause::ServerReset
-            | Cause::Undetermined
-            | Cause::CacheExpired
-            | Cause::ProviderMiss,
-        ) => lost - client,
+        Some(cause) if cause.slot_or_server() => lost - client,
+        Some(Cause::CacheExpired | Cause::ProviderMiss) => lost - client,
         Some(Cause::NotCacheable) if charged_break.is_some() => lost - client,
         _ => 0.0,
     };
