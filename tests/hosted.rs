@@ -367,10 +367,11 @@ fn local_recordings_stay_local() {
     }
 }
 
-/// Media and the provider's own tools count where they are: on every hosted row (this corpus
-/// and the gateway log, where images, audio, PDF documents, MCP servers and server tools
-/// ride along), the system prompt and each tool weigh at most twice their own text's
-/// estimate, whatever the server's count holds besides.
+/// Media and the provider's own tools count where they are: on every hosted row (both corpora
+/// and the gateway log, where images, audio, PDF documents, MCP servers and server tools ride
+/// along), the system prompt and each tool weigh at most twice their own text's estimate and
+/// a template's few hundred tokens, whatever the server's count holds besides (9,179 tokens
+/// for a 122-character system prompt before).
 #[test]
 fn no_system_prompt_or_tool_is_charged_for_media_or_the_providers_tools() {
     let log = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -385,7 +386,9 @@ fn no_system_prompt_or_tool_is_charged_for_media_or_the_providers_tools() {
         .map(|f| (f.0.to_string(), records(f.0)))
         .collect();
     sets.push(("gateway log".into(), gateway.records));
-    let bound = |chars: u32| 2.0 * (f64::from(chars) / 4.0).ceil() + 1.0;
+    // Twice the text, and what a template adds to a short prompt (its roles and separators,
+    // spread over the text when the count exceeds it by less than 256 tokens).
+    let bound = |chars: u32| 2.0 * (f64::from(chars) / 4.0).ceil() + 256.0;
     for (name, records) in sets {
         let exchanges: BTreeMap<u64, Exchange> = records
             .iter()

@@ -620,8 +620,10 @@ impl Weights {
     }
 }
 
-/// How far a hosted API's count may scale the request's estimated text (`weights`).
+/// How far a hosted API's count may scale the request's estimated text (`weights`), when it
+/// exceeds the text by more than a template adds.
 const HOSTED_MAX_SCALE: f64 = 2.0;
+const HOSTED_TEMPLATE_TOKENS: f64 = 256.0;
 
 pub(super) fn weights(x: &Exchange) -> Weights {
     let mut exact = true;
@@ -663,7 +665,8 @@ pub(super) fn weights(x: &Exchange) -> Weights {
             // citations, a server tool's instructions): past twice the text, the count is
             // theirs, left unattributed rather than charged to the system prompt and tools.
             let scale = prompt / raw_total;
-            let scale = if x.provider.hosted() {
+            // A few hundred tokens past the text are the template's (roles, separators).
+            let scale = if x.provider.hosted() && prompt - raw_total > HOSTED_TEMPLATE_TOKENS {
                 scale.min(HOSTED_MAX_SCALE)
             } else {
                 scale

@@ -61,6 +61,7 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
             match advice.fix.owner {
                 "client" => "the client's to fix",
                 "server" => "the server's doing",
+                "provider" => "the provider's doing",
                 _ => "the server's settings",
             }
         );
