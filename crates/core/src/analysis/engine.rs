@@ -1527,13 +1527,16 @@ impl Analyzer {
         // `past_opening`: sharing more than the opening, any tip qualifies; else one that
         // differs from `x` there and which `x` compacts (`table::compacts`), or one of whose
         // later messages `x` sends elsewhere (moved: `choose_by_match`'s `went_on`).
-        let sent: std::collections::HashSet<&str> = x
-            .messages
-            .iter()
-            .skip(opening)
-            .map(|m| m.identity.as_str())
-            .collect();
+        // Built on first use: most requests are decided before a tip needs it.
+        let sent: std::cell::OnceCell<std::collections::HashSet<&str>> = std::cell::OnceCell::new();
         let went_on = |prev: &Exchange| {
+            let sent = sent.get_or_init(|| {
+                x.messages
+                    .iter()
+                    .skip(opening)
+                    .map(|m| m.identity.as_str())
+                    .collect()
+            });
             prev.messages
                 .iter()
                 .skip(opening)
