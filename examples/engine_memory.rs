@@ -59,13 +59,14 @@ fn main() {
     let base = LIVE.load(Ordering::Relaxed);
     let mut analyzer = Analyzer::new(Config::default());
     let mut records = 0u64;
-    let print = |stage: &str, records: u64| {
+    let print = |stage: &str, records: u64, estimate: Option<usize>| {
         let live = LIVE.load(Ordering::Relaxed).saturating_sub(base);
         println!(
             "{}",
             serde_json::json!({
                 "stage": stage, "records": records, "live_mib": live as f64 / 1048576.0,
                 "bytes_per_record": live as f64 / records.max(1) as f64,
+                "estimate_mib": estimate.map(|e| e as f64 / 1048576.0),
             })
         );
     };
@@ -74,14 +75,14 @@ fn main() {
         drop(record);
         records += 1;
         if records.is_multiple_of(every) {
-            print("pushed", records);
+            print("pushed", records, Some(analyzer.held_bytes()));
         }
     }
     if records == 0 || !records.is_multiple_of(every) {
-        print("pushed", records);
+        print("pushed", records, Some(analyzer.held_bytes()));
     }
     let report = analyzer.into_report();
-    print("report", records);
+    print("report", records, None);
     drop(report);
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
     println!(

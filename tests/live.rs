@@ -688,3 +688,121 @@ fn the_reuse_predicted_at_a_requests_start_is_what_the_server_reports() {
         assert_eq!(agreed, compared, "{name}");
     }
 }
+
+/// Past its memory budget the live analysis starts again: what it holds stays near the budget,
+/// the panes equal `analyze` of the records since the last restart, and every output says how
+/// many records it dropped and what they lost (the summary, the `s` JSON, `replay --headless`).
+#[test]
+fn past_its_memory_budget_the_live_analysis_starts_again_and_says_what_it_dropped() {
+    let name = "llmp/llama.cpp/parallel-nocache.jsonl";
+    let one = file_order(name);
+    let mut records = Vec::new();
+    for round in 0..6u64 {
+        for record in &one {
+            let mut record = record.clone();
+            record.id += round * 10_000;
+            record.t_start_ms += round as i64 * 3_600_000;
+            record.t_end_ms += round as i64 * 3_600_000;
+            if let Some(t) = record.t_first_byte_ms.as_mut() {
+                *t += round as i64 * 3_600_000;
+            }
+            records.push(record);
+        }
+    }
+    let budget = 64 << 10;
+    let mut engine = Engine::new(Config {
+        memory_budget: budget,
+        ..Config::default()
+    });
+    let mut restarted_at = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        let before = engine.snapshot().earlier.map_or(0, |e| e.restarts);
+        engine.push(Input::Record(Arc::new(record.clone()), 0));
+        assert!(engine.held_bytes() <= budget + (32 << 10));
+        if engine.snapshot().earlier.map_or(0, |e| e.restarts) > before {
+            restarted_at.push(i);
+        }
+    }
+    let snapshot = engine.snapshot();
+    let earlier = snapshot.earlier.clone().expect("the budget was reached");
+    assert_eq!(earlier.restarts, restarted_at.len() as u64);
+    let last = *restarted_at.last().unwrap();
+    assert_eq!(earlier.records, last as u64);
+    let dropped = analyze(&records[..last], &Config::default());
+    let since = analyze(&records[last..], &Config::default());
+    assert_eq!(snapshot.report.coverage.records, since.coverage.records);
+    assert_eq!(snapshot.report.time.lost_tokens, since.time.lost_tokens);
+    // What each earlier window lost, summed: at least what its records lost together, less
+    // what a conversation split by a restart would have lost at the split.
+    assert!(earlier.lost_tokens <= dropped.time.lost_tokens);
+    assert!(earlier.lost_tokens > 0);
+    let line = earlier.line();
+    assert!(
+        snapshot.summary().starts_with(&line),
+        "{}",
+        snapshot.summary()
+    );
+    assert!(
+        line.contains(&format!("the {} records before", last)),
+        "{line}"
+    );
+    assert_eq!(
+        snapshot.to_json()["memory_budget"]["earlier_records"],
+        last as u64
+    );
+
+    // The same traffic 60 times over (1,440 records) past a budget of 1 MiB, through the CLI.
+    let file =
+        std::env::temp_dir().join(format!("prefixscope-budget-{}.jsonl", std::process::id()));
+    let mut text = String::new();
+    for round in 0..60u64 {
+        for record in &one {
+            let mut record = record.clone();
+            record.id += round * 10_000;
+            let shift = round as i64 * 3_600_000;
+            record.t_start_ms += shift;
+            record.t_end_ms += shift;
+            if let Some(t) = record.t_first_byte_ms.as_mut() {
+                *t += shift;
+            }
+            text.push_str(
+                &String::from_utf8(prefixscope_core::record::record_line(&record)).unwrap(),
+            );
+        }
+    }
+    std::fs::write(&file, text).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "replay",
+            "--headless",
+            "--instant",
+            "--memory-budget",
+            "1MiB",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("memory budget (1 MiB) reached: the analysis started again"),
+        "{stdout}"
+    );
+    let out = std::process::Command::new(BIN)
+        .args([
+            "replay",
+            "--headless",
+            "--instant",
+            "--memory-budget",
+            "1KiB",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a budget below 1 MiB is refused"
+    );
+    let _ = std::fs::remove_file(&file);
+}

@@ -1748,3 +1748,107 @@ async fn a_stalled_request_body_is_answered_408_after_the_header_timeout() {
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].error, Some(ExchangeError::ClientDisconnected));
 }
+
+/// An upstream that answers each request after `hold`, counting how many it holds at once.
+async fn holding_upstream(
+    hold: Duration,
+    at_once: Arc<(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    )>,
+) -> std::net::SocketAddr {
+    fake_upstream(handler(move |req| {
+        let at_once = Arc::clone(&at_once);
+        async move {
+            let _ = req.into_body().collect().await.unwrap();
+            let now = at_once.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            at_once
+                .1
+                .fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(hold).await;
+            at_once.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(full("{}"))
+                .unwrap()
+        }
+    }))
+    .await
+}
+
+/// Sends one POST with `bytes` of body and returns the answer's status line.
+async fn post_body(addr: std::net::SocketAddr, bytes: usize) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {bytes}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&vec![b' '; bytes]).await.unwrap();
+    let mut got = Vec::new();
+    let _ = stream.read_to_end(&mut got).await;
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The request bodies held at once stay within the body budget: with room for one 600 KiB
+/// body, three sent together are read one at a time (each waits for the room the one before
+/// gives back when its exchange ends), and all are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_wait_for_room_in_the_body_budget() {
+    let at_once = Arc::new(Default::default());
+    let upstream = holding_upstream(Duration::from_millis(300), Arc::clone(&at_once)).await;
+    let options = Options {
+        max_body: 1 << 20,
+        body_budget: 1 << 20,
+        header_timeout: Duration::from_secs(10),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "body-budget-wait", options).await;
+    let addr = proxy.addr;
+    let sends: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(post_body(addr, 600 << 10)))
+        .collect();
+    for send in sends {
+        let status = send.await.unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    }
+    assert_eq!(at_once.1.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 3);
+}
+
+/// A request that finds no room in the body budget within the header timeout is answered 503,
+/// counted, and not recorded (it never reached the server); the others go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_no_room_in_the_body_budget_is_answered_503() {
+    let at_once = Arc::new(Default::default());
+    let upstream = holding_upstream(Duration::from_secs(3), Arc::clone(&at_once)).await;
+    let options = Options {
+        max_body: 1 << 20,
+        body_budget: 1 << 20,
+        header_timeout: Duration::from_millis(300),
+        ..Options::default()
+    };
+    let proxy = start_proxy(upstream, "body-budget-full", options).await;
+    let addr = proxy.addr;
+    let first = tokio::spawn(post_body(addr, 600 << 10));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = post_body(addr, 600 << 10).await;
+    assert!(second.starts_with("HTTP/1.1 503"), "{second}");
+    // A small body still fits beside the first.
+    let small = post_body(addr, 1_000).await;
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    assert!(first.await.unwrap().starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        proxy
+            .stats
+            .body_budget_refusals
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    let records = proxy.stop().await;
+    assert_eq!(records.len(), 2);
+}

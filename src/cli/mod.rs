@@ -490,6 +490,15 @@ pub fn parse_sim_slots(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `--memory-budget`: a size of at least 1 MiB.
+pub fn parse_memory_budget(text: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < 1 << 20 {
+        return Err(format!("{text:?} is below 1 MiB"));
+    }
+    Ok(usize::try_from(bytes).unwrap_or(usize::MAX))
+}
+
 /// `1048576`, `64K`, `64KiB`, `16MB`, `1G`: binary multiples (K = 1024), as users of these tools
 /// expect for memory-like sizes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

@@ -36,6 +36,10 @@ pub struct CaptureArgs {
     /// Keep at most this much of each body (e.g. 64MiB); larger ones are forwarded whole.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     pub max_body: u64,
+    /// Hold at most this much of request bodies at once, all connections together (at least
+    /// --max-body): a request finding no room waits for it up to 30 s, then gets a 503.
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    pub body_budget: u64,
     /// Start a new file (rec.1.jsonl, rec.2.jsonl…) before one would grow past this size.
     #[arg(long, value_parser = parse_bytes)]
     pub max_size: Option<u64>,
@@ -66,6 +70,11 @@ pub struct CaptureArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(METRICS_WINDOW_MIN..=METRICS_WINDOW_MAX))]
     pub metrics_window: usize,
+    /// The live analysis's memory at most (an estimate, e.g. 512MiB): `watch`'s screen starts
+    /// its analysis again past it (saying how many records it dropped), a --metrics window
+    /// closes.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = super::parse_memory_budget)]
+    pub memory_budget: usize,
 }
 
 const METRICS_WINDOW_MIN: u64 = prefixscope::metrics::window::MIN_WINDOW as u64;
@@ -75,28 +84,29 @@ const METRICS_WINDOW_MAX: u64 = prefixscope::metrics::window::MAX_WINDOW as u64;
 /// nothing created), and the recorder's consumer channel it will read.
 pub struct MetricsPlan {
     listener: std::net::TcpListener,
-    records: crossbeam_channel::Receiver<Arc<Record>>,
+    feed: prefixscope::metrics::serve::Feed,
     window: usize,
+    memory_budget: usize,
 }
 
 impl MetricsPlan {
     /// Binds `--metrics` when it is given, adding its consumer to `consumers`.
     pub fn bind(
         args: &CaptureArgs,
-        consumers: &mut Vec<crossbeam_channel::Sender<Arc<Record>>>,
+        consumers: &mut Vec<Consumer>,
     ) -> Result<Option<MetricsPlan>, u8> {
         let Some(addr) = args.metrics else {
             return Ok(None);
         };
         let listener = prefixscope::metrics::serve::bind(addr)
             .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
-        // Bounded: the recorder skips the endpoint (counted) rather than queue without end.
-        let (sender, records) = crossbeam_channel::bounded(prefixscope::metrics::serve::QUEUE);
-        consumers.push(sender);
+        let (consumer, feed) = prefixscope::metrics::serve::counting_consumer();
+        consumers.push(consumer);
         Ok(Some(MetricsPlan {
             listener,
-            records,
+            feed,
             window: args.metrics_window,
+            memory_budget: args.memory_budget,
         }))
     }
 
@@ -105,10 +115,11 @@ impl MetricsPlan {
         let endpoint = Endpoint::start(
             self.listener,
             &capture.runtime,
-            self.records,
+            self.feed,
             capture.recorder.stats(),
             capture.upstream.url(),
             self.window,
+            self.memory_budget,
         )
         .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
         prefixscope_core::stderr_line!(
@@ -128,6 +139,7 @@ impl CaptureArgs {
             out: self.out.clone(),
             digest: self.digest,
             max_body: self.max_body,
+            body_budget: self.body_budget,
             max_size: self.max_size,
             connect_timeout: self.connect_timeout,
             ca_file: self.ca_file.clone(),
@@ -172,6 +184,8 @@ struct RecordSummary {
     header_timeouts: u64,
     /// Requests answered 408 because their body stalled for the header timeout.
     body_timeouts: u64,
+    /// Requests answered 503 because the body budget had no room for theirs in time.
+    body_budget_refusals: u64,
     accept_errors: u64,
 }
 
@@ -189,9 +203,7 @@ pub fn run(args: RecordArgs) -> u8 {
     } else {
         Consumer::from(status_tx)
     };
-    let consumers: Vec<Consumer> = std::iter::once(status)
-        .chain(metrics_consumer.into_iter().map(Consumer::from))
-        .collect();
+    let consumers: Vec<Consumer> = std::iter::once(status).chain(metrics_consumer).collect();
     let capture = match LiveCapture::start(&args.capture.config(), consumers) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
@@ -258,6 +270,7 @@ pub fn run(args: RecordArgs) -> u8 {
         rejected: proxy_stats.rejected.load(Ordering::Relaxed),
         header_timeouts: proxy_stats.header_timeouts.load(Ordering::Relaxed),
         body_timeouts: proxy_stats.body_timeouts.load(Ordering::Relaxed),
+        body_budget_refusals: proxy_stats.body_budget_refusals.load(Ordering::Relaxed),
         accept_errors: proxy_stats.accept_errors.load(Ordering::Relaxed),
     };
     prefixscope_core::stderr_line!(
@@ -305,6 +318,10 @@ pub fn run(args: RecordArgs) -> u8 {
         (
             summary.body_timeouts,
             "request(s) answered 408: the body stalled for the header timeout",
+        ),
+        (
+            summary.body_budget_refusals,
+            "request(s) answered 503: the body budget had no room for 30 s (--body-budget)",
         ),
         (summary.accept_errors, "connection(s) not accepted"),
     ];

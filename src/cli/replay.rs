@@ -39,14 +39,19 @@ pub struct ReplayArgs {
     /// is priced only when named here.
     #[arg(long, value_name = "FILE")]
     prices: Option<PathBuf>,
+    /// The analysis's memory at most (an estimate, e.g. 512MiB): past it, the analysis starts
+    /// again from the next record and every output says how many records it dropped.
+    #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = super::parse_memory_budget)]
+    memory_budget: usize,
 }
 
 pub fn run(args: ReplayArgs) -> u8 {
     let shutdown = Shutdown::listen();
-    let analysis = match super::analysis_config(args.prices.as_deref(), None) {
+    let mut analysis = match super::analysis_config(args.prices.as_deref(), None) {
         Ok(config) => config,
         Err(code) => return code,
     };
+    analysis.memory_budget = args.memory_budget;
     let config = ReplayConfig {
         files: args.files.clone(),
         speed: args.speed,

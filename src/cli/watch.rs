@@ -12,6 +12,7 @@ use super::record::{CaptureArgs, MetricsPlan};
 use super::{EXIT_OK, fail, print_stdout, screen_switches};
 use prefixscope::session::capture::{LiveCapture, watch_headless, watch_screen};
 use prefixscope::session::shutdown::Shutdown;
+use prefixscope_capture::recorder::Consumer;
 use prefixscope_core::record::Record;
 
 #[derive(Args)]
@@ -29,10 +30,11 @@ pub struct WatchArgs {
 }
 
 pub fn run(args: WatchArgs) -> u8 {
-    let analysis = match super::analysis_config(args.prices.as_deref(), None) {
+    let mut analysis = match super::analysis_config(args.prices.as_deref(), None) {
         Ok(config) => config,
         Err(code) => return code,
     };
+    analysis.memory_budget = args.capture.memory_budget;
     let shutdown = Shutdown::listen();
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let mut config = args.capture.config();
@@ -40,7 +42,7 @@ pub fn run(args: WatchArgs) -> u8 {
         config.probe = prefixscope_capture::poll::Schedule::Watch;
     }
     config.announce_starts = std::io::stdout().is_terminal();
-    let mut consumers = vec![records_tx];
+    let mut consumers = vec![Consumer::from(records_tx)];
     let metrics = match MetricsPlan::bind(&args.capture, &mut consumers) {
         Ok(metrics) => metrics,
         Err(code) => return code,

@@ -26,7 +26,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::window::{Figures, Windowed};
-use super::{Inputs, ProxyFigures, classic, openmetrics, registry};
+use super::{Inputs, ProxyFigures, Traffic, classic, openmetrics, registry};
 use prefixscope_capture::recorder::RecorderStats;
 use prefixscope_core::record::Record;
 
@@ -48,6 +48,30 @@ struct Exposition {
     classic: Bytes,
 }
 
+/// The recorder's consumer for the endpoint: bounded to `QUEUE` (the recorder skips it, counted,
+/// rather than queue without end), with every record counted in the returned traffic, skipped
+/// or not.
+pub fn counting_consumer() -> (prefixscope_capture::recorder::Consumer, Feed) {
+    let (sender, records) = crossbeam_channel::bounded(QUEUE);
+    let traffic = Arc::new(Mutex::new(Traffic::default()));
+    let tally = Arc::clone(&traffic);
+    let consumer = prefixscope_capture::recorder::Consumer::counted(
+        sender,
+        Arc::new(move |record: &Record| {
+            if let Ok(mut traffic) = tally.lock() {
+                traffic.add(record);
+            }
+        }),
+    );
+    (consumer, Feed { records, traffic })
+}
+
+/// What the endpoint reads: the records it analyses, and the counts of every record written.
+pub struct Feed {
+    records: crossbeam_channel::Receiver<Arc<Record>>,
+    traffic: Arc<Mutex<Traffic>>,
+}
+
 /// Binds `--metrics ADDR` before anything starts, so a taken port is a clear error at once.
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, String> {
     let listener = std::net::TcpListener::bind(addr)
@@ -65,16 +89,17 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Serves `listener` on `runtime` and starts the thread that reads `records` (the
-    /// recorder's consumer channel, bounded to `QUEUE`). `server` is the `server` label (the
-    /// upstream); `window` the records per analysis window.
+    /// Serves `listener` on `runtime` and starts the thread that reads `feed`
+    /// (`counting_consumer`). `server` is the `server` label (the upstream); `window` the
+    /// records per analysis window and `memory_budget` its heap at most.
     pub fn start(
         listener: std::net::TcpListener,
         runtime: &tokio::runtime::Runtime,
-        records: crossbeam_channel::Receiver<Arc<Record>>,
+        feed: Feed,
         recorder: Arc<RecorderStats>,
         server: String,
         window: usize,
+        memory_budget: usize,
     ) -> Result<Endpoint, String> {
         let addr = listener
             .local_addr()
@@ -87,7 +112,14 @@ impl Endpoint {
                 .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?
         };
         let mut builder = Builder {
-            engine: Windowed::new(prefixscope_core::analysis::Config::default(), window),
+            engine: Windowed::new(
+                prefixscope_core::analysis::Config {
+                    memory_budget,
+                    ..Default::default()
+                },
+                window,
+            ),
+            traffic: feed.traffic,
             recorder,
             connection_errors: Arc::clone(&connection_errors),
             server,
@@ -99,7 +131,7 @@ impl Endpoint {
         runtime.spawn(serve(listener, shared, connection_errors));
         let thread = std::thread::Builder::new()
             .name("prefixscope-metrics".into())
-            .spawn(move || builder.run(records))
+            .spawn(move || builder.run(feed.records))
             .map_err(|e| format!("--metrics: cannot start its thread: {e}"))?;
         Ok(Endpoint {
             addr,
@@ -117,6 +149,9 @@ impl Endpoint {
 
 struct Builder {
     engine: Windowed,
+    /// Every record the recorder wrote, counted on its thread (`Consumer::counted`), so the
+    /// raw counters hold while the analysis steps aside and its queue is skipped.
+    traffic: Arc<Mutex<Traffic>>,
     recorder: Arc<RecorderStats>,
     connection_errors: Arc<AtomicU64>,
     server: String,
@@ -187,9 +222,13 @@ impl Builder {
             .recorder
             .consumer_records_skipped
             .load(Ordering::Relaxed);
+        let traffic = self
+            .traffic
+            .lock()
+            .map_or_else(|poisoned| poisoned.into_inner().clone(), |t| t.clone());
         let inputs = Inputs {
             totals: &figures.totals,
-            traffic: &self.engine.traffic,
+            traffic: &traffic,
             cache: figures.cache,
             proxy: Some(proxy),
             window: Some(window),

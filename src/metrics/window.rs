@@ -9,12 +9,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::{CacheFigures, Totals, Traffic, WindowFigures, cache_figures};
+use super::{CacheFigures, Totals, WindowFigures, cache_figures};
 use prefixscope_core::analysis::Config;
 use prefixscope_core::live::{Engine, Input};
 use prefixscope_core::record::Record;
 
-/// Records per window unless `--metrics-window` says otherwise: about 100–200 MB of engine on
+/// Records per window unless `--metrics-window` says otherwise (a window also closes at
+/// `--memory-budget`): about 100–200 MB of engine on
 /// agent traffic (BENCHMARKS.md, "With `--metrics` on and off").
 pub const DEFAULT_WINDOW: usize = 20_000;
 /// `--metrics-window`'s bounds.
@@ -61,6 +62,8 @@ pub struct Figures {
 pub struct Windowed {
     config: Config,
     window: usize,
+    /// The analysis's heap at most (`Engine::held_bytes`).
+    budget: usize,
     engine: Engine,
     in_window: usize,
     closed: Totals,
@@ -68,15 +71,18 @@ pub struct Windowed {
     closed_reuse: Weighted,
     windows_closed: u64,
     probes: VecDeque<Arc<Record>>,
-    pub traffic: Traffic,
 }
 
 impl Windowed {
-    /// `window` is bounded to `MIN_WINDOW..=MAX_WINDOW`.
-    pub fn new(config: Config, window: usize) -> Windowed {
+    /// `window` is bounded to `MIN_WINDOW..=MAX_WINDOW`; a window also closes when its
+    /// analysis's heap passes `config.memory_budget` (the engine itself then never restarts).
+    pub fn new(mut config: Config, window: usize) -> Windowed {
+        let budget = config.memory_budget;
+        config.memory_budget = usize::MAX;
         Windowed {
             engine: Engine::new(config.clone()),
             config,
+            budget,
             window: window.clamp(MIN_WINDOW, MAX_WINDOW),
             in_window: 0,
             closed: Totals::default(),
@@ -84,20 +90,18 @@ impl Windowed {
             closed_reuse: Weighted::default(),
             windows_closed: 0,
             probes: VecDeque::new(),
-            traffic: Traffic::default(),
         }
     }
 
     /// One record as the recorder hands it on, and when it arrived (ms).
     pub fn push(&mut self, record: Arc<Record>, arrived_ms: i64) {
-        self.traffic.add(&record);
         if record.probe {
             if self.probes.len() == PROBES_KEPT {
                 self.probes.pop_front();
             }
             self.probes.push_back(Arc::clone(&record));
         } else {
-            if self.in_window >= self.window {
+            if self.in_window >= self.window || self.engine.held_bytes() > self.budget {
                 self.close(arrived_ms);
             }
             self.in_window += 1;
@@ -203,5 +207,46 @@ mod tests {
             (records.len() - (windows - 1) * MIN_WINDOW) as u64
         );
         assert_eq!(figures.totals, expected);
+    }
+
+    /// A window also closes when its analysis passes the memory budget, whatever its count of
+    /// records: its memory is bounded by the budget, not by records of any size. The closed
+    /// windows still add up to the analyses of their records.
+    #[test]
+    fn a_window_closes_at_the_memory_budget() {
+        let one: Vec<Record> = real_recording().into_iter().filter(|r| !r.probe).collect();
+        let mut records = Vec::new();
+        for round in 0..5u64 {
+            for record in &one {
+                let mut record = record.clone();
+                record.id += round * 10_000;
+                records.push(record);
+            }
+        }
+        let config = Config {
+            memory_budget: 64 << 10,
+            ..Config::default()
+        };
+        let mut windowed = Windowed::new(config, MAX_WINDOW);
+        let mut closed_at = Vec::new();
+        for (i, record) in records.iter().enumerate() {
+            let before = windowed.windows_closed;
+            windowed.push(Arc::new(record.clone()), i as i64);
+            if windowed.windows_closed > before {
+                closed_at.push(i);
+            }
+            assert!(windowed.engine.held_bytes() <= (64 << 10) + (32 << 10));
+        }
+        assert!(closed_at.len() >= 2, "{closed_at:?}");
+        let mut expected = Totals::default();
+        let mut from = 0;
+        for &to in closed_at.iter().chain(std::iter::once(&records.len())) {
+            expected.add(&Totals::of(&analyze(
+                &records[from..to],
+                &Config::default(),
+            )));
+            from = to;
+        }
+        assert_eq!(windowed.figures().totals, expected);
     }
 }

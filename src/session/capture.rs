@@ -28,6 +28,8 @@ pub struct CaptureConfig {
     pub digest: bool,
     /// Most bytes of each body kept.
     pub max_body: u64,
+    /// Most bytes of request bodies held at once, all connections together.
+    pub body_budget: u64,
     /// Rotate before a file would grow past this.
     pub max_size: Option<u64>,
     /// Whole seconds to wait for a connection to the server (1 to `MAX_CONNECT_TIMEOUT_SECS`).
@@ -188,6 +190,7 @@ impl LiveCapture {
             .map_err(|e| Error::Unreadable(format!("cannot start the runtime: {e}")))?;
         let mut config = ProxyConfig::new(args.listen, upstream.clone());
         config.max_body = usize::try_from(args.max_body).unwrap_or(usize::MAX);
+        config.body_budget = usize::try_from(args.body_budget).unwrap_or(usize::MAX);
         config.connect_timeout = Duration::from_secs(args.connect_timeout);
         config.extra_ca_pem = extra_ca_pem;
         config.serving_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -295,6 +298,10 @@ impl LiveControl {
         let rejected = self.proxy.rejected.load(Ordering::Relaxed);
         if rejected > 0 {
             notes.push(format!("{rejected} refused (not recorded)"));
+        }
+        let over_budget = self.proxy.body_budget_refusals.load(Ordering::Relaxed);
+        if over_budget > 0 {
+            notes.push(format!("{over_budget} answered 503: body budget full"));
         }
         let accept = self.proxy.accept_errors.load(Ordering::Relaxed);
         if accept > 0 {

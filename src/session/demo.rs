@@ -111,6 +111,7 @@ impl Demo {
                 out: Some(path),
                 digest: false,
                 max_body: 64 << 20,
+                body_budget: prefixscope_capture::proxy::DEFAULT_BODY_BUDGET as u64,
                 max_size: None,
                 connect_timeout: 10,
                 ca_file: None,

@@ -121,6 +121,8 @@ pub struct Options {
         Option<crossbeam_channel::Sender<prefixscope_core::capture::Capture<Bytes>>>,
     /// `ProxyConfig::serving_threads`: 1 serves on the test's runtime.
     pub serving_threads: usize,
+    /// `ProxyConfig::body_budget`.
+    pub body_budget: usize,
 }
 
 impl Default for Options {
@@ -136,6 +138,7 @@ impl Default for Options {
             header_timeout: prefixscope_capture::proxy::DEFAULT_HEADER_TIMEOUT,
             request_starts: None,
             serving_threads: 1,
+            body_budget: prefixscope_capture::proxy::DEFAULT_BODY_BUDGET,
         }
     }
 }
@@ -189,6 +192,7 @@ pub async fn start_proxy(upstream: SocketAddr, name: &str, options: Options) -> 
     config.header_timeout = options.header_timeout;
     config.request_starts = options.request_starts;
     config.serving_threads = options.serving_threads;
+    config.body_budget = options.body_budget;
     let proxy = Proxy::bind(config, recorder.sender()).await.unwrap();
     let addr = proxy.local_addr().unwrap();
     let stats = proxy.stats();

@@ -28,6 +28,10 @@ pub const RECORDER_QUEUE: usize = 1024;
 /// (nothing waits to fill a batch), and their records to the consumers after it.
 pub const RECORDER_BATCH: usize = 64;
 
+/// Body bytes a batch takes at most (with its one record past it): large bodies are written
+/// and handed on one by one instead of held together, their lines and records at once.
+pub const RECORDER_BATCH_BYTES: u64 = 8 << 20;
+
 /// How long the recorder lets captures gather after a batch that did not fill.
 pub const RECORDER_LINGER: std::time::Duration = std::time::Duration::from_micros(500);
 
@@ -35,7 +39,13 @@ pub const RECORDER_LINGER: std::time::Duration = std::time::Duration::from_micro
 pub struct Consumer {
     sender: Sender<Arc<Record>>,
     probes_only: bool,
+    /// Told of every record the consumer takes, sent or skipped (a bounded consumer's raw
+    /// counts then equal the records written even while its analysis falls behind).
+    tally: Option<Tally>,
 }
+
+/// A count kept of every record a consumer takes, on the recorder's thread: it must be cheap.
+pub type Tally = Arc<dyn Fn(&Record) + Send + Sync>;
 
 impl Consumer {
     /// Only the records of the upstream probes (`record -q`'s status thread: it reads the
@@ -45,6 +55,17 @@ impl Consumer {
         Consumer {
             sender,
             probes_only: true,
+            tally: None,
+        }
+    }
+
+    /// Every record, with `tally` told of each one, including those skipped while the channel
+    /// is full.
+    pub fn counted(sender: Sender<Arc<Record>>, tally: Tally) -> Consumer {
+        Consumer {
+            sender,
+            probes_only: false,
+            tally: Some(tally),
         }
     }
 
@@ -58,6 +79,7 @@ impl From<Sender<Arc<Record>>> for Consumer {
         Consumer {
             sender,
             probes_only: false,
+            tally: None,
         }
     }
 }
@@ -274,9 +296,12 @@ fn run<B: AsRef<[u8]>>(
         // when they come one by one.
         let mut next = Some(first);
         let mut taken = 0;
+        let mut batch_bytes = 0u64;
         while let Some(capture) = next.take() {
             taken += 1;
             let record = recorded(capture, &receiver, mode, enrich.as_mut(), &stats);
+            batch_bytes +=
+                record.request.body_bytes + record.response.as_ref().map_or(0, |r| r.body_bytes);
             if let Some(writer) = writer.as_mut() {
                 let (line, dropped) = line_within(&record, MAX_LINE_BYTES);
                 if dropped {
@@ -286,7 +311,7 @@ fn run<B: AsRef<[u8]>>(
             }
             stats.records.fetch_add(1, Ordering::Relaxed);
             batch.push(record);
-            if taken < RECORDER_BATCH {
+            if taken < RECORDER_BATCH && batch_bytes < RECORDER_BATCH_BYTES {
                 next = receiver.try_recv().ok();
             }
         }
@@ -345,6 +370,9 @@ fn hand_on(record: Record, consumers: &[Consumer], stats: &RecorderStats) {
     }
     let record = Arc::new(record);
     for consumer in consumers.iter().filter(|c| c.takes(&record)) {
+        if let Some(tally) = &consumer.tally {
+            tally(&record);
+        }
         if let Err(TrySendError::Full(_)) = consumer.sender.try_send(Arc::clone(&record)) {
             stats
                 .consumer_records_skipped
@@ -647,6 +675,32 @@ mod tests {
                 0o600
             );
         }
+    }
+
+    /// The `--metrics` endpoint's raw counters equal the records written even when its
+    /// analysis falls behind and the recorder skips it: the tally is told of every record.
+    #[test]
+    fn a_counted_consumer_counts_the_records_it_was_not_sent() {
+        let (tx, rx) = crossbeam_channel::bounded(2);
+        let told = Arc::new(AtomicU64::new(0));
+        let tally = Arc::clone(&told);
+        let counted = Consumer::counted(
+            tx,
+            Arc::new(move |_: &Record| {
+                tally.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+        let recorder: Recorder<Vec<u8>> =
+            Recorder::start(RecorderConfig::default(), vec![counted]).unwrap();
+        let sender = recorder.sender();
+        for id in 1..=10 {
+            sender.send_blocking(capture(id));
+        }
+        drop(sender);
+        let stats = recorder.finish();
+        assert_eq!(rx.try_iter().count(), 2);
+        assert_eq!(stats.consumer_records_skipped.load(Ordering::Relaxed), 8);
+        assert_eq!(told.load(Ordering::Relaxed), 10);
     }
 
     /// The test's side of a gate that holds the recorder inside one record's enrichment.

@@ -107,6 +107,13 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     if let Some(written) = app.records_written {
         parts.push(format!("{written} written"));
     }
+    if let Some(earlier) = &app.snapshot.earlier {
+        // The panes are of the records since the analysis started again.
+        parts.push(format!(
+            "memory budget: {} earlier req not shown",
+            thousands(earlier.records)
+        ));
+    }
     if app.view().header.bad_lines > 0 || app.warnings > 0 {
         parts.push(format!(
             "{}, {}",

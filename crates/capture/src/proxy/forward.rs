@@ -270,6 +270,16 @@ impl InFlight {
     }
 }
 
+impl InFlight {
+    /// An exchange the proxy refused before forwarding it (no room for its body): counted in
+    /// the proxy's stats, not recorded, as hyper's own refusals are not.
+    fn refused(&mut self) {
+        if self.capture.take().is_some() {
+            self.connection.shared.stats.exchange_done();
+        }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.finish(Some(ExchangeError::ClientDisconnected));
@@ -309,8 +319,23 @@ pub(crate) async fn forward(
     } else {
         shared.max_body
     };
-    let body = match read_up_to(body, limit, shared.body_timeout).await {
+    let held = Held::new(&shared.body_budget, shared.body_timeout);
+    let body = match read_up_to(body, limit, announced, shared.body_timeout, held).await {
         Ok(body) => body,
+        Err(BodyFailure::OverBudget) => {
+            shared
+                .stats
+                .body_budget_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            flight.refused();
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "the request bodies held by the proxy filled its budget for {} s",
+                    shared.body_timeout.as_secs()
+                ),
+            );
+        }
         Err(BodyFailure::Broken) => {
             flight.finish(Some(ExchangeError::ClientDisconnected));
             return error_response(
@@ -443,14 +468,82 @@ enum BodyFailure {
     Broken,
     /// No byte came for the body timeout: a slow client holds no connection for ever.
     Stalled,
+    /// The bodies other requests hold left no room for this one's within the body timeout.
+    OverBudget,
+}
+
+/// Room taken in the body budget for a body being read and held: given back when the last
+/// copy of the body is dropped (its `Bytes` own it), after the upstream was sent it and the
+/// recorder made its record.
+struct Held {
+    budget: Arc<tokio::sync::Semaphore>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    bytes: usize,
+    wait: std::time::Duration,
+}
+
+impl Held {
+    fn new(budget: &Arc<tokio::sync::Semaphore>, wait: std::time::Duration) -> Held {
+        Held {
+            budget: Arc::clone(budget),
+            permit: None,
+            bytes: 0,
+            wait,
+        }
+    }
+
+    /// Room for `bytes` in all, waiting for it at most `wait`.
+    async fn grow_to(&mut self, bytes: usize) -> Result<(), BodyFailure> {
+        while self.bytes < bytes {
+            // One acquisition takes at most u32::MAX permits.
+            let more = u32::try_from(bytes - self.bytes).unwrap_or(u32::MAX);
+            let permit =
+                tokio::time::timeout(self.wait, Arc::clone(&self.budget).acquire_many_owned(more))
+                    .await
+                    .map_err(|_| BodyFailure::OverBudget)?
+                    .map_err(|_| BodyFailure::OverBudget)?;
+            self.bytes += more as usize;
+            match &mut self.permit {
+                Some(held) => held.merge(permit),
+                None => self.permit = Some(permit),
+            }
+        }
+        Ok(())
+    }
+
+    /// The body read, owning its room: the room is given back with the last copy.
+    fn into_bytes(self, data: Vec<u8>) -> Bytes {
+        match self.permit {
+            Some(permit) => Bytes::from_owner(HeldBody {
+                data,
+                _room: permit,
+            }),
+            None => Bytes::from(data),
+        }
+    }
+}
+
+/// A request body and its room in the body budget.
+struct HeldBody {
+    data: Vec<u8>,
+    _room: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for HeldBody {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
 }
 
 /// Reads `body` whole if it ends within `limit` bytes; else stops at the frame that passes it.
-/// Each frame must come within `idle`.
+/// Each frame must come within `idle`. The room the body takes in the budget is taken in `held` (the announced length before a
+/// byte is read, then whatever more arrives) and owned by the bytes read.
 async fn read_up_to(
     mut body: Incoming,
     limit: usize,
+    announced: Option<u64>,
     idle: std::time::Duration,
+    mut held: Held,
 ) -> Result<RequestBody, BodyFailure> {
     if limit == 0 {
         // Announced past the limit: nothing read here, all of it streamed.
@@ -459,21 +552,26 @@ async fn read_up_to(
             rest: body,
         });
     }
-    let mut head = bytes::BytesMut::new();
+    let announced = announced.map(|n| usize::try_from(n).unwrap_or(limit).min(limit));
+    if let Some(announced) = announced {
+        held.grow_to(announced).await?;
+    }
+    let mut head = Vec::with_capacity(announced.unwrap_or(0));
     loop {
         let frame = tokio::time::timeout(idle, body.frame())
             .await
             .map_err(|_| BodyFailure::Stalled)?;
         match frame {
-            None => return Ok(RequestBody::Whole(head.freeze())),
+            None => return Ok(RequestBody::Whole(held.into_bytes(head))),
             Some(Err(_)) => return Err(BodyFailure::Broken),
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
+                    held.grow_to(head.len() + data.len()).await?;
                     head.extend_from_slice(&data);
                 }
                 if head.len() > limit {
                     return Ok(RequestBody::Streamed {
-                        head: head.freeze(),
+                        head: held.into_bytes(head),
                         rest: body,
                     });
                 }

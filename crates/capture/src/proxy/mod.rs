@@ -33,6 +33,10 @@ pub use upstream::Upstream;
 /// Default listen port: next to neither llama-server (8080) nor Ollama (11434).
 pub const DEFAULT_PORT: u16 = 8787;
 pub const DEFAULT_MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// Request bodies held at once, all connections together (`ProxyConfig::body_budget`): four
+/// bodies of the largest kept size, or thousands of an agent's.
+pub const DEFAULT_BODY_BUDGET: usize = 4 * DEFAULT_MAX_BODY;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client's request head must arrive within this, and a kept-alive connection is closed after
 /// waiting this long for its next request: 30 s (hyper's default value; llama-server closes idle
@@ -46,6 +50,10 @@ pub struct ProxyConfig {
     pub upstream: Upstream,
     /// Bodies larger than this are forwarded whole but not kept.
     pub max_body: usize,
+    /// Bytes of request bodies read and held at once, over every connection (at least
+    /// `max_body`). A request whose body finds no room waits for it as long as a stalled body
+    /// may (`header_timeout`), then is answered 503, counted in `ProxyStats::body_budget_refusals`.
+    pub body_budget: usize,
     pub connect_timeout: Duration,
     /// PEM CA certificates trusted for `https://` upstreams, beside the Mozilla roots.
     pub extra_ca_pem: Option<Vec<u8>>,
@@ -67,6 +75,7 @@ impl ProxyConfig {
             listen,
             upstream,
             max_body: DEFAULT_MAX_BODY,
+            body_budget: DEFAULT_BODY_BUDGET,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             extra_ca_pem: None,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
@@ -102,6 +111,8 @@ pub struct ProxyStats {
     /// Requests answered 408 because their body stalled (no byte for the header timeout)
     /// while it was being read.
     pub body_timeouts: AtomicU64,
+    /// Requests answered 503 because their body found no room in the body budget in time.
+    pub body_budget_refusals: AtomicU64,
     /// Connections that could not be accepted (out of descriptors, mostly), and why.
     pub accept_errors: AtomicU64,
     pub last_accept_error: std::sync::Mutex<Option<String>>,
@@ -190,6 +201,8 @@ pub(crate) struct Shared {
     pub host_header: hyper::header::HeaderValue,
     pub tls: Option<tokio_rustls::TlsConnector>,
     pub max_body: usize,
+    /// The body budget's room, a permit a byte (`ProxyConfig::body_budget`).
+    pub body_budget: Arc<tokio::sync::Semaphore>,
     pub connect_timeout: Duration,
     pub captures: CaptureSender<Bytes>,
     pub request_starts: Option<crossbeam_channel::Sender<Capture<Bytes>>>,
@@ -224,6 +237,12 @@ impl Proxy {
             host_header,
             tls,
             max_body: config.max_body,
+            body_budget: Arc::new(tokio::sync::Semaphore::new(
+                config
+                    .body_budget
+                    .max(config.max_body)
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
             connect_timeout: config.connect_timeout,
             captures,
             request_starts: config.request_starts,

@@ -396,6 +396,27 @@ pub struct Analyzer {
     /// One copy of each distinct user-agent, session id, served model and tools hash: every
     /// request of a client sends the same (a served model path alone was 104 bytes a record).
     strings: Shared<str>,
+    /// An estimate of the heap this engine holds (`held_bytes`).
+    held: usize,
+}
+
+/// What a row costs the engine besides its messages' texts: the row, its exchange, weights,
+/// facts, indexes and undo entries (measured with `examples/engine_memory`).
+const ROW_BYTES: usize = 2_048;
+/// What each message slot of a row costs: its shared pointer, its keys in three lists, its
+/// weight and its index entries.
+const SLOT_BYTES: usize = 64;
+
+/// What a message kept once costs: its fields, texts, the map entry that shares it and the
+/// index entries of the prefixes it ends (measured: about 700 bytes besides its texts).
+fn message_bytes(message: &Msg) -> usize {
+    700 + message.role.len()
+        + message.hash.len()
+        + message.identity.len()
+        + message.head.len()
+        + message.tail.len()
+        + message.text.as_ref().map_or(0, |t| t.len())
+        + message.tool_calls.len() * 128
 }
 
 /// The key a message is shared under.
@@ -529,7 +550,15 @@ impl Analyzer {
             messages: Shared::default(),
             tools: Shared::default(),
             strings: Shared::default(),
+            held: 0,
         }
+    }
+
+    /// An estimate of the heap the engine holds, in bytes: what a memory budget compares
+    /// (the live engine's, the `--metrics` window's). Rows cost a constant and their message
+    /// slots; each distinct message and tool list its texts, once.
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 
     /// Batch: the records pushed in start order, so no push rewinds.
@@ -594,11 +623,20 @@ impl Analyzer {
         {
             self.strings.share(string_key(string), string);
         }
+        self.held += ROW_BYTES + SLOT_BYTES * x.messages.len();
         for message in &mut x.messages {
-            self.messages.share(message_key(message), message);
+            if self.messages.share(message_key(message), message) {
+                self.held += message_bytes(message);
+            }
         }
         // Empty lists too: each is an allocation of its own.
-        self.tools.share(tools_key(&x.tools), &mut x.tools);
+        if self.tools.share(tools_key(&x.tools), &mut x.tools) {
+            self.held += x
+                .tools
+                .iter()
+                .map(|t| 128 + t.name.len() + t.hash.len())
+                .sum::<usize>();
+        }
         let id = x.id;
         let from = self.insert(x);
         let rederived = self.advance(from);

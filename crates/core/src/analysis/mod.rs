@@ -50,6 +50,10 @@ pub struct Config {
     /// user's `--prices`.
     #[serde(skip)]
     pub prices: crate::pricing::Prices,
+    /// The live engine's analysis starts again past this estimate of its heap
+    /// (`live::DEFAULT_MEMORY_BUDGET`, `--memory-budget`); a batch analysis never does.
+    #[serde(skip)]
+    pub memory_budget: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +68,7 @@ impl Default for Config {
             session_gap_ms: 60_000,
             thresholds: Thresholds::default(),
             prices: crate::pricing::Prices::default(),
+            memory_budget: crate::live::DEFAULT_MEMORY_BUDGET,
         }
     }
 }

@@ -382,7 +382,7 @@ impl<R: Priced> Report<R> {
         lines.push(format!(
             "prefixscope: {}{span}, {} analysed, {} in {}",
             plural(self.coverage.records, "request"),
-            self.coverage.analysed,
+            thousands(self.coverage.analysed),
             plural(turns, "turn"),
             plural(self.coverage.conversations, "conversation")
         ));

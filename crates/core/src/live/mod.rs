@@ -167,6 +167,9 @@ pub enum Command {
 /// with the traffic (measured in a release build, BENCHMARKS.md "What-if in the TUI": 0.9 s
 /// and 50 MiB at 1,000 agent records, 4.6 s and 250 MiB at 5,000, 20 s and 1 GiB at 20,000).
 pub const MAX_WHATIF_RECORDS: usize = 1_000;
+/// Body bytes of the records kept for the what-if at most: a thousand long-context requests
+/// (a megabyte each) would hold gigabytes parsed.
+pub const MAX_WHATIF_BODY_BYTES: u64 = 256 << 20;
 
 /// Why the savings stop at `MAX_WHATIF_RECORDS`, in the views' words (the measured cost).
 pub const WHATIF_CAP_COST: &str =
@@ -620,6 +623,8 @@ pub struct Snapshot {
     /// Who holds the server's slots now (the capacity view open, llama.cpp's chat traffic).
     pub slots: Arc<Option<SlotView>>,
     advice: std::sync::OnceLock<Vec<Advice>>,
+    /// What the analysis dropped at its memory budget, if it reached it.
+    pub earlier: Option<Earlier>,
 }
 
 impl Snapshot {
@@ -682,9 +687,10 @@ impl Snapshot {
         let wants_settings = self.advice().iter().any(|a| !a.fix.levers.is_empty());
         if let (Predictions::TooMany(n), true) = (&*self.predictions, wants_settings) {
             lines.push(format!(
-                "  the server settings' savings: prefixscope whatif FILE --cache-ram on, --slots N ({} records is past the live what-if's {}: {WHATIF_CAP_COST})",
+                "  the server settings' savings: prefixscope whatif FILE --cache-ram on, --slots N ({} records is past the live what-if's {} or {} MiB of bodies: {WHATIF_CAP_COST})",
                 thousands(*n),
-                thousands(MAX_WHATIF_RECORDS as u64)
+                thousands(MAX_WHATIF_RECORDS as u64),
+                MAX_WHATIF_BODY_BYTES >> 20
             ));
         }
         lines.extend(changes);
@@ -720,6 +726,9 @@ impl Snapshot {
         } else {
             String::new()
         };
+        if let Some(earlier) = &self.earlier {
+            out.insert_str(0, &format!("{}\n", earlier.line()));
+        }
         if let Some(curve) = &self.view.curve {
             let points: Vec<String> = curve
                 .points
@@ -810,6 +819,18 @@ impl Snapshot {
             object.insert("snapshot_version".into(), SNAPSHOT_VERSION.into());
             object.insert("requests_received".into(), self.requests.into());
             object.insert("requests_simulated".into(), self.simulated.into());
+            if let Some(earlier) = &self.earlier {
+                object.insert(
+                    "memory_budget".into(),
+                    serde_json::json!({
+                        "budget_bytes": earlier.budget,
+                        "restarts": earlier.restarts,
+                        "earlier_records": earlier.records,
+                        "earlier_lost_tokens": earlier.lost_tokens,
+                        "line": earlier.line(),
+                    }),
+                );
+            }
             object.insert(
                 "server".into(),
                 serde_json::json!({
@@ -928,6 +949,8 @@ pub struct Engine {
     /// Records kept for the what-if (up to `MAX_WHATIF_RECORDS`), and how many came in all.
     records: Vec<Arc<Record>>,
     records_seen: u64,
+    /// Body bytes of every record that came (`MAX_WHATIF_BODY_BYTES`).
+    whatif_body_bytes: u64,
     /// What the probe records said, and how many came.
     server: crate::probe::ServerInfo,
     probes: u64,
@@ -946,6 +969,45 @@ pub struct Engine {
     /// latest records (a start that comes after its record is not in flight).
     starting: BTreeMap<u64, Arc<Record>>,
     recently_done: std::collections::VecDeque<u64>,
+    /// What the analyses before the last restart covered, when there was one.
+    earlier: Option<Earlier>,
+    /// The newest probe records, told to the analysis again when it starts again.
+    recent_probes: std::collections::VecDeque<Arc<Record>>,
+}
+
+/// The analysis's heap at most unless `--memory-budget` says otherwise (an estimate,
+/// `Analyzer::held_bytes`): some 100,000 agent records, or 40,000 of random text.
+pub const DEFAULT_MEMORY_BUDGET: usize = 512 << 20;
+/// Probe records told again to an analysis that starts again past the memory budget.
+const PROBES_KEPT: usize = 16;
+
+/// What the analysis dropped when it reached its memory budget: the records before its last
+/// restart and what they lost, said on screen and in the summary. Its figures are not in the
+/// panes' (which equal `analyze` of the records since).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Earlier {
+    pub restarts: u64,
+    pub budget: usize,
+    pub records: u64,
+    pub lost_tokens: u64,
+    /// When the last restart happened (the last record before it started, ms).
+    pub until_ms: i64,
+}
+
+impl Earlier {
+    /// The line every output says it with.
+    pub fn line(&self) -> String {
+        format!(
+            "memory budget ({} MiB) reached: the analysis started again {}; the {} records before, which lost {}, are not in these figures",
+            self.budget >> 20,
+            match self.restarts {
+                1 => "once".to_string(),
+                n => format!("{n} times"),
+            },
+            thousands(self.records),
+            crate::units::plural(self.lost_tokens, "token")
+        )
+    }
 }
 
 /// Started requests kept for the slot predictions: more than a server has slots for.
@@ -1042,6 +1104,7 @@ impl Engine {
             generation: 0,
             records: Vec::new(),
             records_seen: 0,
+            whatif_body_bytes: 0,
             server: crate::probe::ServerInfo::default(),
             probes: 0,
             advice: false,
@@ -1051,6 +1114,29 @@ impl Engine {
             resided: None,
             starting: BTreeMap::new(),
             recently_done: std::collections::VecDeque::new(),
+            earlier: None,
+            recent_probes: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// An estimate of the analysis's heap (`Analyzer::held_bytes`), what the memory budget
+    /// (`Config::memory_budget`) is compared with.
+    pub fn held_bytes(&self) -> usize {
+        self.analyzer.held_bytes()
+    }
+
+    /// Keeps what the analysis so far lost and starts it again, told the newest probes.
+    fn restart_analysis(&mut self, until_ms: i64) {
+        let report = self.analyzer.live_report();
+        let earlier = self.earlier.get_or_insert_with(Earlier::default);
+        earlier.restarts += 1;
+        earlier.budget = self.config.memory_budget;
+        earlier.records += report.coverage.records;
+        earlier.lost_tokens += report.time.lost_tokens;
+        earlier.until_ms = until_ms;
+        self.analyzer = Analyzer::new(self.config.clone());
+        for probe in &self.recent_probes {
+            self.analyzer.push(probe);
         }
     }
 
@@ -1064,6 +1150,10 @@ impl Engine {
                 self.analyzer.push(&record);
                 self.server.apply_record(&record);
                 self.probes += 1;
+                if self.recent_probes.len() == PROBES_KEPT {
+                    self.recent_probes.pop_front();
+                }
+                self.recent_probes.push_back(Arc::clone(&record));
                 false
             }
             Input::Started(record) => {
@@ -1076,6 +1166,9 @@ impl Engine {
                 false
             }
             Input::Record(record, arrived_ms) => {
+                if self.analyzer.held_bytes() > self.config.memory_budget {
+                    self.restart_analysis(record.t_start_ms);
+                }
                 self.analyzer.push(&record);
                 self.records_seen += 1;
                 self.starting.remove(&record.id);
@@ -1083,7 +1176,11 @@ impl Engine {
                 if self.recently_done.len() > RECENTLY_DONE {
                     self.recently_done.pop_front();
                 }
-                if self.records_seen as usize <= MAX_WHATIF_RECORDS {
+                self.whatif_body_bytes += record.request.body_bytes
+                    + record.response.as_ref().map_or(0, |r| r.body_bytes);
+                if self.records_seen as usize <= MAX_WHATIF_RECORDS
+                    && self.whatif_body_bytes <= MAX_WHATIF_BODY_BYTES
+                {
                     self.records.push(Arc::clone(&record));
                 } else if !self.records.is_empty() {
                     // Past the cap the predictions would be of part of the traffic: none.
@@ -1304,6 +1401,7 @@ impl Engine {
             predictions,
             slots,
             advice: std::sync::OnceLock::new(),
+            earlier: self.earlier.clone(),
         };
         if asked {
             // Worked out here, on the engine's thread, so the view only reads them.

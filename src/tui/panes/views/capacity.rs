@@ -34,9 +34,10 @@ pub(super) fn simulated_capacity_lines<'a>(app: &App, theme: &Theme) -> Vec<Line
         let why = match &**predictions {
             Predictions::NotAsked => "working out the simulated server's settings…".to_string(),
             Predictions::TooMany(n) => format!(
-                "run prefixscope whatif FILE --slots N --cache-ram on|off; {} records is past the live what-if's {} ({})",
+                "run prefixscope whatif FILE --slots N --cache-ram on|off; {} records is past the live what-if's {} or {} MiB of bodies ({})",
                 thousands(*n),
                 thousands(prefixscope_core::live::MAX_WHATIF_RECORDS as u64),
+                prefixscope_core::live::MAX_WHATIF_BODY_BYTES >> 20,
                 prefixscope_core::live::WHATIF_CAP_COST
             ),
             _ => "the simulated llama-server replays llama.cpp's chat requests with the server's counts only"

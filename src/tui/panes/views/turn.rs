@@ -150,9 +150,10 @@ pub(super) fn saving_lines<'a>(
     let why = match predictions {
         Predictions::NotAsked => "savings: f opens the findings and works them out".to_string(),
         Predictions::TooMany(n) => format!(
-            "savings: run prefixscope whatif on the recording; {} records is past the live what-if's {} ({})",
+            "savings: run prefixscope whatif on the recording; {} records is past the live what-if's {} or {} MiB of bodies ({})",
             thousands(*n),
             thousands(prefixscope_core::live::MAX_WHATIF_RECORDS as u64),
+            prefixscope_core::live::MAX_WHATIF_BODY_BYTES >> 20,
             prefixscope_core::live::WHATIF_CAP_COST
         ),
         Predictions::NotReplayable => {
