@@ -841,3 +841,71 @@ fn an_upstream_with_userinfo_is_refused_without_repeating_it() {
         assert!(!file.exists());
     }
 }
+
+/// One POST of 30 MiB of tiny values (`[0,0,…]`, inside `--max-body`) costs `watch` little, is
+/// counted as a record it could not read, and the next request is served (it aborted `watch`
+/// before the limits on values: 1.07 GB on one such request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_survives_a_request_of_tiny_values_and_serves_the_next() {
+    let upstream = slow_upstream(Duration::ZERO).await;
+    let port = free_port();
+    let out = temp_file("tiny-values-watch.jsonl");
+    let child = Command::new(BIN)
+        .args([
+            "watch",
+            "--upstream",
+            &format!("http://{upstream}"),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--no-probe",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_listening(port).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let post = |body: Vec<u8>| async move {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(&body).await.unwrap();
+        let mut got = Vec::new();
+        let _ = stream.read_to_end(&mut got).await;
+        String::from_utf8_lossy(&got)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut tiny = br#"{"model":"m","messages":["#.to_vec();
+    tiny.extend(std::iter::repeat_n(*b"0,", 15 << 20).flatten());
+    tiny.extend(b"0]}");
+    assert!(post(tiny).await.starts_with("HTTP/1.1 200"));
+    let next = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_vec();
+    assert!(post(next).await.starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let peak = peak_rss_kb(child.id());
+    interrupt(&child);
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || finish(child))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("2 records written"), "{stderr}");
+    assert!(
+        stdout.contains("1 of 2 records analysed (1 unreadable)"),
+        "{stdout}"
+    );
+    eprintln!("watch's peak RSS after 30 MiB of tiny values: {peak:?} kB");
+    if let Some(peak) = peak {
+        // The issue's bound: 20 times the request plus 200 MB.
+        assert!(peak < (20 * 30 + 200) * 1024, "peak RSS {peak} kB");
+    }
+}
