@@ -48,7 +48,7 @@ pub fn profile_page(
             "<section class=\"analysis\">\n<h2>{}: what was lost, and when</h2>\n",
             escape(name)
         ));
-        body.push_str(&analysis_sections(report));
+        body.push_str(&analysis_sections(report, &report.findings));
         body.push_str("</section>\n");
     }
     body.push_str(&leaderboard_section(
@@ -66,17 +66,21 @@ pub fn profile_page(
 }
 
 /// The page for `analyze`'s report.
+/// `findings`: the analysis's (a live snapshot's report keeps none), listed as every output
+/// lists them (`analysis::listed`).
 pub fn analysis_page<R: prefixscope_core::analysis::Priced>(
     report: &prefixscope_core::analysis::Report<R>,
+    findings: &[prefixscope_core::analysis::Finding],
 ) -> String {
     let mut body = String::from("<h1>prefixscope analyze</h1>\n");
-    body.push_str(&analysis_sections(report));
+    body.push_str(&analysis_sections(report, findings));
     page("prefixscope analyze", &body)
 }
 
 /// The analysis's figures: totals, loss by cause and by client, the timeline, the findings.
 fn analysis_sections<R: prefixscope_core::analysis::Priced>(
     report: &prefixscope_core::analysis::Report<R>,
+    findings: &[prefixscope_core::analysis::Finding],
 ) -> String {
     let view = prefixscope_core::live::view::View::build(report, "");
     let mut body = String::new();
@@ -159,11 +163,12 @@ fn analysis_sections<R: prefixscope_core::analysis::Priced>(
     body.push_str(&timeline_section(report));
     // Findings and what to change.
     body.push_str("<section id=\"findings\">\n<h2>Findings</h2>\n");
-    if report.findings.is_empty() {
+    let findings = prefixscope_core::analysis::listed(report, findings);
+    if findings.is_empty() {
         body.push_str("<p>None.</p>\n");
     } else {
         body.push_str("<table>\n<tr><th>finding</th><th>lost</th><th>fix</th></tr>\n");
-        for finding in &report.findings {
+        for finding in &findings {
             body.push_str(&format!(
                 "<tr><td class=\"what\">{}</td><td>{}</td><td class=\"what\">{}</td></tr>\n",
                 escape(&prefixscope_core::analysis::finding_label(finding)),

@@ -769,3 +769,28 @@ async fn through_the_proxy_the_analysis_reads_the_sims_counts() {
     let second = normalize(&records[1]).unwrap().counts;
     assert_eq!(second.evaluated_tokens.unwrap().value, 1);
 }
+
+/// Every demo scenario: every charged loss belongs to a finding of the one list every output
+/// shows (`analysis::listed`), costliest first, and the summary prints the costliest of them.
+#[test]
+fn every_loss_of_every_demo_belongs_to_a_finding() {
+    for scenario in prefixscope_demo::agents::SCENARIOS {
+        let run = demo(scenario, &[]);
+        let list = analysis::listed(&run.report, &run.report.findings);
+        assert_eq!(
+            analysis::listed(&run.report, &list).len(),
+            list.len(),
+            "{scenario}: a loss no finding speaks for"
+        );
+        let costs: Vec<u32> = list.iter().map(|f| f.lost_tokens.unwrap_or(0)).collect();
+        assert!(
+            costs.windows(2).all(|w| w[0] >= w[1]),
+            "{scenario}: {costs:?}"
+        );
+        let summary = run.report.summary();
+        if let Some(first) = list.first() {
+            let label = analysis::finding_label(first);
+            assert!(summary.contains(&label), "{scenario}: {label}\n{summary}");
+        }
+    }
+}

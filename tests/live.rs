@@ -806,3 +806,89 @@ fn past_its_memory_budget_the_live_analysis_starts_again_and_says_what_it_droppe
     );
     let _ = std::fs::remove_file(&file);
 }
+
+/// One findings list behind every output: on every checked-in recording, every charged loss
+/// belongs to a finding of `analysis::listed` (costliest first; nothing is left for a second
+/// listing to add), the loss findings sum to the report's lost tokens, and the same list in
+/// the same words is in `analyze`'s text, the live snapshot's findings view, `replay`'s
+/// summary and the snapshot's HTML page.
+#[test]
+fn every_output_shows_one_findings_list_with_every_loss_in_it() {
+    use prefixscope_core::analysis::{FindingKind, listed};
+    let names = [
+        "llmp/llama.cpp/parallel-nocache.jsonl",
+        "llmp/llama.cpp/parallel.jsonl",
+        "llmp/llama.cpp/session.jsonl",
+        "llmp/llama.cpp/session.digest.jsonl",
+        "llmp/ollama/session.jsonl",
+        "llmp/ollama-openai/session.jsonl",
+        "xllamacpp/session.jsonl",
+        "xllamacpp/scenarios/alternate.jsonl",
+        "xllamacpp/scenarios/append.jsonl",
+        "xllamacpp/scenarios/date.jsonl",
+        "xllamacpp/scenarios/short-first.jsonl",
+        "xllamacpp/scenarios/tool-calls.jsonl",
+        "xllamacpp/scenarios/two-slots.jsonl",
+    ];
+    for name in names {
+        let records = file_order(name);
+        let report = analyze(&records, &Config::default());
+        let list = listed(&report, &report.findings);
+        assert_eq!(
+            listed(&report, &list).len(),
+            list.len(),
+            "{name}: a loss no finding speaks for"
+        );
+        let costs: Vec<u32> = list.iter().map(|f| f.lost_tokens.unwrap_or(0)).collect();
+        assert!(costs.windows(2).all(|w| w[0] >= w[1]), "{name}: {costs:?}");
+        let loss_kinds = [
+            FindingKind::SideCallOnConversationModel,
+            FindingKind::PrefixBreak,
+            FindingKind::ServerCacheLoss,
+            FindingKind::OtherConversationEviction,
+            FindingKind::OtherModelEviction,
+        ];
+        let spoken: u64 = list
+            .iter()
+            .filter(|f| loss_kinds.contains(&f.kind))
+            .map(|f| u64::from(f.lost_tokens.unwrap_or(0)))
+            .sum();
+        assert!(
+            spoken >= report.time.lost_tokens,
+            "{name}: findings speak for {spoken} of {} tokens lost",
+            report.time.lost_tokens
+        );
+        let labels: Vec<String> = list
+            .iter()
+            .map(prefixscope_core::analysis::finding_label)
+            .collect();
+
+        // The live snapshot's findings view and summary, and the snapshot's HTML.
+        let snapshot = engine_of(&records).snapshot();
+        let advice: Vec<&str> = snapshot.advice().iter().map(|a| a.label.as_str()).collect();
+        assert_eq!(advice, labels, "{name}: the findings view");
+        let findings_lines = |text: &str| -> Vec<String> {
+            text.lines()
+                .skip_while(|l| *l != "findings:")
+                .take_while(|l| l.starts_with("findings:") || l.starts_with("  "))
+                .map(str::to_string)
+                .collect()
+        };
+        let text = report.summary();
+        assert_eq!(
+            findings_lines(&snapshot.summary()),
+            findings_lines(&text),
+            "{name}: the live summary"
+        );
+        for label in labels.iter().take(3) {
+            assert!(text.contains(label.as_str()), "{name}: {label}\n{text}");
+        }
+        let html = prefixscope::html_report::analysis_page(&snapshot.report, snapshot.findings());
+        for label in &labels {
+            assert!(
+                html.contains(&prefixscope::html_report::escape(label)),
+                "{name}: the HTML misses {label}"
+            );
+        }
+    }
+}

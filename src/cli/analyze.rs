@@ -223,7 +223,7 @@ pub fn run(args: AnalyzeArgs) -> u8 {
             return code;
         }
         if let Some(html_path) = html_path {
-            let html = prefixscope::html_report::analysis_page(&report);
+            let html = prefixscope::html_report::analysis_page(&report, &report.findings);
             if let Err(code) = super::write_output(&html_path, &args.files, html.as_bytes()) {
                 return code;
             }

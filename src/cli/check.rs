@@ -245,7 +245,7 @@ fn offending<'a>(findings: &'a [Finding], causes: &[String]) -> Vec<&'a Finding>
         .iter()
         .filter(|f| f.lost_tokens.unwrap_or(0) > 0)
         .filter(|f| {
-            let cause = prefixscope_core::live::advice_cause(f);
+            let cause = prefixscope_core::analysis::advice_cause(f);
             causes.iter().any(|c| c == cause)
         })
         .collect();

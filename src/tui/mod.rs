@@ -266,7 +266,7 @@ fn write_snapshot(app: &App, now_ms: i64) -> Result<String, String> {
     let html = base.with_extension("html");
     write_private(
         &html,
-        &crate::html_report::analysis_page(&app.snapshot.report),
+        &crate::html_report::analysis_page(&app.snapshot.report, app.snapshot.findings()),
     )
     .map_err(|e| format!("{}: {e}", html.display()))?;
     Ok(format!(

@@ -10,6 +10,7 @@ use super::engine_cause::EngineKind;
 use super::ids::{ById, IntMap};
 use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, Shape, ToolUsage};
 use crate::normalize::measured::{Measured, Source};
+use crate::units::{plural, thousands};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
@@ -1009,6 +1010,170 @@ pub fn fix(finding: &Finding) -> Fix {
 }
 
 /// Findings by cost: tokens lost, then context tokens, then their usual order.
+/// The one list of findings every output shows: the analysis's, without a system prompt change
+/// a volatile-prompt finding already speaks for, and a finding for each loss none speaks for,
+/// costliest first.
+pub fn listed<R: Priced>(report: &super::Report<R>, findings: &[Finding]) -> Vec<Finding> {
+    let mut all = without_duplicates(findings);
+    let extra = uncovered(report, &all);
+    all.extend(extra);
+    by_cost(&all).into_iter().cloned().collect()
+}
+
+/// The losses no finding speaks for (a cause on too few turns for the analysis's thresholds),
+/// one finding-shaped entry per model and cause, so the findings view accounts for every loss.
+/// Marked `"below_thresholds": true` in their evidence.
+fn uncovered<R: Priced>(report: &super::Report<R>, findings: &[Finding]) -> Vec<Finding> {
+    // A loss is spoken for when a finding of its cause names its row; side-call findings name
+    // the side-calls, and speak for every side-call loss of their model.
+    let mut named: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
+    let mut side_call_models: Vec<&str> = Vec::new();
+    for f in findings {
+        if f.kind == FindingKind::SideCallOnConversationModel {
+            side_call_models.extend(f.model.as_deref());
+        } else {
+            named.extend(f.rows.iter().map(|&id| (advice_cause(f), id)));
+        }
+    }
+    let covered = |id: u64, model: &str, cause: &str| {
+        named.contains(&(cause, id)) || (cause == "side_call" && side_call_models.contains(&model))
+    };
+    // (model, cause) → (kind, rows, tokens, ms, example row)
+    let mut groups: Vec<(String, String, Finding)> = Vec::new();
+    for rated in report.rows.iter().map(Priced::rated) {
+        let row = rated.row();
+        let own = rated.client_loss().map(|l| (true, l));
+        let external = rated.external_loss().map(|l| (false, l));
+        for (theirs, (loss, ms)) in [own, external].into_iter().flatten() {
+            if loss.tokens == 0 || covered(row.id, &row.model, &loss.cause) {
+                continue;
+            }
+            let at = groups
+                .iter()
+                .position(|(m, c, _)| *m == row.model && *c == loss.cause);
+            let at = match at {
+                Some(at) => at,
+                None => {
+                    let kind = FindingKind::of_loss(&loss.cause, theirs);
+                    let location = row.break_location.as_ref();
+                    groups.push((
+                        row.model.clone(),
+                        loss.cause.clone(),
+                        Finding {
+                            fix: None,
+                            lost_usd: None,
+                            kind,
+                            model: Some(row.model.clone()),
+                            client: None,
+                            rows: Vec::new(),
+                            lost_tokens: Some(0),
+                            lost_ms: None,
+                            context_tokens: None,
+                            confidence: Confidence::Low,
+                            evidence: serde_json::json!({
+                                "below_thresholds": true,
+                                "break_cause": loss.cause,
+                                "kind": loss.cause,
+                                "provider": row.provider,
+                                "before": location.and_then(|l| l.before.clone()),
+                                "after": location.and_then(|l| l.after.clone()),
+                            }),
+                        },
+                    ));
+                    groups.len() - 1
+                }
+            };
+            let finding = &mut groups[at].2;
+            finding.rows.push(row.id);
+            finding.lost_tokens =
+                Some(finding.lost_tokens.unwrap_or(0).saturating_add(loss.tokens));
+            if let Some(ms) = ms {
+                finding.lost_ms = Some(add_ms_pub(finding.lost_ms, ms));
+            }
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, _, mut f)| {
+            // Its fix as the summaries print it (a finding of the analysis carries its own).
+            let fix = fix(&f);
+            f.fix = Some(FixNote {
+                owner: fix.owner.to_string(),
+                change: fix.change,
+            });
+            f
+        })
+        .collect()
+}
+
+/// An uncovered loss in words: `system prompt changes on 1 turn (gemma): 584 tokens, 158 ms`.
+pub(crate) fn uncovered_label(finding: &Finding) -> String {
+    let cost = match finding.lost_ms {
+        Some(ms) => format!(
+            "{} tokens, {}",
+            thousands(u64::from(finding.lost_tokens.unwrap_or(0))),
+            crate::live::view::duration(ms.value)
+        ),
+        None => format!(
+            "{} tokens",
+            thousands(u64::from(finding.lost_tokens.unwrap_or(0)))
+        ),
+    };
+    format!(
+        "{} on {} ({}): {cost} lost (too few turns for a finding of the analysis)",
+        crate::units::cause_label_plural(advice_cause(finding)),
+        plural(finding.rows.len() as u64, "turn"),
+        finding.model.as_deref().unwrap_or("?")
+    )
+}
+
+/// The findings the view shows: a volatile system prompt is also a prefix break by
+/// system-prompt changes of the same client, so one entry, the one that says where.
+fn without_duplicates(findings: &[Finding]) -> Vec<Finding> {
+    let volatile = |f: &Finding| {
+        findings.iter().any(|v| {
+            v.kind == FindingKind::VolatileSystemPrompt
+                && v.client == f.client
+                && v.model == f.model
+        })
+    };
+    findings
+        .iter()
+        .filter(|f| {
+            !(f.kind == FindingKind::PrefixBreak
+                && f.evidence.get("break_cause").and_then(|v| v.as_str()) == Some("system_changed")
+                && volatile(f))
+        })
+        .cloned()
+        .collect()
+}
+
+/// The cause a finding is about, as the report names causes (`other_conversation`…).
+pub fn advice_cause(finding: &Finding) -> &str {
+    match finding.kind {
+        FindingKind::SideCallOnConversationModel => "side_call",
+        FindingKind::OtherConversationEviction => "other_conversation",
+        FindingKind::OtherModelEviction => "other_model",
+        FindingKind::VolatileSystemPrompt => "system_changed",
+        FindingKind::PrefixBreak | FindingKind::ServerCacheLoss => finding
+            .evidence
+            .get("break_cause")
+            .or_else(|| finding.evidence.get("kind"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("prefix break"),
+        FindingKind::UnusedTool => "unused tool",
+        FindingKind::LargeToolSchema => "large tool schema",
+        FindingKind::LargeSystemPrompt => "large system prompt",
+        FindingKind::ReasoningChanged => "reasoning_changed",
+        FindingKind::TemplateRerendered => "template_rerendered",
+        FindingKind::ProviderCache => finding
+            .evidence
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or("provider_miss"),
+    }
+}
+
 pub(crate) fn by_cost(findings: &[Finding]) -> Vec<&Finding> {
     let mut sorted: Vec<&Finding> = findings.iter().collect();
     sorted.sort_by(|a, b| {

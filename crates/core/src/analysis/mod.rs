@@ -19,7 +19,7 @@ pub(crate) mod table;
 
 pub use client_cause::client_cause_label;
 pub use engine_cause::EngineKind;
-pub use findings::{CAPACITY_SETTINGS, Fix, LEVERS, Lever, fix};
+pub use findings::{CAPACITY_SETTINGS, Fix, LEVERS, Lever, advice_cause, fix, listed};
 #[cfg(any(test, feature = "reference"))]
 pub use reference::analyze_reference;
 pub use report::{finding_label, time};

@@ -435,6 +435,8 @@ impl<R: Priced> Report<R> {
         lines.extend(self.money_line());
         lines.extend(self.server_lines());
         lines.push(self.coverage_line());
+        // The one list every output shows (`findings::listed`): every loss in it, costliest first.
+        let findings = super::findings::listed(self, findings);
         if !findings.is_empty() {
             lines.push("findings:".into());
             for finding in findings.iter().take(SUMMARY_FINDINGS) {
@@ -643,6 +645,9 @@ impl<R: Priced> Report<R> {
 
 /// A finding in `analyze`'s words (the summary's line, the TUI's findings view).
 pub fn finding_label(finding: &Finding) -> String {
+    if finding.evidence.get("below_thresholds") == Some(&serde_json::Value::Bool(true)) {
+        return super::findings::uncovered_label(finding);
+    }
     // A request may name no model (llama-server serves its one model whatever is asked).
     let model = match finding.model.as_deref() {
         None => "?",

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 
-use crate::analysis::{Analyzer, Config, Finding, FindingKind, Report, Row, SharedRow};
+use crate::analysis::{Analyzer, Config, Finding, Report, Row, SharedRow};
 use crate::cache::Policy;
 use crate::cache::Request;
 use crate::cache::blocks::{BlockModel, Cutter};
@@ -336,127 +336,6 @@ pub struct Advice {
     pub savings: Vec<Prediction>,
 }
 
-/// The losses no finding speaks for (a cause on too few turns for the analysis's thresholds),
-/// one finding-shaped entry per model and cause, so the findings view accounts for every loss.
-/// Marked `"below_thresholds": true` in their evidence.
-pub fn uncovered<R: crate::analysis::Priced>(
-    report: &Report<R>,
-    findings: &[Finding],
-) -> Vec<Finding> {
-    use crate::analysis::findings::add_ms_pub;
-    // A loss is spoken for when a finding of its cause names its row; side-call findings name
-    // the side-calls, and speak for every side-call loss of their model.
-    let mut named: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
-    let mut side_call_models: Vec<&str> = Vec::new();
-    for f in findings {
-        if f.kind == FindingKind::SideCallOnConversationModel {
-            side_call_models.extend(f.model.as_deref());
-        } else {
-            named.extend(f.rows.iter().map(|&id| (advice_cause(f), id)));
-        }
-    }
-    let covered = |id: u64, model: &str, cause: &str| {
-        named.contains(&(cause, id)) || (cause == "side_call" && side_call_models.contains(&model))
-    };
-    // (model, cause) → (kind, rows, tokens, ms, example row)
-    let mut groups: Vec<(String, String, Finding)> = Vec::new();
-    for rated in report.rows.iter().map(crate::analysis::Priced::rated) {
-        let row = rated.row();
-        let own = rated.client_loss().map(|l| (true, l));
-        let external = rated.external_loss().map(|l| (false, l));
-        for (theirs, (loss, ms)) in [own, external].into_iter().flatten() {
-            if loss.tokens == 0 || covered(row.id, &row.model, &loss.cause) {
-                continue;
-            }
-            let at = groups
-                .iter()
-                .position(|(m, c, _)| *m == row.model && *c == loss.cause);
-            let at = match at {
-                Some(at) => at,
-                None => {
-                    let kind = FindingKind::of_loss(&loss.cause, theirs);
-                    let location = row.break_location.as_ref();
-                    groups.push((
-                        row.model.clone(),
-                        loss.cause.clone(),
-                        Finding {
-                            fix: None,
-                            lost_usd: None,
-                            kind,
-                            model: Some(row.model.clone()),
-                            client: None,
-                            rows: Vec::new(),
-                            lost_tokens: Some(0),
-                            lost_ms: None,
-                            context_tokens: None,
-                            confidence: crate::analysis::Confidence::Low,
-                            evidence: serde_json::json!({
-                                "below_thresholds": true,
-                                "break_cause": loss.cause,
-                                "kind": loss.cause,
-                                "provider": row.provider,
-                                "before": location.and_then(|l| l.before.clone()),
-                                "after": location.and_then(|l| l.after.clone()),
-                            }),
-                        },
-                    ));
-                    groups.len() - 1
-                }
-            };
-            let finding = &mut groups[at].2;
-            finding.rows.push(row.id);
-            finding.lost_tokens =
-                Some(finding.lost_tokens.unwrap_or(0).saturating_add(loss.tokens));
-            if let Some(ms) = ms {
-                finding.lost_ms = Some(add_ms_pub(finding.lost_ms, ms));
-            }
-        }
-    }
-    groups.into_iter().map(|(_, _, f)| f).collect()
-}
-
-/// An uncovered loss in words: `system prompt changes on 1 turn (gemma): 584 tokens, 158 ms`.
-fn uncovered_label(finding: &Finding) -> String {
-    let cost = match finding.lost_ms {
-        Some(ms) => format!(
-            "{} tokens, {}",
-            thousands(u64::from(finding.lost_tokens.unwrap_or(0))),
-            view::duration(ms.value)
-        ),
-        None => format!(
-            "{} tokens",
-            thousands(u64::from(finding.lost_tokens.unwrap_or(0)))
-        ),
-    };
-    format!(
-        "{} on {} ({}): {cost} lost (too few turns for a finding of the analysis)",
-        crate::units::cause_label_plural(advice_cause(finding)),
-        plural(finding.rows.len() as u64, "turn"),
-        finding.model.as_deref().unwrap_or("?")
-    )
-}
-
-/// The findings the view shows: a volatile system prompt is also a prefix break by
-/// system-prompt changes of the same client, so one entry, the one that says where.
-pub fn without_duplicates(findings: &[Finding]) -> Vec<Finding> {
-    let volatile = |f: &Finding| {
-        findings.iter().any(|v| {
-            v.kind == FindingKind::VolatileSystemPrompt
-                && v.client == f.client
-                && v.model == f.model
-        })
-    };
-    findings
-        .iter()
-        .filter(|f| {
-            !(f.kind == FindingKind::PrefixBreak
-                && f.evidence.get("break_cause").and_then(|v| v.as_str()) == Some("system_changed")
-                && volatile(f))
-        })
-        .cloned()
-        .collect()
-}
-
 /// Every finding by cost, each with its fix and, where a server setting applies, its savings.
 pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
     crate::analysis::findings::by_cost(findings)
@@ -469,17 +348,9 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
                 .filter_map(|l| predictions.saving(*l).cloned())
                 .collect();
             savings.sort_by_key(|p| std::cmp::Reverse(p.saving_tokens()));
-            let below = finding
-                .evidence
-                .get("below_thresholds")
-                .is_some_and(|v| v == true);
             Advice {
                 finding: finding.clone(),
-                label: if below {
-                    uncovered_label(finding)
-                } else {
-                    crate::analysis::report::finding_label(finding)
-                },
+                label: crate::analysis::report::finding_label(finding),
                 fix,
                 savings,
             }
@@ -637,10 +508,10 @@ impl Snapshot {
     /// The findings by cost with their fixes and savings, worked out on first use.
     pub fn advice(&self) -> &[Advice] {
         self.advice.get_or_init(|| {
-            let mut all = without_duplicates(self.findings());
-            let extra = uncovered(&self.report, &all);
-            all.extend(extra);
-            advise(&all, &self.predictions)
+            advise(
+                &crate::analysis::findings::listed(&self.report, self.findings()),
+                &self.predictions,
+            )
         })
     }
 
@@ -655,7 +526,9 @@ impl Snapshot {
         let mut settings: Vec<(&Prediction, Vec<&str>)> = Vec::new();
         let mut changes: Vec<String> = Vec::new();
         for advice in self.advice() {
-            let cause = crate::units::cause_label_plural(advice_cause(&advice.finding));
+            let cause = crate::units::cause_label_plural(crate::analysis::findings::advice_cause(
+                &advice.finding,
+            ));
             for saving in &advice.savings {
                 match settings.iter_mut().find(|(p, _)| p.lever == saving.lever) {
                     Some((_, causes)) => {
@@ -1766,31 +1639,5 @@ fn run(
     }
     if dirty {
         build(engine, &mut waiting_since);
-    }
-}
-
-/// The cause a finding is about, as the report names causes (`other_conversation`…).
-pub fn advice_cause(finding: &Finding) -> &str {
-    match finding.kind {
-        FindingKind::SideCallOnConversationModel => "side_call",
-        FindingKind::OtherConversationEviction => "other_conversation",
-        FindingKind::OtherModelEviction => "other_model",
-        FindingKind::VolatileSystemPrompt => "system_changed",
-        FindingKind::PrefixBreak | FindingKind::ServerCacheLoss => finding
-            .evidence
-            .get("break_cause")
-            .or_else(|| finding.evidence.get("kind"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("prefix break"),
-        FindingKind::UnusedTool => "unused tool",
-        FindingKind::LargeToolSchema => "large tool schema",
-        FindingKind::LargeSystemPrompt => "large system prompt",
-        FindingKind::ReasoningChanged => "reasoning_changed",
-        FindingKind::TemplateRerendered => "template_rerendered",
-        FindingKind::ProviderCache => finding
-            .evidence
-            .get("kind")
-            .and_then(|v| v.as_str())
-            .unwrap_or("provider_miss"),
     }
 }

@@ -57,7 +57,7 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
         let head = format!(
             "{}. {} · {cost} · {}",
             i + 1,
-            cause_label_plural(prefixscope_core::live::advice_cause(f)),
+            cause_label_plural(prefixscope_core::analysis::advice_cause(f)),
             match advice.fix.owner {
                 "client" => "the client's to fix",
                 "server" => "the server's doing",

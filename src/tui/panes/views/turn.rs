@@ -81,7 +81,7 @@ pub fn turn_fix(snapshot: &Snapshot, row: &Row) -> Option<(String, Fix, Vec<Pred
     let named = snapshot.advice_ready().and_then(|all| {
         all.iter().find(|a| {
             a.finding.rows.contains(&row.id)
-                && prefixscope_core::live::advice_cause(&a.finding) == cause
+                && prefixscope_core::analysis::advice_cause(&a.finding) == cause
         })
     });
     if let Some(advice) = named {
