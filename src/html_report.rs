@@ -115,12 +115,20 @@ fn analysis_sections<R: prefixscope_core::analysis::Priced>(
             )
         })
         .collect();
+    // Nothing charged is "nothing lost" only where the loss was measured.
+    let empty = if view.header.loss_measured {
+        "Nothing lost.".to_string()
+    } else {
+        let why = view.header.loss_not_measured();
+        format!("{}{}.", why[..1].to_uppercase(), &why[1..])
+    };
     body.push_str("<section id=\"causes\">\n<h2>Tokens lost by cause</h2>\n");
     body.push_str(&bars_chart(
         &causes
             .iter()
             .map(|(label, tokens, _)| (label.clone(), *tokens))
             .collect::<Vec<_>>(),
+        &empty,
     ));
     body.push_str("<table>\n<tr><th>cause</th><th>tokens</th><th>turns</th><th>time</th></tr>\n");
     for (cause, total) in &report.time.by_cause {
@@ -146,6 +154,7 @@ fn analysis_sections<R: prefixscope_core::analysis::Priced>(
             .iter()
             .map(|l| (l.alias.clone(), l.tokens))
             .collect::<Vec<_>>(),
+        &empty,
     ));
     body.push_str("<table>\n<tr><th>client</th><th>requests</th><th>conversations</th><th>lost</th><th>caused</th></tr>\n");
     for loss in &view.losses {
@@ -189,11 +198,12 @@ fn analysis_sections<R: prefixscope_core::analysis::Priced>(
     body
 }
 
-/// Horizontal bars, one per (label, tokens), the largest first as given.
-fn bars_chart(bars: &[(String, u64)]) -> String {
+/// Horizontal bars, one per (label, tokens), the largest first as given; `empty` says why there
+/// are none ("Nothing lost.", or that the loss was not measured, as `analyze` says it).
+fn bars_chart(bars: &[(String, u64)], empty: &str) -> String {
     let bars: Vec<&(String, u64)> = bars.iter().filter(|(_, t)| *t > 0).take(20).collect();
     let Some(top) = bars.iter().map(|(_, t)| *t).max() else {
-        return "<p class=\"note\">Nothing lost.</p>\n".to_string();
+        return format!("<p class=\"note\">{}</p>\n", escape(empty));
     };
     let height = 60 + 26 * bars.len() as u32;
     let mut svg = String::new();

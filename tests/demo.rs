@@ -159,6 +159,14 @@ fn the_demo_command_prints_the_check() {
     assert!(output.status.success(), "{stdout}");
     assert!(stdout.contains("named by the analysis"), "{stdout}");
     assert!(stdout.contains("prefixscope: "), "{stdout}");
+    // The summary `replay` and the TUI end with: the fixes with their predicted savings.
+    assert!(
+        stdout.contains(
+            "fixes (savings predicted by the simulated llama-server):\n  --cache-ram on: −"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("hit rate ("), "{stdout}");
 }
 
 #[test]

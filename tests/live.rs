@@ -892,3 +892,48 @@ fn every_output_shows_one_findings_list_with_every_loss_in_it() {
         }
     }
 }
+
+/// A page says "not measured" where `analyze` does, never "Nothing lost": Ollama's native API
+/// reports no reuse, so its loss is unknown, not zero.
+#[test]
+fn the_html_page_says_not_measured_where_analyze_does() {
+    let records = file_order("llmp/ollama/session.jsonl");
+    let report = analyze(&records, &Config::default());
+    assert!(
+        report.summary().contains("not measured"),
+        "{}",
+        report.summary()
+    );
+    let html = prefixscope::html_report::analysis_page(&report, &report.findings);
+    assert!(html.contains("Loss not measured"), "{html}");
+    assert!(!html.contains("Nothing lost"), "{html}");
+    let measured = analyze(
+        &file_order("llmp/llama.cpp/parallel-nocache.jsonl"),
+        &Config::default(),
+    );
+    let html = prefixscope::html_report::analysis_page(&measured, &measured.findings);
+    assert!(!html.contains("not measured ("), "a measured loss is drawn");
+}
+
+/// The top prefixes are not led by the role markup every request starts with: a prefix under
+/// `MIN_LISTED_PREFIX_TOKENS` is not listed (by count it led with `24× 4 tok`).
+#[test]
+fn the_prefixes_by_count_skip_fragments_of_a_few_tokens() {
+    let records = file_order("llmp/llama.cpp/parallel-nocache.jsonl");
+    let snapshot = engine_of(&records).snapshot();
+    assert!(!snapshot.view.prefixes.is_empty());
+    assert!(
+        snapshot
+            .view
+            .prefixes
+            .iter()
+            .all(|i| i.prefix_tokens >= live::MIN_LISTED_PREFIX_TOKENS),
+        "{:?}",
+        snapshot
+            .view
+            .prefixes
+            .iter()
+            .map(|i| &i.label)
+            .collect::<Vec<_>>()
+    );
+}

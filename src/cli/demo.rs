@@ -101,7 +101,17 @@ pub fn run(args: DemoArgs) -> u8 {
                 for error in &outcome.log.errors {
                     prefixscope_core::stderr_line!("prefixscope: agent error: {error}");
                 }
-                print_stdout(&outcome.report.summary());
+                // The summary `replay` and the TUI end with, fixes and savings included.
+                let recorded: Vec<_> = outcome
+                    .probes
+                    .iter()
+                    .chain(&outcome.records)
+                    .cloned()
+                    .collect();
+                print_stdout(&prefixscope::session::replay::summary_of(
+                    &recorded,
+                    prefixscope_core::analysis::Config::default(),
+                ));
                 prefixscope_core::stdout_line!(
                     "script: {}, {}, {} named by the analysis ({})",
                     plural(outcome.log.requests.len() as u64, "request"),

@@ -342,6 +342,18 @@ fn headless_log(
     Ok(read)
 }
 
+/// The summary a replay of `records` ends with (the live snapshot's: the analysis, the hit rate,
+/// the fixes with their predicted savings), for a run that has its records in hand (`demo`).
+pub fn summary_of(records: &[Record], analysis: Config) -> String {
+    let mut engine = Engine::new(analysis);
+    engine.push(Input::BlockModel(Box::new(FirstPass::of(records))));
+    for record in records {
+        engine.push(Input::Record(Arc::new(record.clone()), 0));
+    }
+    engine.push(Input::SourceDone);
+    prefixscope_core::text::printable(&engine.snapshot().summary()).into_owned()
+}
+
 /// A trace's requests, in start order, and the bad rows skipped (each also described in
 /// `messages`).
 fn read_trace(

@@ -883,6 +883,9 @@ impl Earlier {
     }
 }
 
+/// The shortest prefix the by-count list shows (tokens).
+pub const MIN_LISTED_PREFIX_TOKENS: u64 = 64;
+
 /// Started requests kept for the slot predictions: more than a server has slots for.
 const MAX_STARTING: usize = 64;
 /// Record ids remembered to tell a late start from a request in flight.
@@ -1458,7 +1461,14 @@ impl Engine {
     fn prefixes(&self) -> Vec<PrefixItem> {
         let boards = self.cache.leaderboards(TOP_PREFIXES);
         let mut items: Vec<PrefixItem> = Vec::new();
-        for group in boards.by_count.iter().chain(&boards.by_reusable_tokens) {
+        // By count, the shared role markup every request starts with (2–6 tokens) would lead:
+        // a prefix shorter than this says nothing about what is reused.
+        let listed = boards
+            .by_count
+            .iter()
+            .chain(&boards.by_reusable_tokens)
+            .filter(|g| g.prefix_tokens >= MIN_LISTED_PREFIX_TOKENS);
+        for group in listed {
             let label = format!(
                 "{} tok prefix ({:.0}% of reusable)",
                 thousands(group.prefix_tokens),
