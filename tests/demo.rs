@@ -242,6 +242,22 @@ fn compaction_is_named() {
     let run = demo("compaction", &[]);
     assert_eq!(count(&run.events, EventKind::Compaction), 2);
     assert_named(&run, true);
+    // On screen too: the break pane says compaction, not a history rewrite.
+    let mut engine = prefixscope_core::live::Engine::new(Config::default());
+    for record in &run.records {
+        engine.push(prefixscope_core::live::Input::Record(
+            Arc::new(record.clone()),
+            0,
+        ));
+    }
+    let snapshot = engine.snapshot();
+    let causes: Vec<&str> = snapshot
+        .view
+        .breaks
+        .iter()
+        .map(|b| b.cause.as_str())
+        .collect();
+    assert!(causes.contains(&"compaction"), "{causes:?}");
 }
 
 /// A sliding-window model re-evaluates every prompt once its slot holds more than the window:

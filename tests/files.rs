@@ -221,8 +221,11 @@ fn a_failed_export_leaves_the_existing_file_as_it_was() {
     );
 }
 
+/// The TUI's export never replaces anything: a name that is taken (a symlink, the recording
+/// being read, an earlier export) gets the next free numbered name, and what was there is
+/// left as it was.
 #[test]
-fn the_tui_export_replaces_a_symlink_and_refuses_the_recording() {
+fn the_tui_export_never_replaces_what_is_there() {
     let dir = dir("tui-export");
     let input = dir.join("session.jsonl");
     std::fs::copy(recording("llmp/llama.cpp/session.jsonl"), &input).unwrap();
@@ -240,15 +243,28 @@ fn the_tui_export_replaces_a_symlink_and_refuses_the_recording() {
         )
     };
     let said = export(&out).unwrap();
-    assert!(said.contains("exported"), "{said}");
+    let second = dir.join("prefixscope-mooncake-2.jsonl");
+    assert!(said.contains(&second.display().to_string()), "{said}");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep\n");
-    assert_eq!(mode(&out), 0o600);
+    assert!(
+        std::fs::symlink_metadata(&out)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(mode(&second), 0o600);
+    // The same name again: a third file, the second kept.
+    let kept = std::fs::read(&second).unwrap();
+    let said = export(&out).unwrap();
+    assert!(said.contains("prefixscope-mooncake-3.jsonl"), "{said}");
+    assert_eq!(std::fs::read(&second).unwrap(), kept);
+    // The recording being read (or a hard link to it) is never written over.
     let hard = dir.join("hard.jsonl");
     std::fs::hard_link(&input, &hard).unwrap();
     let original = std::fs::read(&input).unwrap();
     for path in [&input, &hard] {
-        let error = export(path).unwrap_err();
-        assert!(error.contains("is one of the inputs"), "{error}");
+        let said = export(path).unwrap();
+        assert!(said.contains("-2.jsonl"), "{said}");
     }
     assert_eq!(std::fs::read(&input).unwrap(), original);
     assert!(temporaries(&dir).is_empty());

@@ -161,6 +161,24 @@ pub fn export_files(files: &[PathBuf], to: &str, path: &str) -> Result<String, S
     export_files_salted(files, to, path, &salt_path)
 }
 
+/// Numbered names an export tries after the one asked for.
+const MAX_NAME_TRIES: u32 = 1_000;
+
+/// `path` if nothing is there, else `NAME-2.EXT`, `NAME-3.EXT`… (`None` past the tries).
+fn free_name(path: &Path) -> Option<PathBuf> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Some(path.to_path_buf());
+    }
+    let stem = path.file_stem()?.to_string_lossy().into_owned();
+    let extension = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    (2..=MAX_NAME_TRIES + 1)
+        .map(|n| path.with_file_name(format!("{stem}-{n}{extension}")))
+        .find(|candidate| std::fs::symlink_metadata(candidate).is_err())
+}
+
 /// [`export_files`] with the salt file given.
 pub fn export_files_salted(
     files: &[PathBuf],
@@ -168,10 +186,18 @@ pub fn export_files_salted(
     path: &str,
     salt_path: &Path,
 ) -> Result<String, String> {
-    let path = Path::new(path.trim());
-    if path.as_os_str().is_empty() {
+    let asked = Path::new(path.trim());
+    if asked.as_os_str().is_empty() {
         return Err("no file name".into());
     }
+    // An export never replaces a file: a second `e` with the same name gets the next free one.
+    let free = free_name(asked).ok_or_else(|| {
+        format!(
+            "{} and its next {MAX_NAME_TRIES} numbered names exist",
+            asked.display()
+        )
+    })?;
+    let path = free.as_path();
     let target = Target::parse(to).ok_or_else(|| format!("unknown format {to:?}"))?;
     let salt = load_or_create_salt(salt_path)?.salt;
     let block_size = target.default_block_size().unwrap_or(16);

@@ -450,7 +450,12 @@ impl View {
                 alias: aliases.of(&r.client),
                 conversation: r.conversation,
                 turn: r.turn,
-                cause: cause_label(cause).to_string(),
+                // A harness's compaction rewrites the history on purpose: named as such.
+                cause: if r.compaction && cause.starts_with("history_") {
+                    "compaction".to_string()
+                } else {
+                    cause_label(cause).to_string()
+                },
                 tokens: loss.map_or(0, |(l, _)| l.tokens),
                 ms: loss.and_then(|(_, ms)| ms.map(|m| m.value)),
                 measured: r.loss_measured,
