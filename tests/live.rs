@@ -937,3 +937,27 @@ fn the_prefixes_by_count_skip_fragments_of_a_few_tokens() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Every list pages and every view takes `s`: PgDn, PgUp, Home and End move the findings list
+/// (they did nothing), and `s` inside a view writes the snapshot (it did nothing, silently).
+#[test]
+fn the_findings_list_pages_and_s_works_inside_a_view() {
+    let (mut app, _) = app_on("llmp/llama.cpp/parallel-nocache.jsonl");
+    key(&mut app, KeyCode::Char('f'));
+    let len = app.advice_len();
+    assert!(len > 1, "{len}");
+    let selected = |app: &App| match &app.dialog {
+        Some(Dialog::Findings { selected }) => *selected,
+        _ => panic!("not the findings view"),
+    };
+    key(&mut app, KeyCode::End);
+    assert_eq!(selected(&app), len - 1);
+    key(&mut app, KeyCode::PageUp);
+    assert_eq!(selected(&app), (len - 1).saturating_sub(10));
+    key(&mut app, KeyCode::Home);
+    assert_eq!(selected(&app), 0);
+    key(&mut app, KeyCode::PageDown);
+    assert_eq!(selected(&app), 10.min(len - 1));
+    assert_eq!(key(&mut app, KeyCode::Char('s')), Action::Snapshot);
+    assert_eq!(selected(&app), 10.min(len - 1), "s keeps the view open");
+}

@@ -450,10 +450,14 @@ impl App {
             }
             Dialog::Findings { selected } => match code {
                 _ if back => return Some(self.go_back()),
-                KeyCode::Down | KeyCode::Char('j') => {
-                    *selected = (*selected + 1).min(advice_len.saturating_sub(1))
-                }
-                KeyCode::Up | KeyCode::Char('k') => *selected = selected.saturating_sub(1),
+                KeyCode::Down
+                | KeyCode::Char('j')
+                | KeyCode::Up
+                | KeyCode::Char('k')
+                | KeyCode::PageDown
+                | KeyCode::PageUp
+                | KeyCode::Home
+                | KeyCode::End => *selected = moved_in_list(*selected, advice_len, code),
                 KeyCode::Enter | KeyCode::Right => {
                     let index = *selected;
                     if rows_of(self, index) > 0 {
@@ -466,10 +470,14 @@ impl App {
                 let (index, len) = (*index, rows_len);
                 match code {
                     _ if back => return Some(self.go_back()),
-                    KeyCode::Down | KeyCode::Char('j') => {
-                        *selected = (*selected + 1).min(len.saturating_sub(1))
-                    }
-                    KeyCode::Up | KeyCode::Char('k') => *selected = selected.saturating_sub(1),
+                    KeyCode::Down
+                    | KeyCode::Char('j')
+                    | KeyCode::Up
+                    | KeyCode::Char('k')
+                    | KeyCode::PageDown
+                    | KeyCode::PageUp
+                    | KeyCode::Home
+                    | KeyCode::End => *selected = moved_in_list(*selected, len, code),
                     KeyCode::Enter | KeyCode::Right => {
                         let row = self
                             .snapshot
@@ -576,6 +584,10 @@ impl App {
                     if key.code == KeyCode::Char('?') {
                         self.open(Dialog::Help { scroll: 0 });
                         return Action::Redraw;
+                    }
+                    if key.code == KeyCode::Char('s') {
+                        // The snapshot is of everything, whichever view is open.
+                        return Action::Snapshot;
                     }
                     if key.code == KeyCode::Char('o') {
                         // The view's whole text to a file, to read or copy outside.
@@ -825,5 +837,19 @@ pub fn default_export_name(format: &str) -> String {
             format!("prefixscope-{format}.jsonl")
         }
         other => format!("prefixscope-{other}"),
+    }
+}
+
+/// A list's selection after a key: one step, a page of 10, or an end (`len` entries).
+fn moved_in_list(selected: usize, len: usize, code: KeyCode) -> usize {
+    let last = len.saturating_sub(1);
+    match code {
+        KeyCode::Down | KeyCode::Char('j') => (selected + 1).min(last),
+        KeyCode::Up | KeyCode::Char('k') => selected.saturating_sub(1),
+        KeyCode::PageDown => (selected + 10).min(last),
+        KeyCode::PageUp => selected.saturating_sub(10),
+        KeyCode::Home => 0,
+        KeyCode::End => last,
+        _ => selected,
     }
 }
