@@ -961,3 +961,28 @@ fn the_findings_list_pages_and_s_works_inside_a_view() {
     assert_eq!(key(&mut app, KeyCode::Char('s')), Action::Snapshot);
     assert_eq!(selected(&app), 10.min(len - 1), "s keeps the view open");
 }
+
+/// `/` searches what the requests sent: a word found only in user messages keeps exactly the
+/// requests whose messages hold it (it matched client, model and break excerpts only, 1 of 15
+/// requests that said "Monday" on a real session).
+#[test]
+fn the_filter_searches_the_message_text() {
+    let records = file_order("llmp/llama.cpp/parallel-nocache.jsonl");
+    let word = "Reviewer";
+    let holding = records
+        .iter()
+        .filter(|r| {
+            r.request.body.as_ref().is_some_and(|b| {
+                b["messages"]
+                    .to_string()
+                    .to_lowercase()
+                    .contains(&word.to_lowercase())
+            })
+        })
+        .count();
+    assert!(holding > 0 && holding < records.len(), "{holding}");
+    let mut engine = engine_of(&records);
+    engine.push(Input::Command(Command::Filter(word.into())));
+    let snapshot = engine.snapshot();
+    assert_eq!(snapshot.view.header.records, holding as u64);
+}

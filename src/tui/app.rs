@@ -508,7 +508,7 @@ impl App {
                         self.status = Some(if self.filter.is_empty() {
                             "filter cleared".into()
                         } else {
-                            format!("filter: {}", self.filter)
+                            format!("filter: {} (names and message text)", self.filter)
                         });
                         return Action::Engine(Command::Filter(self.filter.clone()));
                     }

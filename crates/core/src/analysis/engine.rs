@@ -647,6 +647,31 @@ impl Analyzer {
         }
     }
 
+    /// The ids of the exchanges one of whose messages contains `needle` (any case): `/` in the
+    /// TUI searches the text the requests sent, not only the break excerpts the rows keep. Each
+    /// distinct message is read once.
+    pub fn ids_with_text(&self, needle: &str) -> std::collections::HashSet<u64> {
+        let needle = needle.trim().to_lowercase();
+        let mut found = std::collections::HashSet::new();
+        if needle.is_empty() {
+            return found;
+        }
+        let mut seen: HashMap<*const Msg, bool> = HashMap::new();
+        for x in &self.xs {
+            let hit = x.messages.iter().any(|m| {
+                *seen.entry(Arc::as_ptr(m)).or_insert_with(|| {
+                    m.text
+                        .as_deref()
+                        .is_some_and(|t| t.to_lowercase().contains(&needle))
+                })
+            });
+            if hit {
+                found.insert(x.id);
+            }
+        }
+        found
+    }
+
     /// The derived rows, as the last report labelled them; their losses are not priced (a
     /// report prices them, see `SharedRow`).
     pub fn rows(&self) -> &[Arc<Row>] {

@@ -1236,7 +1236,9 @@ impl Engine {
     pub fn snapshot(&mut self) -> Snapshot {
         self.generation += 1;
         let report = self.analyzer.live_report();
-        let mut view = View::build(&report, &self.filter);
+        let with_text =
+            (!self.filter.trim().is_empty()).then(|| self.analyzer.ids_with_text(&self.filter));
+        let mut view = View::build_with_text(&report, &self.filter, with_text.as_ref());
         view.curve = self.curve();
         view.prefixes = self.prefixes();
         let asked = self.advice || self.capacity || self.source_done;

@@ -256,7 +256,8 @@ pub const MAX_BREAKS_SHOWN: usize = 1_000;
 /// Tokens, milliseconds (if measured) and tokens by cause, of one client.
 type LossTally<'a> = (u64, Option<f64>, Vec<(&'a str, u64)>);
 
-/// Does a row pass the filter (client, model, conversation `c3`, or text of its break)?
+/// Does a row pass the filter by what it keeps (client, model, conversation `c3`, or text of
+/// its break)? The live engine adds the rows whose messages contain it.
 pub fn matches(row: &Row, filter: &str) -> bool {
     let filter = filter.trim().to_lowercase();
     if filter.is_empty() {
@@ -290,12 +291,26 @@ pub fn matches(row: &Row, filter: &str) -> bool {
 impl View {
     /// Borrows the report's rows (no copy of a hundred thousand rows per snapshot).
     pub fn build<R: Priced>(report: &Report<R>, filter: &str) -> View {
+        View::build_with_text(report, filter, None)
+    }
+
+    /// `build`, with the filter also passing the rows in `with_text` (the exchanges whose
+    /// messages contain it, `Analyzer::ids_with_text`).
+    pub fn build_with_text<R: Priced>(
+        report: &Report<R>,
+        filter: &str,
+        with_text: Option<&std::collections::HashSet<u64>>,
+    ) -> View {
         let filtered = !filter.trim().is_empty();
         let rows: Vec<Rated> = report
             .rows
             .iter()
             .map(Priced::rated)
-            .filter(|r| !filtered || matches(r, filter))
+            .filter(|r| {
+                !filtered
+                    || matches(r, filter)
+                    || with_text.is_some_and(|ids| ids.contains(&r.row().id))
+            })
             .collect();
         let header = if filtered {
             // The report's totals, worked out again over the matching rows only, so the header
