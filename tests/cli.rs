@@ -847,7 +847,18 @@ fn an_upstream_with_userinfo_is_refused_without_repeating_it() {
 /// before the limits on values: 1.07 GB on one such request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_survives_a_request_of_tiny_values_and_serves_the_next() {
-    let upstream = slow_upstream(Duration::ZERO).await;
+    // An upstream that reads the whole body before it answers (one that answers first may
+    // close while the proxy still sends 30 MiB, and the client gets a 502).
+    let upstream = fake_upstream(handler(
+        |request: hyper::Request<hyper::body::Incoming>| async move {
+            let _ = request.into_body().collect().await;
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(full(r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"done"}}],"usage":{"prompt_tokens":10}}"#))
+                .unwrap()
+        },
+    ))
+    .await;
     let port = free_port();
     let out = temp_file("tiny-values-watch.jsonl");
     let child = Command::new(BIN)
@@ -888,9 +899,11 @@ async fn watch_survives_a_request_of_tiny_values_and_serves_the_next() {
     let mut tiny = br#"{"model":"m","messages":["#.to_vec();
     tiny.extend(std::iter::repeat_n(*b"0,", 15 << 20).flatten());
     tiny.extend(b"0]}");
-    assert!(post(tiny).await.starts_with("HTTP/1.1 200"));
+    let answer = post(tiny).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let next = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_vec();
-    assert!(post(next).await.starts_with("HTTP/1.1 200"));
+    let answer = post(next).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let peak = peak_rss_kb(child.id());
     interrupt(&child);
