@@ -877,32 +877,14 @@ async fn watch_survives_a_request_of_tiny_values_and_serves_the_next() {
         .spawn()
         .unwrap();
     wait_listening(port).await;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let post = |body: Vec<u8>| async move {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).await.unwrap();
-        stream.write_all(&body).await.unwrap();
-        let mut got = Vec::new();
-        let _ = stream.read_to_end(&mut got).await;
-        String::from_utf8_lossy(&got)
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .to_string()
-    };
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut tiny = br#"{"model":"m","messages":["#.to_vec();
     tiny.extend(std::iter::repeat_n(*b"0,", 15 << 20).flatten());
     tiny.extend(b"0]}");
-    let answer = post(tiny).await;
+    let answer = post_raw(addr, &tiny).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let next = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#.to_vec();
-    let answer = post(next).await;
+    let answer = post_raw(addr, &next).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let peak = peak_rss_kb(child.id());

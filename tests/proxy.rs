@@ -1776,23 +1776,6 @@ async fn holding_upstream(
     .await
 }
 
-/// Sends one POST with `bytes` of body and returns the answer's status line.
-async fn post_body(addr: std::net::SocketAddr, bytes: usize) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {bytes}\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(&vec![b' '; bytes]).await.unwrap();
-    let mut got = Vec::new();
-    let _ = stream.read_to_end(&mut got).await;
-    String::from_utf8_lossy(&got)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// The request bodies held at once stay within the body budget: with room for one 600 KiB
 /// body, three sent together are read one at a time (each waits for the room the one before
 /// gives back when its exchange ends), and all are answered.
@@ -1809,7 +1792,7 @@ async fn request_bodies_wait_for_room_in_the_body_budget() {
     let proxy = start_proxy(upstream, "body-budget-wait", options).await;
     let addr = proxy.addr;
     let sends: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(post_body(addr, 600 << 10)))
+        .map(|_| tokio::spawn(async move { post_raw(addr, &vec![b' '; 600 << 10]).await }))
         .collect();
     for send in sends {
         let status = send.await.unwrap();
@@ -1834,12 +1817,12 @@ async fn a_request_with_no_room_in_the_body_budget_is_answered_503() {
     };
     let proxy = start_proxy(upstream, "body-budget-full", options).await;
     let addr = proxy.addr;
-    let first = tokio::spawn(post_body(addr, 600 << 10));
+    let first = tokio::spawn(async move { post_raw(addr, &vec![b' '; 600 << 10]).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let second = post_body(addr, 600 << 10).await;
+    let second = post_raw(addr, &vec![b' '; 600 << 10]).await;
     assert!(second.starts_with("HTTP/1.1 503"), "{second}");
     // A small body still fits beside the first.
-    let small = post_body(addr, 1_000).await;
+    let small = post_raw(addr, &vec![b' '; 1_000]).await;
     assert!(small.starts_with("HTTP/1.1 200"), "{small}");
     assert!(first.await.unwrap().starts_with("HTTP/1.1 200"));
     assert_eq!(

@@ -450,14 +450,7 @@ impl App {
             }
             Dialog::Findings { selected } => match code {
                 _ if back => return Some(self.go_back()),
-                KeyCode::Down
-                | KeyCode::Char('j')
-                | KeyCode::Up
-                | KeyCode::Char('k')
-                | KeyCode::PageDown
-                | KeyCode::PageUp
-                | KeyCode::Home
-                | KeyCode::End => *selected = moved_in_list(*selected, advice_len, code),
+                _ if moves_in_list(code) => *selected = moved_in_list(*selected, advice_len, code),
                 KeyCode::Enter | KeyCode::Right => {
                     let index = *selected;
                     if rows_of(self, index) > 0 {
@@ -470,14 +463,7 @@ impl App {
                 let (index, len) = (*index, rows_len);
                 match code {
                     _ if back => return Some(self.go_back()),
-                    KeyCode::Down
-                    | KeyCode::Char('j')
-                    | KeyCode::Up
-                    | KeyCode::Char('k')
-                    | KeyCode::PageDown
-                    | KeyCode::PageUp
-                    | KeyCode::Home
-                    | KeyCode::End => *selected = moved_in_list(*selected, len, code),
+                    _ if moves_in_list(code) => *selected = moved_in_list(*selected, len, code),
                     KeyCode::Enter | KeyCode::Right => {
                         let row = self
                             .snapshot
@@ -838,6 +824,21 @@ pub fn default_export_name(format: &str) -> String {
         }
         other => format!("prefixscope-{other}"),
     }
+}
+
+/// The keys that move a list's selection (`moved_in_list`).
+fn moves_in_list(code: KeyCode) -> bool {
+    matches!(
+        code,
+        KeyCode::Down
+            | KeyCode::Char('j')
+            | KeyCode::Up
+            | KeyCode::Char('k')
+            | KeyCode::PageDown
+            | KeyCode::PageUp
+            | KeyCode::Home
+            | KeyCode::End
+    )
 }
 
 /// A list's selection after a key: one step, a page of 10, or an end (`len` entries).

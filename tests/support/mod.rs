@@ -343,3 +343,23 @@ pub async fn read_message(
         }
     }
 }
+
+/// Sends one `POST /v1/chat/completions` of `body` on a connection of its own (closed after)
+/// and returns the answer's status line.
+pub async fn post_raw(addr: SocketAddr, body: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    let mut got = Vec::new();
+    let _ = stream.read_to_end(&mut got).await;
+    String::from_utf8_lossy(&got)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
