@@ -689,26 +689,32 @@ fn the_reuse_predicted_at_a_requests_start_is_what_the_server_reports() {
     }
 }
 
+/// `records` `copies` times, each copy an hour after the one before, with new ids.
+fn hourly_copies(records: &[Record], copies: u64) -> Vec<Record> {
+    (0..copies)
+        .flat_map(|round| {
+            let shift = round as i64 * 3_600_000;
+            records.iter().map(move |record| {
+                let mut record = record.clone();
+                record.id += round * 10_000;
+                record.t_start_ms += shift;
+                record.t_end_ms += shift;
+                if let Some(t) = record.t_first_byte_ms.as_mut() {
+                    *t += shift;
+                }
+                record
+            })
+        })
+        .collect()
+}
+
 /// Past its memory budget the live analysis starts again: what it holds stays near the budget,
 /// the panes equal `analyze` of the records since the last restart, and every output says how
 /// many records it dropped and what they lost (the summary, the `s` JSON, `replay --headless`).
 #[test]
 fn past_its_memory_budget_the_live_analysis_starts_again_and_says_what_it_dropped() {
-    let name = "llmp/llama.cpp/parallel-nocache.jsonl";
-    let one = file_order(name);
-    let mut records = Vec::new();
-    for round in 0..6u64 {
-        for record in &one {
-            let mut record = record.clone();
-            record.id += round * 10_000;
-            record.t_start_ms += round as i64 * 3_600_000;
-            record.t_end_ms += round as i64 * 3_600_000;
-            if let Some(t) = record.t_first_byte_ms.as_mut() {
-                *t += round as i64 * 3_600_000;
-            }
-            records.push(record);
-        }
-    }
+    let one = file_order("llmp/llama.cpp/parallel-nocache.jsonl");
+    let records = hourly_copies(&one, 6);
     let budget = 64 << 10;
     let mut engine = Engine::new(Config {
         memory_budget: budget,
@@ -754,22 +760,10 @@ fn past_its_memory_budget_the_live_analysis_starts_again_and_says_what_it_droppe
     // The same traffic 60 times over (1,440 records) past a budget of 1 MiB, through the CLI.
     let file =
         std::env::temp_dir().join(format!("prefixscope-budget-{}.jsonl", std::process::id()));
-    let mut text = String::new();
-    for round in 0..60u64 {
-        for record in &one {
-            let mut record = record.clone();
-            record.id += round * 10_000;
-            let shift = round as i64 * 3_600_000;
-            record.t_start_ms += shift;
-            record.t_end_ms += shift;
-            if let Some(t) = record.t_first_byte_ms.as_mut() {
-                *t += shift;
-            }
-            text.push_str(
-                &String::from_utf8(prefixscope_core::record::record_line(&record)).unwrap(),
-            );
-        }
-    }
+    let text: String = hourly_copies(&one, 60)
+        .iter()
+        .map(|r| String::from_utf8(prefixscope_core::record::record_line(r)).unwrap())
+        .collect();
     std::fs::write(&file, text).unwrap();
     let out = std::process::Command::new(BIN)
         .args([

@@ -165,6 +165,20 @@ mod tests {
     use crate::metrics::tests::real_recording;
     use prefixscope_core::analysis::analyze;
 
+    /// The real recording's traffic five times over, with new ids.
+    fn five_times_over() -> Vec<Record> {
+        let one: Vec<Record> = real_recording().into_iter().filter(|r| !r.probe).collect();
+        (0..5u64)
+            .flat_map(|round| {
+                one.iter().map(move |record| {
+                    let mut record = record.clone();
+                    record.id += round * 10_000;
+                    record
+                })
+            })
+            .collect()
+    }
+
     fn windowed(records: &[Record], window: usize) -> Figures {
         let mut windowed = Windowed::new(Config::default(), window);
         for (i, record) in records.iter().enumerate() {
@@ -186,15 +200,7 @@ mod tests {
     #[test]
     fn closed_windows_add_up_to_the_analyses_of_their_records() {
         // The recording's traffic five times over (new ids), in windows of 100 records.
-        let one: Vec<Record> = real_recording().into_iter().filter(|r| !r.probe).collect();
-        let mut records = Vec::new();
-        for round in 0..5u64 {
-            for record in &one {
-                let mut record = record.clone();
-                record.id += round * 10_000;
-                records.push(record);
-            }
-        }
+        let records = five_times_over();
         let figures = windowed(&records, MIN_WINDOW);
         let mut expected = Totals::default();
         for chunk in records.chunks(MIN_WINDOW) {
@@ -214,15 +220,7 @@ mod tests {
     /// windows still add up to the analyses of their records.
     #[test]
     fn a_window_closes_at_the_memory_budget() {
-        let one: Vec<Record> = real_recording().into_iter().filter(|r| !r.probe).collect();
-        let mut records = Vec::new();
-        for round in 0..5u64 {
-            for record in &one {
-                let mut record = record.clone();
-                record.id += round * 10_000;
-                records.push(record);
-            }
-        }
+        let records = five_times_over();
         let config = Config {
             memory_budget: 64 << 10,
             ..Config::default()
