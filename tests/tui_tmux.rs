@@ -547,13 +547,22 @@ fn pausing_a_replay_stops_reading_and_dot_steps_one_record() {
         held,
         "reading went on while paused:\n{screen}"
     );
+    // `.` and `]` read at once, not at the recorded pace (ten records span seconds here).
+    let stepped = Instant::now();
     tmux.keys(&["."]);
     let screen = tmux.wait_until("one more record", |s| count(s) == held + 1);
     assert!(screen.contains("REPLAY PAUSED"), "{screen}");
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(count(&tmux.screen()), held + 1);
+    let stepped_ten = Instant::now();
     tmux.keys(&["]"]);
     tmux.wait_until("ten more records", |s| count(s) == held + 11);
+    assert!(
+        stepped_ten.elapsed() < Duration::from_secs(2),
+        "] took {:?}",
+        stepped_ten.elapsed()
+    );
+    assert!(stepped.elapsed() < Duration::from_secs(4));
     // `g` seeks forward: it reads on to that record at once and holds there.
     let mut at = held + 11;
     if held + 12 < 24 {
@@ -649,4 +658,73 @@ fn watch_shuts_down_as_q_does_when_its_terminal_disappears() {
     let records = prefixscope_core::record::read_jsonl(recording.as_bytes()).records;
     assert_eq!(records.len(), 1, "{recording}");
     assert_eq!(records[0].response.as_ref().map(|r| r.status), Some(200));
+}
+
+/// The answer first, at the two sizes people use: on a real recording in a real terminal, the
+/// header's totals, the server's reuse and the ceiling, every break's cause and cost on screen,
+/// every client's suffered and caused figures and the key bar are there whole, never cut by `…`.
+#[test]
+fn the_answer_is_readable_in_full_at_120x40_and_80x24() {
+    use prefixscope_core::analysis::Config;
+    use prefixscope_core::live::view::{duration, tokens};
+    use prefixscope_core::live::{Engine, Input};
+    use prefixscope_core::record::read_jsonl;
+    use std::sync::Arc;
+    if !have_tmux() {
+        return;
+    }
+    let file = recording("llmp/llama.cpp/parallel-nocache.jsonl");
+    let mut records = read_jsonl(std::fs::read(&file).unwrap().as_slice()).records;
+    records.sort_by_key(|r| (r.t_end_ms.max(r.t_start_ms), r.id));
+    let mut engine = Engine::for_records(Config::default(), &records);
+    for record in records {
+        engine.push(Input::Record(Arc::new(record), 0));
+    }
+    engine.push(Input::SourceDone);
+    let snapshot = engine.snapshot();
+    let view = &snapshot.view;
+    for (width, height, breaks_shown) in [(120u16, 40u16, 10usize), (80, 24, 5)] {
+        let command = format!("{BIN} replay --instant {file}; sleep 60");
+        let tmux = Tmux::start_sized(&format!("readable-{width}"), &command, width, height);
+        let screen = tmux.wait_for(&["done"]);
+        let lines: Vec<&str> = screen.lines().collect();
+        let whole = |text: &str| {
+            assert!(
+                screen.contains(text),
+                "{width}×{height}: {text:?} is not whole on\n{screen}"
+            )
+        };
+        whole(" prefixscope · lost 8,604 tokens, 2.3 s (76% of prefill)");
+        whole("server 0.0%");
+        whole("ceiling 74.8%");
+        for b in view.breaks.iter().take(breaks_shown) {
+            let ms =
+                b.ms.map_or(String::new(), |ms| format!(", {}", duration(ms)));
+            whole(&format!(
+                "{}: {} tok{ms} · c{} t{}",
+                b.cause,
+                tokens(u64::from(b.tokens)),
+                b.conversation.unwrap(),
+                b.turn.unwrap()
+            ));
+        }
+        for client in &view.losses {
+            let figures = format!(
+                "{:>8} {:>8}",
+                tokens(client.tokens),
+                tokens(client.caused_tokens)
+            );
+            assert!(
+                lines.iter().any(|l| l.contains(&figures)),
+                "{width}×{height}: {} {figures:?} is not whole on\n{screen}",
+                client.alias
+            );
+        }
+        let keys = lines.iter().rev().find(|l| !l.trim().is_empty()).unwrap();
+        assert!(
+            keys.contains("? help") && keys.contains("q quit") && !keys.contains('…'),
+            "{width}×{height}: the key bar {keys:?}"
+        );
+        tmux.keys(&["q"]);
+    }
 }

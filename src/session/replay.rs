@@ -84,7 +84,6 @@ impl Replay {
             paced: !config.instant,
             files: config.files.clone(),
             paused: AtomicBool::new(false),
-            steps: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             last_due_ms: AtomicI64::new(NOTHING_SENT),
             seek_records: AtomicU64::new(0),
@@ -487,9 +486,8 @@ pub struct Pacer {
     paced: bool,
     /// What the `e` key exports (read again from disk).
     pub files: Vec<PathBuf>,
-    /// Feeding held (the TUI's `p` in a replay); `steps` records may still go, one per `.`.
+    /// Feeding held (the TUI's `p` in a replay); `.` and `]` read on as a seek does.
     paused: AtomicBool,
-    steps: AtomicU64,
     /// Records (or requests) sent so far, and the recorded time of the latest.
     sent: AtomicU64,
     last_due_ms: AtomicI64,
@@ -588,13 +586,6 @@ impl Pacer {
             && !self.stop.load(Ordering::Relaxed)
             && !self.seek_asked()
         {
-            if self
-                .steps
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                return held;
-            }
             held = true;
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -634,13 +625,16 @@ impl Pacer {
 
     /// Holds feeding (`true`) or lets it go on.
     pub fn pause(&self, paused: bool) {
-        self.steps.store(0, Ordering::Relaxed);
         self.paused.store(paused, Ordering::Relaxed);
     }
 
-    /// While paused: one more record.
-    pub fn step(&self) {
-        self.steps.fetch_add(1, Ordering::Relaxed);
+    /// While paused: `records` more at once, unpaced (a seek that many records on, added to
+    /// any still under way), then held again.
+    pub fn step(&self, records: u64) {
+        let from = self.seek_records.load(Ordering::Relaxed).max(self.sent());
+        self.paused.store(true, Ordering::Relaxed);
+        self.seek_records
+            .store(from.saturating_add(records), Ordering::Relaxed);
     }
 
     /// Records (or requests) sent to the engine so far.
@@ -664,7 +658,6 @@ impl Pacer {
                 ));
             }
             Seek::Record(n) => {
-                self.steps.store(0, Ordering::Relaxed);
                 self.paused.store(true, Ordering::Relaxed);
                 self.seek_records.store(n, Ordering::Relaxed);
                 return Ok(format!("reading on to record {n}, then paused"));
@@ -682,7 +675,6 @@ impl Pacer {
                 clock(last)
             ));
         }
-        self.steps.store(0, Ordering::Relaxed);
         self.paused.store(true, Ordering::Relaxed);
         self.seek_until_ms.store(until, Ordering::Relaxed);
         Ok(format!(
@@ -706,8 +698,8 @@ impl crate::tui::Control for Pacer {
         true
     }
 
-    fn step_source(&self) {
-        Pacer::step(self);
+    fn step_source(&self, records: u64) {
+        Pacer::step(self, records);
     }
 
     fn seek_source(&self, to: Seek) -> Result<String, String> {

@@ -68,8 +68,8 @@ impl Control for WithEngine<'_> {
     fn pause_source(&self, paused: bool) -> bool {
         self.edge.pause_source(paused)
     }
-    fn step_source(&self) {
-        self.edge.step_source();
+    fn step_source(&self, records: u64) {
+        self.edge.step_source(records);
     }
     fn seek_source(&self, to: crate::tui::Seek) -> Result<String, String> {
         self.edge.seek_source(to)

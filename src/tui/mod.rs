@@ -58,8 +58,8 @@ pub trait Control {
     fn pause_source(&self, _paused: bool) -> bool {
         false
     }
-    /// While the source is held: one more record.
-    fn step_source(&self) {}
+    /// While the source is held: `records` more, at once.
+    fn step_source(&self, _records: u64) {}
     /// Reads on to `to` and holds there (a replay); what to say, or why not.
     fn seek_source(&self, _to: Seek) -> Result<String, String> {
         Err("seek applies to replays".into())
@@ -188,11 +188,9 @@ pub fn run<B: Backend>(
                 }
                 Action::Step(records) => {
                     if app.source_paused {
-                        for _ in 0..records {
-                            control.step_source();
-                        }
+                        control.step_source(records);
                         app.status = Some(format!(
-                            "{} read; p resumes",
+                            "reading {} at once; p resumes",
                             prefixscope_core::units::plural(records, "record")
                         ));
                     }
