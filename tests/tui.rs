@@ -1584,12 +1584,13 @@ fn a_click_on_a_cell_selects_that_turn() {
             modifiers: KeyModifiers::NONE,
         })
     };
-    // Lane c2 is the second (row 3); its cells start after the name (13), `c2  ` and `‹`.
+    // Lane c2 is the second (row 4, under the column headers); its cells start after the name
+    // (13), `c2  ` and `‹`.
     let opened = screen(
         "llmp/llama.cpp/parallel-nocache",
         120,
         40,
-        &[click(1 + 20 + 2, 3), special(KeyCode::Enter)],
+        &[click(1 + 20 + 2, 4), special(KeyCode::Enter)],
     );
     assert!(opened.contains("c2 turn 3"), "{opened}");
 }

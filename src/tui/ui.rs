@@ -5,7 +5,9 @@
 //! ├ Conversations ────────────────────────┬ Prefix breaks ──────────────────────┤
 //! │ client  c1 ■■■■×■■  evicted by #9 …   │ 12:01:03 client c1 t4 system prompt │
 //! ├ Loss per client ──────┬ Hit rate by capacity ───┬ Top prefixes ─────────────┤
-//! └ status: requests · req/s · written · bad lines · upstream · PAUSED · keys ──┘
+//! └ Loss per client ──────┴ Hit rate by capacity ───┴ Top prefixes ─────────────┘
+//!  status: PAUSED · requests · req/s · written · bad lines · upstream │ what a key did
+//!  keys: the focused pane's, then help and quit, then the rest, whole keys only
 //! ```
 
 use ratatui::Frame;
@@ -26,6 +28,7 @@ pub struct Areas {
     pub header: Rect,
     pub panes: [(Pane, Rect); 5],
     pub status: Rect,
+    pub keys: Rect,
 }
 
 pub fn areas(area: Rect) -> Areas {
@@ -34,9 +37,10 @@ pub fn areas(area: Rect) -> Areas {
 
 /// The layout, or with `zoom` that pane over the whole body (the others get no room).
 pub fn areas_zoomed(area: Rect, zoom: Option<Pane>) -> Areas {
-    let [header, body, status] = Layout::vertical([
+    let [header, body, status, keys] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(0),
+        Constraint::Length(1),
         Constraint::Length(1),
     ])
     .areas(area);
@@ -44,10 +48,10 @@ pub fn areas_zoomed(area: Rect, zoom: Option<Pane>) -> Areas {
         Layout::vertical([Constraint::Percentage(62), Constraint::Percentage(38)]).areas(body);
     // The breaks carry the most text (cause, cost, whose, what changed): they get the room.
     let [conversations, breaks] =
-        Layout::horizontal([Constraint::Percentage(44), Constraint::Percentage(56)]).areas(top);
+        Layout::horizontal([Constraint::Percentage(42), Constraint::Percentage(58)]).areas(top);
     let [losses, hit_rate, prefixes] = Layout::horizontal([
-        Constraint::Percentage(36),
-        Constraint::Percentage(32),
+        Constraint::Percentage(37),
+        Constraint::Percentage(31),
         Constraint::Percentage(32),
     ])
     .areas(bottom);
@@ -58,6 +62,7 @@ pub fn areas_zoomed(area: Rect, zoom: Option<Pane>) -> Areas {
             header,
             panes: Pane::ALL.map(|p| (p, at(p))),
             status,
+            keys,
         };
     }
     Areas {
@@ -70,6 +75,7 @@ pub fn areas_zoomed(area: Rect, zoom: Option<Pane>) -> Areas {
             (Pane::Prefixes, prefixes),
         ],
         status,
+        keys,
     }
 }
 
@@ -158,6 +164,10 @@ pub fn draw(frame: &mut Frame, app: &App, theme: &Theme) {
     frame.render_widget(
         Paragraph::new(panes::status::status_line(app, theme)),
         areas.status,
+    );
+    frame.render_widget(
+        Paragraph::new(panes::status::key_bar(app, theme)),
+        areas.keys,
     );
     panes::dialogs::draw(frame, area, app, theme);
 }

@@ -39,8 +39,9 @@ pub fn draw(
             None if !b.measured => "loss not measured".into(),
             None => "no loss".into(),
         };
-        // Cause and cost first, then whose and where; the time only where it fits whole.
-        let mut head = format!("{}: {cost} · {} {place}", b.cause, b.alias);
+        // Cause and cost first, then where and whose (the name is what a narrow pane cuts),
+        // the time only where it fits whole.
+        let mut head = format!("{}: {cost} · {place} {}", b.cause, b.alias);
         let time = format!(" · {}", clock(b.t_start_ms));
         if head.chars().count() + time.chars().count() <= width {
             head.push_str(&time);

@@ -10,7 +10,7 @@ use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use super::fit;
+use super::{fit, fit_name};
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
 use crate::tui::ui::{empty, line_style, window};
@@ -66,7 +66,7 @@ fn name_width(lanes: &[Lane], width: usize) -> usize {
         .map(|l| l.alias.chars().count())
         .max()
         .unwrap_or(0)
-        .min(width * 2 / 5)
+        .min(width / 3)
         .max(6)
 }
 
@@ -85,7 +85,7 @@ fn lane_window(
     let room = width.saturating_sub(client_width + 6 + 1 + 1);
     let cells_room = room
         .min(lane.cells.len())
-        .min(room.saturating_sub(24).max(room / 2));
+        .min(room.saturating_sub(24).max(room * 3 / 4));
     cells_window(lane.cells.len(), cursor, cells_room)
 }
 
@@ -96,9 +96,10 @@ pub fn cell_at(app: &App, area: Rect, column: u16, row: u16) -> Option<(usize, O
     if column < area.x || row < area.y || column >= area.x + area.width {
         return None;
     }
-    let height = (area.height as usize).saturating_sub(usize::from(area.height >= 3));
+    let header = usize::from(area.height >= 4);
+    let height = (area.height as usize).saturating_sub(usize::from(area.height >= 3) + header);
     let shown = window(lanes.len(), app.selected[0], height);
-    let lane = shown.start + usize::from(row - area.y);
+    let lane = shown.start + usize::from(row - area.y).checked_sub(header)?;
     if !shown.contains(&lane) {
         return None;
     }
@@ -131,15 +132,29 @@ pub fn draw(
     let client_width = name_width(lanes, width);
     // The last line says what the selected turn was, whole (a narrow lane cuts its note).
     let footer = area.height >= 3;
-    let height = area.height as usize - usize::from(footer);
+    // Column headers where there are rows to spare.
+    let header = area.height >= 4;
+    let height = area.height as usize - usize::from(footer) - usize::from(header);
     let mut lines = Vec::new();
+    if header {
+        lines.push(Line::styled(
+            fit(
+                &format!(
+                    "{:<client_width$} {:<5} turns, newest last",
+                    "client", "conv"
+                ),
+                width,
+            ),
+            theme.dim(),
+        ));
+    }
     for i in window(lanes.len(), selected, height) {
         let lane: &Lane = &lanes[i];
         let is_selected = i == selected;
         let style = line_style(is_selected, focused, theme);
         let mut spans = vec![
             Span::styled(
-                format!("{:<client_width$} ", fit(&lane.alias, client_width)),
+                format!("{:<client_width$} ", fit_name(&lane.alias, client_width)),
                 style,
             ),
             Span::styled(format!("c{:<3} ", lane.conversation), style),
@@ -170,15 +185,21 @@ pub fn draw(
         lines.push(Line::from(spans));
     }
     if footer {
-        lines.resize(height, Line::raw(""));
+        lines.resize(height + usize::from(header), Line::raw(""));
         let note = lanes.get(selected).and_then(|lane| {
             let cell = lane.cells.get(app.selected_cell()?)?;
-            Some(format!(
-                "{} c{}{}",
-                lane.alias,
+            let note = format!(
+                "c{}{}",
                 lane.conversation,
                 cell_note(cell, &app.view().aliases)
-            ))
+            );
+            // The turn and what it lost before the name where the pane is narrow.
+            let named = format!("{} {note}", lane.alias);
+            Some(if named.chars().count() <= width {
+                named
+            } else {
+                note
+            })
         });
         if let Some(note) = note {
             lines.push(Line::styled(fit(&note, width), theme.title()));

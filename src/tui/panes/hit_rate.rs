@@ -36,18 +36,30 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         .map_or("server reuse not reported".to_string(), |o| {
             format!("server {:.1}%", o * 100.0)
         });
-    let head = Line::styled(
-        fit(
-            &format!(
-                "{observed} · ceiling {:.1}% · {}",
-                curve.ceiling * 100.0,
-                curve.label
-            ),
-            width,
-        ),
-        theme.title(),
-    );
-    let [top, rest] = Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(area);
+    // The server's reuse and the ceiling whole, on one line where they fit, else on two; the
+    // replay's label where there is room.
+    let ceiling = format!("ceiling {:.1}%", curve.ceiling * 100.0);
+    let both = format!("{observed} · {ceiling}");
+    let mut heads = if both.chars().count() <= width {
+        vec![both]
+    } else {
+        vec![observed, ceiling]
+    };
+    let labelled = format!("{} · {}", heads[heads.len() - 1], curve.label);
+    if labelled.chars().count() <= width {
+        let last = heads.len() - 1;
+        heads[last] = labelled;
+    } else if area.height >= 8 && !app.chart {
+        // (The chart says its block model on its last line.)
+        heads.push(curve.label.clone());
+    }
+    let head_lines = heads.len() as u16;
+    let head: Vec<Line> = heads
+        .into_iter()
+        .map(|h| Line::styled(fit(&h, width), theme.title()))
+        .collect();
+    let [top, rest] =
+        Layout::vertical([Constraint::Length(head_lines), Constraint::Min(0)]).areas(area);
     frame.render_widget(Paragraph::new(head), top);
     if app.chart && rest.height >= 6 {
         let [rest, key, model] = Layout::vertical([
@@ -161,19 +173,9 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         frame.render_widget(Paragraph::new(Line::from(spans)), key);
         return;
     }
-    let [spark, labels] = Layout::vertical([Constraint::Min(1), Constraint::Length(1)]).areas(rest);
-    let data: Vec<u64> = curve
-        .points
-        .iter()
-        .map(|p| (p.1 * 1000.0).round() as u64)
-        .collect();
-    frame.render_widget(
-        Sparkline::default()
-            .data(&data)
-            .max(1000)
-            .style(theme.good()),
-        spark,
-    );
+    // Each capacity a bar as wide as the pane allows, its capacity under it where it fits.
+    let bar = (width / curve.points.len().max(1)).max(1);
+    let under = curve.points.iter().all(|p| p.0.chars().count() < bar);
     let ends = match (curve.points.first(), curve.points.last()) {
         (Some(a), Some(b)) => format!(
             "LRU {} {:.0}% … {} {:.0}%",
@@ -184,8 +186,37 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         ),
         _ => String::new(),
     };
+    let mut texts = vec![ends];
+    if under && rest.height >= 4 {
+        texts.push(
+            curve
+                .points
+                .iter()
+                .map(|p| format!("{:<bar$}", p.0))
+                .collect::<String>()
+                .trim_end()
+                .to_string()
+                + " tokens",
+        );
+    }
+    let [spark, labels] =
+        Layout::vertical([Constraint::Min(1), Constraint::Length(texts.len() as u16)]).areas(rest);
+    let data: Vec<u64> = curve
+        .points
+        .iter()
+        .flat_map(|p| std::iter::repeat_n((p.1 * 1000.0).round() as u64, bar))
+        .collect();
     frame.render_widget(
-        Paragraph::new(Line::styled(fit(&ends, width), theme.dim())),
-        labels,
+        Sparkline::default()
+            .data(&data)
+            .max(1000)
+            .style(theme.good()),
+        spark,
     );
+    let texts: Vec<Line> = texts
+        .iter()
+        .rev()
+        .map(|t| Line::styled(fit(t, width), theme.dim()))
+        .collect();
+    frame.render_widget(Paragraph::new(texts), labels);
 }

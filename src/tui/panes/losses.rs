@@ -7,7 +7,7 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
-use super::fit;
+use super::{fit, fit_name};
 use crate::tui::app::App;
 use crate::tui::theme::Theme;
 use crate::tui::ui::{empty, line_style, window};
@@ -62,31 +62,60 @@ pub fn draw(
         ),
         None => token_count(h.lost_tokens),
     };
+    // The figures whole: the longest wording that fits, values before labels.
     let total = match (h.lost_ms, h.prefill_ms) {
-        _ if !h.loss_measured => format!("{all}: {}", h.loss_not_measured()),
-        _ if untimed => format!("{all}: {lost_tokens}, time not measured"),
+        _ if !h.loss_measured => vec![format!("{all}: {}", h.loss_not_measured())],
+        _ if untimed => vec![
+            format!("{all}: {lost_tokens}, time not measured"),
+            format!("{all}: {lost_tokens}, untimed"),
+        ],
         (Some(lost), Some(prefill)) if prefill > 0.0 => {
-            format!(
-                "{all}: {lost_tokens}, {} of {} prefill ({:.0}%)",
-                duration(lost),
-                duration(prefill),
-                100.0 * lost / prefill
-            )
+            let share = 100.0 * lost / prefill;
+            vec![
+                format!(
+                    "{all}: {lost_tokens}, {} of {} prefill ({share:.0}%)",
+                    duration(lost),
+                    duration(prefill),
+                ),
+                format!("{all}: {lost_tokens}, {} ({share:.0}%)", duration(lost)),
+                format!(
+                    "{all}: {} tok, {} ({share:.0}%)",
+                    tokens(h.lost_tokens),
+                    duration(lost)
+                ),
+            ]
         }
-        (Some(lost), _) => format!("{all}: {lost_tokens}, {}", duration(lost)),
-        (None, _) => format!("{all}: {lost_tokens}, time not measured"),
+        (Some(lost), _) => vec![format!("{all}: {lost_tokens}, {}", duration(lost))],
+        (None, _) => vec![format!("{all}: {lost_tokens}, time not measured")],
     };
+    let total = total
+        .iter()
+        .find(|t| t.chars().count() <= width)
+        .or(total.last())
+        .cloned()
+        .unwrap_or_default();
     lines.push(Line::styled(fit(&total, width), theme.title()));
+    // Columns by priority: the figures whole, the name cut in its middle, the causes only
+    // where they fit.
+    const FIGURES: usize = 18;
     let name_width = losses
         .iter()
         .map(|l| l.alias.chars().count())
+        .chain((!view.unattributed.is_empty()).then_some("(server)".len()))
         .max()
         .unwrap_or(6)
-        .clamp(6, (width * 2 / 5).max(6));
+        .max(6)
+        .min(width.saturating_sub(FIGURES).max(4));
+    let causes_shown = width >= name_width + FIGURES + 2 + 10;
+    let causes_header = if causes_shown {
+        "  causes (suffered)"
+    } else {
+        ""
+    };
     lines.push(Line::styled(
         fit(
             &format!(
-                "{:<name_width$} {:>8} {:>8}  causes (suffered)",
+                "{:<name_width$} {:>8} {:>8}{causes_header}",
                 "client", "suffered", "caused"
             ),
             width,
@@ -107,10 +136,14 @@ pub fn draw(
                     .iter()
                     .map(|(c, t)| format!("{c} {}", tokens(*t)))
                     .collect();
+                let causes = if causes_shown {
+                    format!("  {}", causes.join(", "))
+                } else {
+                    String::new()
+                };
                 let line = format!(
-                    "{:<name_width$} {suffered:>8} {caused:>8}  {}",
-                    fit(&l.alias, name_width),
-                    causes.join(", ")
+                    "{:<name_width$} {suffered:>8} {caused:>8}{causes}",
+                    fit_name(&l.alias, name_width),
                 );
                 if h.loss_measured {
                     line
@@ -120,8 +153,13 @@ pub fn draw(
             }
             None => {
                 let (cause, tokens_lost, _) = &view.unattributed[i - losses.len()];
+                let why = if causes_shown {
+                    format!("  {cause}: no client ran in between")
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{:<name_width$} {:>8} {:>8}  {cause}: no client ran in between",
+                    "{:<name_width$} {:>8} {:>8}{why}",
                     "(server)",
                     "",
                     tokens(*tokens_lost)

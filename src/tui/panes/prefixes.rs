@@ -26,14 +26,24 @@ pub fn draw(
         return;
     }
     let width = area.width as usize;
+    // Columns by priority: count, reusable tokens and share whole; the prefix's length and what
+    // it is made of where they fit.
+    let with_length = width >= 26;
+    let what_at = if with_length { 26 } else { 19 };
+    let with_what = width >= what_at + 2 + 6;
+    let row = |count: &str, reusable: &str, length: &str, share: &str, what: &str| {
+        let mut text = format!("{count:>5} {reusable:>7}");
+        if with_length {
+            text.push_str(&format!(" {length:>6}"));
+        }
+        text.push_str(&format!(" {share:>5}"));
+        if with_what {
+            text.push_str(&format!("  {what}"));
+        }
+        fit(&text, width)
+    };
     let mut lines = vec![Line::styled(
-        fit(
-            &format!(
-                "{:>5} {:>7} {:>6} {:>5}  what",
-                "count", "tokens", "prefix", "share"
-            ),
-            width,
-        ),
+        row("count", "tokens", "prefix", "share", "what"),
         theme.dim(),
     )];
     lines.extend(
@@ -44,16 +54,15 @@ pub fn draw(
         )
         .map(|i| {
             let p = items[i];
-            let text = format!(
-                "{:>4}× {:>7} {:>6} {:>4.0}%  {}",
-                p.count,
-                tokens(p.reusable_tokens),
-                tokens(p.prefix_tokens),
-                p.share_of_reusable * 100.0,
-                p.what.as_deref().map_or(String::new(), shown)
+            let text = row(
+                &format!("{}×", p.count),
+                &tokens(p.reusable_tokens),
+                &tokens(p.prefix_tokens),
+                &format!("{:.0}%", p.share_of_reusable * 100.0),
+                &p.what.as_deref().map_or(String::new(), shown),
             );
             Line::from(Span::styled(
-                fit(&text, width),
+                text,
                 line_style(i == selected, focused, theme),
             ))
         }),

@@ -1,39 +1,26 @@
-//! The header (what is watched, what it cost) and the status bar (counters, state, keys).
+//! The header (what it cost, what is watched), the status line (counters, state, what the last
+//! key did) and the key bar. Each drops whole items by priority where a narrow terminal has no
+//! room, never the end of a figure, and the key bar has a line of its own.
 
 use ratatui::text::{Line, Span};
 
-use super::fit;
+use super::{fit, fit_items};
 use crate::tui::app::{App, Input, Pane, Source};
 use crate::tui::theme::Theme;
-use crate::tui::view::{duration, thousands, tokens};
+use crate::tui::view::{duration, thousands};
 use prefixscope_core::units::plural;
 
-pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
+/// What the watched traffic lost: the tokens and, where a server timed them, the seconds and
+/// their share of prefill.
+fn lost_text(app: &App) -> String {
     let h = &app.view().header;
-    if let Input::RequestsOnly(format) = &app.input {
-        let source = match &app.source {
-            Source::Replay { files } => files.clone(),
-            Source::Live { upstream, .. } => upstream.clone(),
-        };
-        let text = format!(
-            " prefixscope · {} of a {format} input (no messages: cache panes only) · replay {source}",
-            plural(app.requests(), "request")
-        );
-        return Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title());
-    }
-    let source = match &app.source {
-        Source::Live {
-            upstream, listen, ..
-        } => format!("watch {listen} → {upstream}"),
-        Source::Replay { files } => format!("replay {files}"),
-    };
     let untimed = h.untimed_tokens > 0 && h.untimed_tokens == h.lost_tokens;
     // The dollars beside the tokens, where a price is known.
     let usd = h
         .lost_usd
         .map(|usd| format!(" ({})", prefixscope_core::pricing::dollars(usd)))
         .unwrap_or_default();
-    let lost = match (h.lost_ms, h.prefill_ms) {
+    match (h.lost_ms, h.prefill_ms) {
         // No server said how long these took: the tokens, never "0 ms".
         _ if untimed => format!(
             "lost {}{usd}, time not measured",
@@ -53,9 +40,34 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
         }
         _ if !h.loss_measured => h.loss_not_measured().to_string(),
         _ => format!("lost {}{usd}", plural(h.lost_tokens, "token")),
+    }
+}
+
+pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
+    let h = &app.view().header;
+    let width = app.last_size.0.max(20) as usize;
+    let source = match &app.source {
+        Source::Live {
+            upstream, listen, ..
+        } => format!("watch {listen} → {upstream}"),
+        Source::Replay { files } => format!("replay {files}"),
     };
-    // What it cost comes first: it is what the user came for, and a narrow terminal cuts the
-    // end of the line. Filtered, every figure is of the matching rows and the line says so.
+    if let Input::RequestsOnly(format) = &app.input {
+        let mut text = format!(
+            " prefixscope · {} of a {format} input",
+            plural(app.requests(), "request")
+        );
+        for part in [
+            " (no messages: cache panes only)".to_string(),
+            format!(" · {source}"),
+        ] {
+            if text.chars().count() + part.chars().count() <= width {
+                text.push_str(&part);
+            }
+        }
+        return Line::styled(fit(&text, width), theme.title());
+    }
+    // Filtered, every figure is of the matching rows and the line says so.
     let filter = if h.filter.is_empty() {
         String::new()
     } else {
@@ -84,15 +96,36 @@ pub fn header<'a>(app: &App, theme: &Theme) -> Line<'a> {
     } else {
         format!("{} · ", h.providers)
     };
-    let text = format!(
-        " prefixscope · {provider}{filter}{lost} · {requests}, {} in {} · {source}",
+    // What it cost comes first and is never dropped: it is what the user came for. Then the
+    // counts and the source, each whole or not at all.
+    let title = " prefixscope · ";
+    let mut text = format!("{title}{provider}{filter}{}", lost_text(app));
+    if text.chars().count() > width {
+        return Line::styled(fit(&text, width), theme.title());
+    }
+    let turns = format!(
+        ", {} in {}",
         plural(h.turns, "turn"),
         plural(h.conversations, "conversation")
     );
-    Line::styled(fit(&text, app.last_size.0.max(80) as usize), theme.title())
+    for (part, after) in [
+        (format!(" · {requests}"), turns),
+        (format!(" · {source}"), String::new()),
+    ] {
+        if text.chars().count() + part.chars().count() > width {
+            break;
+        }
+        text.push_str(&part);
+        if text.chars().count() + after.chars().count() <= width {
+            text.push_str(&after);
+        }
+    }
+    Line::styled(text, theme.title())
 }
 
+/// Counters and state on the left, then the proxy's troubles, then what the last key did.
 pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
+    let width = app.last_size.0.max(20) as usize;
     let mut spans = Vec::new();
     if app.paused {
         spans.push(Span::styled(" PAUSED ", theme.bad()));
@@ -100,76 +133,121 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
     if app.source_paused {
         spans.push(Span::styled(" REPLAY PAUSED (. step) ", theme.bad()));
     }
-    let mut parts = vec![
-        format!("{} req", app.requests()),
-        format!("{:.1}/s", app.requests_per_second()),
-    ];
+    // (priority, text): alerts before counters, counters before rates.
+    let mut items: Vec<(u8, String)> = vec![(0, format!("{} req", app.requests()))];
+    items.push((3, format!("{:.1}/s", app.requests_per_second())));
     if let Some(written) = app.records_written {
-        parts.push(format!("{written} written"));
+        items.push((2, format!("{written} written")));
     }
     if let Some(earlier) = &app.snapshot.earlier {
         // The panes are of the records since the analysis started again.
-        parts.push(format!(
-            "memory budget: {} earlier req not shown",
-            thousands(earlier.records)
+        items.push((
+            0,
+            format!(
+                "memory budget: {} earlier req not shown",
+                thousands(earlier.records)
+            ),
         ));
     }
     if app.view().header.bad_lines > 0 || app.warnings > 0 {
-        parts.push(format!(
-            "{}, {}",
-            plural(app.view().header.bad_lines, "bad line"),
-            plural(app.warnings, "warning")
+        items.push((
+            1,
+            format!(
+                "{}, {}",
+                plural(app.view().header.bad_lines, "bad line"),
+                plural(app.warnings, "warning")
+            ),
         ));
     }
     match (&app.source, app.upstream_ok) {
-        (Source::Live { .. }, Some(true)) => parts.push("upstream ok".into()),
-        (Source::Live { .. }, Some(false)) => parts.push("UPSTREAM DOWN".into()),
-        (Source::Live { .. }, None) => parts.push("upstream: no request yet".into()),
+        (Source::Live { .. }, Some(true)) => items.push((2, "upstream ok".into())),
+        (Source::Live { .. }, Some(false)) => items.push((0, "UPSTREAM DOWN".into())),
+        (Source::Live { .. }, None) => items.push((2, "upstream: no request yet".into())),
         (Source::Replay { .. }, _) => {
             if let Some(speed) = app.speed {
-                parts.push(format!("×{speed}"));
+                items.push((2, format!("×{speed}")));
             }
             if app.source_done {
-                parts.push("done".into());
+                items.push((1, "done".into()));
             }
         }
     }
     if app.in_flight > 0 {
-        parts.push(format!("{} in flight", app.in_flight));
+        items.push((1, format!("{} in flight", app.in_flight)));
     }
-    parts.extend(app.proxy_notes.iter().cloned());
-    spans.push(Span::raw(format!(" {} ", parts.join(" · "))));
-    if let Some(status) = &app.status {
-        spans.push(Span::styled(format!("│ {status} "), theme.warn()));
-    }
+    items.extend(app.proxy_notes.iter().map(|note| (1, note.clone())));
     let used: usize = spans.iter().map(|s| s.content.chars().count()).sum();
-    let width = app.last_size.0 as usize;
-    // The focused pane's keys first, then every other.
-    let pane = match app.focus {
-        Pane::Conversations => " ←→ turn  ↵ open turn ",
-        Pane::Breaks => " ↑↓ break  ↵ open turn ",
-        Pane::Losses => " ↑↓ client  ↵ its causes  w who cost whom ",
-        Pane::HitRate => " ↵ -np / --cache-ram  c chart ",
-        Pane::Prefixes => " ↑↓ prefix  ↵ contents  t sort ",
-    };
-    let keys = if app.dialog.is_some() {
-        " Esc back  ↑↓ PgUp PgDn Home End scroll/select  ↵ open  o write to a file  ? help  q quit"
-            .to_string()
-    } else if app.source_paused {
-        format!(" . one record  ] ten  g seek  p resume ·{pane}· ? help  Tab pane  f fixes  q quit")
-    } else {
-        let seek = if matches!(app.source, Source::Replay { .. }) && !app.source_done {
-            "  g seek"
-        } else {
-            ""
-        };
-        format!(
-            "{pane}· ? help  Tab pane  f fixes  w who  z zoom  p pause{seek}  / filter  s snapshot  e export  c chart  t sort  m mouse  +/- speed  q quit"
-        )
-    };
-    if width > used + 10 {
-        spans.push(Span::styled(fit(&keys, width - used), theme.dim()));
+    // What the last key did is read in full, before the counters that are also elsewhere.
+    let status = app
+        .status
+        .as_ref()
+        .map(|s| fit(s, width.saturating_sub(used + 12)));
+    let status_width = status.as_ref().map_or(0, |s| s.chars().count() + 3);
+    let counters = fit_items(&items, " · ", width.saturating_sub(used + status_width + 2));
+    spans.push(Span::raw(format!(" {counters} ")));
+    if let Some(status) = status {
+        spans.push(Span::styled(format!("│ {status}"), theme.warn()));
     }
-    let _ = tokens;
     Line::from(spans)
+}
+
+/// The keys of the focused pane first, then help and quit, then every other key, as many whole
+/// keys as the width holds.
+pub fn key_bar<'a>(app: &App, theme: &Theme) -> Line<'a> {
+    let width = app.last_size.0.max(20) as usize;
+    let pane: &[&str] = match app.focus {
+        Pane::Conversations => &["←→ turn", "↵ open turn"],
+        Pane::Breaks => &["↑↓ break", "↵ open turn"],
+        Pane::Losses => &["↑↓ client", "↵ its causes"],
+        Pane::HitRate => &["↵ -np / --cache-ram", "c chart"],
+        Pane::Prefixes => &["↑↓ prefix", "↵ contents", "t sort"],
+    };
+    let mut keys: Vec<&str> = Vec::new();
+    if app.dialog.is_some() {
+        keys.extend([
+            "Esc back",
+            "? help",
+            "q quit",
+            "↑↓ PgUp PgDn Home End scroll/select",
+            "↵ open",
+            "o write to a file",
+        ]);
+    } else if app.source_paused {
+        keys.extend([
+            ". one record",
+            "] ten",
+            "p resume",
+            "? help",
+            "q quit",
+            "g seek",
+        ]);
+        keys.extend(pane);
+        keys.extend(["Tab pane", "f fixes"]);
+    } else {
+        keys.extend(pane);
+        keys.extend([
+            "? help", "q quit", "Tab pane", "f fixes", "w who", "z zoom", "p pause",
+        ]);
+        if matches!(app.source, Source::Replay { .. }) && !app.source_done {
+            keys.push("g seek");
+        }
+        keys.extend([
+            "/ filter",
+            "s snapshot",
+            "e export",
+            "c chart",
+            "t sort",
+            "m mouse",
+            "+/- speed",
+        ]);
+    }
+    let items: Vec<(u8, String)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (u8::try_from(i).unwrap_or(u8::MAX), (*k).to_string()))
+        .collect();
+    Line::from(Span::styled(
+        format!(" {}", fit_items(&items, "  ", width.saturating_sub(1))),
+        theme.dim(),
+    ))
 }

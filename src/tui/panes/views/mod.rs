@@ -27,10 +27,11 @@ use turn::*;
 pub use turn::{Written, detail_lines, detail_lines_as, turn_fix};
 pub use who_cost_whom::who_cost_whom_lines;
 
-/// The area a view takes: the screen but the status bar (its keys stay in sight).
+/// The area a view takes: the screen but the status line and the key bar (what a key did and
+/// the keys stay in sight).
 pub fn area_of(screen: Rect) -> Rect {
     Rect {
-        height: screen.height.saturating_sub(1),
+        height: screen.height.saturating_sub(2),
         ..screen
     }
 }
@@ -156,7 +157,7 @@ pub fn view_end(app: &App, theme: &Theme) -> u16 {
         _ => return 0,
     };
     let (width, height) = app.last_size;
-    let inner = Rect::new(0, 0, width, height.saturating_sub(1)).inner(Margin::new(1, 1));
+    let inner = area_of(Rect::new(0, 0, width, height)).inner(Margin::new(1, 1));
     last_scroll(&Paragraph::new(lines).wrap(Wrap { trim: false }), inner)
 }
 
