@@ -707,7 +707,8 @@ fn claude_codes_continue_rewrite_is_charged_what_the_server_re_evaluated() {
     for row in rewrites {
         assert_eq!(row.break_cause, Some(BreakCause::HistoryRewritten));
         let charged = row.lost_client.as_ref().unwrap();
-        assert_eq!(charged.cause, "history_reordered");
+        // --continue re-sends the replies without the resume notes between them: dropped.
+        assert_eq!(charged.cause, "history_dropped");
         assert_eq!(
             row.composition.new_content.source,
             prefixscope_core::normalize::Source::Tokenizer

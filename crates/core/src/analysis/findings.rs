@@ -349,6 +349,18 @@ fn prefix_breaks(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
         if reordered > 0 {
             evidence["reordered"] = json!(reordered);
         }
+        // ... and how many dropped messages from the middle.
+        let dropped = broken
+            .iter()
+            .filter(|r| {
+                r.lost_client
+                    .as_ref()
+                    .is_some_and(|l| l.cause == "history_dropped")
+            })
+            .count();
+        if dropped > 0 {
+            evidence["dropped"] = json!(dropped);
+        }
         // prefixscope: the named cause most of them show (`client_cause`), with how many.
         let mut named: BTreeMap<&str, usize> = BTreeMap::new();
         for name in broken
@@ -893,7 +905,8 @@ fn system_prompt_fix(before: &str, after: &str) -> String {
 
 /// Messages moved or inserted within the history, with what the harnesses seen doing it can
 /// change.
-const MOVED_MESSAGES_FIX: &str = "messages were moved or inserted within the history: keep it append-only, in the order it was sent (aider: --restore-chat-history puts the earlier exchange before its files message; Claude Code: replies cut at max_tokens are re-sent on --continue without their resume notes, so give replies room with CLAUDE_CODE_MAX_OUTPUT_TOKENS)";
+const MOVED_MESSAGES_FIX: &str = "messages were moved or inserted within the history: keep it append-only, in the order it was sent (aider: --restore-chat-history puts the earlier exchange before its files message)";
+const DROPPED_MESSAGES_FIX: &str = "messages were dropped from the middle of the history: keep it append-only, every message sent again (Claude Code: replies cut at max_tokens are re-sent on --continue without their resume notes, so give replies room with CLAUDE_CODE_MAX_OUTPUT_TOKENS)";
 
 /// An engine kind from its name in a finding's evidence (serde's, the one `name` gives).
 pub(crate) fn engine_kind(name: &str) -> EngineKind {
@@ -930,11 +943,15 @@ pub fn fix(finding: &Finding) -> Fix {
                     .unwrap_or("tools changed mid-conversation: keep the tool array stable (same tools, same order, same schemas) for the whole conversation")
                     .into(),
             ),
-            // A turn's own loss says `history_reordered`; a finding keeps llmp's cause and
-            // says `reordered` in its evidence.
+            // A turn's own loss says `history_reordered` or `history_dropped`; a finding keeps
+            // llmp's cause and says `reordered` or `dropped` in its evidence.
             "history_reordered" => client(MOVED_MESSAGES_FIX.into()),
+            "history_dropped" => client(DROPPED_MESSAGES_FIX.into()),
             "history_rewritten" if finding.evidence.get("reordered").is_some() => {
                 client(MOVED_MESSAGES_FIX.into())
+            }
+            "history_rewritten" if finding.evidence.get("dropped").is_some() => {
+                client(DROPPED_MESSAGES_FIX.into())
             }
             _ => client(
                 "earlier messages were rewritten: append to the history instead of editing it (compact rarely, and all at once)".into(),
@@ -1036,7 +1053,14 @@ fn uncovered<R: Priced>(report: &super::Report<R>, findings: &[Finding]) -> Vec<
         }
     }
     let covered = |id: u64, model: &str, cause: &str| {
-        named.contains(&(cause, id)) || (cause == "side_call" && side_call_models.contains(&model))
+        // A moved or dropped message is a rewrite to llmp's finding.
+        let finding_cause = match cause {
+            "history_reordered" | "history_dropped" => "history_rewritten",
+            cause => cause,
+        };
+        named.contains(&(cause, id))
+            || named.contains(&(finding_cause, id))
+            || (cause == "side_call" && side_call_models.contains(&model))
     };
     // (model, cause) → (kind, rows, tokens, ms, example row)
     let mut groups: Vec<(String, String, Finding)> = Vec::new();
@@ -1231,15 +1255,30 @@ mod fix_tests {
             json!({"break_cause": "tools_changed"}),
         );
         assert!(fix(&tools).change.contains("keep the tool array stable"));
-        // A turn's reorder (its loss cause) and a finding's (llmp's cause, "reordered" in the
-        // evidence) get the one fix about messages, with what aider and Claude Code can change.
-        for moved in [
-            json!({"break_cause": "history_reordered"}),
-            json!({"break_cause": "history_rewritten", "reordered": 2}),
+        // A turn's reorder or drop (its loss cause) and a finding's (llmp's cause, "reordered"
+        // or "dropped" in the evidence) get the fix about messages: aider's for moved ones,
+        // Claude Code's for dropped ones.
+        for (moved, harness) in [
+            (
+                json!({"break_cause": "history_reordered"}),
+                "--restore-chat-history",
+            ),
+            (
+                json!({"break_cause": "history_rewritten", "reordered": 2}),
+                "--restore-chat-history",
+            ),
+            (
+                json!({"break_cause": "history_dropped"}),
+                "CLAUDE_CODE_MAX_OUTPUT_TOKENS",
+            ),
+            (
+                json!({"break_cause": "history_rewritten", "dropped": 2}),
+                "CLAUDE_CODE_MAX_OUTPUT_TOKENS",
+            ),
         ] {
             let change = fix(&finding(FindingKind::PrefixBreak, moved)).change;
             assert!(change.contains("append-only"), "{change}");
-            assert!(change.contains("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), "{change}");
+            assert!(change.contains(harness), "{change}");
             assert!(!change.contains("tool array"), "{change}");
         }
         let others = fix(&finding(FindingKind::OtherConversationEviction, json!({})));

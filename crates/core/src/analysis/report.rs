@@ -686,11 +686,12 @@ pub fn finding_label(finding: &Finding) -> String {
             }
         ),
         FindingKind::PrefixBreak => {
-            let reordered = match number("reordered") {
+            let moved = |key: &str, what: &str| match number(key) {
                 0 => String::new(),
-                n if n == number("broken") => ", messages moved or inserted".to_string(),
-                n => format!(", messages moved or inserted on {n}"),
+                n if n == number("broken") => format!(", messages {what}"),
+                n => format!(", messages {what} on {n}"),
             };
+            let reordered = moved("reordered", "moved or inserted") + &moved("dropped", "dropped");
             format!(
                 "prompt prefix broken by {} on {} of {} links{reordered} ({model}){lost}",
                 cause_label_plural(&text("break_cause")),

@@ -412,6 +412,9 @@ pub(super) struct Link {
     /// Messages were moved or inserted at the break: the message there was sent elsewhere
     /// before, or the one that was there is sent later.
     reordered: bool,
+    /// Messages were dropped at the break: the one that was there is sent no more, and the
+    /// one there now was sent after it (Claude Code's --continue leaves out its resume notes).
+    dropped: bool,
     /// prefixscope: the break's named cause (`client_cause`).
     named: Option<&'static str>,
     /// prefixscope: on an appended turn, what the server's slot held beyond the estimated
@@ -828,6 +831,7 @@ pub(super) fn link(
             compaction: false,
             seen_before: prefix_tokens,
             reordered: false,
+            dropped: false,
             named: unseen_cause(prev, cur, k),
             reply_held: 0.0,
             idle_ms: cur.t_start_ms.saturating_sub(prev.t_end_ms),
@@ -861,6 +865,7 @@ pub(super) fn link(
             compaction: false,
             seen_before: already_sent(prev, cur, cw, false) + moved_or_replied(prev, cur, cw),
             reordered: false,
+            dropped: false,
             named: Some(super::client_cause::of_tools_change(
                 &prev.tools,
                 &cur.tools,
@@ -899,20 +904,24 @@ pub(super) fn link(
     } else {
         prefix_tokens
     };
-    let (seen_before, reordered) = if break_cause.is_some() && !compaction {
+    let (seen_before, reordered, dropped) = if break_cause.is_some() && !compaction {
         // The message at the break was sent elsewhere before, or the one that was there is
-        // still sent, later: messages were moved or inserted, not edited.
+        // still sent, later: messages were moved, inserted or dropped, not edited.
         let later = |m: Option<&Arc<Msg>>, xs: &[Arc<Msg>]| {
             m.is_some_and(|m| xs.iter().skip(k + 1).any(|x| x.identity == m.identity))
         };
-        let sent_elsewhere = later(cur.messages.get(k), &prev.messages)
-            || later(prev.messages.get(k), &cur.messages);
+        let was_later = later(cur.messages.get(k), &prev.messages);
+        let is_later = later(prev.messages.get(k), &cur.messages);
+        let rewritten = break_cause == Some(BreakCause::HistoryRewritten);
+        // What was there is gone, and what followed it comes up: dropped, not moved.
+        let dropped = rewritten && was_later && !is_later;
         (
             already_sent + moved_or_replied(prev, cur, cw),
-            break_cause == Some(BreakCause::HistoryRewritten) && sent_elsewhere,
+            rewritten && (was_later || is_later) && !dropped,
+            dropped,
         )
     } else {
-        (prefix_tokens, false)
+        (prefix_tokens, false, false)
     };
     let location = break_cause.map(|_| locate(prev, cur, k));
     let named = match (break_cause, &location) {
@@ -959,6 +968,7 @@ pub(super) fn link(
         compaction,
         seen_before,
         reordered,
+        dropped,
         named,
         reply_held: prompt_held + reply_held,
         idle_ms: cur.t_start_ms.saturating_sub(prev.t_end_ms),
@@ -1294,7 +1304,9 @@ pub(super) fn apply_link(
         })
     };
     if let Some(cause) = charged_break {
-        let name = if link.reordered {
+        let name = if link.dropped {
+            "history_dropped"
+        } else if link.reordered {
             "history_reordered"
         } else {
             cause.name()
@@ -2017,6 +2029,28 @@ mod tests {
             ("history_reordered", 200)
         );
         assert_eq!(r.lost_external, None);
+    }
+
+    /// Claude Code's `--continue` after replies cut at max_tokens: the replies come back
+    /// without the resume notes between them. What was there is gone and what followed it
+    /// comes up: messages dropped, not moved.
+    #[test]
+    fn a_dropped_message_is_named_dropped_not_reordered() {
+        let lead = vec![sized("system", "s", 60), sized("user", "task", 20)];
+        let cut = sized("assistant", "part one", 40);
+        let note = sized("user", "continue", 10);
+        let rest = sized("assistant", "part two", 40);
+        let prev_messages = [
+            lead.clone(),
+            vec![cut.clone(), note, rest.clone(), sized("user", "q1", 20)],
+        ];
+        let prev = served(ex(1, 0, prev_messages.concat()), 190, 0, 190, 190.0);
+        let cur_messages = [lead, vec![cut, rest, sized("user", "q2", 20)]];
+        let cur = served(ex(2, 200, cur_messages.concat()), 180, 120, 60, 60.0);
+        let t = table(&[prev, cur]);
+        let r = row(&t, 2);
+        assert_eq!(r.break_cause, Some(BreakCause::HistoryRewritten));
+        assert_eq!(r.lost_client.clone().unwrap().cause, "history_dropped");
     }
 
     /// A system prompt edit: the server re-evaluates the whole history, the previous reply
