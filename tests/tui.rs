@@ -2069,3 +2069,41 @@ fn a_request_in_flight_is_predicted_in_the_capacity_view() {
         "{small}"
     );
 }
+
+/// `v` in a turn opens the request that evicted it; Esc comes back to the turn. A turn no
+/// request evicted says so.
+#[test]
+fn v_goes_from_a_turn_to_the_request_that_evicted_it() {
+    let name = "llmp/llama.cpp/parallel-nocache";
+    // c2 t3 is request #10, evicted by #9 (other-agent c4 t2).
+    let to_turn = [
+        special(KeyCode::Down),
+        special(KeyCode::Left),
+        special(KeyCode::Left),
+        special(KeyCode::Enter),
+    ];
+    let turn = screen(name, 120, 40, &to_turn);
+    assert!(turn.contains("request #10"), "{turn}");
+    assert!(
+        turn.contains("evicted by #9") && turn.contains("v opens it"),
+        "{turn}"
+    );
+    let mut keys = to_turn.to_vec();
+    keys.push(key('v'));
+    let evictor = screen(name, 120, 40, &keys);
+    assert!(
+        evictor.contains("other-agent c4 turn 2 · request #9"),
+        "{evictor}"
+    );
+    keys.push(special(KeyCode::Esc));
+    let back = screen(name, 120, 40, &keys);
+    assert!(back.contains("c2 turn 3 · request #10"), "{back}");
+    // The first turn of c1 (request #1) was evicted by nothing.
+    let first = screen(
+        name,
+        120,
+        40,
+        &[special(KeyCode::Home), special(KeyCode::Enter), key('v')],
+    );
+    assert!(first.contains("v: no request evicted this turn"), "{first}");
+}

@@ -437,6 +437,26 @@ impl App {
         };
         let code = key.code;
         let back = matches!(code, KeyCode::Esc | KeyCode::Backspace | KeyCode::Left);
+        // `v` in a turn: the request that evicted it, Esc back to this one.
+        if let (Some(Dialog::Detail { id, .. }), KeyCode::Char('v')) = (&self.dialog, code) {
+            let evictor = self
+                .snapshot
+                .row(*id)
+                .and_then(|row| row.evicted_by.as_ref().map(|by| by.row));
+            match evictor {
+                Some(evictor) if self.snapshot.row(evictor).is_some() => {
+                    self.open(Dialog::Detail {
+                        id: evictor,
+                        scroll: 0,
+                    });
+                }
+                Some(evictor) => {
+                    self.status = Some(format!("request #{evictor} is not in the current view"))
+                }
+                None => self.status = Some("v: no request evicted this turn".into()),
+            }
+            return Some(Action::Redraw);
+        }
         match self.dialog.as_mut()? {
             Dialog::Detail { scroll, .. }
             | Dialog::Prefix { scroll, .. }

@@ -203,7 +203,16 @@ pub fn key_bar<'a>(app: &App, theme: &Theme) -> Line<'a> {
         Pane::Prefixes => &["↑↓ prefix", "↵ contents", "t sort"],
     };
     let mut keys: Vec<&str> = Vec::new();
-    if app.dialog.is_some() {
+    if matches!(app.dialog, Some(crate::tui::app::Dialog::Detail { .. })) {
+        keys.extend([
+            "Esc back",
+            "? help",
+            "q quit",
+            "v its evictor",
+            "↑↓ PgUp PgDn Home End scroll",
+            "o write to a file",
+        ]);
+    } else if app.dialog.is_some() {
         keys.extend([
             "Esc back",
             "? help",

@@ -365,8 +365,13 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             .and_then(|e| Some(format!(" c{} t{}", e.conversation?, e.turn?)))
             .unwrap_or_default();
         let by_alias = snapshot.view.aliases.clone().of(&by.client);
+        let key = if written == Written::Screen {
+            ", v opens it"
+        } else {
+            ""
+        };
         lines.push(Line::raw(format!(
-            "evicted by #{} ({by_alias}{at}, {}): it ran on the cache between this turn and the one before",
+            "evicted by #{} ({by_alias}{at}, {}{key}): it ran on the cache between this turn and the one before",
             by.row,
             cause_label(&by.kind)
         )));
