@@ -38,6 +38,7 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
         lines.extend(calibration_line(&app.snapshot.predictions, "", theme));
     }
     let mut at = 0;
+    let mut tables: Vec<(Vec<String>, usize)> = Vec::new();
     for (i, advice) in all.iter().enumerate() {
         lines.push(Line::raw(String::new()));
         if i == selected {
@@ -94,19 +95,34 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
             Span::styled("   fix: ", theme.title()),
             Span::raw(advice.fix.change.clone()),
         ]));
-        lines.extend(
-            saving_lines(
-                &advice.fix,
-                &advice.savings,
-                &app.snapshot.predictions,
-                theme,
-            )
-            .into_iter()
-            .map(|mut l| {
-                l.spans.insert(0, Span::raw(" "));
-                l
-            }),
-        );
+        // A setting's saving is over every request, whichever finding it fixes: its table
+        // once, under the first finding it fixes, and a line that points there after.
+        let table: Vec<String> = advice.savings.iter().map(|s| s.saving_text()).collect();
+        match tables.iter().find(|(t, _)| !table.is_empty() && *t == table) {
+            Some((_, first)) => lines.push(Line::styled(
+                format!(
+                    "   saving: the settings under {first}. above ({})",
+                    table.first().map_or("", String::as_str)
+                ),
+                theme.dim(),
+            )),
+            None => {
+                tables.push((table, i + 1));
+                lines.extend(
+                    saving_lines(
+                        &advice.fix,
+                        &advice.savings,
+                        &app.snapshot.predictions,
+                        theme,
+                    )
+                    .into_iter()
+                    .map(|mut l| {
+                        l.spans.insert(0, Span::raw(" "));
+                        l
+                    }),
+                );
+            }
+        }
         if !f.rows.is_empty() {
             lines.push(Line::styled(
                 format!("   ↵ its {}", plural(f.rows.len() as u64, "request")),
