@@ -390,12 +390,24 @@ fn capacity_section(profile: &ProfileReport) -> String {
 
 /// The capacity chart: log capacity × hit rate, a line per policy, the ceiling dashed.
 fn capacity_chart(profile: &ProfileReport) -> String {
-    let capacities: Vec<f64> = profile
-        .points
-        .iter()
-        .filter_map(|p| p.capacity_tokens)
-        .map(|t| t as f64)
-        .collect();
+    // Around the working set: past four times it, every capacity holds it all (the ceiling);
+    // the table below has them.
+    let working_set = profile
+        .unique_blocks
+        .saturating_mul(u64::from(profile.block_size))
+        .max(1);
+    let limit = working_set
+        .checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+        .saturating_mul(4);
+    let all = || profile.points.iter().filter_map(|p| p.capacity_tokens);
+    let limit = if all().filter(|&t| t <= limit).count() >= 2 {
+        limit
+    } else {
+        u64::MAX
+    };
+    let shown = |p: &&Point| p.capacity_tokens.is_some_and(|t| t <= limit);
+    let capacities: Vec<f64> = all().filter(|&t| t <= limit).map(|t| t as f64).collect();
     let (Some(low), Some(high)) = (
         capacities.iter().copied().reduce(f64::min),
         capacities.iter().copied().reduce(f64::max),
@@ -423,7 +435,7 @@ fn capacity_chart(profile: &ProfileReport) -> String {
             profile
                 .points
                 .iter()
-                .filter(|p| p.policy == policy && p.capacity_tokens.is_some())
+                .filter(|p| p.policy == policy && shown(p))
                 .collect()
         };
         let at = |p: &Point, tokens: u64| {

@@ -133,6 +133,17 @@ fn check(input: &str, name: &str) {
     }
     // A recording's page carries its analysis too: its losses as `analyze` counts them.
     if name == "recording" {
+        // Its chart spans the working set (6,356 tokens measured, 1-token blocks), not the
+        // defaults' 16K to 16M, where every capacity holds it all; the table has those too.
+        let labels: Vec<&str> = svg.lines().map(str::trim).collect();
+        for capacity in ["1", "100", "10,000"] {
+            assert!(labels.contains(&capacity), "{capacity} on the axis");
+        }
+        assert!(
+            !labels.contains(&"1M"),
+            "the axis stops near the working set"
+        );
+        assert!(dom.contains("data-capacity-tokens=\"16777216\""));
         assert!(dom.contains("what was lost, and when"));
         assert!(
             dom.contains("data-lost-tokens=\"585\""),

@@ -305,8 +305,16 @@ pub fn run(args: ProfileArgs) -> u8 {
                     let Some(html_path) = html_path else {
                         return Ok(());
                     };
-                    let html =
-                        prefixscope::html_report::profile_page(&profile, &reports, &analyses);
+                    let wider = args
+                        .capacities
+                        .is_empty()
+                        .then(|| around_working_set(&requests, &config, &profile))
+                        .flatten();
+                    let html = prefixscope::html_report::profile_page(
+                        wider.as_ref().unwrap_or(&profile),
+                        &reports,
+                        &analyses,
+                    );
                     super::write_output(&html_path, &args.files, html.as_bytes())
                 });
                 let json = to_json();
@@ -577,4 +585,37 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
         }
     }
     out.join("\n")
+}
+
+/// The page's figures without `--capacities`: the defaults (as the JSON has them) and the live
+/// axis's capacities from one block up to the traffic's working set, which the defaults pass by
+/// on a small recording (the chart then spans the working set). `None`: nothing to add.
+fn around_working_set(
+    requests: &[prefixscope_core::cache::Request],
+    config: &ProfileConfig,
+    defaults: &prefixscope_core::cache::ProfileReport,
+) -> Option<prefixscope_core::cache::ProfileReport> {
+    let working_set = defaults
+        .unique_blocks
+        .saturating_mul(u64::from(config.block_size));
+    let (_, mut capacities) = prefixscope_core::live::capacity_axis(config.block_size, working_set);
+    for capacity in &config.capacities {
+        if !capacities.iter().any(|c| c.blocks == capacity.blocks) {
+            capacities.push(capacity.clone());
+        }
+    }
+    capacities.sort_by_key(|c| c.blocks);
+    let same = capacities.len() == config.capacities.len()
+        && capacities
+            .iter()
+            .zip(&config.capacities)
+            .all(|(a, b)| a.blocks == b.blocks);
+    if same {
+        return None;
+    }
+    let wider = ProfileConfig {
+        capacities,
+        ..config.clone()
+    };
+    Some(profile(requests, &wider))
 }

@@ -98,7 +98,10 @@ pub fn findings_lines<'a>(app: &App, selected: usize, theme: &Theme) -> (Vec<Lin
         // A setting's saving is over every request, whichever finding it fixes: its table
         // once, under the first finding it fixes, and a line that points there after.
         let table: Vec<String> = advice.savings.iter().map(|s| s.saving_text()).collect();
-        match tables.iter().find(|(t, _)| !table.is_empty() && *t == table) {
+        match tables
+            .iter()
+            .find(|(t, _)| !table.is_empty() && *t == table)
+        {
             Some((_, first)) => lines.push(Line::styled(
                 format!(
                     "   saving: the settings under {first}. above ({})",
