@@ -818,3 +818,53 @@ fn every_loss_of_every_demo_belongs_to_a_finding() {
         }
     }
 }
+
+/// The analysis links each subagent's conversation to the request whose task tool call it
+/// answers (`Row::spawned_by`), as the script ran it: every subagent conversation once, at its
+/// first turn, pointing at a request of the conversation that called it; no other conversation.
+#[test]
+fn each_subagent_is_linked_to_the_request_that_spawned_it() {
+    let run = demo("mixed", &[]);
+    let label: std::collections::HashMap<&str, &str> = run
+        .log
+        .requests
+        .iter()
+        .filter_map(|r| Some((r.response_id.as_str(), r.conversation.as_deref()?)))
+        .collect();
+    let label_of: std::collections::HashMap<u64, &str> = run
+        .records
+        .iter()
+        .filter_map(|record| {
+            let id = prefixscope_demo::script::response_id(record)?;
+            Some((record.id, *label.get(id)?))
+        })
+        .collect();
+    let subagents: BTreeSet<&str> = label_of
+        .values()
+        .copied()
+        .filter(|l| l.contains("/subagent-"))
+        .collect();
+    assert!(!subagents.is_empty(), "the mixed demo runs a subagent");
+    // As the panes show them: the live engine's lanes over the same records.
+    let mut engine = prefixscope_core::live::Engine::for_records(Config::default(), &run.records);
+    for record in run.records.iter().cloned() {
+        engine.push(prefixscope_core::live::Input::Record(Arc::new(record), 0));
+    }
+    engine.push(prefixscope_core::live::Input::SourceDone);
+    let snapshot = engine.snapshot();
+    let mut linked = BTreeSet::new();
+    for lane in &snapshot.view.lanes {
+        let Some(parent) = lane.spawned_by else {
+            continue;
+        };
+        let first = lane.cells[0].id;
+        let child = label_of[&first];
+        let (host, _) = child
+            .split_once("/subagent-")
+            .unwrap_or_else(|| panic!("#{first} ({child}) is linked but no subagent"));
+        assert_eq!(lane.cells[0].turn, 1, "#{first}");
+        assert_eq!(label_of[&parent], host, "#{first} ({child}) → #{parent}");
+        assert!(linked.insert(child), "{child} linked twice");
+    }
+    assert_eq!(linked, subagents);
+}

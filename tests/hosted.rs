@@ -589,3 +589,29 @@ fn exported_chains_follow_the_runs() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SDK test suites run one test after another, and a test that ends on a tool call is often
+/// followed by one offering fewer tools: the engine's subagent candidates. No parent goes on
+/// after its tool call there, so the panes link no subagent (the demo's real one is linked:
+/// tests/demo.rs).
+#[test]
+fn an_sdks_test_suite_is_no_tree_of_subagents() {
+    use prefixscope_core::live::{Engine, Input};
+    use std::sync::Arc;
+    for file in ["hosted/anthropic.jsonl", "hosted2/anthropic.jsonl"] {
+        let records = records(file);
+        let mut engine = Engine::for_records(Config::default(), &records);
+        for record in records {
+            engine.push(Input::Record(Arc::new(record), 0));
+        }
+        engine.push(Input::SourceDone);
+        let snapshot = engine.snapshot();
+        let linked: Vec<(u64, u64)> = snapshot
+            .view
+            .lanes
+            .iter()
+            .filter_map(|l| Some((l.cells[0].id, l.spawned_by?)))
+            .collect();
+        assert!(linked.is_empty(), "{file}: {linked:?}");
+    }
+}

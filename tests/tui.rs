@@ -2107,3 +2107,43 @@ fn v_goes_from_a_turn_to_the_request_that_evicted_it() {
     );
     assert!(first.contains("v: no request evicted this turn"), "{first}");
 }
+
+/// The mixed demo's subagent: its lane is marked `c5↳`, its turn says whose tool call its
+/// conversation answers, and `u` opens that request.
+#[test]
+fn u_goes_from_a_subagents_turn_to_the_request_that_spawned_it() {
+    let (records, _, control) = demo_screens("mixed", key('?'));
+    let fed = || {
+        let mut engine = Engine::for_records(Config::default(), &records);
+        for record in &records {
+            engine.push(Input::Record(Arc::new(record.clone()), NOW_MS));
+        }
+        engine.push(Input::SourceDone);
+        EngineControl(RefCell::new(engine))
+    };
+    let snapshot = control.0.borrow_mut().snapshot();
+    let (index, lane) = snapshot
+        .view
+        .lanes
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.spawned_by.is_some())
+        .expect("the mixed demo's subagent has a lane");
+    let parent = lane.spawned_by.unwrap();
+    let at = |keys: &[Event]| screen_on(fed(), "mixed", (120, 40), keys, Theme::plain(), text);
+    let label = format!("c{}↳", lane.conversation);
+    let panes = at(&[]);
+    assert!(panes.contains(&label), "{label}:\n{panes}");
+    let mut keys = vec![special(KeyCode::Down); index];
+    keys.extend([special(KeyCode::Home), special(KeyCode::Enter)]);
+    let opened = at(&keys);
+    assert!(
+        opened.contains(&format!(
+            "subagent: its conversation answers the tool call of #{parent}"
+        )),
+        "{opened}"
+    );
+    keys.push(key('u'));
+    let up = at(&keys);
+    assert!(up.contains(&format!("· request #{parent} ·")), "{up}");
+}

@@ -457,6 +457,26 @@ impl App {
             }
             return Some(Action::Redraw);
         }
+        // `u` in a subagent's turn: the request whose tool call its conversation answers.
+        if let (Some(Dialog::Detail { id, .. }), KeyCode::Char('u')) = (&self.dialog, code) {
+            let parent = self
+                .snapshot
+                .row(*id)
+                .and_then(|row| super::panes::views::spawner_of(self, &row));
+            match parent {
+                Some(parent) if self.snapshot.row(parent).is_some() => {
+                    self.open(Dialog::Detail {
+                        id: parent,
+                        scroll: 0,
+                    });
+                }
+                Some(parent) => {
+                    self.status = Some(format!("request #{parent} is not in the current view"))
+                }
+                None => self.status = Some("u: this turn's conversation is no subagent".into()),
+            }
+            return Some(Action::Redraw);
+        }
         match self.dialog.as_mut()? {
             Dialog::Detail { scroll, .. }
             | Dialog::Prefix { scroll, .. }

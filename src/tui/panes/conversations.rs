@@ -157,7 +157,18 @@ pub fn draw(
                 format!("{:<client_width$} ", fit_name(&lane.alias, client_width)),
                 style,
             ),
-            Span::styled(format!("c{:<3} ", lane.conversation), style),
+            // `c5↳`: a subagent's conversation (the turn detail says whose, `u` goes there).
+            Span::styled(
+                format!(
+                    "{:<4} ",
+                    format!(
+                        "c{}{}",
+                        lane.conversation,
+                        if lane.spawned_by.is_some() { "↳" } else { "" }
+                    )
+                ),
+                style,
+            ),
         ];
         let cursor = if is_selected {
             app.selected_cell()

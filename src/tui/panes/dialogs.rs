@@ -18,7 +18,7 @@ pub const HELP: &[&str] = &[
     "               elsewhere: next / previous pane",
     "  Enter        open: a turn (cause, cost, what changed, the fix), a prefix (what it is",
     "               made of), a client (what it suffered and caused); Esc goes back",
-    "  v            in a turn: the request that evicted it",
+    "  v / u        in a turn: the request that evicted it / that spawned its subagent (c5↳)",
     "  f            findings by cost, each with its fix and the predicted saving",
     "  ↵ on Hit rate the server's settings simulated: -np 1/2/4/8 × --cache-ram off/on",
     "  z            zoom the focused pane to the whole screen (z or Esc again: back)",

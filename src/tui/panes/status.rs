@@ -209,6 +209,7 @@ pub fn key_bar<'a>(app: &App, theme: &Theme) -> Line<'a> {
             "? help",
             "q quit",
             "v its evictor",
+            "u its parent",
             "↑↓ PgUp PgDn Home End scroll",
             "o write to a file",
         ]);

@@ -1471,6 +1471,7 @@ impl Analyzer {
                 (Some(prev), false)
             }
             Choice::Fresh(from) => {
+                row.spawned_by = self.spawner(i).map(|t| self.xs[self.seq.tips[t].row].id);
                 let conversation = self.seq.tips.len() as u32 + 1;
                 let from_row = from.map(|t| self.seq.tips[t].row);
                 self.seq.tips.push(Tip {
@@ -1513,6 +1514,32 @@ impl Analyzer {
         );
         table::finish_link(&mut row, link, latest);
         row
+    }
+
+    /// The conversation (its tip) that row `i`, the first of a new one, is a subagent of: of
+    /// the same user agent, waiting on a tool call (its latest request ended with one, before
+    /// `i` started), and offering a strict superset of `i`'s tools (two sessions of one harness
+    /// offer equal sets and are not parent and child); the latest to end. The most recent
+    /// conversations only (`SUBAGENT_LOOKBACK`): a parent waits for its subagent.
+    fn spawner(&self, i: usize) -> Option<usize> {
+        let x = &self.xs[i];
+        if x.tools.is_empty() {
+            return None;
+        }
+        let tools: BTreeSet<&str> = x.tools.iter().map(|t| t.name.as_str()).collect();
+        let first = self.seq.tips.len().saturating_sub(SUBAGENT_LOOKBACK);
+        (first..self.seq.tips.len())
+            .filter(|&t| {
+                let parent = &self.xs[self.seq.tips[t].row];
+                parent.user_agent == x.user_agent
+                    && !parent.output.tool_calls.is_empty()
+                    && parent.t_end_ms <= x.t_start_ms
+                    && parent.tools.len() > tools.len()
+                    && tools
+                        .iter()
+                        .all(|name| parent.tools.iter().any(|tool| tool.name.as_str() == *name))
+            })
+            .max_by_key(|&t| (self.xs[self.seq.tips[t].row].t_end_ms, t))
     }
 
     /// The tip `choose` would pick because row `i` continues its request and carries it on
@@ -1715,6 +1742,9 @@ fn map_rows<A, B>(report: Report<A>, f: impl FnOnce(Vec<A>) -> Vec<B>) -> Report
 }
 
 /// What keeps agents apart in the tips: the user-agent, and the session id when there is one.
+/// How many of the most recent conversations a new one's parent is looked for in.
+const SUBAGENT_LOOKBACK: usize = 64;
+
 fn agent_key(x: &Exchange) -> Option<String> {
     match (&x.user_agent, &x.session_id) {
         (agent, None) => agent.as_deref().map(str::to_string),

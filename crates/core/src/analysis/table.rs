@@ -40,6 +40,11 @@ pub struct Row {
     pub break_location: Option<Box<BreakLocation>>,
     /// prefixscope: the request that most likely evicted this turn's prefix.
     pub evicted_by: Option<EvictedBy>,
+    /// prefixscope: on a conversation's first turn, the request of another conversation whose
+    /// tool call it may answer as a subagent (`engine::spawner`): a candidate, known as the
+    /// turn arrives; the view keeps it once the parent goes on (`view::confirm_subagents`).
+    #[serde(skip)]
+    pub spawned_by: Option<u64>,
     /// prefixscope: the break's cause by name where it is one users know (`client_cause`):
     /// Claude Code's attribution header, a date in the system prompt, tools reordered, …
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -563,6 +568,7 @@ pub(super) fn base_row(
         loss_measured: false,
         break_location: None,
         evicted_by: None,
+        spawned_by: None,
         client_cause: None,
         engine_cause: None,
         engine_base: None,

@@ -24,7 +24,7 @@ pub use client::client_lines;
 pub use findings::{finding_rows_lines, findings_lines};
 pub use prefix::prefix_lines;
 use turn::*;
-pub use turn::{Written, detail_lines, detail_lines_as, turn_fix};
+pub use turn::{Written, detail_lines, detail_lines_as, spawner_of, turn_fix};
 pub use who_cost_whom::who_cost_whom_lines;
 
 /// The area a view takes: the screen but the status line and the key bar (what a key did and

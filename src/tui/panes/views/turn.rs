@@ -376,6 +376,28 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             cause_label(&by.kind)
         )));
     }
+    // A subagent's turn: the request whose tool call its conversation answers.
+    if let Some(parent) = spawner_of(app, &row) {
+        let place = snapshot
+            .row(parent)
+            .and_then(|p| {
+                Some(format!(
+                    " ({} c{} t{})",
+                    snapshot.view.aliases.clone().of(&p.client),
+                    p.conversation?,
+                    p.turn?
+                ))
+            })
+            .unwrap_or_default();
+        let key = if written == Written::Screen {
+            ", u opens it"
+        } else {
+            ""
+        };
+        lines.push(Line::raw(format!(
+            "subagent: its conversation answers the tool call of #{parent}{place}{key}"
+        )));
+    }
     // The cause by the name users know it (`client_cause`), and the engine's, with its evidence.
     if let Some(named) = row
         .client_cause
@@ -506,4 +528,14 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
         lines.extend(break_text_lines(texts, at.message, written, theme));
     }
     lines
+}
+
+/// The request whose tool call `row`'s conversation answers as a subagent, if it is one.
+pub fn spawner_of(app: &App, row: &prefixscope_core::analysis::Row) -> Option<u64> {
+    let conversation = row.conversation?;
+    app.view()
+        .lanes
+        .iter()
+        .find(|lane| lane.conversation == conversation)?
+        .spawned_by
 }
