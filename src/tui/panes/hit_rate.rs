@@ -188,16 +188,19 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     };
     let mut texts = vec![ends];
     if under && rest.height >= 4 {
-        texts.push(
-            curve
-                .points
-                .iter()
-                .map(|p| format!("{:<bar$}", p.0))
-                .collect::<String>()
-                .trim_end()
-                .to_string()
-                + " tokens",
-        );
+        let capacities = curve
+            .points
+            .iter()
+            .map(|p| format!("{:<bar$}", p.0))
+            .collect::<String>()
+            .trim_end()
+            .to_string();
+        let unit = " tokens";
+        texts.push(if capacities.chars().count() + unit.len() <= width {
+            capacities + unit
+        } else {
+            capacities
+        });
     }
     let [spark, labels] =
         Layout::vertical([Constraint::Min(1), Constraint::Length(texts.len() as u16)]).areas(rest);
