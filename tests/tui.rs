@@ -2106,6 +2106,14 @@ fn v_goes_from_a_turn_to_the_request_that_evicted_it() {
         &[special(KeyCode::Home), special(KeyCode::Enter), key('v')],
     );
     assert!(first.contains("v: no request evicted this turn"), "{first}");
+    // A key of the panes in a view says so, rather than doing nothing.
+    let mut keys = to_turn.to_vec();
+    keys.push(key('e'));
+    let said = screen(name, 120, 40, &keys);
+    assert!(
+        said.contains("e: a key of the panes, not of this view (Esc goes back)"),
+        "{said}"
+    );
 }
 
 /// The mixed demo's subagent: its lane is marked `c5↳`, its turn says whose tool call its

@@ -624,6 +624,17 @@ impl App {
                         }
                         return Action::Redraw;
                     }
+                    // A pane's key in a view says where it works rather than doing nothing.
+                    let in_turn = matches!(self.dialog, Some(Dialog::Detail { .. }));
+                    if let KeyCode::Char(c) = key.code
+                        && !matches!(c, 'j' | 'k' | ' ')
+                        && !(in_turn && matches!(c, 'v' | 'u'))
+                    {
+                        self.status = Some(format!(
+                            "{c}: a key of the panes, not of this view (Esc goes back)"
+                        ));
+                        return Action::Redraw;
+                    }
                     return self.view_key(key).unwrap_or(Action::Redraw);
                 }
             }
