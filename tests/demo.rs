@@ -824,7 +824,8 @@ fn every_loss_of_every_demo_belongs_to_a_finding() {
 /// first turn, pointing at a request of the conversation that called it; no other conversation.
 #[test]
 fn each_subagent_is_linked_to_the_request_that_spawned_it() {
-    let run = demo("mixed", &[]);
+    // The default seed, named: a folder of its own (another test runs `mixed` at once).
+    let run = demo("mixed", &["--seed", "3"]);
     let label: std::collections::HashMap<&str, &str> = run
         .log
         .requests
@@ -844,7 +845,17 @@ fn each_subagent_is_linked_to_the_request_that_spawned_it() {
         .copied()
         .filter(|l| l.contains("/subagent-"))
         .collect();
-    assert!(!subagents.is_empty(), "the mixed demo runs a subagent");
+    assert!(
+        !subagents.is_empty(),
+        "the mixed demo runs a subagent: {} records, {} labelled, log: {:?}",
+        run.records.len(),
+        label_of.len(),
+        run.log
+            .requests
+            .iter()
+            .map(|r| r.conversation.as_deref().unwrap_or("-"))
+            .collect::<Vec<_>>()
+    );
     // As the panes show them: the live engine's lanes over the same records.
     let mut engine = prefixscope_core::live::Engine::for_records(Config::default(), &run.records);
     for record in run.records.iter().cloned() {

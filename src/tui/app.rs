@@ -437,43 +437,28 @@ impl App {
         };
         let code = key.code;
         let back = matches!(code, KeyCode::Esc | KeyCode::Backspace | KeyCode::Left);
-        // `v` in a turn: the request that evicted it, Esc back to this one.
-        if let (Some(Dialog::Detail { id, .. }), KeyCode::Char('v')) = (&self.dialog, code) {
-            let evictor = self
-                .snapshot
-                .row(*id)
-                .and_then(|row| row.evicted_by.as_ref().map(|by| by.row));
-            match evictor {
-                Some(evictor) if self.snapshot.row(evictor).is_some() => {
-                    self.open(Dialog::Detail {
-                        id: evictor,
-                        scroll: 0,
-                    });
+        // `v` in a turn: the request that evicted it; `u` in a subagent's turn: the request
+        // whose tool call its conversation answers. Esc comes back to this one.
+        if let (Some(Dialog::Detail { id, .. }), KeyCode::Char(key @ ('v' | 'u'))) =
+            (&self.dialog, code)
+        {
+            let row = self.snapshot.row(*id);
+            let (to, none) = match key {
+                'v' => (
+                    row.and_then(|row| row.evicted_by.as_ref().map(|by| by.row)),
+                    "v: no request evicted this turn",
+                ),
+                _ => (
+                    row.and_then(|row| super::panes::views::spawner_of(self, &row)),
+                    "u: this turn's conversation is no subagent",
+                ),
+            };
+            match to {
+                Some(to) if self.snapshot.row(to).is_some() => {
+                    self.open(Dialog::Detail { id: to, scroll: 0 });
                 }
-                Some(evictor) => {
-                    self.status = Some(format!("request #{evictor} is not in the current view"))
-                }
-                None => self.status = Some("v: no request evicted this turn".into()),
-            }
-            return Some(Action::Redraw);
-        }
-        // `u` in a subagent's turn: the request whose tool call its conversation answers.
-        if let (Some(Dialog::Detail { id, .. }), KeyCode::Char('u')) = (&self.dialog, code) {
-            let parent = self
-                .snapshot
-                .row(*id)
-                .and_then(|row| super::panes::views::spawner_of(self, &row));
-            match parent {
-                Some(parent) if self.snapshot.row(parent).is_some() => {
-                    self.open(Dialog::Detail {
-                        id: parent,
-                        scroll: 0,
-                    });
-                }
-                Some(parent) => {
-                    self.status = Some(format!("request #{parent} is not in the current view"))
-                }
-                None => self.status = Some("u: this turn's conversation is no subagent".into()),
+                Some(to) => self.status = Some(format!("request #{to} is not in the current view")),
+                None => self.status = Some(none.into()),
             }
             return Some(Action::Redraw);
         }

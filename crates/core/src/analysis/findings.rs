@@ -337,29 +337,19 @@ fn prefix_breaks(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
             "broken": broken.len(),
             "share": share,
         });
-        // prefixscope: how many of them moved or inserted messages rather than edit them.
-        let reordered = broken
-            .iter()
-            .filter(|r| {
-                r.lost_client
-                    .as_ref()
-                    .is_some_and(|l| l.cause == "history_reordered")
-            })
-            .count();
-        if reordered > 0 {
-            evidence["reordered"] = json!(reordered);
-        }
-        // ... and how many dropped messages from the middle.
-        let dropped = broken
-            .iter()
-            .filter(|r| {
-                r.lost_client
-                    .as_ref()
-                    .is_some_and(|l| l.cause == "history_dropped")
-            })
-            .count();
-        if dropped > 0 {
-            evidence["dropped"] = json!(dropped);
+        // prefixscope: how many of them moved or inserted messages, and how many dropped some
+        // from the middle, rather than edit them.
+        for (key, cause) in [
+            ("reordered", "history_reordered"),
+            ("dropped", "history_dropped"),
+        ] {
+            let rows = broken
+                .iter()
+                .filter(|r| r.lost_client.as_ref().is_some_and(|l| l.cause == cause))
+                .count();
+            if rows > 0 {
+                evidence[key] = json!(rows);
+            }
         }
         // prefixscope: the named cause most of them show (`client_cause`), with how many.
         let mut named: BTreeMap<&str, usize> = BTreeMap::new();
