@@ -2,12 +2,9 @@
 //! the leaderboards, the whole profile. Usage: profile_bench TRACE [BLOCK_SIZE]
 use std::time::Instant;
 
-use prefixscope_core::cache::CapacityTotals;
-use prefixscope_core::cache::fifo_sweep;
 use prefixscope_core::cache::leaderboards;
+use prefixscope_core::cache::{Belady, Ceiling, EventBuilder, Fifo, Lru, Policy, next_uses};
 use prefixscope_core::cache::{Capacity, Passes, ProfileConfig, aiperf_cache_hit_rate, profile};
-use prefixscope_core::cache::{Ceiling, EventBuilder, Fifo, Policy, TrieCache, next_uses};
-use prefixscope_core::cache::{all_paths_from_root, lru_stack};
 use prefixscope_core::input::{self, Format, InputOptions};
 
 fn main() {
@@ -47,77 +44,43 @@ fn main() {
     let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
     println!("next uses {:>3.1} ms", ms(t));
     let capacities = [32usize, 128, 512, 2048, 8192, 32768];
-    // Each policy's six replays, five times over with the caches' memory recycled as the
-    // profile recycles it: the best time is the replays' own cost, without first-touch faults.
+    // The ceiling once, FIFO and optimal at the six capacities one replay each, LRU at all six
+    // from one walk: the best of five runs.
     for policy in [Policy::Ceiling, Policy::Fifo, Policy::Lru, Policy::Optimal] {
         let mut best = f64::MAX;
         let mut hits = 0u64;
-        let (mut fifo, mut trie) = (Fifo::new(0), TrieCache::lru(0));
         for _ in 0..5 {
             let t = Instant::now();
             hits = 0;
-            for &capacity in &capacities {
-                fifo = fifo.recycle(capacity);
-                trie = trie.recycle(capacity, policy);
+            let each: &[usize] = match policy {
+                Policy::Ceiling | Policy::Lru => &[0],
+                Policy::Fifo | Policy::Optimal => &capacities,
+            };
+            for &capacity in each {
                 let mut ceiling = Ceiling::default();
+                let mut fifo = Fifo::new(capacity);
+                let mut optimal = Belady::new(capacity);
+                let mut lru = Lru::new(&capacities.map(|c| c as u64));
                 for pass in 0..replay.passes() {
                     let range = replay.starts[pass]..replay.starts[pass + 1];
                     let events = &replay.events[range.clone()];
+                    let nodes = replay.parents.len();
                     hits += match policy {
-                        Policy::Ceiling => ceiling.serve(replay.parents.len(), events).hit_tokens,
-                        Policy::Fifo => fifo.serve(replay.parents.len(), events).hit_tokens,
-                        _ => trie.serve(&replay.parents, events, &next[range]).hit_tokens,
+                        Policy::Ceiling => ceiling.serve(nodes, events).hit_tokens,
+                        Policy::Fifo => fifo.serve(nodes, events).hit_tokens,
+                        Policy::Lru => lru.serve(nodes, events).iter().map(|s| s.hit_tokens).sum(),
+                        Policy::Optimal => {
+                            optimal
+                                .serve(&replay.parents, events, &next[range])
+                                .hit_tokens
+                        }
                     };
-                }
-                if policy == Policy::Ceiling {
-                    break;
                 }
             }
             best = best.min(ms(t));
         }
         println!("{:<8} {:>6.1} ms (hits {hits})", policy.as_str(), best);
     }
-    // LRU and optimal per capacity: where their six replays' time goes.
-    for policy in [Policy::Lru, Policy::Optimal] {
-        for &capacity in &capacities {
-            let mut best = f64::MAX;
-            let mut trie = TrieCache::lru(0);
-            for _ in 0..5 {
-                let t = Instant::now();
-                trie = trie.recycle(capacity, policy);
-                for pass in 0..replay.passes() {
-                    let range = replay.starts[pass]..replay.starts[pass + 1];
-                    trie.serve(&replay.parents, &replay.events[range.clone()], &next[range]);
-                }
-                best = best.min(ms(t));
-            }
-            println!("{} {capacity:>6} {best:>6.1} ms", policy.as_str());
-        }
-    }
-    // FIFO and LRU at the six capacities, each from its walk (what `profile` runs).
-    let all: Vec<u64> = capacities.iter().map(|&c| c as u64).collect();
-    let (best, hits) = best_of_five(|| {
-        fifo_sweep(
-            replay.parents.len(),
-            &replay.events,
-            &replay.starts,
-            &all,
-            |_| true,
-        )
-        .unwrap_or_default()
-    });
-    println!("fifo sweep {best:>6.1} ms (hits {hits})");
-    let paths = all_paths_from_root(&replay.parents, &replay.events, &replay.starts);
-    let (best, hits) = best_of_five(|| {
-        lru_stack(
-            replay.parents.len(),
-            &replay.events,
-            &replay.starts,
-            &all,
-            |_| true,
-        )
-    });
-    println!("lru stack {best:>6.1} ms (hits {hits}; paths from the root: {paths})");
     let t = Instant::now();
     let ranges = replay.request_ranges();
     let boards = leaderboards(&requests, &replay.events, &ranges, &replay.parents, 3);
@@ -140,19 +103,6 @@ fn main() {
     let t = Instant::now();
     let report = profile(&requests, &config);
     println!("profile {:>5.1} ms ({} points)", ms(t), report.points.len());
-}
-
-/// The best of five runs of a walk over every capacity, and the hits it found at all of them.
-fn best_of_five(walk: impl Fn() -> Vec<CapacityTotals>) -> (f64, u64) {
-    let mut best = f64::MAX;
-    let mut hits = 0;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let totals = walk();
-        best = best.min(ms(t));
-        hits = totals.iter().map(|t| t.hit_tokens).sum();
-    }
-    (best, hits)
 }
 
 fn ms(t: Instant) -> f64 {

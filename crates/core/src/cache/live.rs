@@ -3,11 +3,12 @@
 //! the figures are over every request so far). It runs the same policy structs as the batch
 //! profile, so after N requests it equals `profile` with `--warmup 0` on those N (tested).
 //!
-//! Cost per request: FIFO and the ceiling O(blocks); LRU O(blocks × log capacity) amortized (its
-//! leaf heap is updated lazily and compacted when stale entries outnumber live ones). `optimal`
-//! needs the future: [`LiveSimulator::optimal_snapshot`] replays what has arrived so far.
+//! Cost per request: FIFO and the ceiling O(blocks); LRU O(blocks × log requests) for every
+//! capacity at once. `optimal` needs the future: [`LiveSimulator::optimal_snapshot`] replays
+//! what has arrived so far.
 
-use super::policy::{Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses};
+use super::lru::Lru;
+use super::policy::{Belady, Ceiling, Event, EventBuilder, Fifo, Policy, Served, next_uses};
 use super::profile::Point;
 use super::{Capacity, Request};
 
@@ -24,23 +25,13 @@ impl Running {
     }
 }
 
-/// What one request got under each policy and capacity.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveUpdate {
-    pub request_tokens: u64,
-    pub ceiling: Served,
-    /// Per capacity, in the order given to [`LiveSimulator::new`].
-    pub fifo: Vec<Served>,
-    pub lru: Vec<Served>,
-}
-
 pub struct LiveSimulator {
     block_size: u32,
     capacities: Vec<Capacity>,
     builder: EventBuilder,
     ceiling: Ceiling,
     fifo: Vec<Fifo>,
-    lru: Vec<TrieCache>,
+    lru: Lru,
     ceiling_total: Running,
     /// The ceiling of the trace semantics: prompts only, replies never cached.
     prompts_ceiling: Ceiling,
@@ -77,10 +68,7 @@ impl LiveSimulator {
         LiveSimulator {
             block_size,
             fifo: capacities.iter().map(|c| Fifo::new(blocks(c))).collect(),
-            lru: capacities
-                .iter()
-                .map(|c| TrieCache::lru(blocks(c)))
-                .collect(),
+            lru: Lru::new(&capacities.iter().map(|c| c.blocks).collect::<Vec<_>>()),
             fifo_totals: vec![Running::default(); capacities.len()],
             lru_totals: vec![Running::default(); capacities.len()],
             capacities,
@@ -115,15 +103,11 @@ impl LiveSimulator {
     pub fn set_capacities(&mut self, capacities: Vec<Capacity>) {
         let blocks = |c: &Capacity| usize::try_from(c.blocks).unwrap_or(usize::MAX);
         self.fifo = capacities.iter().map(|c| Fifo::new(blocks(c))).collect();
-        self.lru = capacities
-            .iter()
-            .map(|c| TrieCache::lru(blocks(c)))
-            .collect();
+        self.lru = Lru::new(&capacities.iter().map(|c| c.blocks).collect::<Vec<_>>());
         self.fifo_totals = vec![Running::default(); capacities.len()];
         self.lru_totals = vec![Running::default(); capacities.len()];
         self.capacities = capacities;
         let nodes = self.builder.node_count();
-        let parents = self.builder.parents();
         for (window, &counted) in self.starts.windows(2).zip(&self.counted) {
             let events = &self.events[window[0]..window[1]];
             for (cache, total) in self.fifo.iter_mut().zip(&mut self.fifo_totals) {
@@ -132,10 +116,10 @@ impl LiveSimulator {
                     total.add(served);
                 }
             }
-            for (cache, total) in self.lru.iter_mut().zip(&mut self.lru_totals) {
-                let served = cache.serve(parents, events, &[]);
-                if counted {
-                    total.add(served);
+            let served = self.lru.serve(nodes, events);
+            if counted {
+                for (total, served) in self.lru_totals.iter_mut().zip(served) {
+                    total.add(*served);
                 }
             }
         }
@@ -150,8 +134,8 @@ impl LiveSimulator {
     }
 
     /// Serves `request`'s prompt under every policy, then inserts what it leaves cached (its
-    /// `cached_after`, uncounted), as `profile` replays it.
-    pub fn push(&mut self, request: &Request) -> LiveUpdate {
+    /// `cached_after`, uncounted), as `profile` replays it. Returns the prompt's tokens.
+    pub fn push(&mut self, request: &Request) -> u64 {
         if self.described.len() < MAX_DESCRIBED {
             self.described.push(Request {
                 parts: request
@@ -171,25 +155,18 @@ impl LiveSimulator {
         let request_tokens: u64 = events.iter().map(|e| u64::from(e.tokens)).sum();
         self.measured_tokens += request_tokens;
         let nodes = self.builder.node_count();
-        let ceiling = self.ceiling.serve(nodes, events);
-        self.ceiling_total.add(ceiling);
+        self.ceiling_total.add(self.ceiling.serve(nodes, events));
         self.prompts_ceiling_total
             .add(self.prompts_ceiling.serve(nodes, events));
-        let mut update = LiveUpdate {
-            request_tokens,
-            ceiling,
-            fifo: Vec::with_capacity(self.fifo.len()),
-            lru: Vec::with_capacity(self.lru.len()),
-        };
         for (cache, total) in self.fifo.iter_mut().zip(&mut self.fifo_totals) {
-            let served = cache.serve(nodes, events);
-            total.add(served);
-            update.fifo.push(served);
+            total.add(cache.serve(nodes, events));
         }
-        for (cache, total) in self.lru.iter_mut().zip(&mut self.lru_totals) {
-            let served = cache.serve(self.builder.parents(), events, &[]);
-            total.add(served);
-            update.lru.push(served);
+        for (total, served) in self
+            .lru_totals
+            .iter_mut()
+            .zip(self.lru.serve(nodes, events))
+        {
+            total.add(*served);
         }
         let start = self.events.len();
         crate::growth::reserve_by_quarter(&mut self.events, self.scratch.len());
@@ -213,15 +190,13 @@ impl LiveSimulator {
             for cache in &mut self.fifo {
                 cache.serve(nodes, events);
             }
-            for cache in &mut self.lru {
-                cache.serve(self.builder.parents(), events, &[]);
-            }
+            self.lru.serve(nodes, events);
             crate::growth::reserve_by_quarter(&mut self.events, self.reply_scratch.len());
             self.events.extend_from_slice(&self.reply_scratch);
             self.starts.push(self.events.len());
             self.counted.push(false);
         }
-        update
+        request_tokens
     }
 
     fn point(&self, policy: Policy, capacity: Option<&Capacity>, running: Running) -> Point {
@@ -280,7 +255,7 @@ impl LiveSimulator {
     pub fn optimal_snapshot(&self, capacity: &Capacity) -> Point {
         let parents = self.builder.parents();
         let next = next_uses(&self.events, &self.starts, parents.len());
-        let mut cache = TrieCache::optimal(usize::try_from(capacity.blocks).unwrap_or(usize::MAX));
+        let mut cache = Belady::new(usize::try_from(capacity.blocks).unwrap_or(usize::MAX));
         let mut running = Running::default();
         for (window, &counted) in self.starts.windows(2).zip(&self.counted) {
             let range = window[0]..window[1];

@@ -6,19 +6,17 @@
 //! From there one engine serves them all:
 //!
 //! - [`blocks`]: the block model for requests that carry a prompt (render, cut, chained hash);
-//! - [`policy`]: the trie of blocks and the policies (ceiling, FIFO, LRU, optimal), each exactly
-//!   as kvcache-simulator 0.1.3 computes it;
-//! - [`fifo_sweep`]: FIFO at every capacity from insertion stamps, without a queue;
-//! - [`lru_stack`]: LRU at every capacity from one walk (stack distances);
+//! - [`policy`]: the trie of blocks and the policies (ceiling, FIFO, optimal), each exactly as
+//!   kvcache-simulator 0.1.3 computes it;
+//! - [`lru`]: LRU, exactly as kvcache-simulator computes it, at every capacity from one walk
+//!   (stack distances);
 //! - [`profile`]: the batch report (curve, split, leaderboards, distributions, AIPerf's rate);
 //! - [`live`]: the same policies fed one request at a time (a cold replay) for the live views.
 
 pub(crate) mod blocks;
 pub(crate) mod capacity;
-pub(crate) mod fifo_sweep;
-mod leaf_heap;
 pub(crate) mod live;
-pub(crate) mod lru_stack;
+pub(crate) mod lru;
 pub(crate) mod policy;
 pub(crate) mod prefixes;
 pub(crate) mod profile;
@@ -26,9 +24,8 @@ pub(crate) mod stats;
 
 pub use blocks::{BlockModel, Cutter, ToolsPosition};
 pub use capacity::{DEFAULT_CAPACITIES, kv_model_bytes_per_token, parse_capacity};
-pub use fifo_sweep::fifo_sweep;
-pub use lru_stack::{all_paths_from_root, lru_stack};
-pub use policy::{Ceiling, EventBuilder, Fifo, TrieCache, next_uses};
+pub use lru::Lru;
+pub use policy::{Belady, Ceiling, EventBuilder, Fifo, next_uses};
 pub use prefixes::{PrefixGroup, leaderboards};
 pub use profile::{Passes, Point, aiperf_cache_hit_rate, aiperf_ratios, ceiling_per_request};
 pub use stats::Distribution;
@@ -40,16 +37,6 @@ use serde::{Deserialize, Serialize};
 pub use live::LiveSimulator;
 pub use policy::Policy;
 pub use profile::{Capacity, ProfileConfig, ProfileReport, profile};
-
-/// One capacity's figures from a walk that serves several at once ([`lru_stack`],
-/// [`fifo_sweep`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CapacityTotals {
-    pub hit_tokens: u64,
-    pub same_conversation_tokens: u64,
-    /// The pass during which the cache first filled up.
-    pub full_since: Option<u64>,
-}
 
 /// Version of the profile report format.
 /// 2: `ceiling` caches each request's reply after its prompt (where the reply is known);

@@ -9,7 +9,7 @@
 //! - `lru`: a global clock bumped on every touch (hits along the prefix too); only leaves are
 //!   evicted, oldest first; the nodes of the current request are protected; a node is inserted
 //!   only when its parent is cached, and the rest of the request is dropped when it is not, or
-//!   when nothing can be evicted;
+//!   when nothing can be evicted (every capacity at once: [`super::lru`]);
 //! - `optimal` (Belady): as `lru`, but the victim is the leaf whose next use is farthest (never =
 //!   number of requests + 1), ties to the higher node; a newcomer bypasses the cache when the
 //!   victim's next use is not later than its own.
@@ -17,9 +17,7 @@
 //! Each policy is a struct fed one request at a time, so the batch profile and the live view run
 //! the same code.
 
-use std::collections::VecDeque;
-
-use super::leaf_heap::QuaternaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -98,12 +96,18 @@ pub struct Served {
 }
 
 impl Served {
-    fn hit(&mut self, event: &Event) {
+    pub(super) fn hit(&mut self, event: &Event) {
         self.hit_tokens += u64::from(event.tokens);
         self.hit_blocks += 1;
         if event.seen_in_conversation() {
             self.same_conversation_tokens += u64::from(event.tokens);
         }
+    }
+
+    pub(super) fn add(&mut self, other: Served) {
+        self.hit_tokens += other.hit_tokens;
+        self.same_conversation_tokens += other.same_conversation_tokens;
+        self.hit_blocks += other.hit_blocks;
     }
 }
 
@@ -300,7 +304,8 @@ impl Fifo {
         Fifo::with_buffers(capacity, Vec::new(), VecDeque::new())
     }
 
-    /// An empty FIFO that reuses this one's memory (see [`TrieCache::recycle`]).
+    /// An empty FIFO that reuses this one's memory: a batch of replays then writes into pages
+    /// already faulted in instead of new ones for each.
     pub fn recycle(self, capacity: usize) -> Fifo {
         Fifo::with_buffers(capacity, self.in_cache, self.queue)
     }
@@ -368,38 +373,22 @@ impl Fifo {
     }
 }
 
-/// A heap entry: `rank` orders the entries (the heap pops the largest; it encodes the key).
-///
-/// An entry is current while its node is a cached leaf with the entry's key. A node's key only
-/// grows (LRU: the clock; optimal: its next use, which is later than the request that sets
-/// it), so an entry left from an earlier stay in the cache never matches again (LRU's
-/// renumbering lowers keys, but drops every entry and makes them again). 8 bytes, as keys are
-/// 32 bits: the heap and the deque hold twice the entries in a cache line. Two current
-/// entries of one node (one pushed when it was touched, one when its last child went) are
-/// equal, and either picks the same victim.
+/// A heap entry, ordered by the node's next use, then by node (the reference's comparator:
+/// ties go to the higher node). It is current while its node is a cached leaf with that next
+/// use: a node's next use only grows (it is later than the request that sets it), so an entry
+/// left from an earlier stay in the cache never matches again. Two current entries of one node
+/// are equal, and either picks the same victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Leaf {
-    rank: u32,
+    next_use: u32,
     node: u32,
 }
 
-impl Leaf {
-    /// Rank, then node, as one number: the heap compares once instead of twice.
-    fn order(&self) -> u64 {
-        (u64::from(self.rank) << 32) | u64::from(self.node)
-    }
-
-    fn from_order(order: u64) -> Leaf {
-        Leaf {
-            rank: (order >> 32) as u32,
-            node: order as u32,
-        }
-    }
-}
-
 impl Ord for Leaf {
+    /// As one number: the heap compares once instead of twice.
     fn cmp(&self, other: &Leaf) -> std::cmp::Ordering {
-        self.order().cmp(&other.order())
+        let order = |leaf: &Leaf| (u64::from(leaf.next_use) << 32) | u64::from(leaf.node);
+        order(self).cmp(&order(other))
     }
 }
 
@@ -412,14 +401,11 @@ impl PartialOrd for Leaf {
 /// The top bit of [`NodeState::mark`]: the node is cached.
 const PRESENT: u32 = 1 << 31;
 
-/// What a trie cache knows about one node, in 12 bytes, so that one access fetches it all and
-/// the nodes of a large trace take half the memory of the 24 they once took (the nodes of the
-/// Mooncake trace then nearly fit a core's L2 cache).
+/// What the optimal cache knows about one node, in 12 bytes, so that one access fetches it all.
 #[derive(Debug, Clone, Copy, Default)]
 struct NodeState {
-    /// LRU: the clock of the last touch (32 bits: see [`TrieCache::renumber_clock`]); optimal:
-    /// the next request that uses the node (a request index, as `next_uses` gives it).
-    key: u32,
+    /// The next request that uses the node (a request index, as `next_uses` gives it).
+    next_use: u32,
     child_count: u32,
     /// The request mark that protects the node (below `PRESENT`), and `PRESENT`.
     mark: u32,
@@ -447,104 +433,49 @@ impl NodeState {
     }
 }
 
-/// The memory of a [`TrieCache`], emptied, for the next one.
-#[derive(Default)]
-struct Buffers {
-    nodes: Vec<NodeState>,
-    heap: Vec<u64>,
-    ordered: VecDeque<Leaf>,
-    skipped: Vec<Leaf>,
-}
-
-/// Where an eviction candidate waits: see [`TrieCache`].
-#[derive(Debug, Clone, Copy)]
-enum Source {
-    Heap,
-    Ordered,
-    Newest,
-}
-
-/// `lru` and `optimal`: a trie whose leaves are evicted, from a lazily updated heap.
-///
-/// The node a request inserted last waits in `newest` instead of the heap: the next insertion
-/// usually makes it an inner node at once, and most of the heap traffic was such entries going
-/// stale. Eviction picks the better of the heap's top and `newest`, which is the order a single
-/// heap would give.
+/// `optimal` (Belady): a trie whose leaves are evicted farthest next use first, from a lazily
+/// updated heap.
 #[derive(Debug, Clone)]
-pub struct TrieCache {
-    optimal: bool,
+pub struct Belady {
     capacity: usize,
     nodes: Vec<NodeState>,
     mark: u32,
-    heap: QuaternaryHeap,
-    /// LRU only: leaves in key order. A touched leaf has the newest key and goes to the back; a
-    /// parent left a leaf by an eviction usually has the oldest and goes to the front; the
-    /// rare one that fits neither end goes to `heap`. Most LRU traffic then costs O(1).
-    ordered: VecDeque<Leaf>,
-    newest: Option<Leaf>,
+    heap: BinaryHeap<Leaf>,
     size: usize,
-    clock: u32,
     requests: u64,
     full_since: Option<u64>,
+    /// Protected leaves popped during this request's evictions. The reference pushes them back
+    /// after every eviction and pops them again at the next; they stay protected until the
+    /// request ends, so keeping them aside until then picks the same victims.
     skipped: Vec<Leaf>,
 }
 
-impl TrieCache {
-    pub fn lru(capacity: usize) -> TrieCache {
-        TrieCache::new(capacity, false)
+impl Belady {
+    pub fn new(capacity: usize) -> Belady {
+        Belady::with_buffers(capacity, Vec::new(), Vec::new())
     }
 
-    pub fn optimal(capacity: usize) -> TrieCache {
-        TrieCache::new(capacity, true)
+    /// An empty cache that reuses this one's memory (see [`Fifo::recycle`]).
+    pub fn recycle(self, capacity: usize) -> Belady {
+        Belady::with_buffers(capacity, self.nodes, self.heap.into_vec())
     }
 
-    fn new(capacity: usize, optimal: bool) -> TrieCache {
-        TrieCache::with_buffers(capacity, optimal, Buffers::default())
-    }
-
-    /// An empty cache of `policy` (`Lru` or `Optimal`) that reuses this one's memory: a batch of
-    /// replays then writes into pages already faulted in instead of new ones for each.
-    pub fn recycle(self, capacity: usize, policy: Policy) -> TrieCache {
-        TrieCache::with_buffers(
-            capacity,
-            policy == Policy::Optimal,
-            Buffers {
-                nodes: self.nodes,
-                heap: self.heap.into_vec(),
-                ordered: self.ordered,
-                skipped: self.skipped,
-            },
-        )
-    }
-
-    fn with_buffers(capacity: usize, optimal: bool, buffers: Buffers) -> TrieCache {
-        let Buffers {
-            mut nodes,
-            mut heap,
-            mut ordered,
-            mut skipped,
-        } = buffers;
+    fn with_buffers(capacity: usize, mut nodes: Vec<NodeState>, mut heap: Vec<Leaf>) -> Belady {
         nodes.clear();
         nodes.push(NodeState {
             mark: PRESENT,
             ..NodeState::default()
         });
         heap.clear();
-        ordered.clear();
-        skipped.clear();
-        TrieCache {
-            optimal,
+        Belady {
             capacity,
             nodes,
             mark: 1,
-            heap: QuaternaryHeap::from_vec(heap),
-            ordered,
-            newest: None,
+            heap: BinaryHeap::from(heap),
             size: 0,
-            clock: 0,
             requests: 0,
             full_since: None,
-            skipped,
+            skipped: Vec::new(),
         }
     }
 
@@ -556,184 +487,82 @@ impl TrieCache {
         self.size
     }
 
-    /// LRU pops the smallest clock, optimal the farthest next use; ties go to the higher node
-    /// in both (the reference's comparator).
-    fn rank(&self, key: u32) -> u32 {
-        if self.optimal { key } else { u32::MAX - key }
-    }
-
-    fn key_of(&self, leaf: &Leaf) -> u32 {
-        if self.optimal {
-            leaf.rank
-        } else {
-            u32::MAX - leaf.rank
-        }
-    }
-
-    /// An entry for `node` if it is a cached leaf.
-    fn leaf_entry(&self, node: u32) -> Option<Leaf> {
+    /// Queues `node` as an eviction candidate if it is a cached leaf.
+    fn push_if_leaf(&mut self, node: u32) {
         let state = &self.nodes[node as usize];
-        if node == 0 || !state.present() || state.child_count != 0 {
-            return None;
+        if node != 0 && state.present() && state.child_count == 0 {
+            self.heap.push(Leaf {
+                next_use: state.next_use,
+                node,
+            });
         }
-        Some(Leaf {
-            rank: self.rank(state.key),
-            node,
-        })
-    }
-
-    /// A leaf whose key was just set from the clock (LRU) or the future (optimal).
-    fn push_touched(&mut self, node: u32) {
-        if let Some(leaf) = self.leaf_entry(node) {
-            self.push_newest_key(leaf);
-        }
-    }
-
-    fn push_newest_key(&mut self, leaf: Leaf) {
-        if self.optimal {
-            self.heap.push(leaf.order());
-        } else {
-            self.ordered.push_back(leaf);
-        }
-    }
-
-    /// A parent that its last child's eviction left a leaf, with the key it already had.
-    fn push_uncovered(&mut self, node: u32) {
-        let Some(leaf) = self.leaf_entry(node) else {
-            return;
-        };
-        // Ranks fall with the LRU key: a larger rank than the front's is an older key.
-        match self.ordered.front() {
-            _ if self.optimal => self.heap.push(leaf.order()),
-            Some(front) if leaf.rank <= front.rank => self.heap.push(leaf.order()),
-            _ => self.ordered.push_front(leaf),
-        }
-    }
-
-    fn set_key(&mut self, node: u32, next_use: u32) {
-        self.nodes[node as usize].key = if self.optimal {
-            next_use
-        } else {
-            self.clock += 1;
-            self.clock
-        };
     }
 
     fn is_current(&self, leaf: &Leaf) -> bool {
         let state = &self.nodes[leaf.node as usize];
-        state.present() && state.child_count == 0 && state.key == self.key_of(leaf)
+        state.present() && state.child_count == 0 && state.next_use == leaf.next_use
     }
 
-    /// LRU's clock is 32 bits, so that a node's state is 12 bytes. Before a request could run
-    /// it past its end (it moves once per event at most), the cached nodes' keys are numbered
-    /// again 1, 2, … in the order they had, and the leaves' entries rebuilt in that order. LRU
-    /// keys are distinct and entries are ordered by them, so no victim changes.
-    fn renumber_clock(&mut self) {
-        let mut cached: Vec<(u32, u32)> = (1..self.nodes.len())
-            .filter(|&n| self.nodes[n].present())
-            .map(|n| (self.nodes[n].key, u32::try_from(n).unwrap_or(MAX_NODE)))
-            .collect();
-        cached.sort_unstable();
-        for (key, &(_, node)) in (1..).zip(&cached) {
-            self.nodes[node as usize].key = key;
-        }
-        self.clock = u32::try_from(cached.len()).unwrap_or(u32::MAX);
-        self.heap.clear();
-        self.ordered.clear();
-        // Oldest first: the front of `ordered` is the next victim.
-        for &(_, node) in &cached {
-            if let Some(leaf) = self.leaf_entry(node) {
-                self.ordered.push_back(leaf);
-            }
-        }
-    }
-
-    /// Protected leaves popped during this request's evictions. The reference pushes them back
-    /// after every eviction and pops them again at the next; they stay protected until the
-    /// request ends, so keeping them aside until then picks the same victims.
-    fn restore_skipped(&mut self) {
-        for leaf in self.skipped.drain(..) {
-            self.heap.push(leaf.order());
-        }
-    }
-
-    /// The next eviction candidate: whichever of the heap's top, the front of `ordered` and
-    /// `newest` ranks first.
-    fn best_candidate(&self) -> Option<(Leaf, Source)> {
-        let mut best: Option<(Leaf, Source)> = self
-            .heap
-            .peek()
-            .map(|l| (Leaf::from_order(l), Source::Heap));
-        if let Some(&front) = self.ordered.front()
-            && best.as_ref().is_none_or(|(b, _)| front > *b)
-        {
-            best = Some((front, Source::Ordered));
-        }
-        if let Some(newest) = self.newest
-            && best.as_ref().is_none_or(|(b, _)| newest > *b)
-        {
-            best = Some((newest, Source::Newest));
-        }
-        best
-    }
-
-    fn remove_candidate(&mut self, source: Source) {
-        match source {
-            Source::Heap => drop(self.heap.pop()),
-            Source::Ordered => drop(self.ordered.pop_front()),
-            Source::Newest => self.newest = None,
-        }
-    }
-
-    fn evict_leaf(&mut self, parents: &[u32], candidate_key: u32) -> bool {
+    /// Evicts the leaf used farthest ahead, unless a newcomer next used at `newcomer` is used
+    /// no earlier (it then bypasses the cache). False when nothing was evicted. `newest`, the
+    /// leaf this request inserted last, waits outside the heap: the next insertion makes it an
+    /// inner node, and most heap entries were such leaves going stale.
+    fn evict_leaf(&mut self, parents: &[u32], newcomer: u32, newest: &mut Option<Leaf>) -> bool {
         loop {
-            let Some((top, source)) = self.best_candidate() else {
-                return false;
+            let top = self.heap.peek().copied();
+            let victim = match (top, *newest) {
+                // Inserted by this request after its hits: current and unprotected.
+                (_, Some(leaf)) if top.is_none_or(|top| leaf > top) => {
+                    if leaf.next_use <= newcomer {
+                        return false;
+                    }
+                    *newest = None;
+                    leaf
+                }
+                (Some(top), _) => {
+                    if !self.is_current(&top) {
+                        self.heap.pop();
+                        continue;
+                    }
+                    if self.nodes[top.node as usize].protected_by(self.mark) {
+                        self.heap.pop();
+                        self.skipped.push(top);
+                        continue;
+                    }
+                    // A newcomer used no later than the victim bypasses the cache; the victim
+                    // stays where it is (the reference pops it and pushes it back: the same
+                    // order).
+                    if top.next_use <= newcomer {
+                        return false;
+                    }
+                    self.heap.pop();
+                    top
+                }
+                (None, _) => return false,
             };
-            if !self.is_current(&top) {
-                self.remove_candidate(source);
-                continue;
-            }
-            let n = top.node as usize;
-            if self.nodes[n].protected_by(self.mark) {
-                self.remove_candidate(source);
-                self.skipped.push(top);
-                continue;
-            }
-            // A newcomer used no later than the victim bypasses the cache; the victim stays
-            // where it is (the reference pops it and pushes it back: the same order).
-            if self.optimal && self.key_of(&top) <= candidate_key {
-                return false;
-            }
-            self.remove_candidate(source);
+            let n = victim.node as usize;
             self.nodes[n].set_present(false);
             self.size -= 1;
             let parent = parents[n];
-            let parent_state = &mut self.nodes[parent as usize];
-            parent_state.child_count -= 1;
-            if parent > 0 && parent_state.present() && parent_state.child_count == 0 {
-                self.push_uncovered(parent);
-            }
+            self.nodes[parent as usize].child_count -= 1;
+            self.push_if_leaf(parent);
             return true;
         }
     }
 
     /// Stale entries pile up as leaves are touched; dropping them when they outnumber the live
     /// ones keeps the heap proportional to the cache without changing which leaf pops next
-    /// (current entries are totally ordered by rank and node).
+    /// (current entries are totally ordered).
     fn compact(&mut self) {
-        if self.heap.len() + self.ordered.len() > 2 * self.size + 1024 {
+        if self.heap.len() > 2 * self.size + 1024 {
             let mut entries = std::mem::take(&mut self.heap).into_vec();
-            entries.retain(|&l| self.is_current(&Leaf::from_order(l)));
-            self.heap = QuaternaryHeap::from_vec(entries);
-            let mut ordered = std::mem::take(&mut self.ordered);
-            ordered.retain(|l| self.is_current(l));
-            self.ordered = ordered;
+            entries.retain(|leaf| self.is_current(leaf));
+            self.heap = BinaryHeap::from(entries);
         }
     }
 
-    /// Serves one request. `next_use[i]` is, for optimal, the index of the next request that
-    /// contains `events[i]`'s node (or the number of requests + 1); LRU ignores it.
+    /// Serves one request. `next_use[i]` is the index of the next request that contains
+    /// `events[i]`'s node (or the number of requests + 1).
     pub fn serve(&mut self, parents: &[u32], events: &[Event], next_use: &[u32]) -> Served {
         let request = self.requests;
         self.requests += 1;
@@ -743,11 +572,6 @@ impl TrieCache {
         }
         grow(&mut self.nodes, parents.len(), NodeState::default());
         let next = |i: usize| next_use.get(i).copied().unwrap_or(0);
-        // Between requests nothing waits in `newest` or `skipped`: the entries are all in the
-        // heap and `ordered`, which the renumbering rebuilds.
-        if !self.optimal && ((u32::MAX - self.clock) as usize) <= events.len() {
-            self.renumber_clock();
-        }
 
         self.mark += 1;
         if self.mark == PRESENT - 1 {
@@ -766,13 +590,13 @@ impl TrieCache {
                 break;
             }
             state.protect(self.mark);
+            state.next_use = next(i);
             served.hit(event);
-            // A hit is touched: a new key, and a fresh entry if it is a leaf.
-            self.set_key(event.node(), next(i));
-            self.push_touched(event.node());
+            self.push_if_leaf(event.node());
             hits += 1;
         }
 
+        let mut newest = None;
         for (i, event) in events.iter().enumerate().skip(hits) {
             let n = event.node() as usize;
             // Past the hits nothing is cached, but for ids folded into the last node at the
@@ -780,25 +604,20 @@ impl TrieCache {
             if self.nodes[n].present() {
                 continue;
             }
-            if self.size >= self.capacity {
-                let candidate_key = if self.optimal { next(i) } else { 0 };
-                if !self.evict_leaf(parents, candidate_key) {
-                    break;
-                }
+            if self.size >= self.capacity && !self.evict_leaf(parents, next(i), &mut newest) {
+                break;
             }
             let parent = parents[n] as usize;
             if self.size < self.capacity && self.nodes[parent].present() {
                 self.nodes[n].set_present(true);
+                self.nodes[n].next_use = next(i);
                 self.size += 1;
                 self.nodes[parent].child_count += 1;
-                self.set_key(event.node(), next(i));
-                // The previous newest is normally this node's parent, an inner node now.
-                if let Some(previous) = self.newest.take()
-                    && self.is_current(&previous)
-                {
-                    self.push_newest_key(previous);
-                }
-                self.newest = self.leaf_entry(event.node());
+                // The newest before is this node's parent, an inner node now.
+                newest = Some(Leaf {
+                    next_use: next(i),
+                    node: event.node(),
+                });
                 if self.size >= self.capacity && self.full_since.is_none() {
                     self.full_since = Some(request);
                 }
@@ -806,12 +625,8 @@ impl TrieCache {
                 break;
             }
         }
-        if let Some(newest) = self.newest.take()
-            && self.is_current(&newest)
-        {
-            self.push_newest_key(newest);
-        }
-        self.restore_skipped();
+        self.heap.extend(newest);
+        self.heap.extend(self.skipped.drain(..));
         self.compact();
         served
     }
@@ -953,34 +768,6 @@ mod tests {
     }
 
     #[test]
-    fn leaves_order_by_rank_then_node() {
-        let mut rng = crate::test_support::Xorshift::new(7);
-        let edges = [0, 1, u32::MAX - 1, u32::MAX];
-        for i in 0..20_000 {
-            let mut draw = || match rng.below(3) {
-                0 => edges[rng.below(4) as usize],
-                1 => rng.below(4) as u32,
-                _ => rng.next() as u32,
-            };
-            let (a, b) = (
-                Leaf {
-                    rank: draw(),
-                    node: draw(),
-                },
-                Leaf {
-                    rank: draw(),
-                    node: draw(),
-                },
-            );
-            assert_eq!(
-                a.cmp(&b),
-                (a.rank, a.node).cmp(&(b.rank, b.node)),
-                "{i}: {a:?} {b:?}"
-            );
-        }
-    }
-
-    #[test]
     fn trie_nodes_depend_on_the_parent() {
         let mut b = EventBuilder::new();
         let a = events_of(&mut b, &[7, 8]);
@@ -1063,38 +850,6 @@ mod tests {
     }
 
     #[test]
-    fn lru_refreshes_on_hits_and_evicts_leaves_only() {
-        let mut b = EventBuilder::new();
-        let mut lru = TrieCache::lru(2);
-        let mut serve = |ids: &[u64]| {
-            let events = events_of(&mut b, ids);
-            lru.serve(b.parents(), &events, &[]).hit_tokens
-        };
-        assert_eq!(serve(&[1]), 0);
-        assert_eq!(serve(&[2]), 0);
-        assert_eq!(serve(&[1]), 1); // 1 is now newer than 2
-        assert_eq!(serve(&[3]), 0); // evicts 2
-        assert_eq!(serve(&[1]), 1);
-        assert_eq!(serve(&[2]), 0);
-    }
-
-    #[test]
-    fn lru_protects_only_what_was_cached_before_the_request() {
-        let mut b = EventBuilder::new();
-        let mut lru = TrieCache::lru(2);
-        let e = events_of(&mut b, &[1, 2, 3]);
-        // Capacity 2: 1 and 2 go in. 3 needs a victim: 2, inserted by this very request, is not
-        // protected (the reference marks before inserting), so it goes, and then 3's parent is
-        // missing and the rest of the request is dropped.
-        lru.serve(b.parents(), &e, &[]);
-        assert_eq!(lru.cached_blocks(), 1);
-        let e = events_of(&mut b, &[1, 2, 3]);
-        assert_eq!(lru.serve(b.parents(), &e, &[]).hit_tokens, 1);
-        // The same again: 2 goes in and is the victim for 3. The request never caches past 1.
-        assert_eq!(lru.cached_blocks(), 1);
-    }
-
-    #[test]
     fn a_node_state_is_twelve_bytes_and_the_mark_keeps_the_cached_flag() {
         assert_eq!(std::mem::size_of::<NodeState>(), 12);
         assert_eq!(std::mem::size_of::<Leaf>(), 8);
@@ -1123,60 +878,33 @@ mod tests {
             &[1, 5],
             &[6, 7, 8],
         ];
-        let serve_all = |cache: &mut TrieCache| {
-            let mut b = EventBuilder::new();
-            sequence
-                .iter()
-                .map(|ids| {
-                    let e = events_of(&mut b, ids);
+        let mut b = EventBuilder::new();
+        let mut events = Vec::new();
+        let mut starts = vec![0];
+        for ids in sequence {
+            b.push(&request(ids), &mut events);
+            starts.push(events.len());
+        }
+        let next = next_uses(&events, &starts, b.node_count());
+        let serve_all = |cache: &mut Belady| {
+            starts
+                .windows(2)
+                .map(|pass| {
+                    let range = pass[0]..pass[1];
                     (
-                        cache.serve(b.parents(), &e, &[]).hit_tokens,
+                        cache
+                            .serve(b.parents(), &events[range.clone()], &next[range])
+                            .hit_tokens,
                         cache.cached_blocks(),
                     )
                 })
                 .collect::<Vec<_>>()
         };
-        let fresh = serve_all(&mut TrieCache::lru(4));
-        let mut wrapping = TrieCache::lru(4);
+        let fresh = serve_all(&mut Belady::new(4));
+        let mut wrapping = Belady::new(4);
         wrapping.mark = PRESENT - 4;
         assert_eq!(serve_all(&mut wrapping), fresh);
         assert!(wrapping.mark < 8, "the mark wrapped");
-    }
-
-    /// LRU's 32-bit clock is numbered again before it would wrap, without changing what is
-    /// served: a cache whose clock is near its end serves a sequence as a fresh one does.
-    #[test]
-    fn the_lru_clock_is_renumbered_without_changing_what_is_served() {
-        let mut rng = crate::test_support::Xorshift::new(0x9e37_79b9_7f4a_7c15u64);
-        let mut random = move |n: u64| rng.below(n);
-        // Paths that share prefixes, so leaves, inner nodes and uncovered parents all occur.
-        let sequence: Vec<Vec<u64>> = (0..400)
-            .map(|_| {
-                (0..1 + random(6))
-                    .map(|depth| depth * 10 + random(3))
-                    .collect()
-            })
-            .collect();
-        for capacity in [1, 3, 8, 40] {
-            let serve_all = |cache: &mut TrieCache| {
-                let mut b = EventBuilder::new();
-                sequence
-                    .iter()
-                    .map(|ids| {
-                        let e = events_of(&mut b, ids);
-                        (
-                            cache.serve(b.parents(), &e, &[]).hit_tokens,
-                            cache.cached_blocks(),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let fresh = serve_all(&mut TrieCache::lru(capacity));
-            let mut renumbered = TrieCache::lru(capacity);
-            renumbered.clock = u32::MAX - 40;
-            assert_eq!(serve_all(&mut renumbered), fresh, "capacity {capacity}");
-            assert!(renumbered.clock < 10_000, "the clock was renumbered");
-        }
     }
 
     #[test]
@@ -1190,7 +918,7 @@ mod tests {
             starts.push(events.len());
         }
         let next = next_uses(&events, &starts, b.node_count());
-        let mut optimal = TrieCache::optimal(2);
+        let mut optimal = Belady::new(2);
         let mut hits = Vec::new();
         for r in 0..sequence.len() {
             let range = starts[r]..starts[r + 1];
@@ -1211,7 +939,7 @@ mod tests {
     fn optimal_from_its_working_set_hits_what_the_ceiling_hits() {
         let mut below_lost = 0;
         for seed in 1..40u64 {
-            let (parents, events, starts) = crate::cache::lru_stack::tests::generated(seed, 300);
+            let (parents, events, starts) = crate::cache::lru::tests::generated(seed, 300);
             let next = next_uses(&events, &starts, parents.len());
             let working_set = optimal_working_set(&events, &starts, &next) as usize;
             let mut ceiling = Ceiling::default();
@@ -1219,7 +947,7 @@ mod tests {
                 .map(|p| ceiling.serve(parents.len(), &events[starts[p]..starts[p + 1]]))
                 .collect();
             for capacity in [working_set.saturating_sub(3), working_set, working_set + 40] {
-                let mut optimal = TrieCache::optimal(capacity);
+                let mut optimal = Belady::new(capacity);
                 let hits: Vec<Served> = (0..starts.len() - 1)
                     .map(|p| {
                         let range = starts[p]..starts[p + 1];

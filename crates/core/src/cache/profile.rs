@@ -7,14 +7,13 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use super::fifo_sweep::fifo_sweep;
-use super::lru_stack::{all_paths_from_root, lru_stack};
+use super::lru::Lru;
 use super::policy::{
-    Ceiling, Event, EventBuilder, Fifo, Policy, Served, TrieCache, next_uses, optimal_working_set,
+    Belady, Ceiling, Event, EventBuilder, Fifo, Policy, Served, next_uses, optimal_working_set,
 };
 use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
 use super::stats::{Distribution, distribution, mean_of_unit_values};
-use super::{CapacityTotals, IdSet, PROFILE_REPORT_VERSION, Request};
+use super::{IdSet, PROFILE_REPORT_VERSION, Request};
 
 /// A cache size, always a whole number of blocks; `label` is how the user gave it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,12 +262,11 @@ struct Totals {
     full_since: Option<u64>,
 }
 
-/// One unit of a profile's work: a replay of (policy, capacity, prompts only), FIFO at every
-/// capacity, LRU at every capacity the stack gives, optimal's next uses, or the leaderboards.
+/// One unit of a profile's work: a replay of (policy, capacity, prompts only), LRU at every
+/// capacity, optimal's next uses, or the leaderboards.
 enum Task<'a> {
     Passes(Policy, Option<&'a Capacity>, bool),
-    FifoSweep,
-    LruStack,
+    Lru,
     NextUses,
     Leaderboards,
 }
@@ -276,15 +274,35 @@ enum Task<'a> {
 /// Where a point's totals are: (task, position in the task's results).
 type ResultAt = (usize, usize);
 
-impl From<CapacityTotals> for Totals {
-    fn from(totals: CapacityTotals) -> Totals {
-        Totals {
-            hit_tokens: totals.hit_tokens,
-            same_conversation_tokens: totals.same_conversation_tokens,
+/// LRU at every capacity of `capacities` from one walk over the passes; only requests' prompts
+/// from `warmup` on count.
+fn run_lru(replay: &Passes, capacities: &[u64], warmup: usize) -> Vec<Totals> {
+    let mut lru = Lru::new(capacities);
+    let mut totals: Vec<Totals> = capacities
+        .iter()
+        .map(|_| Totals {
+            hit_tokens: 0,
+            same_conversation_tokens: 0,
             per_request: Vec::new(),
-            full_since: totals.full_since,
+            full_since: None,
+        })
+        .collect();
+    for pass in 0..replay.passes() {
+        let served = lru.serve(
+            replay.parents.len(),
+            &replay.events[replay.pass_range(pass)],
+        );
+        if replay.counted[pass].is_some_and(|request| request as usize >= warmup) {
+            for (totals, served) in totals.iter_mut().zip(served) {
+                totals.hit_tokens += served.hit_tokens;
+                totals.same_conversation_tokens += served.same_conversation_tokens;
+            }
         }
     }
+    for (totals, full_since) in totals.iter_mut().zip(lru.full_since()) {
+        totals.full_since = full_since;
+    }
+    totals
 }
 
 /// One policy over every pass of `replay`; only requests' prompts from `warmup` on count.
@@ -340,24 +358,20 @@ fn run_policy(
             totals.full_since = fifo.full_since();
             scratch.fifo = Some(fifo);
         }
-        Policy::Lru | Policy::Optimal => {
-            let mut cache = match scratch.trie.take() {
-                Some(used) => used.recycle(capacity, policy),
-                None if policy == Policy::Lru => TrieCache::lru(capacity),
-                None => TrieCache::optimal(capacity),
+        Policy::Lru => unreachable!("LRU is walked at every capacity at once (`run_lru`)"),
+        Policy::Optimal => {
+            let mut cache = match scratch.optimal.take() {
+                Some(used) => used.recycle(capacity),
+                None => Belady::new(capacity),
             };
             for pass in passes {
                 let range = replay.pass_range(pass);
-                let next_use = if policy == Policy::Optimal {
-                    &next[range.clone()]
-                } else {
-                    &[]
-                };
-                let served = cache.serve(&replay.parents, &replay.events[range], next_use);
+                let served =
+                    cache.serve(&replay.parents, &replay.events[range.clone()], &next[range]);
                 add(pass, served, &mut totals);
             }
             totals.full_since = cache.full_since();
-            scratch.trie = Some(cache);
+            scratch.optimal = Some(cache);
         }
     }
     totals
@@ -387,7 +401,7 @@ fn lossless_full_since(replay: &Passes, capacity: usize) -> Option<u64> {
 #[derive(Default)]
 struct Scratch {
     fifo: Option<Fifo>,
-    trie: Option<TrieCache>,
+    optimal: Option<Belady>,
 }
 
 fn point(
@@ -521,25 +535,8 @@ fn profile_beside(
     let future: OnceLock<(Vec<u32>, u64)> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
-    // The shortcuts' proofs take every pass as a path from the root, as the event builder makes
-    // them; where one is not, every point is replayed.
-    let paths_from_root = all_paths_from_root(&replay.parents, &replay.events, &replay.starts);
-    // LRU at every capacity comes from one walk over the events (`lru_stack`).
-    let stacked: Vec<u64> = if paths_from_root && config.policies.contains(&Policy::Lru) {
-        let mut blocks: Vec<u64> = config
-            .capacities
-            .iter()
-            .map(|c| c.blocks)
-            .filter(|&b| b > 0)
-            .collect();
-        blocks.sort_unstable();
-        blocks.dedup();
-        blocks
-    } else {
-        Vec::new()
-    };
-
-    let fifo_capacities: Vec<u64> = if config.policies.contains(&Policy::Fifo) {
+    // LRU at every capacity comes from one walk over the passes.
+    let lru_capacities: Vec<u64> = if config.policies.contains(&Policy::Lru) {
         config.capacities.iter().map(|c| c.blocks).collect()
     } else {
         Vec::new()
@@ -547,8 +544,8 @@ fn profile_beside(
 
     // The tasks, longest first where that is known, so that neither worker waits on the other:
     // optimal's next uses (which its replays wait for), the leaderboards, the ceiling, the
-    // trace semantics' ceiling where replies were cached, FIFO at every capacity, the LRU
-    // stack, then optimal at every capacity (and LRU where the stack is not taken).
+    // trace semantics' ceiling where replies were cached, LRU at every capacity, then FIFO and
+    // optimal at every capacity.
     let mut tasks: Vec<Task> = Vec::new();
     let optimal_replays =
         config.policies.contains(&Policy::Optimal) && !config.capacities.is_empty();
@@ -563,21 +560,13 @@ fn profile_beside(
         tasks.push(Task::Passes(Policy::Ceiling, None, true));
         tasks.len() - 1
     });
-    let fifo_task = (!fifo_capacities.is_empty()).then(|| {
-        tasks.push(Task::FifoSweep);
-        tasks.len() - 1
-    });
-    let stack_task = (!stacked.is_empty()).then(|| {
-        tasks.push(Task::LruStack);
+    let lru_task = (!lru_capacities.is_empty()).then(|| {
+        tasks.push(Task::Lru);
         tasks.len() - 1
     });
     // The replays left, largest capacity first: below its working set, optimal's replay takes
     // longer the more it holds, and the last task to start should be a short one.
-    let needs_replay = |policy: Policy, capacity: &Capacity| match policy {
-        Policy::Ceiling | Policy::Fifo => false,
-        Policy::Lru => stacked.binary_search(&capacity.blocks).is_err(),
-        Policy::Optimal => true,
-    };
+    let needs_replay = |policy: Policy| matches!(policy, Policy::Fifo | Policy::Optimal);
     let mut largest_first: Vec<usize> = (0..config.capacities.len()).collect();
     largest_first.sort_by_key(|&position| std::cmp::Reverse(config.capacities[position].blocks));
     // The replay task of each (capacity, policy), by their positions in the config.
@@ -585,7 +574,7 @@ fn profile_beside(
     for position in largest_first {
         let capacity = &config.capacities[position];
         for (k, &policy) in config.policies.iter().enumerate() {
-            if needs_replay(policy, capacity) {
+            if needs_replay(policy) {
                 tasks.push(Task::Passes(policy, Some(capacity), false));
                 replay_task[position][k] = Some(tasks.len() - 1);
             }
@@ -597,16 +586,12 @@ fn profile_beside(
         for (k, &policy) in config.policies.iter().enumerate() {
             let source = match policy {
                 Policy::Ceiling => continue,
-                Policy::Fifo => fifo_task.map(|task| (task, position)),
-                Policy::Lru if !needs_replay(policy, capacity) => {
-                    stack_task.zip(stacked.binary_search(&capacity.blocks).ok())
-                }
-                Policy::Lru | Policy::Optimal => replay_task[position][k].map(|task| (task, 0)),
+                Policy::Lru => lru_task.map(|task| (task, position)),
+                Policy::Fifo | Policy::Optimal => replay_task[position][k].map(|task| (task, 0)),
             };
             point_sources.push((policy, capacity, source));
         }
     }
-    let measured = |pass: usize| replay.counted[pass].is_some_and(|r| r as usize >= warmup);
     let next_uses_and_working_set = || {
         future.get_or_init(|| {
             let next = next_uses(&replay.events, &replay.starts, replay.parents.len());
@@ -630,7 +615,7 @@ fn profile_beside(
             let blocks = capacity.map_or(0, |c| usize::try_from(c.blocks).unwrap_or(usize::MAX));
             let next: &[u32] = if policy == Policy::Optimal {
                 let (next, working_set) = next_uses_and_working_set();
-                if paths_from_root && blocks > 0 && blocks as u64 >= *working_set && !prompts_only {
+                if blocks > 0 && blocks as u64 >= *working_set && !prompts_only {
                     return TaskOutput::Lossless {
                         full_since: lossless_full_since(&replay, blocks),
                     };
@@ -649,37 +634,7 @@ fn profile_beside(
                 prompts_only,
             )])
         }
-        Task::LruStack => TaskOutput::Totals(
-            lru_stack(
-                replay.parents.len(),
-                &replay.events,
-                &replay.starts,
-                &stacked,
-                measured,
-            )
-            .into_iter()
-            .map(Totals::from)
-            .collect(),
-        ),
-        Task::FifoSweep => TaskOutput::Totals(
-            match fifo_sweep(
-                replay.parents.len(),
-                &replay.events,
-                &replay.starts,
-                &fifo_capacities,
-                measured,
-            ) {
-                Some(swept) => swept.into_iter().map(Totals::from).collect(),
-                // More events than a stamp counts (never in memory): each capacity replayed.
-                None => fifo_capacities
-                    .iter()
-                    .map(|&blocks| {
-                        let blocks = usize::try_from(blocks).unwrap_or(usize::MAX);
-                        run_policy(scratch, &replay, Policy::Fifo, blocks, &[], warmup, false)
-                    })
-                    .collect(),
-            },
-        ),
+        Task::Lru => TaskOutput::Totals(run_lru(&replay, &lru_capacities, warmup)),
     });
     let shape = shape();
     let boards = match results.get_mut(boards_task) {
@@ -974,8 +929,19 @@ mod tests {
         assert!(seen.small.len() > 9_016);
     }
 
-    /// The shortcuts need every pass to be a path from the root: prompts and the replies they
-    /// leave cached are.
+    fn all_paths_from_root(parents: &[u32], events: &[Event], starts: &[usize]) -> bool {
+        starts.windows(2).all(|bounds| {
+            let mut parent = 0u32;
+            events[bounds[0]..bounds[1]].iter().all(|event| {
+                let on_path = event.node() != 0 && parents[event.node() as usize] == parent;
+                parent = event.node();
+                on_path
+            })
+        })
+    }
+
+    /// LRU's walk and optimal's shortcut need every pass to be a path from the root: prompts
+    /// and the replies they leave cached are.
     #[test]
     fn every_pass_is_a_path_from_the_root() {
         let mut requests = vec![
@@ -996,8 +962,8 @@ mod tests {
         ));
     }
 
-    /// The profile's one-walk shortcuts (LRU's stack, FIFO's sweep, optimal at its working set)
-    /// give every point what a replay of that policy at that capacity gives: hits, the
+    /// The profile's shortcuts (LRU at every capacity from one walk, optimal at its working set)
+    /// give every point what that policy at that capacity alone gives: hits, the
     /// conversation split and whether the cache filled before measuring, on requests with
     /// replies cached, conversations, and capacities from one block to more than all.
     #[test]
@@ -1074,8 +1040,11 @@ mod tests {
                 .flat_map(|capacity| policies.iter().map(move |&policy| (policy, capacity)));
             for (point, (policy, capacity)) in report.points.iter().zip(expected) {
                 let blocks = usize::try_from(capacity.blocks).unwrap_or(usize::MAX);
-                let totals =
-                    run_policy(&mut scratch, &replay, policy, blocks, &next, warmup, false);
+                let totals = if policy == Policy::Lru {
+                    run_lru(&replay, &[capacity.blocks], warmup).remove(0)
+                } else {
+                    run_policy(&mut scratch, &replay, policy, blocks, &next, warmup, false)
+                };
                 let replayed = super::point(
                     policy,
                     Some(capacity),

@@ -1197,7 +1197,7 @@ impl Engine {
     }
 
     fn simulate(&mut self, request: &Request) {
-        let update = self.cache.push(request);
+        let request_tokens = self.cache.push(request);
         // The axis follows the working set: past its top, every capacity moves (the policies
         // are replayed at the new ones; a few times in all, as the top doubles at least).
         let block_size = self.cutter.model.block_size;
@@ -1211,8 +1211,8 @@ impl Engine {
             self.cache.set_capacities(capacities);
         }
         if let Some(reused) = request.server_reused_tokens {
-            self.server_reuse.0 += update.request_tokens;
-            self.server_reuse.1 += reused.min(update.request_tokens);
+            self.server_reuse.0 += request_tokens;
+            self.server_reuse.1 += reused.min(request_tokens);
         }
     }
 
