@@ -582,6 +582,11 @@ fn weka_writes_subagents_and_tool_loops_of_generated_agents() {
     }
     assert_eq!(requests, 300);
     assert_eq!(subagents, summary.written.subagents);
+    // They are the analysis' links, the ones the TUI shows (`u`), one per linked conversation.
+    let records = read_jsonl(&agents_recording(300)[..]).records;
+    let report = prefixscope_core::analysis::analyze(&records, &Default::default());
+    let links = prefixscope_core::analysis::subagent_links(report.rows.iter());
+    assert_eq!(links.len() as u64, summary.written.subagents);
 }
 
 #[test]

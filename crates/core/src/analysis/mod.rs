@@ -36,7 +36,7 @@ pub use crate::normalize::measured::{Measured, Source};
 pub use report::Report;
 pub use table::{
     BreakCause, BreakLocation, BreakTexts, Cause, Client, Composition, EvictedBy, Loss, Priced,
-    Rated, Row, RowKind, Shape, SharedRow, ToolUsage,
+    Rated, Row, RowKind, Shape, SharedRow, ToolUsage, subagent_links,
 };
 
 /// Version of the report format (llmp's report format v1 plus prefixscope's added fields).

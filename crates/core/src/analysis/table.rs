@@ -42,7 +42,7 @@ pub struct Row {
     pub evicted_by: Option<EvictedBy>,
     /// prefixscope: on a conversation's first turn, the request of another conversation whose
     /// tool call it may answer as a subagent (`engine::spawner`): a candidate, known as the
-    /// turn arrives; the view keeps it once the parent goes on (`view::confirm_subagents`).
+    /// turn arrives; kept once the parent goes on (`subagent_links`).
     #[serde(skip)]
     pub spawned_by: Option<u64>,
     /// prefixscope: the break's cause by name where it is one users know (`client_cause`):
@@ -263,6 +263,42 @@ impl Priced for SharedRow {
             per_token: Some(&self.per_token),
         }
     }
+}
+
+/// The subagent links to keep, from the subagent's first request id to the request whose tool
+/// call it answers: the engine's candidates (`Row::spawned_by`, known as the subagent's first
+/// turn arrives) whose parent conversation went on after that request. A harness waits for its
+/// subagent, and a conversation that ended on a tool call spawned nothing (one test after
+/// another of an SDK's suite looks alike). One rule for the panes and the WEKA export.
+pub fn subagent_links<'a>(
+    rows: impl Iterator<Item = &'a Row> + Clone,
+) -> std::collections::HashMap<u64, u64> {
+    let turns = rows.filter(|r| r.kind == RowKind::Turn);
+    let parents: std::collections::HashSet<u64> =
+        turns.clone().filter_map(|r| r.spawned_by).collect();
+    if parents.is_empty() {
+        return Default::default();
+    }
+    let mut last_turn = std::collections::HashMap::new();
+    let mut parent_turn = std::collections::HashMap::new();
+    for row in turns.clone() {
+        let (Some(conversation), Some(turn)) = (row.conversation, row.turn) else {
+            continue;
+        };
+        let last = last_turn.entry(conversation).or_insert(turn);
+        *last = (*last).max(turn);
+        if parents.contains(&row.id) {
+            parent_turn.insert(row.id, (conversation, turn));
+        }
+    }
+    let went_on = |parent: &u64| {
+        parent_turn
+            .get(parent)
+            .is_some_and(|(conversation, turn)| last_turn[conversation] > *turn)
+    };
+    turns
+        .filter_map(|r| Some((r.id, r.spawned_by.filter(went_on)?)))
+        .collect()
 }
 
 /// A row and how its losses are priced: by their own `ms` (`per_token` `None`), or at its

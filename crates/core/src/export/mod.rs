@@ -285,10 +285,11 @@ pub fn output_length(server: Option<u64>, reply_chars: u64, tokens_per_char: f64
 pub struct Conversation {
     /// A salted key: equal for the requests of one conversation, never written as is.
     pub key: u64,
-    /// The client (the analysis's label, interned), when known.
-    pub client: Option<u32>,
     /// This is the conversation's last request: writers that group may write it out.
     pub last: bool,
+    /// The conversation (its key) whose tool call this one answers as a subagent
+    /// ([`crate::analysis::subagent_links`]).
+    pub spawned_by: Option<u64>,
 }
 
 /// The reply, as far as replay needs it.
@@ -336,8 +337,6 @@ pub struct ExportRequest {
     pub after_tool_result: bool,
     /// ... and other messages (a user's text).
     pub new_text: bool,
-    /// Salted keys of the tool names offered, sorted and distinct.
-    pub tools: Vec<u64>,
     /// Prompt tokens the server said it reused.
     pub server_reused_tokens: Option<u64>,
     /// OTel only.
@@ -540,14 +539,13 @@ pub mod tests_support {
             hash_ids: Vec::new(),
             conversation: Conversation {
                 key,
-                client: None,
                 last: false,
+                spawned_by: None,
             },
             model: Some("secret-model".into()),
             reply: Reply::default(),
             after_tool_result: false,
             new_text: true,
-            tools: Vec::new(),
             server_reused_tokens: None,
             content: None,
         }

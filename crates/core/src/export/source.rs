@@ -180,26 +180,6 @@ fn id_block_size(options: &Options) -> Option<u32> {
         .map(|_| options.block_size.max(1))
 }
 
-/// Names of the tools a request body offers (OpenAI, Ollama and Anthropic shapes), salted.
-fn tool_keys<'a>(names: impl Iterator<Item = &'a str>, salt: &Salt) -> Vec<u64> {
-    let mut keys: Vec<u64> = names.map(|n| salt.key(Tag::Tool, n)).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    keys
-}
-
-fn body_tool_names(body: &Value) -> impl Iterator<Item = &str> {
-    body.get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|t| {
-            t.pointer("/function/name")
-                .or_else(|| t.get("name"))
-                .and_then(Value::as_str)
-        })
-}
-
 /// What the client added since the model last spoke: (tool results, other messages).
 fn new_input(prompt: &Prompt) -> (bool, bool) {
     let since_reply = prompt
@@ -453,7 +433,8 @@ struct RecordingContext<'a> {
     /// prefixes ended, as the profile's does.
     cutter: RefCell<Cutter>,
     conversation_of: Vec<Option<u64>>,
-    client_of: Vec<Option<u32>>,
+    /// The conversation whose tool call each record's conversation answers as a subagent.
+    spawned_by: Vec<Option<u64>>,
     last: Vec<bool>,
 }
 
@@ -499,11 +480,6 @@ impl RecordingContext<'_> {
                 u64::from(seq),
             )
         });
-        let tools = match (&record.request.body, &record.request.digest) {
-            (Some(body), _) => tool_keys(body_tool_names(body), salt),
-            (None, Some(digest)) => tool_keys(digest.tools.iter().map(|t| t.name.as_str()), salt),
-            (None, None) => Vec::new(),
-        };
         let streamed = response.is_some_and(|r| r.stream.is_some());
         let content = match (options.target, &record.request.body) {
             (Target::Otel, Some(body)) => Some(content_of(
@@ -532,14 +508,13 @@ impl RecordingContext<'_> {
             conversation: Conversation {
                 key: self.conversation_of[index]
                     .unwrap_or_else(|| salt.id(Tag::Single, &[u64::from(seq)])),
-                client: self.client_of[index],
                 last: self.last[index],
+                spawned_by: self.spawned_by[index],
             },
             model: prompt.model.clone(),
             reply,
             after_tool_result: added.0,
             new_text: added.1,
-            tools,
             server_reused_tokens: request.server_reused_tokens,
             content,
         })
@@ -634,25 +609,32 @@ fn recordings(
         return Ok(summary);
     }
 
-    // Each record's conversation and client, read from the rows the engine shares: copied into
-    // a report beside the engine, they took a million digest records past a 2 GiB address space.
+    // Each record's conversation and the one it answers as a subagent, read from the rows the
+    // engine shares: copied into a report beside the engine, they took a million digest records
+    // past a 2 GiB address space.
     let report = analyzer.live_report();
     drop(analyzer);
+    let rows = || report.rows.iter().map(|shared| &*shared.row);
+    let seq_of = |id: u64| (id as usize).checked_sub(1).filter(|&s| s < entries.len());
+    let conversation_key = |c: u32| options.salt.id(Tag::Conversation, &[u64::from(c)]);
     let mut conversation_of: Vec<Option<u64>> = vec![None; entries.len()];
-    let mut client_of: Vec<Option<u32>> = vec![None; entries.len()];
-    let mut clients: HashMap<String, u32> = HashMap::new();
-    for row in report.rows.iter().map(|shared| &*shared.row) {
-        let Some(seq) = (row.id as usize)
-            .checked_sub(1)
-            .filter(|&s| s < entries.len())
-        else {
-            continue;
-        };
-        conversation_of[seq] = row
-            .conversation
-            .map(|c| options.salt.id(Tag::Conversation, &[u64::from(c)]));
-        let next = clients.len() as u32;
-        client_of[seq] = Some(*clients.entry(row.client.clone()).or_insert(next));
+    for row in rows() {
+        if let Some(seq) = seq_of(row.id) {
+            conversation_of[seq] = row.conversation.map(conversation_key);
+        }
+    }
+    let links = crate::analysis::subagent_links(rows());
+    let parent_of: HashMap<u32, u64> = rows()
+        .filter_map(|row| {
+            let parent = seq_of(*links.get(&row.id)?)?;
+            Some((row.conversation?, conversation_of[parent]?))
+        })
+        .collect();
+    let mut spawned_by: Vec<Option<u64>> = vec![None; entries.len()];
+    for row in rows() {
+        if let Some(seq) = seq_of(row.id) {
+            spawned_by[seq] = row.conversation.and_then(|c| parent_of.get(&c).copied());
+        }
     }
     drop(report);
 
@@ -672,7 +654,7 @@ fn recordings(
             keys_from_messages: false,
         })),
         conversation_of,
-        client_of,
+        spawned_by,
         last,
     };
     let mut files: Vec<Box<dyn FileRequests + '_>> = Vec::new();
@@ -847,14 +829,13 @@ fn traces(
                 hash_ids,
                 conversation: Conversation {
                     key: key.unwrap_or_else(|| salt.id(Tag::Single, &[seq])),
-                    client: None,
                     last,
+                    spawned_by: None,
                 },
                 model: None,
                 reply: Reply::default(),
                 after_tool_result: false,
                 new_text: true,
-                tools: Vec::new(),
                 server_reused_tokens: None,
                 content: None,
             };

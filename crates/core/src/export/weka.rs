@@ -11,12 +11,11 @@
 //!   `ttft` (streamed only). No other field: AIPerf rejects unknown names.
 //! - Tool loops: a reply with tool calls is `stop: "tool_use"`; a request whose newest message is
 //!   a tool result is `input_types: ["tool_result"]`.
-//! - Subagents: a conversation of the same client that starts while another one waits on a tool
-//!   call (its newest request ended with tool calls, and its next has not started), offering a
-//!   strict subset of that one's tools, is written as a `type: "subagent"` entry of it, right
-//!   after the request that called the tool; the parent's next turn waits for it. Strict, because
-//!   two sessions of one harness offer equal tool sets and are not parent and child. AIPerf reads
-//!   one level only, so a subagent's subagent goes to the same top-level conversation.
+//! - Subagents: a conversation the analysis links to the tool call it answers
+//!   ([`crate::analysis::subagent_links`], the link the TUI shows) is written as a
+//!   `type: "subagent"` entry of the calling conversation, right after the request that called
+//!   the tool; the parent's next turn waits for it. AIPerf reads one level only, so a subagent's
+//!   subagent goes to the same top-level conversation.
 //! - Conversations are written in order of their first request (GuideLLM warns and misaligns
 //!   otherwise), each once it and its subagents have ended. Held: the requests of conversations
 //!   not yet written, i.e. of every conversation that started since the oldest one still open.
@@ -91,16 +90,11 @@ enum Item {
 }
 
 struct Conversation {
-    /// Order of the first request, for writing in start order and breaking ties.
-    seq: u64,
-    client: Option<u32>,
     items: Vec<Item>,
     models: Vec<String>,
     first_t_ms: i64,
-    /// The newest request: when it ended, how many tools it called, which tools it offered.
+    /// When the newest request ended.
     last_end_ms: i64,
-    last_tool_calls: u32,
-    last_tools: Vec<u64>,
     finished: bool,
     /// The top-level conversation this one is a subagent of.
     host: Option<u64>,
@@ -120,11 +114,6 @@ pub struct Writer {
     next_seq: u64,
     held: u64,
     written: Written,
-}
-
-/// `a` is a strict subset of `b` (both sorted, distinct).
-fn strict_subset(a: &[u64], b: &[u64]) -> bool {
-    a.len() < b.len() && a.iter().all(|x| b.binary_search(x).is_ok())
 }
 
 /// What the client added since the model last spoke: tool results, text, or both.
@@ -153,23 +142,12 @@ impl Writer {
         }
     }
 
-    /// The conversation `request` (the first of its own) is a subagent of, if any.
+    /// The top-level conversation `request` (the first of its own) is a subagent of, if any:
+    /// the one its link names (or that one's host), while it is open.
     fn host_of(&self, request: &ExportRequest) -> Option<u64> {
-        let client = request.conversation.client?;
-        if request.tools.is_empty() {
-            return None;
-        }
-        self.conversations
-            .iter()
-            .filter(|(_, c)| {
-                !c.finished
-                    && c.client == Some(client)
-                    && c.last_tool_calls > 0
-                    && c.last_end_ms <= request.t_ms
-                    && strict_subset(&request.tools, &c.last_tools)
-            })
-            .max_by_key(|(_, c)| (c.last_end_ms, c.seq))
-            .map(|(&key, c)| c.host.unwrap_or(key))
+        let parent = request.conversation.spawned_by?;
+        let open = self.conversations.get(&parent).filter(|c| !c.finished)?;
+        Some(open.host.unwrap_or(parent))
     }
 
     fn item(&self, request: &ExportRequest, previous_end_ms: Option<i64>) -> Request {
@@ -230,14 +208,10 @@ impl Writer {
             self.conversations.insert(
                 key,
                 Conversation {
-                    seq: self.next_seq,
-                    client: request.conversation.client,
                     items: Vec::new(),
                     models: Vec::new(),
                     first_t_ms: request.t_ms,
                     last_end_ms: end_ms,
-                    last_tool_calls: 0,
-                    last_tools: Vec::new(),
                     finished: false,
                     host,
                     open_subagents: 0,
@@ -262,8 +236,6 @@ impl Writer {
         }
         conversation.items.push(Item::Request(item));
         conversation.last_end_ms = end_ms;
-        conversation.last_tool_calls = request.reply.tool_calls;
-        conversation.last_tools = request.tools;
         conversation.requests += 1;
         conversation.total_tokens += request.input_tokens + request.output.tokens;
         conversation.tool_use_count += u64::from(request.reply.tool_calls);
@@ -455,42 +427,32 @@ mod tests {
     }
 
     #[test]
-    fn a_conversation_started_during_a_tool_call_with_fewer_tools_is_a_subagent() {
+    fn a_conversation_linked_to_a_tool_call_is_written_inside_its_caller() {
         let mut w = Writer::new(0, 64, salt());
         let mut out = Vec::new();
-        let client = Some(3);
         let mut parent = request(1, 0, 300);
-        parent.conversation.client = client;
-        parent.tools = vec![10, 20, 30];
         parent.duration_ms = Some(100);
         parent.reply.tool_calls = 1;
-        // Same client, tools {10, 20} ⊂ {10, 20, 30}, starts after the tool call ended.
+        // Linked by the analysis to conversation 1's tool call.
         let mut child1 = request(2, 150, 100);
-        child1.conversation.client = client;
-        child1.tools = vec![10, 20];
+        child1.conversation.spawned_by = Some(1);
         child1.duration_ms = Some(50);
         child1.reply.tool_calls = 1;
         // The child's own step, then its end.
         let mut child2 = request(2, 250, 140);
-        child2.conversation.client = client;
-        child2.tools = vec![10, 20];
+        child2.conversation.spawned_by = Some(1);
         child2.duration_ms = Some(50);
         child2.after_tool_result = true;
         child2.new_text = false;
         child2.conversation.last = true;
-        // Equal tool set: another session, not a subagent.
+        // Not linked: conversations of their own.
         let mut peer = request(4, 160, 100);
-        peer.conversation.client = client;
-        peer.tools = vec![10, 20, 30];
         peer.conversation.last = true;
-        // Other client: not a subagent.
+        // Linked to a conversation already written: one of its own.
         let mut stranger = request(5, 170, 100);
-        stranger.conversation.client = Some(9);
-        stranger.tools = vec![10];
+        stranger.conversation.spawned_by = Some(4);
         stranger.conversation.last = true;
         let mut parent2 = request(1, 400, 420);
-        parent2.conversation.client = client;
-        parent2.tools = vec![10, 20, 30];
         parent2.after_tool_result = true;
         parent2.new_text = false;
         parent2.conversation.last = true;
@@ -525,19 +487,18 @@ mod tests {
     fn a_subagents_subagent_joins_the_top_level_conversation() {
         let mut w = Writer::new(0, 64, salt());
         let mut out = Vec::new();
-        let mk = |key, t, tools: Vec<u64>, calls, last| {
+        let mk = |key, t, spawned_by, calls, last| {
             let mut r = request(key, t, 100);
-            r.conversation.client = Some(1);
             r.conversation.last = last;
-            r.tools = tools;
+            r.conversation.spawned_by = spawned_by;
             r.reply.tool_calls = calls;
             r
         };
-        w.push(mk(1, 0, vec![1, 2, 3], 1, false), &mut out).ok();
-        w.push(mk(2, 10, vec![1, 2], 1, false), &mut out).ok();
-        w.push(mk(3, 20, vec![1], 0, true), &mut out).ok();
-        w.push(mk(2, 30, vec![1, 2], 0, true), &mut out).ok();
-        w.push(mk(1, 40, vec![1, 2, 3], 0, true), &mut out).ok();
+        w.push(mk(1, 0, None, 1, false), &mut out).ok();
+        w.push(mk(2, 10, Some(1), 1, false), &mut out).ok();
+        w.push(mk(3, 20, Some(2), 0, true), &mut out).ok();
+        w.push(mk(2, 30, Some(1), 0, true), &mut out).ok();
+        w.push(mk(1, 40, None, 0, true), &mut out).ok();
         let rows = lines(&out);
         assert_eq!(rows.len(), 1);
         let kinds: Vec<&str> = rows[0]["requests"]

@@ -382,6 +382,7 @@ impl View {
             }
             cells_of[slot] = cells_of[slot].saturating_add(1);
         }
+        let links = crate::analysis::subagent_links(rows.iter().map(|r| r.row()));
         for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
             let Some(conversation) = row.conversation else {
                 continue;
@@ -423,12 +424,11 @@ impl View {
                         alias: Arc::clone(alias),
                         conversation,
                         cells,
-                        spawned_by: row.row().spawned_by,
+                        spawned_by: links.get(&row.id).copied(),
                     });
                 }
             }
         }
-        confirm_subagents(&mut lanes);
         // Grouped by client, in order of each client's first request.
         let client_order: IntMap<&str, usize> = report
             .clients
@@ -829,32 +829,6 @@ impl Aliases {
 
 fn same(matched: bool) -> &'static str {
     if matched { "same" } else { "changed" }
-}
-
-/// Keeps a lane's subagent link (`Row::spawned_by`, the engine's candidate, known at the
-/// subagent's first turn) where the parent conversation went on after the request that called
-/// the tool: a harness waits for its subagent, and a conversation that ended on a tool call
-/// spawned nothing (one test after another of an SDK's suite looks alike).
-fn confirm_subagents(lanes: &mut [Lane]) {
-    let parents: std::collections::HashSet<u64> =
-        lanes.iter().filter_map(|l| l.spawned_by).collect();
-    if parents.is_empty() {
-        return;
-    }
-    let went_on: std::collections::HashSet<u64> = lanes
-        .iter()
-        .flat_map(|lane| {
-            let last = lane.cells.last().map_or(0, |c| c.turn);
-            lane.cells
-                .iter()
-                .filter(move |c| c.turn < last)
-                .map(|c| c.id)
-        })
-        .filter(|id| parents.contains(id))
-        .collect();
-    for lane in lanes {
-        lane.spawned_by = lane.spawned_by.filter(|p| went_on.contains(p));
-    }
 }
 
 /// `8,759`, `12.3K`, `4.1M`: short and readable.
