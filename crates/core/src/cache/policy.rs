@@ -864,6 +864,19 @@ mod tests {
         assert!(!state.present() && state.protected_by(5));
     }
 
+    /// One pass a request, with each event's next use.
+    fn passes(sequence: &[&[u64]]) -> (EventBuilder, Vec<Event>, Vec<usize>, Vec<u32>) {
+        let mut b = EventBuilder::new();
+        let mut events = Vec::new();
+        let mut starts = vec![0];
+        for ids in sequence {
+            b.push(&request(ids), &mut events);
+            starts.push(events.len());
+        }
+        let next = next_uses(&events, &starts, b.node_count());
+        (b, events, starts, next)
+    }
+
     /// The request marks wrap round without losing which nodes are cached: a cache whose mark is
     /// about to wrap serves a sequence as a fresh one does.
     #[test]
@@ -878,14 +891,7 @@ mod tests {
             &[1, 5],
             &[6, 7, 8],
         ];
-        let mut b = EventBuilder::new();
-        let mut events = Vec::new();
-        let mut starts = vec![0];
-        for ids in sequence {
-            b.push(&request(ids), &mut events);
-            starts.push(events.len());
-        }
-        let next = next_uses(&events, &starts, b.node_count());
+        let (b, events, starts, next) = passes(&sequence);
         let serve_all = |cache: &mut Belady| {
             starts
                 .windows(2)
@@ -909,15 +915,8 @@ mod tests {
 
     #[test]
     fn optimal_keeps_what_is_used_next() {
-        let mut b = EventBuilder::new();
         let sequence: [&[u64]; 5] = [&[1], &[2], &[3], &[1], &[2]];
-        let mut events = Vec::new();
-        let mut starts = vec![0];
-        for ids in sequence {
-            b.push(&request(ids), &mut events);
-            starts.push(events.len());
-        }
-        let next = next_uses(&events, &starts, b.node_count());
+        let (b, events, starts, next) = passes(&sequence);
         let mut optimal = Belady::new(2);
         let mut hits = Vec::new();
         for r in 0..sequence.len() {
