@@ -191,8 +191,7 @@ impl CacheMarks {
     }
 }
 
-/// The date the rules and their sources below were read.
-pub const RULES_AS_OF: &str = "2026-12-06";
+// The rules and their sources below were read on 2026-12-06.
 
 /// Anthropic's default cache lifetime: 5 minutes, refreshed on every hit.
 const ANTHROPIC_TTL_S: u32 = 300;

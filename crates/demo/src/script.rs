@@ -148,10 +148,6 @@ impl Check {
         self.events.iter().filter(|e| e.named).count()
     }
 
-    pub fn all_named(&self) -> bool {
-        self.named() == self.events.len() && self.unexpected.is_empty()
-    }
-
     /// `side_call 2/2 · system_changed 1/1 · …`
     pub fn summary(&self) -> String {
         let mut by_kind: BTreeMap<EventKind, (usize, usize)> = BTreeMap::new();

@@ -115,11 +115,6 @@ impl LossSum {
     }
 }
 
-/// `add_ms` for the layers above (the findings view's own entries).
-pub(crate) fn add_ms_pub(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
-    add_ms(total, ms)
-}
-
 pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
     match total {
         Some(total) => Measured {
@@ -1102,7 +1097,7 @@ fn uncovered<R: Priced>(report: &super::Report<R>, findings: &[Finding]) -> Vec<
             finding.lost_tokens =
                 Some(finding.lost_tokens.unwrap_or(0).saturating_add(loss.tokens));
             if let Some(ms) = ms {
-                finding.lost_ms = Some(add_ms_pub(finding.lost_ms, ms));
+                finding.lost_ms = Some(add_ms(finding.lost_ms, ms));
             }
         }
     }

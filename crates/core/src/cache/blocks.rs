@@ -166,10 +166,6 @@ impl Prompt {
             .sum()
     }
 
-    pub fn has_text(&self) -> bool {
-        self.messages.iter().all(|s| s.text.is_some())
-    }
-
     fn ordered(&self, position: ToolsPosition) -> Vec<&Segment> {
         let mut out: Vec<&Segment> = Vec::with_capacity(self.messages.len() + 1);
         let after_system = position == ToolsPosition::AfterSystem
