@@ -37,15 +37,7 @@ pub fn cell_note(cell: &Cell, aliases: &crate::tui::view::Aliases) -> String {
             by.row,
             aliases.of(&by.client)
         ),
-        (None, Some(cause)) => format!(
-            " {}",
-            cause_label(
-                &serde_json::to_value(cause)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            )
-        ),
+        (None, Some(cause)) => format!(" {}", cause_label(cause.name())),
         (None, None) => " server".into(),
     };
     let cost = match (cell.mark, cell.lost_tokens) {

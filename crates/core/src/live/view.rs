@@ -482,13 +482,8 @@ impl View {
             };
             // The loss's own name where it has one (`history_reordered` is finer than the
             // break's `history_rewritten`), else the break's.
-            let client_cause = r.lost_client.as_ref().map(|l| l.cause.clone()).or_else(|| {
-                r.break_cause.and_then(|c| {
-                    serde_json::to_value(c)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                })
-            });
+            let client_cause = r.lost_client.as_ref().map(|l| l.cause.clone());
+            let client_cause = client_cause.or_else(|| r.break_cause.map(|c| c.name().into()));
             if let Some(cause) = client_cause {
                 breaks.push(fact(&cause, r.client_loss(), location(r)));
             }

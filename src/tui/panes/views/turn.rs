@@ -13,19 +13,12 @@ use prefixscope_core::units::{cause_label_plural, plural};
 
 use super::*;
 
-pub(super) fn cause_name(cause: prefixscope_core::analysis::BreakCause) -> String {
-    serde_json::to_value(cause)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// The finding a turn's loss stands for, when no finding of the report names the turn: the same
 /// table of fixes then speaks for the one turn.
 pub(super) fn finding_of_turn(row: &Row, cause: &str) -> Finding {
     let location = row.break_location.as_ref();
     let the_clients = row.lost_client.as_ref().is_some_and(|l| l.cause == cause)
-        || row.break_cause.is_some_and(|b| cause_name(b) == cause);
+        || row.break_cause.is_some_and(|b| b.name() == cause);
     let kind = match cause {
         "system_changed" => FindingKind::VolatileSystemPrompt,
         // The client's breaks (tools, history, any cause the analysis adds) by their cause.
@@ -75,7 +68,7 @@ pub fn turn_fix(snapshot: &Snapshot, row: &Row) -> Option<(String, Fix, Vec<Pred
         }
         (Some(c), None, _) => c.1,
         (None, Some(e), _) => e.1,
-        (None, None, Some(b)) => cause_name(b),
+        (None, None, Some(b)) => b.name().to_string(),
         (None, None, None) => return None,
     };
     let named = snapshot.advice_ready().and_then(|all| {
@@ -352,7 +345,7 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
             (false, _) => "loss not measured: the server reported no prefill time".to_string(),
             (true, Some(cause)) => format!(
                 "{}, but nothing was lost (the change came after what could be reused)",
-                cause_label(&cause_name(cause))
+                cause_label(cause.name())
             ),
             (true, None) => "nothing lost".to_string(),
         };
@@ -491,14 +484,10 @@ pub fn detail_lines_as<'a>(app: &App, id: u64, theme: &Theme, written: Written) 
         format!(
             "  prefill {} · completion {}",
             // Milliseconds as a person reads them (`186.7 ms`), not the float's digits.
-            c.prefill_ms.map_or("not measured".into(), |m| format!(
-                "{} ({})",
-                duration(m.value),
-                serde_json::to_value(m.source)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            )),
+            measured(c.prefill_ms.map(|m| Measured {
+                value: duration(m.value),
+                source: m.source,
+            })),
             measured(c.completion_tokens)
         ),
         format!(
