@@ -52,6 +52,11 @@ fn read(relative: &str, options: &InputOptions) -> FileInput {
     input
 }
 
+/// A recording read once, keyed: with nothing to reopen, no budget stops it holding requests.
+fn read_keyed(bytes: &[u8], name: &str, options: &InputOptions) -> FileInput {
+    input::read_keyed_or_twice(bytes, None, usize::MAX, name, options)
+}
+
 /// What the server said, read straight from the raw records: (prompt tokens, reused tokens)
 /// per 2xx chat exchange, in record order.
 fn server_figures(relative: &str) -> Vec<(Option<u64>, Option<u64>)> {
@@ -381,10 +386,10 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
         ..InputOptions::default()
     };
     let both_ways = |bytes: &[u8], name: &str| {
-        let streamed = input::read_keyed(bytes, name, &options);
+        let streamed = read_keyed(bytes, name, &options);
         let whole = input::keyed_by_analysis(input::read_recording(bytes, name, &options), name);
         // Not kept, the analysis is dropped before the cut, and the requests are the same.
-        let unkept = input::read_keyed(bytes, name, &InputOptions::default());
+        let unkept = read_keyed(bytes, name, &InputOptions::default());
         assert!(unkept.analysis.is_none());
         assert_eq!(unkept.requests, streamed.requests);
         // Read twice (past a budget of nothing, or once a few texts are held), the same.
@@ -439,7 +444,7 @@ fn a_recording_read_record_by_record_equals_the_whole_file_read() {
 #[test]
 fn a_recording_read_twice_says_when_the_second_read_differs() {
     let text = std::fs::read_to_string(path("recordings/llmp/llama.cpp/parallel.jsonl")).unwrap();
-    let once = input::read_keyed(text.as_bytes(), "f", &InputOptions::default());
+    let once = read_keyed(text.as_bytes(), "f", &InputOptions::default());
     assert!(once.requests.len() > 4);
     let twice_from = |second: String| {
         let reopen = move || -> std::io::Result<Box<dyn std::io::BufRead>> {

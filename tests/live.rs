@@ -4,6 +4,9 @@
 //! answers a command with a snapshot. Plus the app's state machine (keys, mouse, dialogs,
 //! pause, redraws), so a key that stops working fails a test.
 
+#[path = "support/tui.rs"]
+mod tui_support;
+
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,13 +16,14 @@ use std::time::Duration;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind};
 use prefixscope::tui::app::{Action, App, Dialog, EXPORT_FORMATS, Pane, Source};
 use prefixscope::tui::event::Event;
+use prefixscope::tui::run;
 use prefixscope::tui::theme::Theme;
-use prefixscope::tui::{EngineControl, FixedClock, run};
 use prefixscope_core::analysis::{Config, analyze};
 use prefixscope_core::live::{self, Command, Engine, Input, Snapshot};
 use prefixscope_core::record::{Lines, Record, read_jsonl};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+use tui_support::{EngineControl, FixedClock};
 
 const BIN: &str = env!("CARGO_BIN_EXE_prefixscope");
 

@@ -181,7 +181,11 @@ fn whatif_at_the_recorded_settings_predicts_what_the_server_did() {
             agreed * 100 >= compared * 95,
             "{name}: {agreed} of {compared}"
         );
-        let predictions = prefixscope_core::live::predict(&records);
+        let predictions = prefixscope_core::live::predict_at(
+            &records,
+            &prefixscope_core::analysis::CAPACITY_SETTINGS,
+            None,
+        );
         for advice in prefixscope_core::live::advise(&report.findings, &predictions) {
             for saving in &advice.savings {
                 assert!(

@@ -2,6 +2,9 @@
 //! one event channel with a fixed clock, and the screens it draws compared with golden text
 //! files (`PREFIXSCOPE_UPDATE_GOLDEN=1` rewrites them; say why in the commit).
 
+#[path = "support/tui.rs"]
+mod tui_support;
+
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,13 +12,14 @@ use std::sync::Arc;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use prefixscope::tui::app::{Action, App, Source};
 use prefixscope::tui::event::Event;
+use prefixscope::tui::run;
 use prefixscope::tui::theme::Theme;
-use prefixscope::tui::{EngineControl, FixedClock, NoControl, run};
 use prefixscope_core::analysis::Config;
 use prefixscope_core::live::{Engine, Input};
 use prefixscope_core::record::{Record, read_jsonl};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+use tui_support::{EngineControl, FixedClock, NoControl};
 
 /// 2025-01-01T00:00:00Z: after every recording, so "n ago" texts stay put.
 const NOW_MS: i64 = 1_735_689_600_000;

@@ -24,7 +24,7 @@ use ratatui::backend::Backend;
 
 use app::{Action, App};
 use event::Event;
-use prefixscope_core::live::{Command, Engine, Snapshot};
+use prefixscope_core::live::{Command, Snapshot};
 use theme::Theme;
 
 pub trait Clock {
@@ -36,15 +36,6 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         crate::clock::wall_clock_ms()
-    }
-}
-
-/// A clock that stands still (tests, goldens).
-pub struct FixedClock(pub i64);
-
-impl Clock for FixedClock {
-    fn now_ms(&self) -> i64 {
-        self.0
     }
 }
 
@@ -87,20 +78,6 @@ pub trait Control {
     /// event later (`None` here); a synchronous one (tests) may answer at once.
     fn command(&self, _command: Command) -> Option<Arc<Snapshot>> {
         None
-    }
-}
-
-pub struct NoControl;
-impl Control for NoControl {}
-
-/// A synchronous live engine behind the app (tests, goldens): commands are answered at once.
-pub struct EngineControl(pub std::cell::RefCell<Engine>);
-
-impl Control for EngineControl {
-    fn command(&self, command: Command) -> Option<Arc<Snapshot>> {
-        let mut engine = self.0.borrow_mut();
-        engine.push(prefixscope_core::live::Input::Command(command));
-        Some(Arc::new(engine.snapshot()))
     }
 }
 

@@ -13,7 +13,6 @@ pub(crate) mod trace;
 pub use recording::Reopen;
 pub use recording::live_request;
 pub use recording::read as read_recording;
-pub use recording::read_keyed;
 pub use recording::read_keyed_or_twice;
 
 pub use gateway_csv::{LogRecords, UNTIMED_PACE_MS, records as gateway_log_records};

@@ -169,16 +169,12 @@ pub(crate) const HELD_PENDING_BYTES: usize = 256 << 20;
 /// parsed file is never held (a 406 MB recording of 100,000 records took `profile` to 2.9 GB and
 /// past a 2 GiB address space). Requests come out in id order, as `read` sorts them; the
 /// analysis is kept beside them only when `options.keep_analysis` asks.
-pub fn read_keyed(reader: impl BufRead, name: &str, options: &InputOptions) -> FileInput {
-    read_keyed_or_twice(reader, None, HELD_PENDING_BYTES, name, options)
-}
-
-/// [`read_keyed`], which holds every pending request beside the analysis engine until the
-/// block model is chosen; past `held_budget` bytes of them, when `reopen` can read the file
-/// again, it stops holding them and keeps only what a second read needs (the block model's
-/// evidence, each request's place in id order, the bad values): the second read cuts each
-/// request as its turn comes, after the engine has given its conversations and gone. The two
-/// give the same requests and report (a test holds them equal).
+/// It holds every pending request beside the analysis engine until the block model is chosen;
+/// past `held_budget` bytes of them, when `reopen` can read the file again, it stops holding
+/// them and keeps only what a second read needs (the block model's evidence, each request's
+/// place in id order, the bad values): the second read cuts each request as its turn comes,
+/// after the engine has given its conversations and gone. Read once or twice, it gives the same
+/// requests and report (a test holds them equal).
 pub fn read_keyed_or_twice(
     reader: impl BufRead,
     reopen: Option<Reopen>,

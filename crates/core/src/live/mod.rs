@@ -358,12 +358,6 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
         .collect()
 }
 
-/// The simulated server over `records` at every setting of the capacity view (`prefixscope
-/// whatif` on them): every lever a fix names is one of them.
-pub fn predict(records: &[Record]) -> Predictions {
-    predict_at(records, &crate::analysis::findings::CAPACITY_SETTINGS, None)
-}
-
 /// The simulated server over `records` at `settings` (`(slots, cache_ram)`), the recording
 /// analysed once for all of them.
 /// `props_slots`: the slot count the server's `/props` gave, where `records` hold no probes

@@ -80,13 +80,6 @@ impl Totals {
                 .collect(),
         }
     }
-
-    pub fn cause_tokens(&self, cause: &str) -> u64 {
-        self.by_cause
-            .iter()
-            .find(|(c, _, _)| c == cause)
-            .map_or(0, |(_, tokens, _)| *tokens)
-    }
 }
 
 /// The chat requests a replay can use (llama.cpp's `timings` ride on OpenAI-style chat
