@@ -115,6 +115,14 @@ impl LossSum {
     }
 }
 
+impl<'a> FromIterator<(&'a Loss, Option<Measured<f64>>)> for LossSum {
+    fn from_iter<I: IntoIterator<Item = (&'a Loss, Option<Measured<f64>>)>>(losses: I) -> Self {
+        let mut sum = LossSum::default();
+        losses.into_iter().for_each(|loss| sum.add(loss));
+        sum
+    }
+}
+
 pub(crate) fn add_ms(total: Option<Measured<f64>>, ms: Measured<f64>) -> Measured<f64> {
     match total {
         Some(total) => Measured {
@@ -259,14 +267,8 @@ fn side_call_on_conversation_model(model: &str, rows: &[Rated]) -> Option<Findin
         .filter(|r| r.kind == RowKind::Turn && !r.side_calls_between.is_empty())
         .collect();
     let measured = after.iter().filter(|r| r.loss_measured).count();
-    let mut sum = LossSum::default();
-    for row in &after {
-        if row.cause == Some(Cause::SideCall)
-            && let Some(loss) = row.external_loss()
-        {
-            sum.add(loss);
-        }
-    }
+    let side_call_losses = after.iter().filter(|r| r.cause == Some(Cause::SideCall));
+    let sum: LossSum = side_call_losses.filter_map(|r| r.external_loss()).collect();
     let mut shapes: BTreeMap<&str, u32> = BTreeMap::new();
     for row in &side_calls {
         if let Some(shape) = row.side_call_shape {
@@ -322,10 +324,7 @@ fn prefix_breaks(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
         if broken.is_empty() || share < PREFIX_BREAK_SHARE {
             continue;
         }
-        let mut sum = LossSum::default();
-        for loss in broken.iter().filter_map(|r| r.client_loss()) {
-            sum.add(loss);
-        }
+        let sum: LossSum = broken.iter().filter_map(|r| r.client_loss()).collect();
         let mut evidence = json!({
             "break_cause": cause,
             "links": links.len(),
@@ -387,10 +386,7 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
             if hit.len() < MIN_ROWS {
                 return None;
             }
-            let mut sum = LossSum::default();
-            for loss in hit.iter().filter_map(|r| r.external_loss()) {
-                sum.add(loss);
-            }
+            let sum: LossSum = hit.iter().filter_map(|r| r.external_loss()).collect();
             // prefixscope: the engine's likely mechanism, the one most of these rows show.
             let mut engines: BTreeMap<EngineKind, (usize, &str)> = BTreeMap::new();
             for cause in hit.iter().filter_map(|r| r.row().engine_cause.as_ref()) {
@@ -486,10 +482,7 @@ fn unseen_changes(model: &str, client: &str, rows: &[Rated]) -> Vec<Finding> {
         if hit.is_empty() {
             return None;
         }
-        let mut sum = LossSum::default();
-        for loss in hit.iter().filter_map(|r| r.external_loss()) {
-            sum.add(loss);
-        }
+        let sum: LossSum = hit.iter().filter_map(|r| r.external_loss()).collect();
         Some(loss_finding(
             kind,
             (model, Some(client)),
@@ -511,10 +504,7 @@ fn other_conversation_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) 
     if hit.len() < MIN_ROWS {
         return None;
     }
-    let mut sum = LossSum::default();
-    for loss in hit.iter().filter_map(|r| r.external_loss()) {
-        sum.add(loss);
-    }
+    let sum: LossSum = hit.iter().filter_map(|r| r.external_loss()).collect();
     let others = hit
         .iter()
         .flat_map(|r| &r.other_conversations_between)
@@ -552,10 +542,7 @@ fn other_model_eviction(model: &str, rows: &[Rated], by_id: &ById<&Row>) -> Opti
     if hit.len() < MIN_ROWS {
         return None;
     }
-    let mut sum = LossSum::default();
-    for loss in hit.iter().filter_map(|r| r.external_loss()) {
-        sum.add(loss);
-    }
+    let sum: LossSum = hit.iter().filter_map(|r| r.external_loss()).collect();
     let others: BTreeSet<&str> = hit
         .iter()
         .flat_map(|r| &r.other_domains_between)
@@ -611,10 +598,7 @@ fn volatile_system_prompt(model: &str, client: &str, rows: &[Rated]) -> Option<F
         .iter()
         .filter_map(|r| r.break_location.as_ref())
         .find(|l| l.char_offset == offset);
-    let mut sum = LossSum::default();
-    for loss in changed.iter().filter_map(|r| r.client_loss()) {
-        sum.add(loss);
-    }
+    let sum: LossSum = changed.iter().filter_map(|r| r.client_loss()).collect();
     let evidence = json!({
         "char_offset": offset,
         "changed": changed.len(),
