@@ -358,22 +358,26 @@ pub struct Written {
 
 /// One writer per format.
 pub enum Writer {
-    Mooncake(mooncake::Writer),
+    /// Mooncake and trace_synthetic: each request a line of its own, nothing held. The source
+    /// time written as 0, the format's line, what was written.
+    Lines(i64, Line, Written),
     Bailian(bailian::Writer),
     Weka(weka::Writer),
-    TraceSynthetic(trace_synthetic::Writer),
     Otel(otel::Writer),
 }
+
+/// Writes a request's line, its time counted from the `i64`, the source time written as 0.
+pub type Line = fn(&ExportRequest, i64, &mut dyn Write) -> io::Result<()>;
 
 impl Writer {
     /// `origin_ms`: the source time written as 0.
     pub fn new(target: Target, block_size: u32, salt: Salt, origin_ms: i64) -> Writer {
         match target {
-            Target::Mooncake => Writer::Mooncake(mooncake::Writer::new(origin_ms)),
+            Target::Mooncake => Writer::Lines(origin_ms, mooncake::line, Written::default()),
             Target::Bailian => Writer::Bailian(bailian::Writer::new(origin_ms)),
             Target::Weka => Writer::Weka(weka::Writer::new(origin_ms, block_size, salt)),
             Target::TraceSynthetic => {
-                Writer::TraceSynthetic(trace_synthetic::Writer::new(origin_ms))
+                Writer::Lines(origin_ms, trace_synthetic::line, Written::default())
             }
             Target::Otel => Writer::Otel(otel::Writer::new(salt)),
         }
@@ -381,10 +385,14 @@ impl Writer {
 
     pub fn push(&mut self, request: ExportRequest, out: &mut dyn Write) -> io::Result<()> {
         match self {
-            Writer::Mooncake(w) => w.push(&request, out),
+            Writer::Lines(origin_ms, line, written) => {
+                line(&request, *origin_ms, out)?;
+                written.lines += 1;
+                written.requests += 1;
+                Ok(())
+            }
             Writer::Bailian(w) => w.push(&request, out),
             Writer::Weka(w) => w.push(request, out),
-            Writer::TraceSynthetic(w) => w.push(&request, out),
             Writer::Otel(w) => w.push(request, out),
         }
     }
@@ -392,10 +400,9 @@ impl Writer {
     /// Writes what is still held (conversations whose last request never came).
     pub fn finish(&mut self, out: &mut dyn Write) -> io::Result<Written> {
         match self {
-            Writer::Mooncake(w) => Ok(w.written()),
+            Writer::Lines(.., written) => Ok(*written),
             Writer::Bailian(w) => Ok(w.written()),
             Writer::Weka(w) => w.finish(out),
-            Writer::TraceSynthetic(w) => Ok(w.written()),
             Writer::Otel(w) => w.finish(out),
         }
     }

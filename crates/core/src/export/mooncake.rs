@@ -13,7 +13,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::{ExportRequest, Written, write_line};
+use super::{ExportRequest, write_line};
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Row<'a> {
@@ -23,56 +23,33 @@ pub(crate) struct Row<'a> {
     pub hash_ids: &'a [u64],
 }
 
-pub(crate) fn row(request: &ExportRequest, origin_ms: i64) -> Row<'_> {
-    Row {
+/// A request's line ([`super::Writer::Lines`]).
+pub(super) fn line(request: &ExportRequest, origin_ms: i64, out: &mut dyn Write) -> io::Result<()> {
+    let row = Row {
         timestamp: request.t_ms.saturating_sub(origin_ms),
         input_length: request.input_tokens,
         output_length: request.output.tokens,
         hash_ids: &request.hash_ids,
-    }
-}
-
-pub struct Writer {
-    origin_ms: i64,
-    written: Written,
-}
-
-impl Writer {
-    pub fn new(origin_ms: i64) -> Writer {
-        Writer {
-            origin_ms,
-            written: Written::default(),
-        }
-    }
-
-    pub fn push(&mut self, request: &ExportRequest, out: &mut dyn Write) -> io::Result<()> {
-        write_line(out, &row(request, self.origin_ms))?;
-        self.written.lines += 1;
-        self.written.requests += 1;
-        Ok(())
-    }
-
-    pub fn written(&self) -> Written {
-        self.written
-    }
+    };
+    write_line(out, &row)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests_support::request;
+    use super::super::{Writer, Written, tests_support::request};
     use super::*;
 
     #[test]
     fn one_line_per_request_in_milliseconds() {
-        let mut w = Writer::new(1_000);
+        let mut w = Writer::Lines(1_000, line, Written::default());
         let mut out = Vec::new();
         let mut r = request(1, 3_500, 1000);
         r.hash_ids = vec![7, 8];
-        w.push(&r, &mut out).ok();
+        let written = w.push(r, &mut out).and_then(|()| w.finish(&mut out)).ok();
         assert_eq!(
             String::from_utf8_lossy(&out),
             "{\"timestamp\":2500,\"input_length\":1000,\"output_length\":5,\"hash_ids\":[7,8]}\n"
         );
-        assert_eq!(w.written().requests, 1);
+        assert_eq!(written.map(|w| w.requests), Some(1));
     }
 }

@@ -6,7 +6,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::{ExportRequest, Written, seconds_since, write_line};
+use super::{ExportRequest, seconds_since, write_line};
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Row {
@@ -17,52 +17,30 @@ pub(crate) struct Row {
     pub duration: Option<f64>,
 }
 
-pub struct Writer {
-    origin_ms: i64,
-    written: Written,
-}
-
-impl Writer {
-    pub fn new(origin_ms: i64) -> Writer {
-        Writer {
-            origin_ms,
-            written: Written::default(),
-        }
-    }
-
-    pub fn push(&mut self, request: &ExportRequest, out: &mut dyn Write) -> io::Result<()> {
-        write_line(
-            out,
-            &Row {
-                timestamp: seconds_since(request.t_ms, self.origin_ms),
-                input_length: request.input_tokens,
-                output_length: request.output.tokens,
-                duration: request.duration_ms.map(|ms| ms as f64 / 1000.0),
-            },
-        )?;
-        self.written.lines += 1;
-        self.written.requests += 1;
-        Ok(())
-    }
-
-    pub fn written(&self) -> Written {
-        self.written
-    }
+/// A request's line ([`super::Writer::Lines`]).
+pub(super) fn line(request: &ExportRequest, origin_ms: i64, out: &mut dyn Write) -> io::Result<()> {
+    let row = Row {
+        timestamp: seconds_since(request.t_ms, origin_ms),
+        input_length: request.input_tokens,
+        output_length: request.output.tokens,
+        duration: request.duration_ms.map(|ms| ms as f64 / 1000.0),
+    };
+    write_line(out, &row)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests_support::request;
+    use super::super::{Writer, Written, tests_support::request};
     use super::*;
 
     #[test]
     fn seconds_and_an_optional_duration() {
-        let mut w = Writer::new(1_000);
+        let mut w = Writer::Lines(1_000, line, Written::default());
         let mut out = Vec::new();
         let mut timed = request(1, 2_500, 64);
         timed.duration_ms = Some(250);
-        w.push(&timed, &mut out).ok();
-        w.push(&request(1, 3_000, 64), &mut out).ok();
+        w.push(timed, &mut out).ok();
+        w.push(request(1, 3_000, 64), &mut out).ok();
         assert_eq!(
             String::from_utf8_lossy(&out),
             "{\"timestamp\":1.5,\"input_length\":64,\"output_length\":5,\"duration\":0.25}\n\
