@@ -225,6 +225,24 @@ fn announce<M: EncodeMetric + Send + Sync + std::fmt::Debug + 'static>(
     registry.register(name, help, Announced(family));
 }
 
+/// An unlabelled gauge family: one sample of `value`, none while its source is absent.
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: Option<f64>) {
+    let family = Family::<Labels, FloatGauge>::default();
+    if let Some(value) = value {
+        family.get_or_create(&Vec::new()).set(value);
+    }
+    announce(registry, name, help, family);
+}
+
+/// [`gauge`]'s counter.
+fn counter(registry: &mut Registry, name: &str, help: &str, value: Option<u64>) {
+    let family = Family::<Labels, Counter>::default();
+    if let Some(value) = value {
+        family.get_or_create(&Vec::new()).inc_by(value);
+    }
+    announce(registry, name, help, family);
+}
+
 /// The one place the families are defined: the live endpoint and `analyze --prometheus` both
 /// encode this registry.
 pub fn registry(inputs: &Inputs<'_>) -> Registry {
@@ -305,103 +323,60 @@ pub fn registry(inputs: &Inputs<'_>) -> Registry {
         conversations,
     );
 
-    let ceiling = Family::<Labels, FloatGauge>::default();
-    let reuse = Family::<Labels, FloatGauge>::default();
-    if let Some(cache) = inputs.cache {
-        ceiling.get_or_create(&Vec::new()).set(cache.ceiling);
-        if let Some(server_reuse) = cache.server_reuse {
-            reuse.get_or_create(&Vec::new()).set(server_reuse);
-        }
-    }
-    announce(
+    let (cache, proxy, window) = (inputs.cache, inputs.proxy, inputs.window);
+    gauge(
         &mut registry,
         "cache_ceiling_ratio",
         "The prefix-cache hit rate no cache could beat on the requests so far (0 to 1)",
-        ceiling,
+        cache.map(|c| c.ceiling),
     );
-    announce(
+    gauge(
         &mut registry,
         "server_reuse_ratio",
         "Of the simulated requests' prompt tokens, the share the server said it reused (0 to 1)",
-        reuse,
+        cache.and_then(|c| c.server_reuse),
     );
-
-    let not_written = Family::<Labels, Counter>::default();
-    let queue = Family::<Labels, FloatGauge>::default();
-    let connection_errors = Family::<Labels, Counter>::default();
-    if let Some(proxy) = inputs.proxy {
-        not_written
-            .get_or_create(&Vec::new())
-            .inc_by(proxy.records_not_written);
-        queue
-            .get_or_create(&Vec::new())
-            .set(proxy.recorder_queue_depth as f64);
-        connection_errors
-            .get_or_create(&Vec::new())
-            .inc_by(proxy.metrics_connection_errors);
-    }
-    announce(
+    counter(
         &mut registry,
         "records_not_written",
         "Records the recorder could not write (a full disk); the proxy forwards on",
-        not_written,
+        proxy.map(|p| p.records_not_written),
     );
-    announce(
+    gauge(
         &mut registry,
         "recorder_queue_depth",
         "Captures waiting for the recorder",
-        queue,
+        proxy.map(|p| p.recorder_queue_depth as f64),
     );
-    announce(
+    counter(
         &mut registry,
         "metrics_connection_errors",
         "Connections to this metrics endpoint that failed",
-        connection_errors,
+        proxy.map(|p| p.metrics_connection_errors),
     );
-
-    let skipped = Family::<Labels, Counter>::default();
-    let windows = Family::<Labels, Counter>::default();
-    let window_records = Family::<Labels, FloatGauge>::default();
-    if let Some(window) = inputs.window {
-        skipped
-            .get_or_create(&Vec::new())
-            .inc_by(window.records_skipped);
-        windows
-            .get_or_create(&Vec::new())
-            .inc_by(window.windows_closed);
-        window_records
-            .get_or_create(&Vec::new())
-            .set(window.window_records as f64);
-    }
-    announce(
+    counter(
         &mut registry,
         "metrics_records_skipped",
         "Records this endpoint's analysis left out because it was behind the proxy (its queue full); the analysis families do not include them",
-        skipped,
+        window.map(|w| w.records_skipped),
     );
-    announce(
+    counter(
         &mut registry,
         "metrics_windows_closed",
         "Times this endpoint's analysis closed a window of --metrics-window records and started again, its totals kept",
-        windows,
+        window.map(|w| w.windows_closed),
     );
-    announce(
+    gauge(
         &mut registry,
         "metrics_window_records",
         "Records analysed in this endpoint's open window",
-        window_records,
+        window.map(|w| w.window_records as f64),
     );
-    let aside = Family::<Labels, FloatGauge>::default();
-    if let Some(window) = inputs.window {
-        aside
-            .get_or_create(&Vec::new())
-            .set(if window.stepped_aside { 1.0 } else { 0.0 });
-    }
-    announce(
+    gauge(
         &mut registry,
         "metrics_analysis_stepped_aside",
         "1 while this endpoint's analysis steps aside because records come faster than it analyses them (the recorder skips it, counted in metrics_records_skipped); 0 otherwise",
-        aside,
+        window.map(|w| if w.stepped_aside { 1.0 } else { 0.0 }),
     );
     registry
 }
