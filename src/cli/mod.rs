@@ -458,16 +458,11 @@ pub fn print_bad_values(name: &str, report: &prefixscope_core::input::FileReport
 
 /// `--speed`: a number from `MIN_SPEED` to `MAX_SPEED` (clap reports the error, exit 2).
 pub fn parse_speed(text: &str) -> Result<f64, String> {
-    use prefixscope_core::limits::{MAX_SPEED, MIN_SPEED, valid_speed};
     let speed: f64 = text
         .trim()
         .parse()
         .map_err(|_| format!("{text:?} is not a number"))?;
-    if valid_speed(speed) {
-        Ok(speed)
-    } else {
-        Err(format!("must be from {MIN_SPEED} to {MAX_SPEED}"))
-    }
+    prefixscope_core::limits::check_speed(speed)
 }
 
 /// A timeout in whole seconds, 1 to `MAX_CONNECT_TIMEOUT_SECS` (a day).

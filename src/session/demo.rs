@@ -81,13 +81,8 @@ impl Demo {
         config: DemoConfig,
         consumers: Vec<impl Into<prefixscope_capture::recorder::Consumer>>,
     ) -> Result<Demo, Error> {
-        if !prefixscope_core::limits::valid_speed(config.speed) {
-            return Err(Error::Usage(format!(
-                "--speed must be from {} to {}",
-                prefixscope_core::limits::MIN_SPEED,
-                prefixscope_core::limits::MAX_SPEED
-            )));
-        }
+        prefixscope_core::limits::check_speed(config.speed)
+            .map_err(|why| Error::Usage(format!("--speed {why}")))?;
         let slots = config
             .slots
             .unwrap_or_else(|| default_slots(&config.scenario));

@@ -57,13 +57,8 @@ pub struct Replay {
 impl Replay {
     /// Opens the files (recordings, or traces / gateway logs: all of one kind).
     pub fn open(config: &ReplayConfig) -> Result<Replay, Error> {
-        if !prefixscope_core::limits::valid_speed(config.speed) {
-            return Err(Error::Usage(format!(
-                "--speed must be from {} to {}",
-                prefixscope_core::limits::MIN_SPEED,
-                prefixscope_core::limits::MAX_SPEED
-            )));
-        }
+        prefixscope_core::limits::check_speed(config.speed)
+            .map_err(|why| Error::Usage(format!("--speed {why}")))?;
         let formats: Vec<Option<Format>> = config
             .files
             .iter()

@@ -274,9 +274,13 @@ impl<R: std::io::BufRead> std::io::Read for CsvRecordCap<R> {
     }
 }
 
-/// Whether `speed` is a replay or demo speed we run at.
-pub fn valid_speed(speed: f64) -> bool {
-    (MIN_SPEED..=MAX_SPEED).contains(&speed)
+/// `speed` when it is a replay or demo speed we run at, else why not (the flag's name apart).
+pub fn check_speed(speed: f64) -> Result<f64, String> {
+    if (MIN_SPEED..=MAX_SPEED).contains(&speed) {
+        Ok(speed)
+    } else {
+        Err(format!("must be from {MIN_SPEED} to {MAX_SPEED}"))
+    }
 }
 
 /// A token count read from a server or a file, or `None` when it is past every context window.
