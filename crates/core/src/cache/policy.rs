@@ -301,22 +301,10 @@ pub struct Fifo {
 
 impl Fifo {
     pub fn new(capacity: usize) -> Fifo {
-        Fifo::with_buffers(capacity, Vec::new(), VecDeque::new())
-    }
-
-    /// An empty FIFO that reuses this one's memory: a batch of replays then writes into pages
-    /// already faulted in instead of new ones for each.
-    pub fn recycle(self, capacity: usize) -> Fifo {
-        Fifo::with_buffers(capacity, self.in_cache, self.queue)
-    }
-
-    fn with_buffers(capacity: usize, mut in_cache: Vec<bool>, mut queue: VecDeque<u32>) -> Fifo {
-        in_cache.clear();
-        queue.clear();
         Fifo {
             capacity,
-            in_cache,
-            queue,
+            in_cache: Vec::new(),
+            queue: VecDeque::new(),
             size: 0,
             requests: 0,
             full_since: None,
@@ -455,7 +443,8 @@ impl Belady {
         Belady::with_buffers(capacity, Vec::new(), Vec::new())
     }
 
-    /// An empty cache that reuses this one's memory (see [`Fifo::recycle`]).
+    /// An empty cache that reuses this one's memory: a batch of replays then writes into pages
+    /// already faulted in instead of new ones for each.
     pub fn recycle(self, capacity: usize) -> Belady {
         Belady::with_buffers(capacity, self.nodes, self.heap.into_vec())
     }

@@ -262,11 +262,11 @@ struct Totals {
     full_since: Option<u64>,
 }
 
-/// One unit of a profile's work: a replay of (policy, capacity, prompts only), LRU at every
-/// capacity, optimal's next uses, or the leaderboards.
+/// One unit of a profile's work: a replay of (policy, capacity, prompts only), LRU or FIFO at
+/// every capacity, optimal's next uses, or the leaderboards.
 enum Task<'a> {
     Passes(Policy, Option<&'a Capacity>, bool),
-    Lru,
+    EveryCapacity(Policy),
     NextUses,
     Leaderboards,
 }
@@ -274,10 +274,26 @@ enum Task<'a> {
 /// Where a point's totals are: (task, position in the task's results).
 type ResultAt = (usize, usize);
 
-/// LRU at every capacity of `capacities` from one walk over the passes; only requests' prompts
-/// from `warmup` on count.
-fn run_lru(replay: &Passes, capacities: &[u64], warmup: usize) -> Vec<Totals> {
-    let mut lru = Lru::new(capacities);
+/// LRU (`Policy::Lru`) or FIFO at every capacity of `capacities` from one walk over the
+/// passes (LRU's serves them all at once); only requests' prompts from `warmup` on count.
+fn run_at_every_capacity(
+    replay: &Passes,
+    policy: Policy,
+    capacities: &[u64],
+    warmup: usize,
+) -> Vec<Totals> {
+    let mut lru = Lru::new(if policy == Policy::Lru {
+        capacities
+    } else {
+        &[]
+    });
+    let mut fifos: Vec<Fifo> = match policy {
+        Policy::Lru => Vec::new(),
+        _ => capacities
+            .iter()
+            .map(|&c| Fifo::new(usize::try_from(c).unwrap_or(usize::MAX)))
+            .collect(),
+    };
     let mut totals: Vec<Totals> = capacities
         .iter()
         .map(|_| Totals {
@@ -287,19 +303,27 @@ fn run_lru(replay: &Passes, capacities: &[u64], warmup: usize) -> Vec<Totals> {
             full_since: None,
         })
         .collect();
+    let mut served = Vec::with_capacity(capacities.len());
+    let nodes = replay.parents.len();
     for pass in 0..replay.passes() {
-        let served = lru.serve(
-            replay.parents.len(),
-            &replay.events[replay.pass_range(pass)],
-        );
+        let events = &replay.events[replay.pass_range(pass)];
+        served.clear();
+        match policy {
+            Policy::Lru => served.extend_from_slice(lru.serve(nodes, events)),
+            _ => served.extend(fifos.iter_mut().map(|fifo| fifo.serve(nodes, events))),
+        }
         if replay.counted[pass].is_some_and(|request| request as usize >= warmup) {
-            for (totals, served) in totals.iter_mut().zip(served) {
+            for (totals, served) in totals.iter_mut().zip(&served) {
                 totals.hit_tokens += served.hit_tokens;
                 totals.same_conversation_tokens += served.same_conversation_tokens;
             }
         }
     }
-    for (totals, full_since) in totals.iter_mut().zip(lru.full_since()) {
+    let full_since = match policy {
+        Policy::Lru => lru.full_since(),
+        _ => fifos.iter().map(Fifo::full_since).collect(),
+    };
+    for (totals, full_since) in totals.iter_mut().zip(full_since) {
         totals.full_since = full_since;
     }
     totals
@@ -346,19 +370,9 @@ fn run_policy(
                 add(pass, served, &mut totals);
             }
         }
-        Policy::Fifo => {
-            let mut fifo = match scratch.fifo.take() {
-                Some(used) => used.recycle(capacity),
-                None => Fifo::new(capacity),
-            };
-            for pass in passes {
-                let served = fifo.serve(node_count, &replay.events[replay.pass_range(pass)]);
-                add(pass, served, &mut totals);
-            }
-            totals.full_since = fifo.full_since();
-            scratch.fifo = Some(fifo);
+        Policy::Fifo | Policy::Lru => {
+            unreachable!("FIFO and LRU are walked at every capacity at once")
         }
-        Policy::Lru => unreachable!("LRU is walked at every capacity at once (`run_lru`)"),
         Policy::Optimal => {
             let mut cache = match scratch.optimal.take() {
                 Some(used) => used.recycle(capacity),
@@ -400,7 +414,6 @@ fn lossless_full_since(replay: &Passes, capacity: usize) -> Option<u64> {
 /// before instead of faulting in fresh pages (the kernel zeroing them was a third of the time).
 #[derive(Default)]
 struct Scratch {
-    fifo: Option<Fifo>,
     optimal: Option<Belady>,
 }
 
@@ -535,17 +548,12 @@ fn profile_beside(
     let future: OnceLock<(Vec<u32>, u64)> = OnceLock::new();
     let with_replies = replay.passes() > replay.requests();
 
-    // LRU at every capacity comes from one walk over the passes.
-    let lru_capacities: Vec<u64> = if config.policies.contains(&Policy::Lru) {
-        config.capacities.iter().map(|c| c.blocks).collect()
-    } else {
-        Vec::new()
-    };
+    let capacities: Vec<u64> = config.capacities.iter().map(|c| c.blocks).collect();
 
     // The tasks, longest first where that is known, so that neither worker waits on the other:
     // optimal's next uses (which its replays wait for), the leaderboards, the ceiling, the
-    // trace semantics' ceiling where replies were cached, LRU at every capacity, then FIFO and
-    // optimal at every capacity.
+    // trace semantics' ceiling where replies were cached, FIFO and LRU at every capacity (one
+    // walk each), then optimal at every capacity.
     let mut tasks: Vec<Task> = Vec::new();
     let optimal_replays =
         config.policies.contains(&Policy::Optimal) && !config.capacities.is_empty();
@@ -560,13 +568,18 @@ fn profile_beside(
         tasks.push(Task::Passes(Policy::Ceiling, None, true));
         tasks.len() - 1
     });
-    let lru_task = (!lru_capacities.is_empty()).then(|| {
-        tasks.push(Task::Lru);
-        tasks.len() - 1
-    });
+    // Each policy's task for every capacity at once.
+    let mut every_capacity_task = |policy: Policy| {
+        (config.policies.contains(&policy) && !capacities.is_empty()).then(|| {
+            tasks.push(Task::EveryCapacity(policy));
+            tasks.len() - 1
+        })
+    };
+    let fifo_task = every_capacity_task(Policy::Fifo);
+    let lru_task = every_capacity_task(Policy::Lru);
     // The replays left, largest capacity first: below its working set, optimal's replay takes
     // longer the more it holds, and the last task to start should be a short one.
-    let needs_replay = |policy: Policy| matches!(policy, Policy::Fifo | Policy::Optimal);
+    let needs_replay = |policy: Policy| policy == Policy::Optimal;
     let mut largest_first: Vec<usize> = (0..config.capacities.len()).collect();
     largest_first.sort_by_key(|&position| std::cmp::Reverse(config.capacities[position].blocks));
     // The replay task of each (capacity, policy), by their positions in the config.
@@ -586,8 +599,9 @@ fn profile_beside(
         for (k, &policy) in config.policies.iter().enumerate() {
             let source = match policy {
                 Policy::Ceiling => continue,
+                Policy::Fifo => fifo_task.map(|task| (task, position)),
                 Policy::Lru => lru_task.map(|task| (task, position)),
-                Policy::Fifo | Policy::Optimal => replay_task[position][k].map(|task| (task, 0)),
+                Policy::Optimal => replay_task[position][k].map(|task| (task, 0)),
             };
             point_sources.push((policy, capacity, source));
         }
@@ -634,7 +648,9 @@ fn profile_beside(
                 prompts_only,
             )])
         }
-        Task::Lru => TaskOutput::Totals(run_lru(&replay, &lru_capacities, warmup)),
+        Task::EveryCapacity(policy) => {
+            TaskOutput::Totals(run_at_every_capacity(&replay, policy, &capacities, warmup))
+        }
     });
     let shape = shape();
     let boards = match results.get_mut(boards_task) {
@@ -1040,10 +1056,10 @@ mod tests {
                 .flat_map(|capacity| policies.iter().map(move |&policy| (policy, capacity)));
             for (point, (policy, capacity)) in report.points.iter().zip(expected) {
                 let blocks = usize::try_from(capacity.blocks).unwrap_or(usize::MAX);
-                let totals = if policy == Policy::Lru {
-                    run_lru(&replay, &[capacity.blocks], warmup).remove(0)
-                } else {
+                let totals = if policy == Policy::Optimal {
                     run_policy(&mut scratch, &replay, policy, blocks, &next, warmup, false)
+                } else {
+                    run_at_every_capacity(&replay, policy, &[capacity.blocks], warmup).remove(0)
                 };
                 let replayed = super::point(
                     policy,
