@@ -58,7 +58,7 @@ fn main() {
             };
             for &capacity in each {
                 let mut ceiling = Ceiling::default();
-                let mut fifo = Fifo::new(capacity);
+                let mut fifo = Fifo::new(capacity as u64);
                 let mut optimal = Belady::new(capacity);
                 let mut lru = Lru::new(&capacities.map(|c| c as u64));
                 for pass in 0..replay.passes() {

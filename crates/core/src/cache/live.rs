@@ -64,10 +64,9 @@ const DESCRIBED_PARTS: usize = 8;
 
 impl LiveSimulator {
     pub fn new(block_size: u32, capacities: Vec<Capacity>) -> LiveSimulator {
-        let blocks = |c: &Capacity| usize::try_from(c.blocks).unwrap_or(usize::MAX);
         LiveSimulator {
             block_size,
-            fifo: capacities.iter().map(|c| Fifo::new(blocks(c))).collect(),
+            fifo: capacities.iter().map(|c| Fifo::new(c.blocks)).collect(),
             lru: Lru::new(&capacities.iter().map(|c| c.blocks).collect::<Vec<_>>()),
             fifo_totals: vec![Running::default(); capacities.len()],
             lru_totals: vec![Running::default(); capacities.len()],
@@ -101,8 +100,7 @@ impl LiveSimulator {
     /// Simulates FIFO and LRU at `capacities` instead, over every request so far (replayed from
     /// the events kept: O(all blocks so far)); the ceiling is unchanged.
     pub fn set_capacities(&mut self, capacities: Vec<Capacity>) {
-        let blocks = |c: &Capacity| usize::try_from(c.blocks).unwrap_or(usize::MAX);
-        self.fifo = capacities.iter().map(|c| Fifo::new(blocks(c))).collect();
+        self.fifo = capacities.iter().map(|c| Fifo::new(c.blocks)).collect();
         self.lru = Lru::new(&capacities.iter().map(|c| c.blocks).collect::<Vec<_>>());
         self.fifo_totals = vec![Running::default(); capacities.len()];
         self.lru_totals = vec![Running::default(); capacities.len()];

@@ -17,7 +17,7 @@
 //! Each policy is a struct fed one request at a time, so the batch profile and the live view run
 //! the same code.
 
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use serde::{Deserialize, Serialize};
 
@@ -288,24 +288,28 @@ impl Ceiling {
     }
 }
 
-/// `fifo`: a flat queue of nodes, oldest evicted first.
+/// `fifo`: every missing node is inserted and the oldest insertion evicted; hits do not
+/// refresh. After T insertions the cache holds exactly the nodes of the last min(T, C) (a node
+/// evicted by the insertion C after its own cannot be that insertion, so the last C insertions
+/// are C distinct nodes): a node is cached while its latest insertion's number s satisfies
+/// s + C > T. So each node keeps that number, and there is no queue.
 #[derive(Debug, Clone)]
 pub struct Fifo {
-    capacity: usize,
-    in_cache: Vec<bool>,
-    queue: VecDeque<u32>,
-    size: usize,
+    capacity: u64,
+    /// Per node, the number (from 1) of its latest insertion, 0 for none. 32 bits: an insertion
+    /// is an event, and 2^32 events held in memory would take 32 GiB.
+    stamps: Vec<u32>,
+    insertions: u64,
     requests: u64,
     full_since: Option<u64>,
 }
 
 impl Fifo {
-    pub fn new(capacity: usize) -> Fifo {
+    pub fn new(capacity: u64) -> Fifo {
         Fifo {
             capacity,
-            in_cache: Vec::new(),
-            queue: VecDeque::new(),
-            size: 0,
+            stamps: Vec::new(),
+            insertions: 0,
             requests: 0,
             full_since: None,
         }
@@ -316,45 +320,29 @@ impl Fifo {
         self.full_since
     }
 
-    pub fn cached_blocks(&self) -> usize {
-        self.size
-    }
-
     pub fn serve(&mut self, node_count: usize, events: &[Event]) -> Served {
         let request = self.requests;
         self.requests += 1;
+        grow(&mut self.stamps, node_count, 0);
         let mut served = Served::default();
-        if self.capacity == 0 {
-            return served;
-        }
-        grow(&mut self.in_cache, node_count, false);
+        // The hits are the contiguous cached prefix: no insertion happens before the first miss.
+        let mut hitting = true;
         for event in events {
-            if !self.in_cache[event.node() as usize] {
-                break;
-            }
-            served.hit(event);
-        }
-        for event in events {
-            let node = event.node() as usize;
-            if self.in_cache[node] {
+            let Some(stamp) = self.stamps.get_mut(event.node() as usize) else {
+                continue;
+            };
+            // A stamp is at most the insertions: no sum to overflow at a capacity near u64::MAX.
+            if *stamp != 0 && self.insertions - u64::from(*stamp) < self.capacity {
+                if hitting {
+                    served.hit(event);
+                }
                 continue;
             }
-            if self.size >= self.capacity {
-                while let Some(victim) = self.queue.pop_front() {
-                    if self.in_cache[victim as usize] {
-                        self.in_cache[victim as usize] = false;
-                        self.size -= 1;
-                        break;
-                    }
-                }
-            }
-            if self.size < self.capacity {
-                self.in_cache[node] = true;
-                self.size += 1;
-                self.queue.push_back(event.node());
-                if self.size >= self.capacity && self.full_since.is_none() {
-                    self.full_since = Some(request);
-                }
+            hitting = false;
+            self.insertions += 1;
+            *stamp = u32::try_from(self.insertions).unwrap_or(u32::MAX);
+            if self.insertions == self.capacity {
+                self.full_since = Some(request);
             }
         }
         served
@@ -836,6 +824,44 @@ mod tests {
             }
         }
         assert_eq!(fifo.full_since(), Some(1));
+    }
+
+    /// The stamps serve what a plain queue of insertions serves, pass by pass, at capacities
+    /// from none to more than all, on generated tries.
+    #[test]
+    fn fifo_equals_a_queue_of_insertions() {
+        for seed in 1..20u64 {
+            let (parents, events, starts) = crate::cache::lru::tests::generated(seed, 300);
+            for capacity in [0u64, 1, 2, 5, 13, 60, 5000] {
+                let mut fifo = Fifo::new(capacity);
+                let mut queue = std::collections::VecDeque::new();
+                let mut cached = vec![false; parents.len()];
+                for (pass, bounds) in starts.windows(2).enumerate() {
+                    let path = &events[bounds[0]..bounds[1]];
+                    let mut expected = Served::default();
+                    for event in path.iter().take_while(|e| cached[e.node() as usize]) {
+                        expected.hit(event);
+                    }
+                    for event in path {
+                        let node = event.node() as usize;
+                        if capacity == 0 || cached[node] {
+                            continue;
+                        }
+                        if queue.len() as u64 == capacity {
+                            let oldest: usize = queue.pop_front().unwrap_or_default();
+                            cached[oldest] = false;
+                        }
+                        queue.push_back(node);
+                        cached[node] = true;
+                    }
+                    let served = fifo.serve(parents.len(), path);
+                    assert_eq!(
+                        served, expected,
+                        "seed {seed}, capacity {capacity}, pass {pass}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -289,10 +289,7 @@ fn run_at_every_capacity(
     });
     let mut fifos: Vec<Fifo> = match policy {
         Policy::Lru => Vec::new(),
-        _ => capacities
-            .iter()
-            .map(|&c| Fifo::new(usize::try_from(c).unwrap_or(usize::MAX)))
-            .collect(),
+        _ => capacities.iter().map(|&c| Fifo::new(c)).collect(),
     };
     let mut totals: Vec<Totals> = capacities
         .iter()
