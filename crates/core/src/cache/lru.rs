@@ -103,7 +103,8 @@ pub struct Lru {
     seen: u64,
     passes: u64,
     full_since: Vec<Option<u64>>,
-    /// Per pass: its blocks whose smallest capacity to hit is the k-th.
+    /// Per pass: its blocks whose smallest capacity to hit is the k-th, then, summed, what the
+    /// k-th capacity served.
     first_hits: Vec<Served>,
     /// Per pass: what each capacity as given served.
     served: Vec<Served>,
