@@ -188,6 +188,21 @@ fn the_report_of_a_recording_renders_with_profiles_figures() {
     check("recordings/llmp/llama.cpp/parallel.jsonl", "recording");
 }
 
+/// The page's chart spans the working set from one run over more capacities than the JSON's;
+/// the JSON written beside it is still `profile --json`'s.
+#[test]
+fn the_json_beside_the_page_is_profile_json() {
+    let input = "recordings/llmp/llama.cpp/parallel.jsonl";
+    let (written, _) = written_report("profile", input, "beside");
+    let output = Command::new(BIN)
+        .args(["profile", "--json"])
+        .arg(repo(input))
+        .output()
+        .unwrap();
+    let printed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(written, printed);
+}
+
 #[test]
 fn report_paths_follow_the_name_given() {
     let dir = std::env::temp_dir().join(format!("prefixscope-html-paths-{}", std::process::id()));

@@ -287,31 +287,40 @@ pub fn run(args: ProfileArgs) -> u8 {
         prompts_only: args.prompts_only,
         ..ProfileConfig::default()
     };
-    let profile = profile(&requests, &config);
+    let html_path = args
+        .output
+        .as_ref()
+        .map(|path| super::report_paths(path, args.html.as_deref()));
+    // Without `--capacities` the page's chart spans the traffic's working set: one run over its
+    // capacities and the JSON's, which takes its own points out of it.
+    let page = match &html_path {
+        Some((_, Some(_))) if args.capacities.is_empty() => {
+            around_working_set(&requests, &config).map(|wider| profile(&requests, &wider))
+        }
+        _ => None,
+    };
+    let profile = match &page {
+        Some(page) => with_capacities_of(page, &config),
+        None => profile(&requests, &config),
+    };
     let report = Report {
         report: "prefixscope profile",
         inputs: &reports,
         profile: &profile,
     };
     let to_json = || serde_json::to_string_pretty(&report).unwrap_or_default();
-    let json = match &args.output {
-        Some(path) => {
+    let json = match html_path {
+        Some((json_path, html_path)) => {
             // `-o report.json` or `-o report`: report.json and report.html beside it. The page
             // is built and written on another core while the JSON is, so that the two files'
             // syncs overlap; each file is replaced whole or not at all.
-            let (json_path, html_path) = super::report_paths(path, args.html.as_deref());
             let (json, json_written, html_written) = std::thread::scope(|scope| {
                 let html = scope.spawn(|| {
                     let Some(html_path) = html_path else {
                         return Ok(());
                     };
-                    let wider = args
-                        .capacities
-                        .is_empty()
-                        .then(|| around_working_set(&requests, &config, &profile))
-                        .flatten();
                     let html = prefixscope::html_report::profile_page(
-                        wider.as_ref().unwrap_or(&profile),
+                        page.as_ref().unwrap_or(&profile),
                         &reports,
                         &analyses,
                     );
@@ -587,17 +596,17 @@ fn summary(p: &ProfileReport, inputs: &[FileReport]) -> String {
     out.join("\n")
 }
 
-/// The page's figures without `--capacities`: the defaults (as the JSON has them) and the live
-/// axis's capacities from one block up to the traffic's working set, which the defaults pass by
-/// on a small recording (the chart then spans the working set). `None`: nothing to add.
+/// The page's capacities without `--capacities`: the defaults (as the JSON has them) and the
+/// live axis's from one block up to the traffic's working set, which the defaults pass by on a
+/// small recording. `None`: nothing to add.
 fn around_working_set(
     requests: &[prefixscope_core::cache::Request],
     config: &ProfileConfig,
-    defaults: &prefixscope_core::cache::ProfileReport,
-) -> Option<prefixscope_core::cache::ProfileReport> {
-    let working_set = defaults
-        .unique_blocks
-        .saturating_mul(u64::from(config.block_size));
+) -> Option<ProfileConfig> {
+    let nodes = prefixscope_core::cache::Passes::new(requests, !config.prompts_only)
+        .parents
+        .len();
+    let working_set = (nodes as u64).saturating_sub(1) * u64::from(config.block_size);
     let (_, mut capacities) = prefixscope_core::live::capacity_axis(config.block_size, working_set);
     for capacity in &config.capacities {
         if !capacities.iter().any(|c| c.blocks == capacity.blocks) {
@@ -610,12 +619,36 @@ fn around_working_set(
             .iter()
             .zip(&config.capacities)
             .all(|(a, b)| a.blocks == b.blocks);
-    if same {
-        return None;
-    }
-    let wider = ProfileConfig {
+    (!same).then(|| ProfileConfig {
         capacities,
         ..config.clone()
-    };
-    Some(profile(requests, &wider))
+    })
+}
+
+/// The report of `config`'s capacities, out of one of more: a point depends on its own capacity
+/// alone, so these are the points a run of `config` gives.
+fn with_capacities_of(
+    wider: &prefixscope_core::cache::ProfileReport,
+    config: &ProfileConfig,
+) -> prefixscope_core::cache::ProfileReport {
+    let points = config
+        .capacities
+        .iter()
+        .flat_map(|capacity| {
+            config.policies.iter().filter_map(move |&policy| {
+                let point = wider
+                    .points
+                    .iter()
+                    .find(|p| p.policy == policy && p.capacity_blocks == Some(capacity.blocks))?;
+                Some(prefixscope_core::cache::Point {
+                    capacity: Some(capacity.label.clone()),
+                    ..point.clone()
+                })
+            })
+        })
+        .collect();
+    prefixscope_core::cache::ProfileReport {
+        points,
+        ..wider.clone()
+    }
 }
