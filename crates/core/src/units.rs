@@ -46,47 +46,37 @@ pub fn duration_compound(ms: f64) -> String {
     }
 }
 
-/// A loss cause's short name, for one break (`tools changed`); unknown causes pass as they are.
-pub fn cause_label(cause: &str) -> &str {
-    match cause {
-        "tools_changed" => "tools changed",
-        "system_changed" => "system prompt changed",
-        "history_rewritten" => "history rewritten",
-        "history_reordered" => "history reordered",
-        "history_dropped" => "messages dropped",
-        "side_call" => "side-call",
-        "other_conversation" => "other conversation",
-        "other_model" => "other model",
-        "server_empty" => "server emptied cache",
-        "server_head_only" => "server kept head only",
-        "server_rollback" => "server rolled back",
-        "no_cache_breakpoint" => "no cache_control breakpoint",
-        "cache_expired" => "cache expired",
-        "provider_miss" => "provider cache miss",
-        other => other,
-    }
+/// A loss cause's short name for one break (`tools changed`), and as what happened, counted
+/// over many breaks (`tool list changes`): the report's sentences ("lost to tool list
+/// changes"). `None` for an unknown cause.
+fn cause_labels(cause: &str) -> Option<(&'static str, &'static str)> {
+    Some(match cause {
+        "tools_changed" => ("tools changed", "tool list changes"),
+        "system_changed" => ("system prompt changed", "system prompt changes"),
+        "history_rewritten" => ("history rewritten", "history rewrites"),
+        "history_reordered" => ("history reordered", "history reorders"),
+        "history_dropped" => ("messages dropped", "messages dropped from the history"),
+        "side_call" => ("side-call", "side-calls"),
+        "other_conversation" => ("other conversation", "other conversations"),
+        "other_model" => ("other model", "other models"),
+        "server_empty" => ("server emptied cache", "server cache emptied"),
+        "server_head_only" => ("server kept head only", "server kept only the head"),
+        "server_rollback" => ("server rolled back", "server cache rolled back"),
+        "no_cache_breakpoint" => ("no cache_control breakpoint", "no cache_control breakpoint"),
+        "cache_expired" => ("cache expired", "cache expired"),
+        "provider_miss" => ("provider cache miss", "provider cache misses"),
+        _ => return None,
+    })
 }
 
-/// A loss cause as what happened, counted over many breaks (`tool list changes`): the report's
-/// sentences ("lost to tool list changes"); unknown causes pass as they are.
+/// A loss cause's short name, for one break; unknown causes pass as they are.
+pub fn cause_label(cause: &str) -> &str {
+    cause_labels(cause).map_or(cause, |(one, _)| one)
+}
+
+/// A loss cause as what happened, counted over many breaks; unknown causes pass as they are.
 pub fn cause_label_plural(cause: &str) -> &str {
-    match cause {
-        "tools_changed" => "tool list changes",
-        "system_changed" => "system prompt changes",
-        "history_rewritten" => "history rewrites",
-        "history_reordered" => "history reorders",
-        "history_dropped" => "messages dropped from the history",
-        "side_call" => "side-calls",
-        "other_conversation" => "other conversations",
-        "other_model" => "other models",
-        "server_empty" => "server cache emptied",
-        "server_head_only" => "server kept only the head",
-        "server_rollback" => "server cache rolled back",
-        "no_cache_breakpoint" => "no cache_control breakpoint",
-        "cache_expired" => "cache expired",
-        "provider_miss" => "provider cache misses",
-        other => other,
-    }
+    cause_labels(cause).map_or(cause, |(_, many)| many)
 }
 
 /// `1 turn`, `2 turns`, `1,200 turns`.
