@@ -5,8 +5,8 @@
 
 use ratatui::Frame;
 use ratatui::layout::{Margin, Rect};
-use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
+use ratatui::text::Line;
+use ratatui::widgets::{Paragraph, Wrap};
 
 use crate::tui::app::{App, Dialog};
 use crate::tui::theme::Theme;
@@ -123,14 +123,9 @@ pub fn draw(frame: &mut Frame, screen: Rect, app: &App, theme: &Theme) -> bool {
         }
         _ => return false,
     };
+    // The popup's frame over the whole view area.
     let rect = area_of(screen);
-    frame.render_widget(Clear, rect);
-    let block = Block::default()
-        .borders(Borders::ALL)
-        .border_style(theme.focused_border())
-        .title(Span::styled(format!(" {title} "), theme.title()));
-    let inner = block.inner(rect);
-    frame.render_widget(block, rect);
+    let inner = crate::tui::ui::popup(frame, rect, rect.width, rect.height, &title, theme);
     let paragraph = Paragraph::new(lines).wrap(Wrap { trim: false });
     // Past the end (End, or a text that got shorter) shows the last page.
     let last = last_scroll(&paragraph, inner);
