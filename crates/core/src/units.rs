@@ -79,6 +79,15 @@ pub fn cause_label_plural(cause: &str) -> &str {
     cause_labels(cause).map_or(cause, |(_, many)| many)
 }
 
+/// A unit variant's name as serde writes it (its `rename`s): the name reports and exports use,
+/// one table with the derive. Empty for a value that is not written as a string.
+pub fn serde_name(value: impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => name,
+        _ => String::new(),
+    }
+}
+
 /// `1 turn`, `2 turns`, `1,200 turns`.
 pub fn plural(n: u64, noun: &str) -> String {
     if n == 1 {

@@ -10,6 +10,7 @@ use prefixscope_core::analysis::EngineKind;
 use prefixscope_core::analysis::{BreakCause, Cause, Report, Row, RowKind};
 use prefixscope_core::record::Record;
 use prefixscope_core::sim::ServedLog;
+use prefixscope_core::units::serde_name;
 
 /// What a script did that the analysis should name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -158,25 +159,12 @@ impl Check {
         }
         let mut parts: Vec<String> = by_kind
             .iter()
-            .map(|(kind, (expected, named))| format!("{} {named}/{expected}", kind.name()))
+            .map(|(kind, (expected, named))| format!("{} {named}/{expected}", serde_name(kind)))
             .collect();
         if !self.unexpected.is_empty() {
             parts.push(format!("{} unexpected", self.unexpected.len()));
         }
         parts.join(" · ")
-    }
-}
-
-impl EventKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EventKind::SideCall => "side_call",
-            EventKind::SystemChanged => "system_changed",
-            EventKind::ToolsChanged => "tools_changed",
-            EventKind::Compaction => "compaction",
-            EventKind::Evicted => "evicted",
-            EventKind::EngineForced => "engine_forced",
-        }
     }
 }
 

@@ -29,18 +29,6 @@ pub enum EngineKind {
 }
 
 impl EngineKind {
-    /// Its name in reports (serde's: `rename_all = "snake_case"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::SlidingWindow => "sliding_window",
-            EngineKind::RecurrentMemory => "recurrent_memory",
-            EngineKind::ModelReload => "model_reload",
-            EngineKind::Restart => "restart",
-            EngineKind::ContextShift => "context_shift",
-            EngineKind::Unexplained => "unexplained",
-        }
-    }
-
     /// For a person: `sliding-window cache`.
     pub fn label(self) -> &'static str {
         match self {
@@ -193,20 +181,6 @@ pub(crate) fn engine_cause(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_are_serdes() {
-        for kind in [
-            EngineKind::SlidingWindow,
-            EngineKind::RecurrentMemory,
-            EngineKind::ModelReload,
-            EngineKind::Restart,
-            EngineKind::ContextShift,
-            EngineKind::Unexplained,
-        ] {
-            assert_eq!(serde_json::to_value(kind).unwrap(), kind.name());
-        }
-    }
 
     #[test]
     fn families_from_the_names_servers_answer_with() {

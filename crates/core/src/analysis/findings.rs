@@ -8,7 +8,7 @@ use super::Config;
 use super::client_cause;
 use super::engine_cause::EngineKind;
 use super::ids::{ById, IntMap};
-use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, Shape, ToolUsage};
+use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::measured::{Measured, Source};
 use crate::units::{plural, thousands};
 
@@ -269,10 +269,10 @@ fn side_call_on_conversation_model(model: &str, rows: &[Rated]) -> Option<Findin
     let measured = after.iter().filter(|r| r.loss_measured).count();
     let side_call_losses = after.iter().filter(|r| r.cause == Some(Cause::SideCall));
     let sum: LossSum = side_call_losses.filter_map(|r| r.external_loss()).collect();
-    let mut shapes: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut shapes: BTreeMap<String, u32> = BTreeMap::new();
     for row in &side_calls {
         if let Some(shape) = row.side_call_shape {
-            *shapes.entry(shape_name(shape)).or_default() += 1;
+            *shapes.entry(crate::units::serde_name(shape)).or_default() += 1;
         }
     }
     let clients: BTreeSet<&str> = side_calls.iter().map(|r| r.client.as_str()).collect();
@@ -397,7 +397,7 @@ fn server_cache_losses(model: &str, rows: &[Rated]) -> Vec<Finding> {
                 .iter()
                 .max_by_key(|(kind, (n, _))| (*n, std::cmp::Reverse(**kind)))
             {
-                evidence["engine_cause"] = json!(engine.name());
+                evidence["engine_cause"] = json!(engine);
                 evidence["engine_rows"] = json!(rows);
                 evidence["engine_evidence"] = json!(example);
             }
@@ -743,14 +743,6 @@ fn order(a: &Finding, b: &Finding) -> Ordering {
         .then_with(|| a.model.cmp(&b.model))
         .then_with(|| a.client.cmp(&b.client))
         .then_with(|| a.evidence.to_string().cmp(&b.evidence.to_string()))
-}
-
-fn shape_name(shape: Shape) -> &'static str {
-    match shape {
-        Shape::Summarise => "summarise",
-        Shape::Structured => "structured",
-        Shape::Oneshot => "oneshot",
-    }
 }
 
 fn object(value: Value) -> Map<String, Value> {

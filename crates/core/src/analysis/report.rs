@@ -6,7 +6,7 @@ use super::REPORT_VERSION;
 use super::Skipped;
 use super::client_cause;
 use super::engine_cause::EngineKind;
-use super::findings::{Confidence, Finding, FindingKind, add_ms};
+use super::findings::{Finding, FindingKind, add_ms};
 use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
@@ -446,7 +446,7 @@ impl<R: Priced> Report<R> {
                 };
                 lines.push(format!(
                     "  [{}] {}{client}",
-                    confidence_label(finding.confidence),
+                    crate::units::serde_name(finding.confidence),
                     finding_label(finding)
                 ));
                 if let Some(fix) = &finding.fix {
@@ -763,14 +763,6 @@ pub fn finding_label(finding: &Finding) -> String {
             "the template rendered earlier turns anew on {} ({model}){lost}",
             plural(finding.rows.len() as u64, "turn")
         ),
-    }
-}
-
-fn confidence_label(confidence: Confidence) -> &'static str {
-    match confidence {
-        Confidence::High => "high",
-        Confidence::Medium => "medium",
-        Confidence::Low => "low",
     }
 }
 

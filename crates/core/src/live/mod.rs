@@ -702,7 +702,7 @@ impl Snapshot {
                 "server".into(),
                 serde_json::json!({
                     "line": self.server.line(),
-                    "kind": self.server.kind().map(crate::probe::ServerKind::name),
+                    "kind": self.server.kind(),
                     "model": self.server.model(),
                     "n_ctx": self.server.n_ctx(),
                     "total_slots": self.server.total_slots(),
@@ -1312,7 +1312,7 @@ impl Engine {
             .map_or(String::new(), |k| {
                 format!(
                     "; the server is {}, whose cache is not llama-server's slots: as llama-server would hold it",
-                    k.name()
+                    crate::units::serde_name(k)
                 )
             });
         // The server's own settings, as the predictions found them (its /props, else the

@@ -93,17 +93,6 @@ pub enum ServerKind {
     Sglang,
 }
 
-impl ServerKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ServerKind::LlamaCpp => "llama.cpp",
-            ServerKind::Ollama => "Ollama",
-            ServerKind::Vllm => "vLLM",
-            ServerKind::Sglang => "SGLang",
-        }
-    }
-}
-
 /// llama.cpp's `GET /props`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -756,7 +745,8 @@ impl ServerInfo {
         }
         let mut parts = vec![format!(
             "server: {}",
-            self.kind().map_or("unknown kind", ServerKind::name)
+            self.kind()
+                .map_or("unknown kind".into(), crate::units::serde_name)
         )];
         match (self.total_slots(), self.busy_slots()) {
             (Some(n), Some(busy)) => parts.push(format!(

@@ -11,6 +11,7 @@ use ratatui::widgets::{Paragraph, Wrap};
 use crate::tui::app::{App, Dialog};
 use crate::tui::theme::Theme;
 use prefixscope_core::analysis::Measured;
+use prefixscope_core::units::serde_name;
 
 mod capacity;
 mod client;
@@ -158,14 +159,7 @@ pub fn view_end(app: &App, theme: &Theme) -> u16 {
 
 fn measured<T: std::fmt::Display>(m: Option<Measured<T>>) -> String {
     m.map_or("not measured".into(), |m| {
-        format!(
-            "{} ({})",
-            m.value,
-            serde_json::to_value(m.source)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default()
-        )
+        format!("{} ({})", m.value, serde_name(m.source))
     })
 }
 

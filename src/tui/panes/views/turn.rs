@@ -39,7 +39,7 @@ pub(super) fn finding_of_turn(row: &Row, cause: &str) -> Finding {
             "break_cause": cause,
             "before": location.and_then(|l| l.before.clone()),
             "after": location.and_then(|l| l.after.clone()),
-            "engine_cause": row.engine_cause.as_ref().map(|e| e.kind.name()),
+            "engine_cause": row.engine_cause.as_ref().map(|e| e.kind),
             "client_cause": row.client_cause,
             "kind": cause,
             "provider": row.provider,
