@@ -68,12 +68,6 @@ fn random_hex(bytes: usize) -> String {
     buffer.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A new file only this user can read (`O_EXCL | O_NOFOLLOW`: never an existing one, never
-/// through a symlink).
-pub fn create_private(path: &Path) -> std::io::Result<File> {
-    prefixscope_core::output_file::create_new_private(path)
-}
-
 /// A salt as read from its file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SaltFile {
@@ -127,7 +121,8 @@ pub fn load_or_create_salt(path: &Path) -> Result<SaltFile, String> {
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
     let text = random_hex(32);
-    match create_private(path) {
+    // Only this user can read it; never an existing file, never through a symlink.
+    match prefixscope_core::output_file::create_new_private(path) {
         Ok(mut file) => {
             file.write_all(format!("{text}\n").as_bytes())
                 .and_then(|()| file.sync_all())
