@@ -54,7 +54,10 @@ struct Demo {
 /// Runs the demo in-process (the library call `prefixscope demo` makes) at high speed, with
 /// `extra` as the command's flags (`--slots`, `--cache-ram`, `--seed`), to its end.
 fn demo(scenario: &str, extra: &[&str]) -> Demo {
-    let dir = support::temp_file(&format!("demo-{scenario}-{}", extra.join("-")));
+    // A folder for each run: tests run the same scenario at once.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = support::temp_file(&format!("demo-{scenario}-{}-{run}", extra.join("-")));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("rec.jsonl");
     let _ = std::fs::remove_file(&out);
@@ -837,8 +840,7 @@ fn every_loss_of_every_demo_belongs_to_a_finding() {
 /// first turn, pointing at a request of the conversation that called it; no other conversation.
 #[test]
 fn each_subagent_is_linked_to_the_request_that_spawned_it() {
-    // The default seed, named: a folder of its own (another test runs `mixed` at once).
-    let run = demo("mixed", &["--seed", "3"]);
+    let run = demo("mixed", &[]);
     let label: std::collections::HashMap<&str, &str> = run
         .log
         .requests

@@ -1466,11 +1466,11 @@ async fn through_the_proxy(name: &str, send: &[u8], half_close: bool) -> (Vec<St
         .match_indices("{\"")
         .map(|(i, _)| &answers[i..i + 7])
         .collect();
-    let rejected = proxy
-        .stats
-        .rejected
-        .load(std::sync::atomic::Ordering::Relaxed);
+    // Read once the proxy has stopped, which waits for every connection: a refused request is
+    // counted as its connection ends, which can be after the client has read the answer.
+    let stats = std::sync::Arc::clone(&proxy.stats);
     let records = proxy.stop().await;
+    let rejected = stats.rejected.load(std::sync::atomic::Ordering::Relaxed);
     let mut lines: Vec<String> = records
         .iter()
         .map(|r| {
