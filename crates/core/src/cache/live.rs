@@ -7,8 +7,9 @@
 //! capacity at once. `optimal` needs the future: [`LiveSimulator::optimal_snapshot`] replays
 //! what has arrived so far.
 
-use super::lru::Lru;
-use super::policy::{Belady, Ceiling, Event, EventBuilder, Fifo, Policy, Served, next_uses};
+use super::policy::{
+    Belady, Ceiling, Event, EventBuilder, EveryCapacity, Policy, Served, next_uses,
+};
 use super::profile::Point;
 use super::{Capacity, Request};
 
@@ -30,14 +31,12 @@ pub struct LiveSimulator {
     capacities: Vec<Capacity>,
     builder: EventBuilder,
     ceiling: Ceiling,
-    fifo: Vec<Fifo>,
-    lru: Lru,
+    /// FIFO, then LRU, each at every capacity, with its totals per capacity.
+    bounded: Vec<(Policy, EveryCapacity, Vec<Running>)>,
     ceiling_total: Running,
     /// The ceiling of the trace semantics: prompts only, replies never cached.
     prompts_ceiling: Ceiling,
     prompts_ceiling_total: Running,
-    fifo_totals: Vec<Running>,
-    lru_totals: Vec<Running>,
     measured_tokens: u64,
     /// Every event so far, kept for the optimal snapshot (8 bytes per block), in passes as
     /// `profile::Passes` has them: a request's prompt, then what it leaves cached.
@@ -66,10 +65,7 @@ impl LiveSimulator {
     pub fn new(block_size: u32, capacities: Vec<Capacity>) -> LiveSimulator {
         LiveSimulator {
             block_size,
-            fifo: capacities.iter().map(|c| Fifo::new(c.blocks)).collect(),
-            lru: Lru::new(&capacities.iter().map(|c| c.blocks).collect::<Vec<_>>()),
-            fifo_totals: vec![Running::default(); capacities.len()],
-            lru_totals: vec![Running::default(); capacities.len()],
+            bounded: bounded(&capacities),
             capacities,
             builder: EventBuilder::new(),
             ceiling: Ceiling::default(),
@@ -100,26 +96,12 @@ impl LiveSimulator {
     /// Simulates FIFO and LRU at `capacities` instead, over every request so far (replayed from
     /// the events kept: O(all blocks so far)); the ceiling is unchanged.
     pub fn set_capacities(&mut self, capacities: Vec<Capacity>) {
-        self.fifo = capacities.iter().map(|c| Fifo::new(c.blocks)).collect();
-        self.lru = Lru::new(&capacities.iter().map(|c| c.blocks).collect::<Vec<_>>());
-        self.fifo_totals = vec![Running::default(); capacities.len()];
-        self.lru_totals = vec![Running::default(); capacities.len()];
+        self.bounded = bounded(&capacities);
         self.capacities = capacities;
         let nodes = self.builder.node_count();
         for (window, &counted) in self.starts.windows(2).zip(&self.counted) {
             let events = &self.events[window[0]..window[1]];
-            for (cache, total) in self.fifo.iter_mut().zip(&mut self.fifo_totals) {
-                let served = cache.serve(nodes, events);
-                if counted {
-                    total.add(served);
-                }
-            }
-            let served = self.lru.serve(nodes, events);
-            if counted {
-                for (total, served) in self.lru_totals.iter_mut().zip(served) {
-                    total.add(*served);
-                }
-            }
+            serve_bounded(&mut self.bounded, nodes, events, counted);
         }
     }
 
@@ -156,16 +138,7 @@ impl LiveSimulator {
         self.ceiling_total.add(self.ceiling.serve(nodes, events));
         self.prompts_ceiling_total
             .add(self.prompts_ceiling.serve(nodes, events));
-        for (cache, total) in self.fifo.iter_mut().zip(&mut self.fifo_totals) {
-            total.add(cache.serve(nodes, events));
-        }
-        for (total, served) in self
-            .lru_totals
-            .iter_mut()
-            .zip(self.lru.serve(nodes, events))
-        {
-            total.add(*served);
-        }
+        serve_bounded(&mut self.bounded, nodes, events, true);
         let start = self.events.len();
         crate::growth::reserve_by_quarter(&mut self.events, self.scratch.len());
         self.events.extend_from_slice(&self.scratch);
@@ -185,10 +158,7 @@ impl LiveSimulator {
             let events = &self.reply_scratch;
             let nodes = self.builder.node_count();
             self.ceiling.serve(nodes, events);
-            for cache in &mut self.fifo {
-                cache.serve(nodes, events);
-            }
-            self.lru.serve(nodes, events);
+            serve_bounded(&mut self.bounded, nodes, events, false);
             crate::growth::reserve_by_quarter(&mut self.events, self.reply_scratch.len());
             self.events.extend_from_slice(&self.reply_scratch);
             self.starts.push(self.events.len());
@@ -227,14 +197,13 @@ impl LiveSimulator {
 
     /// FIFO then LRU, each at every capacity.
     pub fn points(&self) -> Vec<Point> {
-        let mut points = Vec::new();
-        for (capacity, running) in self.capacities.iter().zip(&self.fifo_totals) {
-            points.push(self.point(Policy::Fifo, Some(capacity), *running));
-        }
-        for (capacity, running) in self.capacities.iter().zip(&self.lru_totals) {
-            points.push(self.point(Policy::Lru, Some(capacity), *running));
-        }
-        points
+        self.bounded
+            .iter()
+            .flat_map(|(policy, _, totals)| {
+                (self.capacities.iter().zip(totals))
+                    .map(|(capacity, running)| self.point(*policy, Some(capacity), *running))
+            })
+            .collect()
     }
 
     /// The top prefixes of the requests so far (without descriptions: the live view keeps no
@@ -263,6 +232,35 @@ impl LiveSimulator {
             }
         }
         self.point(Policy::Optimal, Some(capacity), running)
+    }
+}
+
+/// FIFO and LRU at every capacity of `capacities`, nothing served yet.
+fn bounded(capacities: &[Capacity]) -> Vec<(Policy, EveryCapacity, Vec<Running>)> {
+    let blocks: Vec<u64> = capacities.iter().map(|c| c.blocks).collect();
+    [Policy::Fifo, Policy::Lru]
+        .into_iter()
+        .map(|policy| {
+            let totals = vec![Running::default(); blocks.len()];
+            (policy, EveryCapacity::new(policy, &blocks), totals)
+        })
+        .collect()
+}
+
+/// Serves one pass under FIFO and LRU at every capacity; `counted`: a prompt, which counts.
+fn serve_bounded(
+    bounded: &mut [(Policy, EveryCapacity, Vec<Running>)],
+    nodes: usize,
+    events: &[Event],
+    counted: bool,
+) {
+    for (_, caches, totals) in bounded {
+        let served = caches.serve(nodes, events);
+        if counted {
+            for (total, served) in totals.iter_mut().zip(served) {
+                total.add(*served);
+            }
+        }
     }
 }
 

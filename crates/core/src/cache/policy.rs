@@ -349,6 +349,47 @@ impl Fifo {
     }
 }
 
+/// FIFO or LRU at several capacities, fed one pass at a time: what the profile and the live
+/// view both run (LRU's walk serves every capacity at once; FIFO runs one cache each).
+#[derive(Debug, Clone)]
+pub(crate) enum EveryCapacity {
+    Fifo(Vec<Fifo>, Vec<Served>),
+    Lru(super::lru::Lru),
+}
+
+impl EveryCapacity {
+    /// `Policy::Lru` walks LRU; any other policy, FIFO.
+    pub(crate) fn new(policy: Policy, capacities: &[u64]) -> EveryCapacity {
+        match policy {
+            Policy::Lru => EveryCapacity::Lru(super::lru::Lru::new(capacities)),
+            _ => EveryCapacity::Fifo(
+                capacities.iter().map(|&c| Fifo::new(c)).collect(),
+                Vec::with_capacity(capacities.len()),
+            ),
+        }
+    }
+
+    /// What each capacity, in the order given, served of this pass.
+    pub(crate) fn serve(&mut self, node_count: usize, events: &[Event]) -> &[Served] {
+        match self {
+            EveryCapacity::Lru(lru) => lru.serve(node_count, events),
+            EveryCapacity::Fifo(fifos, served) => {
+                served.clear();
+                served.extend(fifos.iter_mut().map(|f| f.serve(node_count, events)));
+                served
+            }
+        }
+    }
+
+    /// The pass during which each capacity first filled up.
+    pub(crate) fn full_since(&self) -> Vec<Option<u64>> {
+        match self {
+            EveryCapacity::Lru(lru) => lru.full_since(),
+            EveryCapacity::Fifo(fifos, _) => fifos.iter().map(Fifo::full_since).collect(),
+        }
+    }
+}
+
 /// A heap entry, ordered by the node's next use, then by node (the reference's comparator:
 /// ties go to the higher node). It is current while its node is a cached leaf with that next
 /// use: a node's next use only grows (it is later than the request that sets it), so an entry

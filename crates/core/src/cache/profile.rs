@@ -7,9 +7,9 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use super::lru::Lru;
 use super::policy::{
-    Belady, Ceiling, Event, EventBuilder, Fifo, Policy, Served, next_uses, optimal_working_set,
+    Belady, Ceiling, Event, EventBuilder, EveryCapacity, Policy, Served, next_uses,
+    optimal_working_set,
 };
 use super::prefixes::{Leaderboards, TOP_PREFIXES, leaderboards};
 use super::stats::{Distribution, distribution, mean_of_unit_values};
@@ -282,15 +282,7 @@ fn run_at_every_capacity(
     capacities: &[u64],
     warmup: usize,
 ) -> Vec<Totals> {
-    let mut lru = Lru::new(if policy == Policy::Lru {
-        capacities
-    } else {
-        &[]
-    });
-    let mut fifos: Vec<Fifo> = match policy {
-        Policy::Lru => Vec::new(),
-        _ => capacities.iter().map(|&c| Fifo::new(c)).collect(),
-    };
+    let mut caches = EveryCapacity::new(policy, capacities);
     let mut totals: Vec<Totals> = capacities
         .iter()
         .map(|_| Totals {
@@ -300,27 +292,17 @@ fn run_at_every_capacity(
             full_since: None,
         })
         .collect();
-    let mut served = Vec::with_capacity(capacities.len());
     let nodes = replay.parents.len();
     for pass in 0..replay.passes() {
-        let events = &replay.events[replay.pass_range(pass)];
-        served.clear();
-        match policy {
-            Policy::Lru => served.extend_from_slice(lru.serve(nodes, events)),
-            _ => served.extend(fifos.iter_mut().map(|fifo| fifo.serve(nodes, events))),
-        }
+        let served = caches.serve(nodes, &replay.events[replay.pass_range(pass)]);
         if replay.counted[pass].is_some_and(|request| request as usize >= warmup) {
-            for (totals, served) in totals.iter_mut().zip(&served) {
+            for (totals, served) in totals.iter_mut().zip(served) {
                 totals.hit_tokens += served.hit_tokens;
                 totals.same_conversation_tokens += served.same_conversation_tokens;
             }
         }
     }
-    let full_since = match policy {
-        Policy::Lru => lru.full_since(),
-        _ => fifos.iter().map(Fifo::full_since).collect(),
-    };
-    for (totals, full_since) in totals.iter_mut().zip(full_since) {
+    for (totals, full_since) in totals.iter_mut().zip(caches.full_since()) {
         totals.full_since = full_since;
     }
     totals
