@@ -1,6 +1,6 @@
 //! Measures what the `--metrics` endpoint's thread spends per record, part by part, on a
 //! recording the proxy benchmark wrote (`KEEP=1 bash bench/proxy.sh`): the raw counters, the
-//! analysis engine alone, and the endpoint's windowed live engine with its figures (`live`).
+//! analysis engine alone, and the endpoint's live engine, in windows, with its figures (`live`).
 //! `cargo run --release --example metrics_bench -- FILE [live [WINDOW]]`; prints one JSON line.
 
 #[path = "support/proc_status.rs"]
@@ -10,8 +10,10 @@ use proc_status::rss_kib;
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefixscope::metrics::window::{DEFAULT_WINDOW, Windowed};
+use prefixscope::metrics::Figures;
+use prefixscope::metrics::serve::DEFAULT_WINDOW;
 use prefixscope_core::analysis::{Analyzer, Config};
+use prefixscope_core::live::{Engine, Input};
 use prefixscope_core::record::read_jsonl;
 
 #[global_allocator]
@@ -63,10 +65,13 @@ fn main() {
             .unwrap_or(DEFAULT_WINDOW);
         let rss = rss_kib();
         let start = Instant::now();
-        let mut engine = Windowed::new(Config::default(), window);
+        let mut engine = Engine::new(Config {
+            window: Some(window),
+            ..Config::default()
+        });
         let mut peak_kib = 0;
         for (i, record) in records.iter().enumerate() {
-            engine.push(Arc::clone(record), i as i64);
+            engine.push(Input::Record(Arc::clone(record), i as i64));
             if i % 1000 == 0 {
                 peak_kib = peak_kib.max(rss_kib());
             }
@@ -75,7 +80,7 @@ fn main() {
         result["live_us"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e6 / n);
         result["live_peak_mib"] = serde_json::json!(peak_kib.saturating_sub(rss) as f64 / 1024.0);
         let start = Instant::now();
-        let figures = engine.figures();
+        let figures = Figures::of_engine(&mut engine);
         result["figures_ms"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e3);
         result["windows_closed"] = serde_json::json!(figures.window.windows_closed);
     }

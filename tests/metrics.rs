@@ -509,3 +509,89 @@ fn watch_serves_the_metrics_of_what_it_records_beside_its_screen() {
     let screen = tmux.wait_for(&["EXITED 0"]);
     assert!(screen.contains("records written"), "{screen}");
 }
+
+/// `watch --metrics` without a terminal has one analysis behind its summary and its endpoint:
+/// past `--metrics-window` records it starts again, the endpoint's closed windows are the
+/// summary's restarts, and its losses by cause are the sum of `analyze` of each window's records.
+#[test]
+fn watch_has_one_analysis_behind_its_summary_and_its_endpoint() {
+    let dir = temp_dir("watch-one-analysis");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let speed = Arc::new(Speed::new(1000.0));
+    let upstream = sim_server(&runtime, 2, &speed);
+    let (listen, metrics) = (loopback(free_port()), loopback(free_port()));
+    let recording = dir.join("rec.jsonl");
+    let child = Command::new(BIN)
+        .args([
+            "watch",
+            "--no-layout",
+            "--no-probe",
+            "--metrics-window",
+            "100",
+        ])
+        .arg("--upstream")
+        .arg(format!("http://{upstream}"))
+        .arg("--listen")
+        .arg(listen.to_string())
+        .arg("--metrics")
+        .arg(metrics.to_string())
+        .arg("-o")
+        .arg(&recording)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ok(metrics, "/healthz", Duration::from_secs(20));
+    let mut n = 0;
+    for seed in 1.. {
+        n += drive(&runtime, "mixed", listen, seed).requests.len();
+        if n > 250 {
+            break;
+        }
+    }
+    wait_for_records(metrics, &recording, n);
+    let (_, text) = get(metrics, "/metrics", None).unwrap();
+    // SAFETY: a signal to our own child, by its id.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let records =
+        prefixscope_core::record::read_jsonl(std::fs::read(&recording).unwrap().as_slice()).records;
+    assert_eq!(records.len(), n);
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    for window in records.chunks(100) {
+        let report = prefixscope_core::analysis::analyze(window, &Default::default());
+        for (cause, total) in report.time.by_cause {
+            *expected.entry(cause).or_default() += total.tokens;
+        }
+    }
+    expected.retain(|_, tokens| *tokens > 0);
+    let got: BTreeMap<String, u64> = sum_by(&text, "prefixscope_lost_tokens", "cause")
+        .into_iter()
+        .map(|(cause, tokens)| (cause, tokens as u64))
+        .filter(|(_, tokens)| *tokens > 0)
+        .collect();
+    assert!(expected.len() > 1, "{expected:?}");
+    assert_eq!(got, expected, "{text}");
+    let total = |name: &str| sum_by(&text, name, "server").values().sum::<f64>() as usize;
+    let closed = n.div_ceil(100) - 1;
+    assert_eq!(total("prefixscope_metrics_windows_closed_total"), closed);
+    assert_eq!(
+        total("prefixscope_metrics_window_records"),
+        n - closed * 100
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "analysis window (100 records, or 512 MiB) full: the analysis started again {closed} times"
+        )),
+        "{stdout}"
+    );
+}

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
 use prefixscope::metrics::serve::Endpoint;
+use prefixscope::session::capture::MetricsFeed;
 use prefixscope::session::capture::{CaptureConfig, LiveCapture, stop_on_signal};
 use prefixscope::session::headless::record_line;
 use prefixscope::session::shutdown::Shutdown;
@@ -65,11 +66,13 @@ pub struct CaptureArgs {
     pub metrics: Option<SocketAddr>,
     /// --metrics: records per analysis window. The endpoint's figures equal `analyze` of each
     /// window's records and are summed over windows; its memory grows with the window
-    /// (100 to 1,000,000).
-    #[arg(long, value_name = "RECORDS", default_value_t = prefixscope::metrics::window::DEFAULT_WINDOW,
+    /// (100 to 1,000,000; default 20,000 under `record`). `watch` has one analysis for its
+    /// screen and the endpoint: it starts again at --memory-budget, and every this many
+    /// records only when given.
+    #[arg(long, value_name = "RECORDS",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(METRICS_WINDOW_MIN..=METRICS_WINDOW_MAX))]
-    pub metrics_window: usize,
+    pub metrics_window: Option<usize>,
     /// The live analysis's memory at most (an estimate, e.g. 512MiB): `watch`'s screen starts
     /// its analysis again past it (saying how many records it dropped), a --metrics window
     /// closes.
@@ -77,37 +80,50 @@ pub struct CaptureArgs {
     pub memory_budget: usize,
 }
 
-const METRICS_WINDOW_MIN: u64 = prefixscope::metrics::window::MIN_WINDOW as u64;
-const METRICS_WINDOW_MAX: u64 = prefixscope::metrics::window::MAX_WINDOW as u64;
+const METRICS_WINDOW_MIN: u64 = prefixscope::metrics::serve::MIN_WINDOW as u64;
+const METRICS_WINDOW_MAX: u64 = prefixscope::metrics::serve::MAX_WINDOW as u64;
 
 /// `--metrics`: its port, bound before the capture starts (a taken port fails at once, with
-/// nothing created), and the recorder's consumer channel it will read.
+/// nothing created), and what it will read.
 pub struct MetricsPlan {
     listener: std::net::TcpListener,
     feed: prefixscope::metrics::serve::Feed,
-    window: usize,
-    memory_budget: usize,
 }
 
 impl MetricsPlan {
-    /// Binds `--metrics` when it is given, adding its consumer to `consumers`.
+    /// `record`: binds `--metrics` when it is given, adding its consumer to `consumers`; the
+    /// endpoint analyses the records itself.
     pub fn bind(
         args: &CaptureArgs,
         consumers: &mut Vec<Consumer>,
     ) -> Result<Option<MetricsPlan>, u8> {
-        let Some(addr) = args.metrics else {
+        let Some(listener) = args.bind_metrics()? else {
             return Ok(None);
         };
-        let listener = prefixscope::metrics::serve::bind(addr)
-            .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
-        let (consumer, feed) = prefixscope::metrics::serve::counting_consumer();
+        let (consumer, feed) =
+            prefixscope::metrics::serve::counting_consumer(prefixscope_core::analysis::Config {
+                memory_budget: args.memory_budget,
+                window: Some(
+                    args.metrics_window
+                        .unwrap_or(prefixscope::metrics::serve::DEFAULT_WINDOW),
+                ),
+                ..Default::default()
+            });
         consumers.push(consumer);
-        Ok(Some(MetricsPlan {
-            listener,
-            feed,
-            window: args.metrics_window,
-            memory_budget: args.memory_budget,
-        }))
+        Ok(Some(MetricsPlan { listener, feed }))
+    }
+
+    /// `watch`: binds `--metrics` when it is given; the endpoint reads the engine fed by
+    /// `engine` (`watch`'s), whose figures go to the returned sender.
+    pub fn bind_to_engine(
+        args: &CaptureArgs,
+        engine: crossbeam_channel::Sender<std::sync::Arc<prefixscope_core::record::Record>>,
+    ) -> Result<(Consumer, Option<(MetricsPlan, MetricsFeed)>), u8> {
+        let Some(listener) = args.bind_metrics()? else {
+            return Ok((Consumer::from(engine), None));
+        };
+        let (consumer, feed, figures) = prefixscope::metrics::serve::engine_feed(engine);
+        Ok((consumer, Some((MetricsPlan { listener, feed }, figures))))
     }
 
     /// Serves the endpoint on the capture's runtime, said on stderr.
@@ -118,8 +134,6 @@ impl MetricsPlan {
             self.feed,
             capture.recorder.stats(),
             capture.upstream.url(),
-            self.window,
-            self.memory_budget,
         )
         .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))?;
         prefixscope_core::stderr_line!(
@@ -131,6 +145,15 @@ impl MetricsPlan {
 }
 
 impl CaptureArgs {
+    fn bind_metrics(&self) -> Result<Option<std::net::TcpListener>, u8> {
+        self.metrics
+            .map(|addr| {
+                prefixscope::metrics::serve::bind(addr)
+                    .map_err(|e| fail(prefixscope::session::Error::Unreadable(e)))
+            })
+            .transpose()
+    }
+
     /// `record`'s: the server probed once at the start (`watch` asks on and on).
     pub fn config(&self) -> CaptureConfig {
         CaptureConfig {

@@ -120,6 +120,7 @@ pub fn run(args: ReplayArgs) -> u8 {
     let feed = Feed {
         records: None,
         feeder: Some(feeder),
+        metrics: None,
     };
     match run_screen(screen, events, receiver, feed, &*pacer, &shutdown) {
         Ok(snapshot) => {

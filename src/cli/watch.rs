@@ -12,7 +12,6 @@ use super::record::{CaptureArgs, MetricsPlan};
 use super::{EXIT_OK, fail, print_stdout, screen_switches};
 use prefixscope::session::capture::{LiveCapture, watch_headless, watch_screen};
 use prefixscope::session::shutdown::Shutdown;
-use prefixscope_capture::recorder::Consumer;
 use prefixscope_core::record::Record;
 
 #[derive(Args)]
@@ -35,6 +34,7 @@ pub fn run(args: WatchArgs) -> u8 {
         Err(code) => return code,
     };
     analysis.memory_budget = args.capture.memory_budget;
+    analysis.window = args.capture.metrics.and(args.capture.metrics_window);
     let shutdown = Shutdown::listen();
     let (records_tx, records_rx) = crossbeam_channel::unbounded::<Arc<Record>>();
     let mut config = args.capture.config();
@@ -42,12 +42,13 @@ pub fn run(args: WatchArgs) -> u8 {
         config.probe = prefixscope_capture::poll::Schedule::Watch;
     }
     config.announce_starts = std::io::stdout().is_terminal();
-    let mut consumers = vec![Consumer::from(records_tx)];
-    let metrics = match MetricsPlan::bind(&args.capture, &mut consumers) {
-        Ok(metrics) => metrics,
+    // With --metrics, the endpoint is sent this engine's figures: one analysis for both.
+    let (consumer, metrics) = match MetricsPlan::bind_to_engine(&args.capture, records_tx) {
+        Ok(bound) => bound,
         Err(code) => return code,
     };
-    let capture = match LiveCapture::start(&config, consumers) {
+    let (metrics, figures) = metrics.unzip();
+    let capture = match LiveCapture::start(&config, vec![consumer]) {
         Ok(capture) => capture,
         Err(e) => return fail(e),
     };
@@ -72,7 +73,14 @@ pub fn run(args: WatchArgs) -> u8 {
             capture.upstream.url(),
             capture.path.display()
         );
-        let written = watch_headless(capture, records_rx, analysis, std::io::stdout(), &shutdown);
+        let written = watch_headless(
+            capture,
+            records_rx,
+            analysis,
+            figures,
+            std::io::stdout(),
+            &shutdown,
+        );
         if let Some(endpoint) = endpoint {
             endpoint.join();
         }
@@ -83,6 +91,7 @@ pub fn run(args: WatchArgs) -> u8 {
         capture,
         records_rx,
         analysis,
+        figures,
         screen_switches(!args.no_mouse),
         &shutdown,
     );

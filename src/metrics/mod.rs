@@ -12,9 +12,8 @@
 //! the analysis's own names, statuses and error kinds are few; conversation ids are never labels.
 
 pub mod serve;
-pub mod window;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
@@ -24,9 +23,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use prefixscope_core::analysis::{Priced, Rated};
-use prefixscope_core::analysis::{Report, time};
-use prefixscope_core::live::view::Aliases;
+use prefixscope_core::analysis::{Priced, Report};
+use prefixscope_core::live::view::Curve;
+use prefixscope_core::live::{Earlier, Engine, Snapshot};
+pub use prefixscope_core::live::{Sums, label_value};
 use prefixscope_core::record::Record;
 
 /// Every family's name starts with it.
@@ -35,8 +35,6 @@ pub const PREFIX: &str = "prefixscope";
 /// summed as `other`, so a label has at most `MAX_LABEL_VALUES + 1` values.
 pub const MAX_LABEL_VALUES: usize = 20;
 pub const OTHER: &str = "other";
-/// Label values are cut to this many characters (user agents and model names can be long).
-const MAX_LABEL_CHARS: usize = 80;
 
 /// The raw event counts of the records seen (probes apart): the live endpoint adds each record
 /// as the recorder hands it on, `analyze --prometheus` counts a recording's.
@@ -105,96 +103,75 @@ pub struct WindowFigures {
     pub stepped_aside: bool,
 }
 
+/// What the analysis families are built from at one moment: the live engine's open analysis
+/// and what its analyses before (`Earlier`) covered, added, so within one analysis the figures
+/// equal `analyze` of its records and across restarts they are the sum of each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figures {
+    pub totals: Sums,
+    pub cache: Option<CacheFigures>,
+    pub window: WindowFigures,
+}
+
+impl Figures {
+    /// `report` and `curve` of the open analysis, the ratios weighted by prompt tokens.
+    pub fn of<R: Priced>(
+        report: &Report<R>,
+        curve: Option<&Curve>,
+        earlier: Option<&Earlier>,
+    ) -> Figures {
+        let none = Earlier::default();
+        let earlier = earlier.unwrap_or(&none);
+        let open = Sums::of(report);
+        let weight = open.prompt_tokens() as f64;
+        let mut totals = earlier.sums.clone();
+        totals.add(&open);
+        let cache = earlier
+            .ceiling
+            .with(curve.map(|c| c.ceiling), weight)
+            .map(|ceiling| CacheFigures {
+                ceiling,
+                server_reuse: earlier
+                    .server_reuse
+                    .with(curve.and_then(|c| c.observed), weight),
+            });
+        Figures {
+            totals,
+            cache,
+            window: WindowFigures {
+                records_skipped: 0,
+                windows_closed: earlier.restarts,
+                window_records: report.coverage.records,
+                stepped_aside: false,
+            },
+        }
+    }
+
+    /// A live engine's figures now.
+    pub fn of_engine(engine: &mut Engine) -> Figures {
+        let (report, curve) = engine.analysis_and_curve();
+        Figures::of(&report, curve.as_ref(), engine.earlier())
+    }
+
+    /// A snapshot's figures (the engine behind the screen).
+    pub fn of_snapshot(snapshot: &Snapshot) -> Figures {
+        Figures::of(
+            &snapshot.report,
+            snapshot.view.curve.as_ref(),
+            snapshot.earlier.as_ref(),
+        )
+    }
+}
+
 /// Everything the exposition is built from.
 pub struct Inputs<'a> {
-    pub totals: &'a Totals,
+    pub totals: &'a Sums,
     pub traffic: &'a Traffic,
     pub cache: Option<CacheFigures>,
     pub proxy: Option<ProxyFigures>,
     pub window: Option<WindowFigures>,
     /// The `server` label of every family: the upstream (`--metrics`), or what `analyze` is told.
     pub server: &'a str,
-}
-
-/// What the analysis families show, summed: one report's (`Totals::of`), or the closed windows'
-/// and the open one's (`Totals::add`), so every figure is a sum and windows add up.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Totals {
-    /// Prompt, reused and evaluated tokens by model (label values).
-    pub tokens_by_model: BTreeMap<String, [u64; 3]>,
-    /// Tokens and milliseconds (where measured) lost, by (client alias, cause), label values.
-    pub lost: BTreeMap<(String, String), (u64, Option<f64>)>,
-    pub breaks_by_cause: BTreeMap<String, u64>,
-    pub evictions_by_kind: BTreeMap<String, u64>,
-    pub turns: u64,
-    pub conversations: u64,
-}
-
-impl Totals {
-    pub fn of<R: Priced>(report: &Report<R>) -> Totals {
-        let mut totals = Totals {
-            turns: report.coverage.turns,
-            conversations: report.coverage.conversations,
-            ..Totals::default()
-        };
-        for rated in report.rows.iter().map(Priced::rated) {
-            let row = rated.row();
-            let value = |m: Option<prefixscope_core::analysis::Measured<u32>>| {
-                m.map_or(0, |m| u64::from(m.value))
-            };
-            let sums = totals
-                .tokens_by_model
-                .entry(label_value(&row.model))
-                .or_default();
-            sums[0] += value(row.counts.prompt_tokens);
-            sums[1] += value(row.counts.reused_tokens);
-            sums[2] += value(row.counts.evaluated_tokens);
-            if let Some(cause) = rated.break_cause {
-                *totals
-                    .breaks_by_cause
-                    .entry(cause.name().to_string())
-                    .or_default() += 1;
-            }
-            if let Some(evicted) = &rated.evicted_by {
-                *totals
-                    .evictions_by_kind
-                    .entry(label_value(&evicted.kind))
-                    .or_default() += 1;
-            }
-        }
-        totals.lost = losses(report);
-        totals
-    }
-
-    /// `other`'s figures added to these.
-    pub fn add(&mut self, other: &Totals) {
-        for (model, sums) in &other.tokens_by_model {
-            let mine = self.tokens_by_model.entry(model.clone()).or_default();
-            for (a, b) in mine.iter_mut().zip(sums) {
-                *a += b;
-            }
-        }
-        for (key, (tokens, ms)) in &other.lost {
-            let mine = self.lost.entry(key.clone()).or_insert((0, None));
-            mine.0 += tokens;
-            if let Some(ms) = ms {
-                mine.1 = Some(mine.1.unwrap_or(0.0) + ms);
-            }
-        }
-        for (cause, n) in &other.breaks_by_cause {
-            *self.breaks_by_cause.entry(cause.clone()).or_default() += n;
-        }
-        for (kind, n) in &other.evictions_by_kind {
-            *self.evictions_by_kind.entry(kind.clone()).or_default() += n;
-        }
-        self.turns += other.turns;
-        self.conversations += other.conversations;
-    }
-
-    /// Prompt tokens of every model (the weight of a window's ratios when windows are summed).
-    pub fn prompt_tokens(&self) -> u64 {
-        self.tokens_by_model.values().map(|sums| sums[0]).sum()
-    }
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -382,7 +359,7 @@ pub fn registry(inputs: &Inputs<'_>) -> Registry {
 }
 
 /// Prompt, reused and evaluated tokens by model, as the server (or the estimate) counted them.
-fn register_tokens(registry: &mut Registry, totals: &Totals) {
+fn register_tokens(registry: &mut Registry, totals: &Sums) {
     let ranked: Vec<(String, (f64, u64))> = totals
         .tokens_by_model
         .iter()
@@ -419,35 +396,8 @@ fn register_tokens(registry: &mut Registry, totals: &Totals) {
     );
 }
 
-/// Tokens and milliseconds lost by (client alias, cause): each client's rows through the
-/// report's own `time` totals, so summed over clients they are `analyze`'s `time.by_cause` to
-/// the token.
-fn losses<R: Priced>(report: &Report<R>) -> BTreeMap<(String, String), (u64, Option<f64>)> {
-    let aliases = Aliases::new(
-        report
-            .clients
-            .iter()
-            .map(|c| (c.client.as_str(), c.harness.as_deref())),
-    );
-    let mut by_client: HashMap<String, Vec<Rated<'_>>> = HashMap::new();
-    for rated in report.rows.iter().map(Priced::rated) {
-        let label = label_value(&aliases.of(&rated.row().client));
-        by_client.entry(label).or_default().push(rated);
-    }
-    let mut lost = BTreeMap::new();
-    for (client, rows) in by_client {
-        for (cause, total) in time(&rows).by_cause {
-            lost.insert(
-                (client.clone(), label_value(&cause)),
-                (total.tokens, total.ms.map(|ms| ms.value)),
-            );
-        }
-    }
-    lost
-}
-
 /// Tokens and seconds lost by client and cause, the clients capped by cost.
-fn register_losses(registry: &mut Registry, totals: &Totals) {
+fn register_losses(registry: &mut Registry, totals: &Sums) {
     let mut cost: BTreeMap<&str, (f64, u64)> = BTreeMap::new();
     for ((client, _), (tokens, ms)) in &totals.lost {
         let sum = cost.entry(client).or_default();
@@ -510,28 +460,6 @@ fn kept_or_other(kept: &[String], value: &str) -> String {
     }
 }
 
-/// A label value the text formats take as it is: the encoder writes values unescaped, so
-/// quotes, backslashes and control characters (a user agent's) become `_`; cut to
-/// `MAX_LABEL_CHARS`.
-pub fn label_value(text: &str) -> String {
-    let value: String = text
-        .chars()
-        .take(MAX_LABEL_CHARS)
-        .map(|c| {
-            if c == '"' || c == '\\' || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect();
-    if value.is_empty() {
-        "none".into()
-    } else {
-        value
-    }
-}
-
 /// The registry in the OpenMetrics text format (what prometheus-client writes; Prometheus asks
 /// for it when it scrapes).
 pub fn openmetrics(registry: &Registry) -> String {
@@ -572,15 +500,6 @@ pub fn classic(openmetrics: &str) -> String {
     text
 }
 
-/// The cache figures of a live engine's hit-rate curve: its ceiling and the server's reuse
-/// (none before the first simulated request).
-pub fn cache_figures(curve: Option<&prefixscope_core::live::view::Curve>) -> Option<CacheFigures> {
-    curve.map(|curve| CacheFigures {
-        ceiling: curve.ceiling,
-        server_reuse: curve.observed,
-    })
-}
-
 /// `analyze --prometheus`: a recording's exposition in the classic text format, `report` being
 /// `analyze`'s of `records`. The ceiling is the live engine's, run over the records as a replay
 /// runs them (without the source's end, which would work out the what-if too).
@@ -597,10 +516,11 @@ pub fn of_recording(
             0,
         ));
     }
+    let (_, curve) = engine.analysis_and_curve();
     let inputs = Inputs {
-        totals: &Totals::of(report),
+        totals: &Sums::of(report),
         traffic: &Traffic::of(records),
-        cache: cache_figures(engine.analysis_and_curve().1.as_ref()),
+        cache: Figures::of(report, curve.as_ref(), None).cache,
         proxy: None,
         window: None,
         server,

@@ -1,11 +1,11 @@
 //! `--metrics ADDR`: `/metrics` and `/healthz` over HTTP, an edge around the pure exposition.
 //!
-//! A thread of its own takes the records from the recorder (a bounded consumer channel, never
-//! the proxy's request path), feeds the windowed live engine (`window`) and rebuilds the
-//! exposition at most every `REFRESH` (and every `REFRESH` while idle, for the recorder's
-//! queue), or three times as long as the last rebuild took when that is longer. A scrape only
-//! copies the last text out, so scrapes cost the proxy nothing and a scrape storm costs one lock
-//! each.
+//! A thread of its own rebuilds the exposition at most every `REFRESH` (and every `REFRESH`
+//! while idle, for the recorder's queue), or three times as long as the last rebuild took when
+//! that is longer. Its figures are a live engine's (`Figures`): under `record`, the endpoint's
+//! own, fed from the recorder (a bounded consumer channel, never the proxy's request path);
+//! under `watch`, the one behind the screen or the summary, which sends them. A scrape only copies the
+//! last text out, so scrapes cost the proxy nothing and a scrape storm costs one lock each.
 //!
 //! The analysis costs tens of microseconds a record (BENCHMARKS.md), more than the proxy spends
 //! forwarding it, so this thread runs only on CPU time nothing else wants (`SCHED_IDLE`). Under
@@ -25,13 +25,16 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use super::window::{Figures, Windowed};
-use super::{Inputs, ProxyFigures, Traffic, classic, openmetrics, registry};
-use prefixscope_capture::recorder::RecorderStats;
+use super::{Figures, Inputs, ProxyFigures, Traffic, classic, openmetrics, registry};
+use prefixscope_capture::recorder::{Consumer, RecorderStats};
+use prefixscope_core::analysis::Config;
+use prefixscope_core::live::{Engine, Input};
 use prefixscope_core::record::Record;
 
 /// How often the exposition is rebuilt at most (and while idle).
 pub const REFRESH: Duration = Duration::from_millis(250);
+/// A rebuild waits at least this many times the last one's duration.
+pub const COST_FACTOR: u32 = 3;
 /// How long the thread sleeps when its queue is empty before it looks again.
 const POLL: Duration = Duration::from_millis(20);
 /// Records waiting for the endpoint's analysis at most: a burst's worth (half a second of a
@@ -48,14 +51,50 @@ struct Exposition {
     classic: Bytes,
 }
 
-/// The recorder's consumer for the endpoint: bounded to `QUEUE` (the recorder skips it, counted,
-/// rather than queue without end), with every record counted in the returned traffic, skipped
-/// or not.
-pub fn counting_consumer() -> (prefixscope_capture::recorder::Consumer, Feed) {
+/// Records per analysis window under `record` unless `--metrics-window` says otherwise (a
+/// window also closes at `--memory-budget`).
+pub const DEFAULT_WINDOW: usize = 20_000;
+/// `--metrics-window`'s bounds.
+pub const MIN_WINDOW: usize = 100;
+pub const MAX_WINDOW: usize = 1_000_000;
+
+/// `record --metrics`: the endpoint's own consumer, bounded to `QUEUE` (the recorder skips it,
+/// counted, rather than queue without end), every record counted in the raw families, skipped
+/// or not; its own engine runs with `analysis` (its window and memory budget).
+pub fn counting_consumer(analysis: Config) -> (Consumer, Feed) {
     let (sender, records) = crossbeam_channel::bounded(QUEUE);
+    let (consumer, traffic) = counted(sender);
+    (
+        consumer,
+        Feed {
+            source: Source::Records(records, Box::new(Engine::new(analysis))),
+            traffic,
+        },
+    )
+}
+
+/// `watch --metrics`: the endpoint reads the figures of `watch`'s own engine, sent to the
+/// returned sender. `engine` is that engine's consumer channel, whose records the raw families
+/// count.
+pub fn engine_feed(
+    engine: crossbeam_channel::Sender<Arc<Record>>,
+) -> (Consumer, Feed, crossbeam_channel::Sender<Figures>) {
+    let (figures, source) = crossbeam_channel::unbounded();
+    let (consumer, traffic) = counted(engine);
+    (
+        consumer,
+        Feed {
+            source: Source::Engine(source),
+            traffic,
+        },
+        figures,
+    )
+}
+
+fn counted(sender: crossbeam_channel::Sender<Arc<Record>>) -> (Consumer, Arc<Mutex<Traffic>>) {
     let traffic = Arc::new(Mutex::new(Traffic::default()));
     let tally = Arc::clone(&traffic);
-    let consumer = prefixscope_capture::recorder::Consumer::counted(
+    let consumer = Consumer::counted(
         sender,
         Arc::new(move |record: &Record| {
             if let Ok(mut traffic) = tally.lock() {
@@ -63,13 +102,20 @@ pub fn counting_consumer() -> (prefixscope_capture::recorder::Consumer, Feed) {
             }
         }),
     );
-    (consumer, Feed { records, traffic })
+    (consumer, traffic)
 }
 
-/// What the endpoint reads: the records it analyses, and the counts of every record written.
+/// What the endpoint reads: where its figures come from, and the counts of every record written.
 pub struct Feed {
-    records: crossbeam_channel::Receiver<Arc<Record>>,
+    source: Source,
     traffic: Arc<Mutex<Traffic>>,
+}
+
+enum Source {
+    /// The records, analysed by the endpoint's own engine.
+    Records(crossbeam_channel::Receiver<Arc<Record>>, Box<Engine>),
+    /// The figures of `watch`'s engine.
+    Engine(crossbeam_channel::Receiver<Figures>),
 }
 
 /// Binds `--metrics ADDR` before anything starts, so a taken port is a clear error at once.
@@ -89,17 +135,14 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Serves `listener` on `runtime` and starts the thread that reads `feed`
-    /// (`counting_consumer`). `server` is the `server` label (the upstream); `window` the
-    /// records per analysis window and `memory_budget` its heap at most.
+    /// Serves `listener` on `runtime` and starts the thread that reads `feed`. `server` is the
+    /// `server` label (the upstream).
     pub fn start(
         listener: std::net::TcpListener,
         runtime: &tokio::runtime::Runtime,
         feed: Feed,
         recorder: Arc<RecorderStats>,
         server: String,
-        window: usize,
-        memory_budget: usize,
     ) -> Result<Endpoint, String> {
         let addr = listener
             .local_addr()
@@ -112,13 +155,6 @@ impl Endpoint {
                 .map_err(|e| format!("cannot listen on --metrics {addr}: {e}"))?
         };
         let mut builder = Builder {
-            engine: Windowed::new(
-                prefixscope_core::analysis::Config {
-                    memory_budget,
-                    ..Default::default()
-                },
-                window,
-            ),
             traffic: feed.traffic,
             recorder,
             connection_errors: Arc::clone(&connection_errors),
@@ -126,12 +162,15 @@ impl Endpoint {
             shared: Arc::clone(&shared),
         };
         // The families are there, with HELP and TYPE, before the first scrape.
-        let empty = builder.engine.figures();
+        let empty = Figures::of_engine(&mut Engine::new(Config::default()));
         builder.publish(&empty);
         runtime.spawn(serve(listener, shared, connection_errors));
         let thread = std::thread::Builder::new()
             .name("prefixscope-metrics".into())
-            .spawn(move || builder.run(feed.records))
+            .spawn(move || match feed.source {
+                Source::Records(records, engine) => builder.analyse(*engine, records),
+                Source::Engine(figures) => builder.read(figures, empty),
+            })
             .map_err(|e| format!("--metrics: cannot start its thread: {e}"))?;
         Ok(Endpoint {
             addr,
@@ -148,7 +187,6 @@ impl Endpoint {
 }
 
 struct Builder {
-    engine: Windowed,
     /// Every record the recorder wrote, counted on its thread (`Consumer::counted`), so the
     /// raw counters hold while the analysis steps aside and its queue is skipped.
     traffic: Arc<Mutex<Traffic>>,
@@ -159,9 +197,10 @@ struct Builder {
 }
 
 impl Builder {
-    fn run(&mut self, records: crossbeam_channel::Receiver<Arc<Record>>) {
+    /// `record`: the records analysed here, stepping aside while they come too fast.
+    fn analyse(&mut self, mut engine: Engine, records: crossbeam_channel::Receiver<Arc<Record>>) {
         lower_priority();
-        let mut figures = self.engine.figures();
+        let mut figures = Figures::of_engine(&mut engine);
         let mut changed = false;
         let mut built = Instant::now();
         let mut interval = REFRESH;
@@ -187,7 +226,7 @@ impl Builder {
                 match records.try_recv() {
                     Ok(record) => {
                         let started = Instant::now();
-                        self.engine.push(record, crate::clock::wall_clock_ms());
+                        engine.push(Input::Record(record, crate::clock::wall_clock_ms()));
                         pace.analysed(started.elapsed());
                         changed = true;
                     }
@@ -198,7 +237,7 @@ impl Builder {
             if built.elapsed() >= interval {
                 let started = Instant::now();
                 if changed {
-                    figures = self.engine.figures();
+                    figures = Figures::of_engine(&mut engine);
                     changed = false;
                 }
                 figures.window.stepped_aside = pace.aside;
@@ -206,8 +245,23 @@ impl Builder {
                 built = Instant::now();
                 // Never more than a third of this thread's time on rebuilding (a snapshot of
                 // 100,000 rows takes over 100 ms).
-                interval = REFRESH.max(started.elapsed() * 3);
+                interval = REFRESH.max(started.elapsed() * COST_FACTOR);
             }
+        }
+    }
+
+    /// `watch`: the newest figures of the engine behind the screen (or the headless summary),
+    /// at most every `REFRESH`.
+    fn read(&mut self, figures_sent: crossbeam_channel::Receiver<Figures>, mut figures: Figures) {
+        loop {
+            let started = Instant::now();
+            match figures_sent.recv_timeout(REFRESH) {
+                Ok(first) => figures = figures_sent.try_iter().last().unwrap_or(first),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
+            }
+            self.publish(&figures);
+            std::thread::sleep(REFRESH.saturating_sub(started.elapsed()));
         }
     }
 

@@ -1,10 +1,11 @@
 use super::*;
 use prefixscope_core::analysis::{Config, analyze};
+use prefixscope_core::live::view::Aliases;
 
 fn exposition(records: &[Record]) -> String {
     let report = analyze(records, &Config::default());
     let inputs = Inputs {
-        totals: &Totals::of(&report),
+        totals: &Sums::of(&report),
         traffic: &Traffic::of(records),
         cache: None,
         proxy: Some(ProxyFigures::default()),
@@ -123,7 +124,7 @@ fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
         .collect()
 }
 
-pub(super) fn real_recording() -> Vec<Record> {
+fn real_recording() -> Vec<Record> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("recordings/llmp/llama.cpp/parallel-nocache.jsonl");
     let read = prefixscope_core::record::read_jsonl(std::io::BufReader::new(
@@ -250,4 +251,121 @@ fn clients_past_twenty_are_summed_as_other() {
         .map(|(_, _, v)| v)
         .sum();
     assert_eq!(lost, report.time.lost_tokens as f64);
+}
+
+/// The real recording's traffic five times over, with new ids.
+fn five_times_over() -> Vec<Record> {
+    let one: Vec<Record> = real_recording().into_iter().filter(|r| !r.probe).collect();
+    (0..5u64)
+        .flat_map(|round| {
+            one.iter().map(move |record| {
+                let mut record = record.clone();
+                record.id += round * 10_000;
+                record
+            })
+        })
+        .collect()
+}
+
+/// The figures of an engine fed `records` (the endpoint's under `record`).
+fn engine_figures(records: &[Record], config: Config) -> (Figures, Engine) {
+    let mut engine = Engine::new(config);
+    for (i, record) in records.iter().enumerate() {
+        engine.push(prefixscope_core::live::Input::Record(
+            std::sync::Arc::new(record.clone()),
+            i as i64,
+        ));
+    }
+    (Figures::of_engine(&mut engine), engine)
+}
+
+fn window_of(records: usize) -> Config {
+    Config {
+        window: Some(records),
+        ..Config::default()
+    }
+}
+
+#[test]
+fn one_window_is_the_analysis_of_its_records() {
+    let records = real_recording();
+    let (figures, _) = engine_figures(&records, window_of(serve::MAX_WINDOW));
+    let report = analyze(&records, &Config::default());
+    assert_eq!(figures.totals, Sums::of(&report));
+    assert_eq!(figures.window.windows_closed, 0);
+    assert!(figures.totals.lost.values().map(|l| l.0).sum::<u64>() > 0);
+}
+
+#[test]
+fn closed_windows_add_up_to_the_analyses_of_their_records() {
+    // The recording's traffic five times over (new ids), in windows of 100 records.
+    let records = five_times_over();
+    let (figures, _) = engine_figures(&records, window_of(serve::MIN_WINDOW));
+    let mut expected = Sums::default();
+    for chunk in records.chunks(serve::MIN_WINDOW) {
+        expected.add(&Sums::of(&analyze(chunk, &Config::default())));
+    }
+    let windows = records.len().div_ceil(serve::MIN_WINDOW);
+    assert_eq!(figures.window.windows_closed, windows as u64 - 1);
+    assert_eq!(
+        figures.window.window_records,
+        (records.len() - (windows - 1) * serve::MIN_WINDOW) as u64
+    );
+    assert_eq!(figures.totals, expected);
+}
+
+/// A window also closes when its analysis passes the memory budget, whatever its count of
+/// records: its memory is bounded by the budget, not by records of any size. The closed
+/// windows still add up to the analyses of their records.
+#[test]
+fn a_window_closes_at_the_memory_budget() {
+    let records = five_times_over();
+    let config = Config {
+        memory_budget: 64 << 10,
+        ..window_of(serve::MAX_WINDOW)
+    };
+    let mut engine = Engine::new(config);
+    let mut closed_at = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        let before = engine.earlier().map_or(0, |e| e.restarts);
+        engine.push(prefixscope_core::live::Input::Record(
+            std::sync::Arc::new(record.clone()),
+            i as i64,
+        ));
+        if engine.earlier().map_or(0, |e| e.restarts) > before {
+            closed_at.push(i);
+        }
+        assert!(engine.held_bytes() <= (64 << 10) + (32 << 10));
+    }
+    assert!(closed_at.len() >= 2, "{closed_at:?}");
+    let mut expected = Sums::default();
+    let mut from = 0;
+    for &to in closed_at.iter().chain(std::iter::once(&records.len())) {
+        expected.add(&Sums::of(&analyze(&records[from..to], &Config::default())));
+        from = to;
+    }
+    assert_eq!(Figures::of_engine(&mut engine).totals, expected);
+}
+
+/// The screen's snapshot and the engine itself give the endpoint the same figures, so `watch`
+/// (whose screen sends its snapshots') and `record` (which runs the engine) agree; the cache figures of
+/// closed windows are kept, weighted by their prompt tokens.
+#[test]
+fn a_snapshot_gives_the_figures_of_its_engine() {
+    let records = five_times_over();
+    let (figures, mut engine) = engine_figures(&records, window_of(serve::MIN_WINDOW));
+    assert_eq!(Figures::of_snapshot(&engine.snapshot()), figures);
+    let cache = figures.cache.expect("the cache simulation ran");
+    assert!(cache.ceiling > 0.0 && cache.ceiling <= 1.0, "{cache:?}");
+    let earlier = engine.earlier().expect("windows closed");
+    assert!(earlier.requests > 0);
+    // The hit rate is of the open window's requests, the others said.
+    let snapshot = engine.snapshot();
+    assert!(
+        snapshot
+            .simulated_line()
+            .is_some_and(|line| line.contains("before the analysis started again")),
+        "{:?}",
+        snapshot.simulated_line()
+    );
 }

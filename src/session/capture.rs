@@ -445,6 +445,9 @@ impl Written {
     }
 }
 
+/// Where the figures of `watch`'s engine also go (`--metrics`).
+pub type MetricsFeed = crossbeam_channel::Sender<crate::metrics::Figures>;
+
 /// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
 /// consumer channel (`records`), the TUI until the user quits. Returns the snapshot on screen
 /// at exit and what was written.
@@ -452,6 +455,7 @@ pub fn watch_screen(
     capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     analysis: prefixscope_core::analysis::Config,
+    metrics: Option<MetricsFeed>,
     switches: super::screen::Switches,
     shutdown: &Shutdown,
 ) -> (
@@ -500,6 +504,7 @@ pub fn watch_screen(
     let feed = Feed {
         records: Some(records),
         feeder: starts.map(RequestStarts::into_feeder),
+        metrics,
     };
     // Once the app quits: the proxy stops (answering what is in flight), the recorder writes
     // the last records and closes the engine's channel; the summary is the engine's snapshot
@@ -519,9 +524,13 @@ pub fn watch_headless(
     capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     analysis: prefixscope_core::analysis::Config,
+    metrics: Option<MetricsFeed>,
     mut out: impl std::io::Write + Send + 'static,
     shutdown: &Shutdown,
 ) -> Written {
+    use crate::metrics::Figures;
+    use crate::metrics::serve::{COST_FACTOR, REFRESH};
+    use crossbeam_channel::RecvTimeoutError;
     use prefixscope_core::live::{Engine, Input};
     let LiveCapture {
         runtime,
@@ -533,19 +542,36 @@ pub fn watch_headless(
     let proxy_stats = proxy.stats();
     let printer = std::thread::spawn(move || {
         let mut engine = Engine::new(analysis);
-        for record in records {
-            let _ = writeln!(out, "{}", super::headless::record_line(&record));
-            if matches!(
-                record.error,
-                Some(ExchangeError::UpstreamUnreachable | ExchangeError::Timeout)
-            ) {
-                // Why, on stderr beside the line (`record` does the same).
-                prefixscope_core::stderr_line!(
-                    "prefixscope: upstream failed: {}",
-                    proxy_stats.last_upstream_error().unwrap_or_default()
-                );
+        // `--metrics` is sent this engine's figures as often as the endpoint rebuilds.
+        let (mut due, mut changed) = (std::time::Instant::now(), false);
+        loop {
+            match records.recv_timeout(REFRESH) {
+                Ok(record) => {
+                    let _ = writeln!(out, "{}", super::headless::record_line(&record));
+                    if matches!(
+                        record.error,
+                        Some(ExchangeError::UpstreamUnreachable | ExchangeError::Timeout)
+                    ) {
+                        // Why, on stderr beside the line (`record` does the same).
+                        prefixscope_core::stderr_line!(
+                            "prefixscope: upstream failed: {}",
+                            proxy_stats.last_upstream_error().unwrap_or_default()
+                        );
+                    }
+                    engine.push(Input::Record(record, crate::clock::wall_clock_ms()));
+                    changed = true;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
             }
-            engine.push(Input::Record(record, crate::clock::wall_clock_ms()));
+            if let Some(metrics) = metrics.as_ref().filter(|_| changed)
+                && std::time::Instant::now() >= due
+            {
+                let started = std::time::Instant::now();
+                let _ = metrics.send(Figures::of_engine(&mut engine));
+                due = std::time::Instant::now() + REFRESH.max(started.elapsed() * COST_FACTOR);
+                changed = false;
+            }
         }
         let _ = write!(
             out,

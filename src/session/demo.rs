@@ -303,6 +303,7 @@ pub fn run_screen(
     let feed = Feed {
         records: Some(records),
         feeder: starts.map(super::capture::RequestStarts::into_feeder),
+        metrics: None,
     };
     // As `watch`: the summary is the engine's snapshot after the last record was written.
     let (result, _) = run_screen_live(screen, events, receiver, feed, &control, shutdown, || {

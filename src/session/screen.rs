@@ -46,10 +46,12 @@ pub struct Switches {
 }
 
 /// Where the engine's records come from: the recorder's consumer channel (`watch`, `demo`),
-/// and/or a feeder given the engine's input channel (`replay`) on a thread of its own.
+/// and/or a feeder given the engine's input channel (`replay`) on a thread of its own; and
+/// where its figures also go (`watch --metrics`).
 pub struct Feed {
     pub records: Option<Receiver<Arc<Record>>>,
     pub feeder: Option<Box<dyn FnOnce(Sender<EngineInput>) + Send>>,
+    pub metrics: Option<Sender<crate::metrics::Figures>>,
 }
 
 /// The edge's controls, with commands going to the engine's thread.
@@ -172,7 +174,11 @@ fn run_app(
     let first = Arc::new(engine.snapshot());
     let publish = {
         let events = events.clone();
+        let metrics = feed.metrics;
         move |snapshot: Arc<Snapshot>| {
+            if let Some(metrics) = &metrics {
+                let _ = metrics.send(crate::metrics::Figures::of_snapshot(&snapshot));
+            }
             let _ = events.send(Event::Snapshot(snapshot));
         }
     };

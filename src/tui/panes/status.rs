@@ -144,7 +144,12 @@ pub fn status_line<'a>(app: &App, theme: &Theme) -> Line<'a> {
         items.push((
             0,
             format!(
-                "memory budget: {} earlier req not shown",
+                "{}: {} earlier req not shown",
+                if earlier.window.is_some() {
+                    "analysis window"
+                } else {
+                    "memory budget"
+                },
                 thousands(earlier.records)
             ),
         ));

@@ -54,6 +54,10 @@ pub struct Config {
     /// (`live::DEFAULT_MEMORY_BUDGET`, `--memory-budget`); a batch analysis never does.
     #[serde(skip)]
     pub memory_budget: usize,
+    /// The live engine also starts again after this many records (`--metrics-window`: a
+    /// `--metrics` endpoint's windows); `None`: only past the memory budget.
+    #[serde(skip)]
+    pub window: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +73,7 @@ impl Default for Config {
             thresholds: Thresholds::default(),
             prices: crate::pricing::Prices::default(),
             memory_budget: crate::live::DEFAULT_MEMORY_BUDGET,
+            window: None,
         }
     }
 }

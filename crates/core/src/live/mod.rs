@@ -7,7 +7,10 @@
 //! a snapshot at a capped rate, so the TUI never does record work on its thread and a key never
 //! waits behind records (DESIGN.md, "Live engine").
 
+mod sums;
 pub mod view;
+
+pub use sums::{Sums, Weighted, label_value};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -691,6 +694,7 @@ impl Snapshot {
                     "memory_budget".into(),
                     serde_json::json!({
                         "budget_bytes": earlier.budget,
+                        "window_records": earlier.window,
                         "restarts": earlier.restarts,
                         "earlier_records": earlier.records,
                         "earlier_lost_tokens": earlier.lost_tokens,
@@ -838,6 +842,8 @@ pub struct Engine {
     recently_done: std::collections::VecDeque<u64>,
     /// What the analyses before the last restart covered, when there was one.
     earlier: Option<Earlier>,
+    /// Records (probes apart) in the analysis since it last started.
+    in_analysis: usize,
     /// The newest probe records, told to the analysis again when it starts again.
     recent_probes: std::collections::VecDeque<Arc<Record>>,
 }
@@ -848,25 +854,41 @@ pub const DEFAULT_MEMORY_BUDGET: usize = 512 << 20;
 /// Probe records told again to an analysis that starts again past the memory budget.
 const PROBES_KEPT: usize = 16;
 
-/// What the analysis dropped when it reached its memory budget: the records before its last
-/// restart and what they lost, said on screen and in the summary. Its figures are not in the
-/// panes' (which equal `analyze` of the records since).
+/// What the analyses before the last restart covered: the records, what they lost, and their
+/// families summed (`Sums`, which the `--metrics` endpoint adds to the open analysis's). The
+/// panes' figures are of the records since (they equal `analyze` of those); this is said on
+/// screen and in the summary.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Earlier {
     pub restarts: u64,
     pub budget: usize,
+    /// Records per analysis at most (`--metrics-window`), when set.
+    pub window: Option<usize>,
     pub records: u64,
     pub lost_tokens: u64,
     /// When the last restart happened (the last record before it started, ms).
     pub until_ms: i64,
+    pub sums: Sums,
+    /// Their ceilings and the server's reuse, weighted by their prompt tokens.
+    pub ceiling: Weighted,
+    pub server_reuse: Weighted,
+    /// Requests the earlier cache simulations took or left out (the hit rate is of those since).
+    pub requests: u64,
 }
 
 impl Earlier {
     /// The line every output says it with.
     pub fn line(&self) -> String {
+        let why = match self.window {
+            None => format!("memory budget ({} MiB) reached", self.budget >> 20),
+            Some(window) => format!(
+                "analysis window ({} records, or {} MiB) full",
+                thousands(window as u64),
+                self.budget >> 20
+            ),
+        };
         format!(
-            "memory budget ({} MiB) reached: the analysis started again {}; the {} records before, which lost {}, are not in these figures",
-            self.budget >> 20,
+            "{why}: the analysis started again {}; the {} records before, which lost {}, are not in these figures",
             match self.restarts {
                 1 => "once".to_string(),
                 n => format!("{n} times"),
@@ -985,6 +1007,7 @@ impl Engine {
             starting: BTreeMap::new(),
             recently_done: std::collections::VecDeque::new(),
             earlier: None,
+            in_analysis: 0,
             recent_probes: std::collections::VecDeque::new(),
         }
     }
@@ -995,19 +1018,51 @@ impl Engine {
         self.analyzer.held_bytes()
     }
 
-    /// Keeps what the analysis so far lost and starts it again, told the newest probes.
-    fn restart_analysis(&mut self, until_ms: i64) {
+    /// What the analyses before the last restart covered, when there was one.
+    pub fn earlier(&self) -> Option<&Earlier> {
+        self.earlier.as_ref()
+    }
+
+    /// Keeps what the analysis and the cache simulation so far covered and starts them again
+    /// (the analysis told the newest probes): past the memory budget, or a full window.
+    fn restart(&mut self, until_ms: i64) {
         let report = self.analyzer.live_report();
+        let sums = Sums::of(&report);
+        let weight = sums.prompt_tokens() as f64;
+        let curve = self.curve();
+        let waiting = self.waiting.values().filter(|(p, _)| p.is_some()).count() as u64;
         let earlier = self.earlier.get_or_insert_with(Earlier::default);
         earlier.restarts += 1;
         earlier.budget = self.config.memory_budget;
+        earlier.window = self.config.window;
         earlier.records += report.coverage.records;
         earlier.lost_tokens += report.time.lost_tokens;
         earlier.until_ms = until_ms;
+        earlier.sums.add(&sums);
+        if let Some(curve) = curve {
+            earlier.ceiling.add(curve.ceiling, weight);
+            if let Some(observed) = curve.observed {
+                earlier.server_reuse.add(observed, weight);
+            }
+        }
+        // The requests waiting for an earlier one go to the new simulation.
+        earlier.requests = self.requests.saturating_sub(waiting);
         self.analyzer = Analyzer::new(self.config.clone());
         for probe in &self.recent_probes {
             self.analyzer.push(probe);
         }
+        self.cache = live_simulator(self.cutter.model.block_size);
+        self.cache_skips = FileReport::new("live", Format::Recording);
+        self.server_reuse = (0, 0);
+        if let Some(learning) = self.learning.as_mut() {
+            learning.clear();
+        }
+        self.records = Vec::new();
+        self.records_seen = 0;
+        self.whatif_body_bytes = 0;
+        self.predicted = None;
+        self.resided = None;
+        self.in_analysis = 0;
     }
 
     /// Applies one input. Returns whether the user is waiting for its answer (a command, the
@@ -1036,9 +1091,11 @@ impl Engine {
                 false
             }
             Input::Record(record, arrived_ms) => {
-                if self.analyzer.held_bytes() > self.config.memory_budget {
-                    self.restart_analysis(record.t_start_ms);
+                let full = self.config.window.is_some_and(|w| self.in_analysis >= w);
+                if full || self.analyzer.held_bytes() > self.config.memory_budget {
+                    self.restart(record.t_start_ms);
                 }
+                self.in_analysis += 1;
                 self.analyzer.push(&record);
                 self.records_seen += 1;
                 self.starting.remove(&record.id);
@@ -1404,6 +1461,9 @@ impl Engine {
         let waiting = self.waiting.values().filter(|(p, _)| p.is_some()).count() as u64;
         if waiting > 0 {
             reasons.push(("waiting for an earlier request".into(), waiting));
+        }
+        if let Some(earlier) = &self.earlier {
+            reasons.push(("before the analysis started again".into(), earlier.requests));
         }
         reasons.retain(|(_, n)| *n > 0);
         reasons
