@@ -314,311 +314,17 @@ impl View {
                     || with_text.is_some_and(|ids| ids.contains(&r.row().id))
             })
             .collect();
-        let header = if filtered {
-            // The report's totals, worked out again over the matching rows only, so the header
-            // and the Loss pane's "all" line never sit unfiltered above a filtered client.
-            let time = crate::analysis::report::time(&rows);
-            let mut conversations: Vec<u32> = rows.iter().filter_map(|r| r.conversation).collect();
-            conversations.sort_unstable();
-            conversations.dedup();
-            Header {
-                records: rows.len() as u64,
-                analysed: rows.len() as u64,
-                turns: rows.iter().filter(|r| r.kind == RowKind::Turn).count() as u64,
-                conversations: conversations.len() as u64,
-                lost_tokens: time.lost_tokens,
-                lost_ms: time.lost_ms.map(|m| m.value),
-                prefill_ms: time.prefill_ms.map(|m| m.value),
-                bad_lines: report.coverage.bad_lines,
-                loss_measured: rows.iter().any(|r| r.loss_measured),
-                continued: rows.iter().any(|r| r.linked_to.is_some()),
-                filter: filter.trim().to_string(),
-                all_records: report.coverage.records,
-                untimed_tokens: time.untimed_tokens,
-                providers: providers(&rows),
-                lost_usd: None,
-            }
-        } else {
-            Header {
-                records: report.coverage.records,
-                analysed: report.coverage.analysed,
-                turns: report.coverage.turns,
-                conversations: report.coverage.conversations,
-                lost_tokens: report.time.lost_tokens,
-                lost_ms: report.time.lost_ms.map(|m| m.value),
-                prefill_ms: report.time.prefill_ms.map(|m| m.value),
-                bad_lines: report.coverage.bad_lines,
-                loss_measured: rows.iter().any(|r| r.loss_measured),
-                continued: rows.iter().any(|r| r.linked_to.is_some()),
-                filter: String::new(),
-                all_records: report.coverage.records,
-                untimed_tokens: report.time.untimed_tokens,
-                providers: providers(&rows),
-                lost_usd: report.money.as_ref().map(|m| m.lost_usd),
-            }
-        };
         let aliases = Aliases::new(
             report
                 .clients
                 .iter()
                 .map(|c| (c.client.as_str(), c.harness.as_deref())),
         );
-        let mut lanes: Vec<Lane> = Vec::new();
-        let mut evictor_names = EvictorNames::default();
-        let mut lane_names: HashMap<&str, (Arc<str>, Arc<str>)> = HashMap::new();
-        // Conversations are numbered from 1 up: a lane's index by number, not by hash.
-        let mut lane_of: Vec<usize> = Vec::new();
-        // Each lane's cells counted first, so each lane holds its own length: grown by pushes,
-        // a snapshot's cells (one per turn) took twice their size.
-        let mut cells_of: Vec<u32> = Vec::new();
-        for conversation in rows
-            .iter()
-            .filter(|r| r.kind == RowKind::Turn)
-            .filter_map(|r| r.conversation)
-        {
-            let slot = conversation as usize;
-            if cells_of.len() <= slot {
-                cells_of.resize(slot + 1, 0);
-            }
-            cells_of[slot] = cells_of[slot].saturating_add(1);
-        }
-        let links = crate::analysis::subagent_links(rows.iter().map(|r| r.row()));
-        for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
-            let Some(conversation) = row.conversation else {
-                continue;
-            };
-            let cell = Cell {
-                id: row.id,
-                turn: row.turn.unwrap_or(0),
-                reuse: row.observed_reuse,
-                broke: row.break_cause,
-                lost_tokens: [&row.lost_client, &row.lost_external]
-                    .into_iter()
-                    .flatten()
-                    .map(|l| l.tokens)
-                    .sum(),
-                evicted_by: row.row().evicted_by.as_ref().map(|by| evictor_names.of(by)),
-                mark: mark_of(row.row()),
-                prompt_tokens: row.counts.prompt_tokens.map(|p| p.value),
-            };
-            let slot = conversation as usize;
-            match lane_of.get(slot).copied().filter(|&i| i != usize::MAX) {
-                Some(i) => lanes[i].cells.push(cell),
-                None => {
-                    if lane_of.len() <= slot {
-                        lane_of.resize(slot + 1, usize::MAX);
-                    }
-                    lane_of[slot] = lanes.len();
-                    let mut cells = Vec::with_capacity(cells_of[slot] as usize);
-                    cells.push(cell);
-                    let (client, alias) = lane_names
-                        .entry(row.row().client.as_str())
-                        .or_insert_with(|| {
-                            (
-                                Arc::from(row.row().client.as_str()),
-                                aliases.of(&row.client).into(),
-                            )
-                        });
-                    lanes.push(Lane {
-                        client: Arc::clone(client),
-                        alias: Arc::clone(alias),
-                        conversation,
-                        cells,
-                        spawned_by: links.get(&row.id).copied(),
-                    });
-                }
-            }
-        }
-        // Grouped by client, in order of each client's first request.
-        let client_order: IntMap<&str, usize> = report
-            .clients
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.client.as_str(), i))
-            .collect();
-        // Each lane's key worked out once, not at every comparison.
-        lanes.sort_by_cached_key(|l| {
-            (
-                client_order.get(&*l.client).copied().unwrap_or(usize::MAX),
-                l.conversation,
-            )
-        });
-
-        let broken: Vec<Rated> = rows
-            .iter()
-            .copied()
-            .filter(|r| r.break_cause.is_some() || r.lost_external.is_some())
-            .collect();
-        let breaks_total = broken.len();
-        // Only the newest are described: formatting every break of a long run was most of a
-        // snapshot's view cost, and the pane lists the newest first.
-        // One fact per cause, each with its own loss: a turn whose prefix broke harmlessly and
-        // that was also evicted is two lines, and the eviction's tokens are the eviction's, as
-        // the header, the Loss pane and `analyze` count them.
-        let mut breaks: Vec<BreakItem> = Vec::new();
-        for r in &broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..] {
-            let fact = |cause: &str,
-                        loss: Option<(
-                &crate::analysis::Loss,
-                Option<crate::analysis::Measured<f64>>,
-            )>,
-                        place: String| BreakItem {
-                id: r.id,
-                t_start_ms: r.t_start_ms,
-                client: r.client.clone(),
-                alias: aliases.of(&r.client),
-                conversation: r.conversation,
-                turn: r.turn,
-                // A harness's compaction rewrites the history on purpose: named as such.
-                cause: if r.compaction && cause.starts_with("history_") {
-                    "compaction".to_string()
-                } else {
-                    cause_label(cause).to_string()
-                },
-                tokens: loss.map_or(0, |(l, _)| l.tokens),
-                ms: loss.and_then(|(_, ms)| ms.map(|m| m.value)),
-                measured: r.loss_measured,
-                place,
-            };
-            // The loss's own name where it has one (`history_reordered` is finer than the
-            // break's `history_rewritten`), else the break's.
-            let client_cause = r.lost_client.as_ref().map(|l| l.cause.clone());
-            let client_cause = client_cause.or_else(|| r.break_cause.map(|c| c.name().into()));
-            if let Some(cause) = client_cause {
-                breaks.push(fact(&cause, r.client_loss(), location(r)));
-            }
-            if let Some(external) = &r.lost_external {
-                let place = match &r.evicted_by {
-                    Some(by) => format!(
-                        "evicted by #{} ({}, {})",
-                        by.row,
-                        aliases.of(&by.client),
-                        cause_label(&by.kind)
-                    ),
-                    // The engine's own: its likely mechanism (`analysis::engine_cause`).
-                    None => r.engine_cause.as_ref().map_or_else(String::new, |engine| {
-                        format!("the engine's: {}", engine.kind.label())
-                    }),
-                };
-                breaks.push(fact(&external.cause, r.external_loss(), place));
-            }
-        }
-        breaks.reverse();
-
-        // One pass over the rows, then one entry per client in the report's order.
-        let mut loss_of: IntMap<&str, LossTally> = IntMap::default();
-        for row in rows.iter().copied() {
-            for (loss, loss_ms) in row.losses() {
-                let (tokens, ms, by_cause) = loss_of.entry(row.row().client.as_str()).or_default();
-                *tokens += u64::from(loss.tokens);
-                add_ms(ms, loss_ms.map(|m| m.value));
-                // By cause as recorded; named once per client below.
-                tally(by_cause, loss.cause.as_str(), u64::from(loss.tokens));
-            }
-        }
-        // What each client caused: its own breaks, the evictions `evicted_by` names it for; what
-        // no client caused (the server's own resets) apart.
-        #[derive(Default)]
-        struct Caused<'a> {
-            tokens: u64,
-            ms: Option<f64>,
-            by_cause: Vec<(&'a str, u64)>,
-            to: Vec<(&'a str, u64)>,
-        }
-        let mut caused_by: IntMap<&str, Caused> = IntMap::default();
-        let mut unattributed: Vec<(String, u64, Option<f64>)> = Vec::new();
-        let mut who: Vec<((Option<&str>, &str), u64)> = Vec::new();
-        for row in rows.iter().copied() {
-            let victim = row.row().client.as_str();
-            let own = row
-                .client_loss()
-                .map(|(loss, ms)| (Some(victim), loss, ms.map(|m| m.value)));
-            let external = row.external_loss().map(|(loss, ms)| {
-                let causer = row.row().evicted_by.as_ref().map(|by| by.client.as_str());
-                (causer, loss, ms.map(|m| m.value))
-            });
-            for (causer, loss, ms) in [own, external].into_iter().flatten() {
-                tally(&mut who, (causer, victim), u64::from(loss.tokens));
-                let Some(causer) = causer else {
-                    let label = cause_label(&loss.cause).to_string();
-                    match unattributed.iter_mut().find(|(l, _, _)| *l == label) {
-                        Some(entry) => {
-                            entry.1 += u64::from(loss.tokens);
-                            add_ms(&mut entry.2, ms);
-                        }
-                        None => unattributed.push((label, u64::from(loss.tokens), ms)),
-                    }
-                    continue;
-                };
-                let c = caused_by.entry(causer).or_default();
-                c.tokens += u64::from(loss.tokens);
-                add_ms(&mut c.ms, ms);
-                tally(&mut c.by_cause, loss.cause.as_str(), u64::from(loss.tokens));
-                tally(&mut c.to, victim, u64::from(loss.tokens));
-            }
-        }
-        unattributed.sort_by_key(|u| std::cmp::Reverse(u.1));
-        let who_cost_whom = who
-            .into_iter()
-            .map(|((c, v), t)| (c.map(str::to_string), v.to_string(), t))
-            .collect();
-        // Filtered, a client is listed when some of its rows match, with their counts.
-        let mut matched: IntMap<&str, (u32, Vec<u32>)> = IntMap::default();
-        if filtered {
-            for row in rows.iter().copied() {
-                let (requests, conversations) =
-                    matched.entry(row.row().client.as_str()).or_default();
-                *requests += 1;
-                if let Some(c) = row.conversation
-                    && !conversations.contains(&c)
-                {
-                    conversations.push(c);
-                }
-            }
-        }
-        let losses = report
-            .clients
-            .iter()
-            .filter_map(|c| {
-                let (requests, conversations) = if filtered {
-                    let (requests, conversations) = matched.get(c.client.as_str())?;
-                    (*requests, conversations.len() as u32)
-                } else {
-                    (c.requests, c.conversations)
-                };
-                let (tokens, ms, causes) = loss_of.remove(c.client.as_str()).unwrap_or_default();
-                let by_cause = by_label(causes);
-                let caused = caused_by.remove(c.client.as_str()).unwrap_or_default();
-                let caused_by_cause = by_label(caused.by_cause);
-                let mut caused_to: Vec<(String, u64)> = caused
-                    .to
-                    .into_iter()
-                    .map(|(victim, tokens)| (victim.to_string(), tokens))
-                    .collect();
-                caused_to.sort_by_key(|c| std::cmp::Reverse(c.1));
-                Some(ClientLoss {
-                    client: c.client.clone(),
-                    alias: aliases.of(&c.client),
-                    caused_tokens: caused.tokens,
-                    caused_ms: caused.ms,
-                    caused_by_cause,
-                    caused_to,
-                    requests,
-                    conversations,
-                    tokens,
-                    ms,
-                    by_cause,
-                })
-            })
-            .collect::<Vec<ClientLoss>>();
-        let mut losses = losses;
-        // By cost: what a client suffered and what it caused, highest first (stable: the
-        // report's order among equals).
-        losses.sort_by_key(|l| std::cmp::Reverse(l.tokens.max(l.caused_tokens)));
-
+        let (losses, unattributed, who_cost_whom) = losses(report, &rows, &aliases, filtered);
+        let (breaks, breaks_total) = breaks(&rows, &aliases);
         View {
-            header,
-            lanes,
+            header: header(report, &rows, filter),
+            lanes: lanes(report, &rows, &aliases),
             breaks,
             breaks_total,
             losses,
@@ -629,6 +335,328 @@ impl View {
             prefixes: Vec::new(),
         }
     }
+}
+
+/// The header's figures: the report's, or worked out again over the rows a filter passes.
+fn header(report: &Report<impl Priced>, rows: &[Rated], filter: &str) -> Header {
+    if !filter.trim().is_empty() {
+        // The report's totals, worked out again over the matching rows only, so the header
+        // and the Loss pane's "all" line never sit unfiltered above a filtered client.
+        let time = crate::analysis::report::time(rows);
+        let mut conversations: Vec<u32> = rows.iter().filter_map(|r| r.conversation).collect();
+        conversations.sort_unstable();
+        conversations.dedup();
+        Header {
+            records: rows.len() as u64,
+            analysed: rows.len() as u64,
+            turns: rows.iter().filter(|r| r.kind == RowKind::Turn).count() as u64,
+            conversations: conversations.len() as u64,
+            lost_tokens: time.lost_tokens,
+            lost_ms: time.lost_ms.map(|m| m.value),
+            prefill_ms: time.prefill_ms.map(|m| m.value),
+            bad_lines: report.coverage.bad_lines,
+            loss_measured: rows.iter().any(|r| r.loss_measured),
+            continued: rows.iter().any(|r| r.linked_to.is_some()),
+            filter: filter.trim().to_string(),
+            all_records: report.coverage.records,
+            untimed_tokens: time.untimed_tokens,
+            providers: providers(rows),
+            lost_usd: None,
+        }
+    } else {
+        Header {
+            records: report.coverage.records,
+            analysed: report.coverage.analysed,
+            turns: report.coverage.turns,
+            conversations: report.coverage.conversations,
+            lost_tokens: report.time.lost_tokens,
+            lost_ms: report.time.lost_ms.map(|m| m.value),
+            prefill_ms: report.time.prefill_ms.map(|m| m.value),
+            bad_lines: report.coverage.bad_lines,
+            loss_measured: rows.iter().any(|r| r.loss_measured),
+            continued: rows.iter().any(|r| r.linked_to.is_some()),
+            filter: String::new(),
+            all_records: report.coverage.records,
+            untimed_tokens: report.time.untimed_tokens,
+            providers: providers(rows),
+            lost_usd: report.money.as_ref().map(|m| m.lost_usd),
+        }
+    }
+}
+
+/// One lane a conversation, its turns as cells, grouped by client in order of first request.
+fn lanes(report: &Report<impl Priced>, rows: &[Rated], aliases: &Aliases) -> Vec<Lane> {
+    let mut lanes: Vec<Lane> = Vec::new();
+    let mut evictor_names = EvictorNames::default();
+    let mut lane_names: HashMap<&str, (Arc<str>, Arc<str>)> = HashMap::new();
+    // Conversations are numbered from 1 up: a lane's index by number, not by hash.
+    let mut lane_of: Vec<usize> = Vec::new();
+    // Each lane's cells counted first, so each lane holds its own length: grown by pushes,
+    // a snapshot's cells (one per turn) took twice their size.
+    let mut cells_of: Vec<u32> = Vec::new();
+    for conversation in rows
+        .iter()
+        .filter(|r| r.kind == RowKind::Turn)
+        .filter_map(|r| r.conversation)
+    {
+        let slot = conversation as usize;
+        if cells_of.len() <= slot {
+            cells_of.resize(slot + 1, 0);
+        }
+        cells_of[slot] = cells_of[slot].saturating_add(1);
+    }
+    let links = crate::analysis::subagent_links(rows.iter().map(|r| r.row()));
+    for row in rows.iter().copied().filter(|r| r.kind == RowKind::Turn) {
+        let Some(conversation) = row.conversation else {
+            continue;
+        };
+        let cell = Cell {
+            id: row.id,
+            turn: row.turn.unwrap_or(0),
+            reuse: row.observed_reuse,
+            broke: row.break_cause,
+            lost_tokens: [&row.lost_client, &row.lost_external]
+                .into_iter()
+                .flatten()
+                .map(|l| l.tokens)
+                .sum(),
+            evicted_by: row.row().evicted_by.as_ref().map(|by| evictor_names.of(by)),
+            mark: mark_of(row.row()),
+            prompt_tokens: row.counts.prompt_tokens.map(|p| p.value),
+        };
+        let slot = conversation as usize;
+        match lane_of.get(slot).copied().filter(|&i| i != usize::MAX) {
+            Some(i) => lanes[i].cells.push(cell),
+            None => {
+                if lane_of.len() <= slot {
+                    lane_of.resize(slot + 1, usize::MAX);
+                }
+                lane_of[slot] = lanes.len();
+                let mut cells = Vec::with_capacity(cells_of[slot] as usize);
+                cells.push(cell);
+                let (client, alias) =
+                    lane_names
+                        .entry(row.row().client.as_str())
+                        .or_insert_with(|| {
+                            (
+                                Arc::from(row.row().client.as_str()),
+                                aliases.of(&row.client).into(),
+                            )
+                        });
+                lanes.push(Lane {
+                    client: Arc::clone(client),
+                    alias: Arc::clone(alias),
+                    conversation,
+                    cells,
+                    spawned_by: links.get(&row.id).copied(),
+                });
+            }
+        }
+    }
+    // Grouped by client, in order of each client's first request.
+    let client_order: IntMap<&str, usize> = report
+        .clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.client.as_str(), i))
+        .collect();
+    // Each lane's key worked out once, not at every comparison.
+    lanes.sort_by_cached_key(|l| {
+        (
+            client_order.get(&*l.client).copied().unwrap_or(usize::MAX),
+            l.conversation,
+        )
+    });
+    lanes
+}
+
+/// The newest breaks described (newest first), and how many there are.
+fn breaks(rows: &[Rated], aliases: &Aliases) -> (Vec<BreakItem>, usize) {
+    let broken: Vec<Rated> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.break_cause.is_some() || r.lost_external.is_some())
+        .collect();
+    let breaks_total = broken.len();
+    // Only the newest are described: formatting every break of a long run was most of a
+    // snapshot's view cost, and the pane lists the newest first.
+    // One fact per cause, each with its own loss: a turn whose prefix broke harmlessly and
+    // that was also evicted is two lines, and the eviction's tokens are the eviction's, as
+    // the header, the Loss pane and `analyze` count them.
+    let mut breaks: Vec<BreakItem> = Vec::new();
+    for r in &broken[broken.len().saturating_sub(MAX_BREAKS_SHOWN)..] {
+        let fact = |cause: &str,
+                    loss: Option<(
+            &crate::analysis::Loss,
+            Option<crate::analysis::Measured<f64>>,
+        )>,
+                    place: String| BreakItem {
+            id: r.id,
+            t_start_ms: r.t_start_ms,
+            client: r.client.clone(),
+            alias: aliases.of(&r.client),
+            conversation: r.conversation,
+            turn: r.turn,
+            // A harness's compaction rewrites the history on purpose: named as such.
+            cause: if r.compaction && cause.starts_with("history_") {
+                "compaction".to_string()
+            } else {
+                cause_label(cause).to_string()
+            },
+            tokens: loss.map_or(0, |(l, _)| l.tokens),
+            ms: loss.and_then(|(_, ms)| ms.map(|m| m.value)),
+            measured: r.loss_measured,
+            place,
+        };
+        // The loss's own name where it has one (`history_reordered` is finer than the
+        // break's `history_rewritten`), else the break's.
+        let client_cause = r.lost_client.as_ref().map(|l| l.cause.clone());
+        let client_cause = client_cause.or_else(|| r.break_cause.map(|c| c.name().into()));
+        if let Some(cause) = client_cause {
+            breaks.push(fact(&cause, r.client_loss(), location(r)));
+        }
+        if let Some(external) = &r.lost_external {
+            let place = match &r.evicted_by {
+                Some(by) => format!(
+                    "evicted by #{} ({}, {})",
+                    by.row,
+                    aliases.of(&by.client),
+                    cause_label(&by.kind)
+                ),
+                // The engine's own: its likely mechanism (`analysis::engine_cause`).
+                None => r.engine_cause.as_ref().map_or_else(String::new, |engine| {
+                    format!("the engine's: {}", engine.kind.label())
+                }),
+            };
+            breaks.push(fact(&external.cause, r.external_loss(), place));
+        }
+    }
+    breaks.reverse();
+    (breaks, breaks_total)
+}
+
+/// Losses no client caused, by label: tokens and milliseconds.
+type Unattributed = Vec<(String, u64, Option<f64>)>;
+/// Tokens lost by (causer, victim); no causer: the server's own.
+type WhoCostWhom = Vec<(Option<String>, String, u64)>;
+
+/// Per client what it suffered and caused (by cost), what no client caused, and who cost whom.
+fn losses(
+    report: &Report<impl Priced>,
+    rows: &[Rated],
+    aliases: &Aliases,
+    filtered: bool,
+) -> (Vec<ClientLoss>, Unattributed, WhoCostWhom) {
+    // One pass over the rows, then one entry per client in the report's order.
+    let mut loss_of: IntMap<&str, LossTally> = IntMap::default();
+    for row in rows.iter().copied() {
+        for (loss, loss_ms) in row.losses() {
+            let (tokens, ms, by_cause) = loss_of.entry(row.row().client.as_str()).or_default();
+            *tokens += u64::from(loss.tokens);
+            add_ms(ms, loss_ms.map(|m| m.value));
+            // By cause as recorded; named once per client below.
+            tally(by_cause, loss.cause.as_str(), u64::from(loss.tokens));
+        }
+    }
+    // What each client caused: its own breaks, the evictions `evicted_by` names it for; what
+    // no client caused (the server's own resets) apart.
+    #[derive(Default)]
+    struct Caused<'a> {
+        tokens: u64,
+        ms: Option<f64>,
+        by_cause: Vec<(&'a str, u64)>,
+        to: Vec<(&'a str, u64)>,
+    }
+    let mut caused_by: IntMap<&str, Caused> = IntMap::default();
+    let mut unattributed: Vec<(String, u64, Option<f64>)> = Vec::new();
+    let mut who: Vec<((Option<&str>, &str), u64)> = Vec::new();
+    for row in rows.iter().copied() {
+        let victim = row.row().client.as_str();
+        let own = row
+            .client_loss()
+            .map(|(loss, ms)| (Some(victim), loss, ms.map(|m| m.value)));
+        let external = row.external_loss().map(|(loss, ms)| {
+            let causer = row.row().evicted_by.as_ref().map(|by| by.client.as_str());
+            (causer, loss, ms.map(|m| m.value))
+        });
+        for (causer, loss, ms) in [own, external].into_iter().flatten() {
+            tally(&mut who, (causer, victim), u64::from(loss.tokens));
+            let Some(causer) = causer else {
+                let label = cause_label(&loss.cause).to_string();
+                match unattributed.iter_mut().find(|(l, _, _)| *l == label) {
+                    Some(entry) => {
+                        entry.1 += u64::from(loss.tokens);
+                        add_ms(&mut entry.2, ms);
+                    }
+                    None => unattributed.push((label, u64::from(loss.tokens), ms)),
+                }
+                continue;
+            };
+            let c = caused_by.entry(causer).or_default();
+            c.tokens += u64::from(loss.tokens);
+            add_ms(&mut c.ms, ms);
+            tally(&mut c.by_cause, loss.cause.as_str(), u64::from(loss.tokens));
+            tally(&mut c.to, victim, u64::from(loss.tokens));
+        }
+    }
+    unattributed.sort_by_key(|u| std::cmp::Reverse(u.1));
+    let who_cost_whom = who
+        .into_iter()
+        .map(|((c, v), t)| (c.map(str::to_string), v.to_string(), t))
+        .collect();
+    // Filtered, a client is listed when some of its rows match, with their counts.
+    let mut matched: IntMap<&str, (u32, Vec<u32>)> = IntMap::default();
+    if filtered {
+        for row in rows.iter().copied() {
+            let (requests, conversations) = matched.entry(row.row().client.as_str()).or_default();
+            *requests += 1;
+            if let Some(c) = row.conversation
+                && !conversations.contains(&c)
+            {
+                conversations.push(c);
+            }
+        }
+    }
+    let losses = report
+        .clients
+        .iter()
+        .filter_map(|c| {
+            let (requests, conversations) = if filtered {
+                let (requests, conversations) = matched.get(c.client.as_str())?;
+                (*requests, conversations.len() as u32)
+            } else {
+                (c.requests, c.conversations)
+            };
+            let (tokens, ms, causes) = loss_of.remove(c.client.as_str()).unwrap_or_default();
+            let by_cause = by_label(causes);
+            let caused = caused_by.remove(c.client.as_str()).unwrap_or_default();
+            let caused_by_cause = by_label(caused.by_cause);
+            let mut caused_to: Vec<(String, u64)> = caused
+                .to
+                .into_iter()
+                .map(|(victim, tokens)| (victim.to_string(), tokens))
+                .collect();
+            caused_to.sort_by_key(|c| std::cmp::Reverse(c.1));
+            Some(ClientLoss {
+                client: c.client.clone(),
+                alias: aliases.of(&c.client),
+                caused_tokens: caused.tokens,
+                caused_ms: caused.ms,
+                caused_by_cause,
+                caused_to,
+                requests,
+                conversations,
+                tokens,
+                ms,
+                by_cause,
+            })
+        })
+        .collect::<Vec<ClientLoss>>();
+    let mut losses = losses;
+    // By cost: what a client suffered and what it caused, highest first (stable: the
+    // report's order among equals).
+    losses.sort_by_key(|l| std::cmp::Reverse(l.tokens.max(l.caused_tokens)));
+    (losses, unattributed, who_cost_whom)
 }
 
 fn mark_of(row: &Row) -> Mark {
