@@ -5,7 +5,8 @@
 //! sequence of blocks with their token weights plus what the profile reports beside the curve.
 //! From there one engine serves them all:
 //!
-//! - [`blocks`]: the block model for requests that carry a prompt (render, cut, chained hash);
+//! - [`blocks`]: the block model for requests that carry a prompt (render, cut, chained hash;
+//!   `blocks::fit`, what the parts weigh);
 //! - [`policy`]: the trie of blocks and the policies (ceiling, FIFO, optimal), each exactly as
 //!   kvcache-simulator 0.1.3 computes it;
 //! - [`lru`]: LRU, exactly as kvcache-simulator computes it, at every capacity from one walk
