@@ -17,9 +17,10 @@ use std::sync::Arc;
 
 use super::ids::{ById, IntMap};
 use super::report::{self, Report};
+use super::row::{Client, Row, RowKind, Shape, SharedRow, ToolUsage};
 use super::table::{
-    self, Choice, Client, Link, Row, RowKind, Shape, SharedRow, Tip, ToolUsage, Weights,
-    apply_link, continues, link, structured, summarise, system_hash, weights,
+    self, Choice, Link, Tip, Weights, apply_link, continues, link, structured, summarise,
+    system_hash, weights,
 };
 use super::{Config, Skipped, findings};
 use crate::normalize::exchange::{Exchange, Msg, SkipReason, ToolDef, normalize};
@@ -695,7 +696,7 @@ impl Analyzer {
                 .map(|shared| {
                     let mut row =
                         Arc::try_unwrap(shared.row).unwrap_or_else(|row| Row::clone(&row));
-                    table::price_at(&mut row, shared.per_token);
+                    super::row::price_at(&mut row, shared.per_token);
                     row
                 })
                 .collect()

@@ -8,7 +8,7 @@ use super::Config;
 use super::client_cause;
 use super::engine_cause::EngineKind;
 use super::ids::{ById, IntMap};
-use super::table::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, ToolUsage};
+use super::row::{BreakCause, Cause, Loss, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::measured::{Measured, Source};
 use crate::units::{plural, thousands};
 

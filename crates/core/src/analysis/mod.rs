@@ -14,6 +14,7 @@ pub(crate) mod ids;
 #[cfg(any(test, feature = "reference"))]
 mod reference;
 pub(crate) mod report;
+pub(crate) mod row;
 pub(crate) mod server_events;
 pub(crate) mod table;
 
@@ -34,7 +35,7 @@ pub use findings::{Confidence, Finding, FindingKind};
 // Counts carry their source from normalization on; the analysis passes them on as they are.
 pub use crate::normalize::measured::{Measured, Source};
 pub use report::Report;
-pub use table::{
+pub use row::{
     BreakCause, BreakLocation, BreakTexts, Cause, Client, Composition, EvictedBy, Loss, Priced,
     Rated, Row, RowKind, Shape, SharedRow, ToolUsage, subagent_links,
 };

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::row::*;
 use super::server_events::{self, ServerEvents, explained};
 use super::table::*;
 use super::{Config, Report, findings, normalize_all, report};

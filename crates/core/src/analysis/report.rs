@@ -7,7 +7,7 @@ use super::Skipped;
 use super::client_cause;
 use super::engine_cause::EngineKind;
 use super::findings::{Finding, FindingKind, add_ms};
-use super::table::{Client, Priced, Rated, Row, RowKind, ToolUsage};
+use super::row::{Client, Priced, Rated, Row, RowKind, ToolUsage};
 use crate::normalize::Api;
 use crate::normalize::exchange::SkipReason;
 use crate::normalize::measured::{Measured, Source};

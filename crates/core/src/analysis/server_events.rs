@@ -5,7 +5,7 @@
 //! then, so a live report and a batch one of the same records agree. Pure.
 
 use super::engine_cause::{EngineCause, EngineKind};
-use super::table::Row;
+use super::row::Row;
 use crate::probe::{Answer, Reading, answer_of_record};
 use crate::record::Record;
 
