@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{EXIT_OK, EXIT_UNREADABLE, fail, parse_bytes};
 use prefixscope::metrics::serve::Endpoint;
-use prefixscope::session::capture::MetricsFeed;
+use prefixscope::session::capture::FiguresSender;
 use prefixscope::session::capture::{CaptureConfig, LiveCapture, stop_on_signal};
 use prefixscope::session::headless::record_line;
 use prefixscope::session::shutdown::Shutdown;
@@ -87,7 +87,7 @@ const METRICS_WINDOW_MAX: u64 = prefixscope::metrics::serve::MAX_WINDOW as u64;
 /// nothing created), and what it will read.
 pub struct MetricsPlan {
     listener: std::net::TcpListener,
-    feed: prefixscope::metrics::serve::Feed,
+    feed: prefixscope::metrics::serve::EndpointFeed,
 }
 
 impl MetricsPlan {
@@ -118,7 +118,7 @@ impl MetricsPlan {
     pub fn bind_to_engine(
         args: &CaptureArgs,
         engine: crossbeam_channel::Sender<std::sync::Arc<prefixscope_core::record::Record>>,
-    ) -> Result<(Consumer, Option<(MetricsPlan, MetricsFeed)>), u8> {
+    ) -> Result<(Consumer, Option<(MetricsPlan, FiguresSender)>), u8> {
         let Some(listener) = args.bind_metrics()? else {
             return Ok((Consumer::from(engine), None));
         };

@@ -61,12 +61,12 @@ pub const MAX_WINDOW: usize = 1_000_000;
 /// `record --metrics`: the endpoint's own consumer, bounded to `QUEUE` (the recorder skips it,
 /// counted, rather than queue without end), every record counted in the raw families, skipped
 /// or not; its own engine runs with `analysis` (its window and memory budget).
-pub fn counting_consumer(analysis: Config) -> (Consumer, Feed) {
+pub fn counting_consumer(analysis: Config) -> (Consumer, EndpointFeed) {
     let (sender, records) = crossbeam_channel::bounded(QUEUE);
     let (consumer, traffic) = counted(sender);
     (
         consumer,
-        Feed {
+        EndpointFeed {
             source: Source::Records(records, Box::new(Engine::new(analysis))),
             traffic,
         },
@@ -78,12 +78,12 @@ pub fn counting_consumer(analysis: Config) -> (Consumer, Feed) {
 /// count.
 pub fn engine_feed(
     engine: crossbeam_channel::Sender<Arc<Record>>,
-) -> (Consumer, Feed, crossbeam_channel::Sender<Figures>) {
+) -> (Consumer, EndpointFeed, crossbeam_channel::Sender<Figures>) {
     let (figures, source) = crossbeam_channel::unbounded();
     let (consumer, traffic) = counted(engine);
     (
         consumer,
-        Feed {
+        EndpointFeed {
             source: Source::Engine(source),
             traffic,
         },
@@ -106,7 +106,7 @@ fn counted(sender: crossbeam_channel::Sender<Arc<Record>>) -> (Consumer, Arc<Mut
 }
 
 /// What the endpoint reads: where its figures come from, and the counts of every record written.
-pub struct Feed {
+pub struct EndpointFeed {
     source: Source,
     traffic: Arc<Mutex<Traffic>>,
 }
@@ -140,7 +140,7 @@ impl Endpoint {
     pub fn start(
         listener: std::net::TcpListener,
         runtime: &tokio::runtime::Runtime,
-        feed: Feed,
+        feed: EndpointFeed,
         recorder: Arc<RecorderStats>,
         server: String,
     ) -> Result<Endpoint, String> {

@@ -446,7 +446,7 @@ impl Written {
 }
 
 /// Where the figures of `watch`'s engine also go (`--metrics`).
-pub type MetricsFeed = crossbeam_channel::Sender<crate::metrics::Figures>;
+pub type FiguresSender = crossbeam_channel::Sender<crate::metrics::Figures>;
 
 /// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
 /// consumer channel (`records`), the TUI until the user quits. Returns the snapshot on screen
@@ -455,7 +455,7 @@ pub fn watch_screen(
     capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     analysis: prefixscope_core::analysis::Config,
-    metrics: Option<MetricsFeed>,
+    metrics: Option<FiguresSender>,
     switches: super::screen::Switches,
     shutdown: &Shutdown,
 ) -> (
@@ -524,7 +524,7 @@ pub fn watch_headless(
     capture: LiveCapture,
     records: crossbeam_channel::Receiver<Arc<Record>>,
     analysis: prefixscope_core::analysis::Config,
-    metrics: Option<MetricsFeed>,
+    metrics: Option<FiguresSender>,
     mut out: impl std::io::Write + Send + 'static,
     shutdown: &Shutdown,
 ) -> Written {
