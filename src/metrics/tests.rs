@@ -359,8 +359,11 @@ fn a_snapshot_gives_the_figures_of_its_engine() {
     assert!(cache.ceiling > 0.0 && cache.ceiling <= 1.0, "{cache:?}");
     let earlier = engine.earlier().expect("windows closed");
     assert!(earlier.requests > 0);
-    // The hit rate is of the open window's requests, the others said.
+    // The hit rate is of the open window's requests, the others said: received is still
+    // simulated plus the reasons not.
     let snapshot = engine.snapshot();
+    let not_simulated: u64 = snapshot.not_simulated.iter().map(|(_, n)| n).sum();
+    assert_eq!(snapshot.simulated + not_simulated, snapshot.requests);
     assert!(
         snapshot
             .simulated_line()
