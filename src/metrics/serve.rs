@@ -67,7 +67,7 @@ pub fn counting_consumer(analysis: Config) -> (Consumer, EndpointFeed) {
     (
         consumer,
         EndpointFeed {
-            source: Source::Records(records, Box::new(Engine::new(analysis))),
+            source: FiguresFrom::Records(records, Box::new(Engine::new(analysis))),
             traffic,
         },
     )
@@ -84,7 +84,7 @@ pub fn engine_feed(
     (
         consumer,
         EndpointFeed {
-            source: Source::Engine(source),
+            source: FiguresFrom::Engine(source),
             traffic,
         },
         figures,
@@ -107,11 +107,11 @@ fn counted(sender: crossbeam_channel::Sender<Arc<Record>>) -> (Consumer, Arc<Mut
 
 /// What the endpoint reads: where its figures come from, and the counts of every record written.
 pub struct EndpointFeed {
-    source: Source,
+    source: FiguresFrom,
     traffic: Arc<Mutex<Traffic>>,
 }
 
-enum Source {
+enum FiguresFrom {
     /// The records, analysed by the endpoint's own engine.
     Records(crossbeam_channel::Receiver<Arc<Record>>, Box<Engine>),
     /// The figures of `watch`'s engine.
@@ -168,8 +168,8 @@ impl Endpoint {
         let thread = std::thread::Builder::new()
             .name("prefixscope-metrics".into())
             .spawn(move || match feed.source {
-                Source::Records(records, engine) => builder.analyse(*engine, records),
-                Source::Engine(figures) => builder.read(figures, empty),
+                FiguresFrom::Records(records, engine) => builder.analyse(*engine, records),
+                FiguresFrom::Engine(figures) => builder.read(figures, empty),
             })
             .map_err(|e| format!("--metrics: cannot start its thread: {e}"))?;
         Ok(Endpoint {
