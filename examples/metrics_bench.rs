@@ -55,6 +55,11 @@ fn main() {
     let start = Instant::now();
     let report = analyzer.report();
     result["report_ms"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e3);
+    // What `watch --metrics` adds to each of the screen's snapshots: the families' sums.
+    let start = Instant::now();
+    let sums = prefixscope_core::live::Sums::of(&report);
+    result["sums_ms"] = serde_json::json!(start.elapsed().as_secs_f64() * 1e3);
+    drop(sums);
     drop(report);
     drop(analyzer);
 

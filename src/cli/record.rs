@@ -73,9 +73,8 @@ pub struct CaptureArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
               .range(METRICS_WINDOW_MIN..=METRICS_WINDOW_MAX))]
     pub metrics_window: Option<usize>,
-    /// The live analysis's memory at most (an estimate, e.g. 512MiB): `watch`'s screen starts
-    /// its analysis again past it (saying how many records it dropped), a --metrics window
-    /// closes.
+    /// The live analysis's memory at most (an estimate, e.g. 512MiB): past it the live engine
+    /// (`watch`'s, a --metrics endpoint's) starts again, saying how many records it dropped.
     #[arg(long, value_name = "SIZE", default_value = "512MiB", value_parser = super::parse_memory_budget)]
     pub memory_budget: usize,
 }

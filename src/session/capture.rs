@@ -446,7 +446,7 @@ impl Written {
 }
 
 /// Where the figures of `watch`'s engine also go (`--metrics`).
-pub type FiguresSender = crossbeam_channel::Sender<crate::metrics::Figures>;
+pub type FiguresSender = crossbeam_channel::Sender<crate::metrics::serve::LazyFigures>;
 
 /// `watch` on a terminal: the proxy on its runtime's thread, the live engine on the recorder's
 /// consumer channel (`records`), the TUI until the user quits. Returns the snapshot on screen
@@ -568,7 +568,8 @@ pub fn watch_headless(
                 && std::time::Instant::now() >= due
             {
                 let started = std::time::Instant::now();
-                let _ = metrics.send(Figures::of_engine(&mut engine));
+                let figures = Figures::of_engine(&mut engine);
+                let _ = metrics.send(Box::new(move || figures));
                 due = std::time::Instant::now() + REFRESH.max(started.elapsed() * COST_FACTOR);
                 changed = false;
             }

@@ -51,7 +51,7 @@ pub struct Switches {
 pub struct Feed {
     pub records: Option<Receiver<Arc<Record>>>,
     pub feeder: Option<Box<dyn FnOnce(Sender<EngineInput>) + Send>>,
-    pub metrics: Option<Sender<crate::metrics::Figures>>,
+    pub metrics: Option<super::capture::FiguresSender>,
 }
 
 /// The edge's controls, with commands going to the engine's thread.
@@ -177,7 +177,10 @@ fn run_app(
         let metrics = feed.metrics;
         move |snapshot: Arc<Snapshot>| {
             if let Some(metrics) = &metrics {
-                let _ = metrics.send(crate::metrics::Figures::of_snapshot(&snapshot));
+                let snapshot = Arc::clone(&snapshot);
+                let _ = metrics.send(Box::new(move || {
+                    crate::metrics::Figures::of_snapshot(&snapshot)
+                }));
             }
             let _ = events.send(Event::Snapshot(snapshot));
         }
