@@ -103,11 +103,10 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("home")).unwrap();
     std::fs::create_dir_all(dir.join("work")).unwrap();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
     dir
 }
 
-/// A harness command with nothing of ours in its environment but PATH, a throwaway HOME (and
-/// XDG dirs inside it), run in `dir/work` with no standard input.
 /// Claude Code's turn `i` against `base_url`: print mode, `--continue` after the first, the
 /// non-essential traffic and telemetry off, a dummy key.
 fn claude_turn(bin: &Path, dir: &Path, base_url: &str, i: usize, turn: &str) -> Command {
@@ -126,6 +125,9 @@ fn claude_turn(bin: &Path, dir: &Path, base_url: &str, i: usize, turn: &str) -> 
     c
 }
 
+/// A harness command with nothing of ours in its environment but PATH, a throwaway HOME (and
+/// XDG dirs inside it) and TMPDIR (a Bun-built harness unpacks a 5 MB library there at every
+/// start and leaves it), run in `dir/work` with no standard input.
 fn command(bin: &Path, dir: &Path) -> Command {
     let home = dir.join("home");
     let mut c = Command::new(bin);
@@ -136,6 +138,7 @@ fn command(bin: &Path, dir: &Path) -> Command {
         .env("XDG_DATA_HOME", home.join(".local/share"))
         .env("XDG_CACHE_HOME", home.join(".cache"))
         .env("XDG_STATE_HOME", home.join(".local/state"))
+        .env("TMPDIR", dir.join("tmp"))
         .env("TERM", "dumb")
         .env("NO_COLOR", "1")
         .current_dir(dir.join("work"))
