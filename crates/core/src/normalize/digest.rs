@@ -156,15 +156,15 @@ fn numbers_only(value: &Value) -> Value {
 /// A message's identity is (role, content, tool calls, name, tool call id); every field of its
 /// digest follows from it, so digests are remembered by a 128-bit hash of that identity.
 pub fn message_digest(message: &Value) -> MessageDigest {
-    message_digest_and_text(message).0
+    message_digest_and_text(message, message_key(message)).0
 }
 
-/// The digest and the message's text. Equal texts share one allocation, so the analysis can
-/// keep the texts of a long conversation (for break location) without a copy per turn.
-pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
-    let role = str_field(message, "role").unwrap_or_default();
-    let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
-    let tool_call_id = str_field(message, "tool_call_id");
+/// A key of everything a message's digest and text are made of: equal keys, equal digests.
+pub(super) fn message_key(message: &Value) -> u128 {
+    let text = |key: &str| message.get(key).and_then(Value::as_str);
+    let role = text("role").unwrap_or_default();
+    let name = text("name").or_else(|| text("tool_name"));
+    let tool_call_id = text("tool_call_id");
     let reasoning = ["reasoning_content", "reasoning", "thinking"]
         .iter()
         .find_map(|key| message.get(*key).and_then(Value::as_str))
@@ -176,17 +176,30 @@ pub fn message_digest_and_text(message: &Value) -> (MessageDigest, Arc<str>) {
     hash::feed_bytes(role.as_bytes(), &mut hasher);
     hash::feed_structure(message.get("content").unwrap_or(&Value::Null), &mut hasher);
     hash::feed_structure(raw_tool_calls(message).unwrap_or(&Value::Null), &mut hasher);
-    for field in [&name, &tool_call_id] {
+    for field in [name, tool_call_id] {
         match field {
             Some(text) => hash::feed_bytes(text.as_bytes(), &mut hasher),
             None => hasher.update(b"-"),
         }
     }
-    let key = hasher.digest128();
+    hasher.digest128()
+}
+
+/// The digest and the text of a message whose `message_key` is `key`. Equal texts share one
+/// allocation, so the analysis can keep the texts of a long conversation (for break location)
+/// without a copy per turn.
+pub(super) fn message_digest_and_text(message: &Value, key: u128) -> (MessageDigest, Arc<str>) {
     memo::with(|memo| {
         if let Some(known) = memo.messages.get(key) {
             return known;
         }
+        let role = str_field(message, "role").unwrap_or_default();
+        let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
+        let tool_call_id = str_field(message, "tool_call_id");
+        let reasoning = ["reasoning_content", "reasoning", "thinking"]
+            .iter()
+            .find_map(|key| message.get(*key).and_then(Value::as_str))
+            .unwrap_or_default();
         let content = message.get("content").unwrap_or(&Value::Null);
         let calls = raw_tool_calls(message).unwrap_or(&Value::Null);
         let canonical = &mut memo.scratch;
@@ -394,7 +407,7 @@ fn tool_digest(tool: &Value) -> ToolDigest {
 
 /// A bounded memo of digests (two generations: a key seen in the last two generations stays),
 /// kept per thread. It only saves work: results are the same with or without it.
-mod memo {
+pub(super) mod memo {
     use std::cell::RefCell;
     use std::collections::HashMap;
 
@@ -406,20 +419,22 @@ mod memo {
     /// small enough that the texts held stay a few megabytes.
     const GENERATION: usize = 1 << 12;
 
-    pub(super) struct Generations<V> {
+    /// The values of the latest keys: two generations, the older dropped when the younger is
+    /// full.
+    pub(in crate::normalize) struct Generations<V> {
         young: HashMap<u128, V>,
         old: HashMap<u128, V>,
     }
 
     impl<V: Clone> Generations<V> {
-        fn new() -> Self {
+        pub(in crate::normalize) fn new() -> Self {
             Generations {
                 young: HashMap::new(),
                 old: HashMap::new(),
             }
         }
 
-        pub(super) fn get(&mut self, key: u128) -> Option<V> {
+        pub(in crate::normalize) fn get(&mut self, key: u128) -> Option<V> {
             if let Some(value) = self.young.get(&key) {
                 return Some(value.clone());
             }
@@ -428,7 +443,7 @@ mod memo {
             Some(value)
         }
 
-        pub(super) fn insert(&mut self, key: u128, value: V) {
+        pub(in crate::normalize) fn insert(&mut self, key: u128, value: V) {
             if self.young.len() >= GENERATION {
                 self.old = std::mem::take(&mut self.young);
             }

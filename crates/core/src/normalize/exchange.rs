@@ -2,14 +2,16 @@
 //! its source. Adapted from llmp 0.1.0 (`normalize/`, MIT, see NOTICE), extended with the
 //! Anthropic Messages API.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::digest::memo::Generations;
 use super::measured::{Measured, Source};
 use super::{Api, digest};
-use crate::record::{Output, Params, Record, RequestDigest, ToolCall};
+use crate::record::{MessageDigest, Output, Params, Record, RequestDigest, ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Counts {
@@ -178,7 +180,7 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
     if !(200..300).contains(&response.status) {
         return Err(SkipReason::Non2xx);
     }
-    let (request, texts) = request_parts(api, record)?;
+    let (request, sent) = request_parts(api, record)?;
     let response_digest = match (&response.digest, &response.body) {
         (Some(digest), _) => Some(digest.clone()),
         (None, Some(body)) => Some(digest::response_digest(api, body)),
@@ -219,35 +221,29 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
         value: *value,
         source: Source::Tokenizer,
     };
-    // Collected into a new vector, not in place: the digests' buffer is 27 times the size of
-    // the `Arc`s, and an in-place collect would keep all of it for the life of the exchange
-    // (1.4 KB of a real record's 3.9 KB in the engine).
-    let mut messages: Vec<Arc<Msg>> = Vec::with_capacity(request.messages.len());
-    messages.extend(
-        request
-            .messages
-            .into_iter()
-            .enumerate()
-            .map(|(index, message)| {
-                Arc::new(Msg {
-                    tokens: tokens
-                        .and_then(|t| t.messages.get(&message.hash))
-                        .map(tokenizer),
-                    text: texts.as_ref().and_then(|t| t.get(index).cloned()),
-                    role: message.role,
-                    identity: message.identity.unwrap_or_else(|| message.hash.clone()),
-                    hash: message.hash,
-                    chars: message.chars,
-                    head: message.head,
-                    tail: message.tail,
-                    reasoning_chars: message.reasoning_chars,
-                    media: message.media,
-                    tool_calls: message.tool_calls,
-                    tool_call_id: message.tool_call_id,
-                    name: message.name,
-                })
-            }),
-    );
+    let counted = |message: Arc<Msg>| match tokens.and_then(|t| t.messages.get(&message.hash)) {
+        Some(count) => Arc::new(Msg {
+            tokens: Some(tokenizer(count)),
+            ..Msg::clone(&message)
+        }),
+        None => message,
+    };
+    let messages: Vec<Arc<Msg>> = match sent {
+        Some(sent) => sent.into_iter().map(counted).collect(),
+        // Collected into a new vector, not in place: the digests' buffer is 27 times the size
+        // of the `Arc`s, and an in-place collect would keep all of it for the life of the
+        // exchange (1.4 KB of a real record's 3.9 KB in the engine).
+        None => {
+            let mut messages = Vec::with_capacity(request.messages.len());
+            messages.extend(
+                request
+                    .messages
+                    .into_iter()
+                    .map(|message| counted(Arc::new(Msg::of(message, None)))),
+            );
+            messages
+        }
+    };
     let tools = request
         .tools
         .into_iter()
@@ -287,14 +283,15 @@ pub fn normalize(record: &Record) -> Result<Exchange, SkipReason> {
 /// could be megabytes).
 const MAX_MODEL_CHARS: usize = 256;
 
-/// Each message's text, in order (shared with equal texts of other requests).
-type MessageTexts = Vec<Arc<str>>;
+/// A full request's messages with their texts (for break location), before the recording's
+/// tokenizer counts.
+type SentMessages = Vec<Arc<Msg>>;
 
-/// The request's digest, and in full mode the messages' texts (for break location).
+/// The request's digest, and in full mode its messages (the digest's `messages` then empty).
 fn request_parts(
     api: Api,
     record: &Record,
-) -> Result<(RequestDigest, Option<MessageTexts>), SkipReason> {
+) -> Result<(RequestDigest, Option<SentMessages>), SkipReason> {
     if let Some(digest) = &record.request.digest {
         if digest.messages.len() > MAX_MESSAGES || digest.tools.len() > MAX_TOOLS {
             return Err(SkipReason::TooLarge);
@@ -306,10 +303,48 @@ fn request_parts(
     if chat.0.len() > MAX_MESSAGES || chat.1.len() > MAX_TOOLS {
         return Err(SkipReason::TooLarge);
     }
-    let mut digest = digest::request_digest_of(api, body, &chat, false);
-    let (digests, texts) = chat.0.iter().map(digest::message_digest_and_text).unzip();
-    digest.messages = digests;
-    Ok((digest, Some(texts)))
+    let digest = digest::request_digest_of(api, body, &chat, false);
+    Ok((digest, Some(chat.0.iter().map(sent_message).collect())))
+}
+
+thread_local! {
+    /// The messages this thread built lately, by `digest::message_key`: each request re-sends
+    /// its conversation, and a message built once is shared by every request that re-sends it
+    /// (so the engine keeps it by pointer, without comparing it).
+    static SENT: RefCell<Generations<Arc<Msg>>> = RefCell::new(Generations::new());
+}
+
+/// A message of a full request, with its text, before the recording's tokenizer counts.
+fn sent_message(message: &Value) -> Arc<Msg> {
+    let key = digest::message_key(message);
+    if let Some(known) = SENT.with(|sent| sent.borrow_mut().get(key)) {
+        return known;
+    }
+    let (digest, text) = digest::message_digest_and_text(message, key);
+    let built = Arc::new(Msg::of(digest, Some(text)));
+    SENT.with(|sent| sent.borrow_mut().insert(key, Arc::clone(&built)));
+    built
+}
+
+impl Msg {
+    /// The message of a digest, without tokenizer counts.
+    fn of(digest: MessageDigest, text: Option<Arc<str>>) -> Msg {
+        Msg {
+            tokens: None,
+            text,
+            role: digest.role,
+            identity: digest.identity.unwrap_or_else(|| digest.hash.clone()),
+            hash: digest.hash,
+            chars: digest.chars,
+            head: digest.head,
+            tail: digest.tail,
+            reasoning_chars: digest.reasoning_chars,
+            media: digest.media,
+            tool_calls: digest.tool_calls,
+            tool_call_id: digest.tool_call_id,
+            name: digest.name,
+        }
+    }
 }
 
 /// Derivation rules, in order: 0. prompt = reused + evaluated; 1. the missing one of reused /
