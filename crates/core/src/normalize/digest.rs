@@ -159,16 +159,35 @@ pub fn message_digest(message: &Value) -> MessageDigest {
     message_digest_and_text(message, message_key(message)).0
 }
 
+/// The text fields of a message that its key and its digest both read.
+struct TextFields<'a> {
+    role: &'a str,
+    name: Option<&'a str>,
+    tool_call_id: Option<&'a str>,
+    reasoning: &'a str,
+}
+
+fn text_fields(message: &Value) -> TextFields<'_> {
+    let text = |key: &str| message.get(key).and_then(Value::as_str);
+    TextFields {
+        role: text("role").unwrap_or_default(),
+        name: text("name").or_else(|| text("tool_name")),
+        tool_call_id: text("tool_call_id"),
+        reasoning: ["reasoning_content", "reasoning", "thinking"]
+            .into_iter()
+            .find_map(text)
+            .unwrap_or_default(),
+    }
+}
+
 /// A key of everything a message's digest and text are made of: equal keys, equal digests.
 pub(super) fn message_key(message: &Value) -> u128 {
-    let text = |key: &str| message.get(key).and_then(Value::as_str);
-    let role = text("role").unwrap_or_default();
-    let name = text("name").or_else(|| text("tool_name"));
-    let tool_call_id = text("tool_call_id");
-    let reasoning = ["reasoning_content", "reasoning", "thinking"]
-        .iter()
-        .find_map(|key| message.get(*key).and_then(Value::as_str))
-        .unwrap_or_default();
+    let TextFields {
+        role,
+        name,
+        tool_call_id,
+        reasoning,
+    } = text_fields(message);
     let mut hasher = Xxh3::new();
     hasher.update(b"message");
     // The memo's key only: two messages that differ in their reasoning alone have one identity.
@@ -193,13 +212,11 @@ pub(super) fn message_digest_and_text(message: &Value, key: u128) -> (MessageDig
         if let Some(known) = memo.messages.get(key) {
             return known;
         }
-        let role = str_field(message, "role").unwrap_or_default();
-        let name = str_field(message, "name").or_else(|| str_field(message, "tool_name"));
-        let tool_call_id = str_field(message, "tool_call_id");
-        let reasoning = ["reasoning_content", "reasoning", "thinking"]
-            .iter()
-            .find_map(|key| message.get(*key).and_then(Value::as_str))
-            .unwrap_or_default();
+        let fields = text_fields(message);
+        let role = fields.role.to_string();
+        let name = fields.name.map(str::to_string);
+        let tool_call_id = fields.tool_call_id.map(str::to_string);
+        let reasoning = fields.reasoning;
         let content = message.get("content").unwrap_or(&Value::Null);
         let calls = raw_tool_calls(message).unwrap_or(&Value::Null);
         let canonical = &mut memo.scratch;
