@@ -92,9 +92,9 @@ struct CallAcc {
 /// non-null value of every other top-level field kept (`usage`, `timings`).
 ///
 /// The events are read last first: once a later event has given a field its value, an earlier
-/// one's is only checked (`Checked`: what a `Value` accepts, through the same parse) instead of
-/// built and dropped. An event that would not parse as a JSON object counts as bad and gives
-/// nothing, as when each event was parsed into a `Value` whole (a test holds the two equal).
+/// one's is read and dropped, never copied into the merge. An event that would not parse as a
+/// JSON object counts as bad and gives nothing, as when each event was parsed into a `Value`
+/// whole (a test holds the two equal).
 fn merge_openai(events: &[String]) -> Merged {
     let chunks = u32::try_from(events.len()).unwrap_or(u32::MAX);
     let mut bad_chunks = 0u32;
