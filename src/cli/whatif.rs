@@ -10,9 +10,7 @@ use super::demo::OnOff;
 use super::{EXIT_UNREADABLE, EXIT_USAGE, read_recordings};
 use prefixscope_core::analysis::{Config, analyze};
 use prefixscope_core::sim::{AGREE_SHARE, AGREE_TOKENS, Holder, Residency, residency};
-use prefixscope_core::sim::{
-    RecordedSettings, TRUSTED_AGREEMENT, Totals, WhatIf, recorded_settings, what_if_given,
-};
+use prefixscope_core::sim::{RecordedSettings, Replayable, TRUSTED_AGREEMENT, Totals, WhatIf};
 use prefixscope_core::units::thousands;
 
 #[derive(Args)]
@@ -45,7 +43,8 @@ pub fn run(args: WhatIfArgs) -> u8 {
         return EXIT_UNREADABLE;
     };
     // The recording's own settings, each with its source; an option given replaces its own.
-    let own = recorded_settings(&read.records);
+    let replayable = Replayable::of(&read.records);
+    let own = replayable.settings(None);
     let settings = RecordedSettings {
         sliding_window: own.sliding_window.clone().filter(|_| !args.swa_full),
         slots: args.slots.unwrap_or(own.slots),
@@ -61,13 +60,7 @@ pub fn run(args: WhatIfArgs) -> u8 {
     };
     let (slots_given, cache_ram) = (settings.slots, settings.cache_ram);
     let recorded = analyze(&read.records, &Config::default());
-    let result = what_if_given(
-        &read.records,
-        slots_given,
-        cache_ram,
-        args.swa_full,
-        &recorded,
-    );
+    let result = replayable.what_if(slots_given, cache_ram, args.swa_full, &recorded);
     let slots = residency(&read.records, &recorded, slots_given, cache_ram);
     if args.json {
         let mut value = serde_json::to_value(&result).unwrap_or_default();
@@ -169,24 +162,25 @@ fn render(w: &WhatIf) -> String {
         if w.cache_ram { "on" } else { "off" },
         w.not_replayed
     );
-    out.push_str(&format!(
-        "{:<24}{:>22}{:>22}\n",
-        "", "recorded", "predicted"
-    ));
     let seconds = |ms: Option<f64>| ms.map_or("-".into(), |ms| format!("{:.2} s", ms / 1000.0));
     let pair = |tokens: u64, ms: Option<f64>| format!("{} tok {}", thousands(tokens), seconds(ms));
-    out.push_str(&format!(
-        "{:<24}{:>22}{:>22}\n",
-        "prefill",
-        seconds(w.recorded.prefill_ms),
-        seconds(w.predicted.prefill_ms)
-    ));
-    out.push_str(&format!(
-        "{:<24}{:>22}{:>22}\n",
-        "lost",
-        pair(w.recorded.lost_tokens, w.recorded.lost_ms),
-        pair(w.predicted.lost_tokens, w.predicted.lost_ms)
-    ));
+    let mut rows = vec![
+        (
+            String::new(),
+            "recorded".to_string(),
+            "predicted".to_string(),
+        ),
+        (
+            "prefill".into(),
+            seconds(w.recorded.prefill_ms),
+            seconds(w.predicted.prefill_ms),
+        ),
+        (
+            "lost".into(),
+            pair(w.recorded.lost_tokens, w.recorded.lost_ms),
+            pair(w.predicted.lost_tokens, w.predicted.lost_ms),
+        ),
+    ];
     for cause in causes(&w.recorded, &w.predicted) {
         let of = |t: &Totals| {
             t.by_cause
@@ -196,11 +190,16 @@ fn render(w: &WhatIf) -> String {
         };
         let (rt, rm) = of(&w.recorded);
         let (pt, pm) = of(&w.predicted);
+        rows.push((format!("  {cause}"), pair(rt, rm), pair(pt, pm)));
+    }
+    // Columns as wide as their widest figure (and a gap), so large recordings stay aligned.
+    let width = rows
+        .iter()
+        .map(|(_, recorded, predicted)| recorded.len().max(predicted.len()) + 2)
+        .fold(22, usize::max);
+    for (label, recorded, predicted) in rows {
         out.push_str(&format!(
-            "{:<24}{:>22}{:>22}\n",
-            format!("  {cause}"),
-            pair(rt, rm),
-            pair(pt, pm)
+            "{label:<24}{recorded:>width$}{predicted:>width$}\n"
         ));
     }
     out.push_str("assumed:\n");

@@ -205,7 +205,7 @@ pub fn advise(findings: &[Finding], predictions: &Predictions) -> Vec<Advice> {
 }
 
 /// The simulated server over `records` at `settings` (`(slots, cache_ram)`), the recording
-/// analysed once for all of them.
+/// analysed and its requests cut into tokens once for all of them.
 /// `props_slots`: the slot count the server's `/props` gave, where `records` hold no probes
 /// (the live engine keeps them apart).
 pub fn predict_at(
@@ -213,10 +213,11 @@ pub fn predict_at(
     settings: &[(usize, bool)],
     props_slots: Option<usize>,
 ) -> Predictions {
+    use crate::sim::whatif::Replayable;
     let recorded = crate::analysis::analyze(records, &Config::default());
-    let own = crate::sim::whatif::settings_with_slots(records, props_slots);
-    let at_own =
-        crate::sim::whatif::what_if_given(records, own.slots, own.cache_ram, false, &recorded);
+    let replayable = Replayable::of(records);
+    let own = replayable.settings(props_slots);
+    let at_own = replayable.what_if(own.slots, own.cache_ram, false, &recorded);
     let (compared, agreed) = at_own.calibration();
     let baseline = Arc::new(Baseline {
         settings: own.clone(),
@@ -243,9 +244,7 @@ pub fn predict_at(
             .take_if(|_| (slots, cache_ram, swa_full) == (own.slots, own.cache_ram, false))
         {
             Some(result) => result,
-            None => {
-                crate::sim::whatif::what_if_given(records, slots, cache_ram, swa_full, &recorded)
-            }
+            None => replayable.what_if(slots, cache_ram, swa_full, &recorded),
         };
         if result.replayed == 0 {
             return Predictions::NotReplayable;

@@ -15,5 +15,6 @@ pub use residency::{
 };
 pub use text::{VOCAB, pieces, render_chat, token_id, tokenize};
 pub use whatif::{
-    RecordedSettings, TRUSTED_AGREEMENT, Totals, WhatIf, recorded_settings, what_if, what_if_given,
+    RecordedSettings, Replayable, TRUSTED_AGREEMENT, Totals, WhatIf, recorded_settings, what_if,
+    what_if_given,
 };

@@ -1,5 +1,5 @@
 //! Who holds the server's cache now, pure: the recording's chat requests replayed on the
-//! simulated llama-server with the server's own settings (`whatif::replay`: the same token
+//! simulated llama-server with the server's own settings (`whatif::Replayable`: the same token
 //! model, slot choice and host cache), each request's predicted reuse checked against the
 //! `cache_n` the server reported (calibration, per model), the slot each conversation's prefix
 //! sits in at the end, what the next request of each conversation would evict, and what each
@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::kv::Token;
 use super::tokens::SimTokens;
-use super::whatif::{GENERATION_PROMPT_TOKENS, replay, replayable};
+use super::whatif::{GENERATION_PROMPT_TOKENS, Replayable};
 use crate::analysis::{Priced, Report};
 use crate::normalize::Api;
 use crate::normalize::exchange::normalize;
@@ -156,7 +156,7 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
             client: client.to_string(),
         }
     };
-    let exchanges = replayable(records);
+    let replayable = Replayable::of(records);
     let mut calibration: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut disagreements = Vec::new();
     let mut holders: Vec<Option<u64>> = vec![None; slots.max(1)];
@@ -165,43 +165,36 @@ pub fn residency_with_starts<R: Priced, B: std::borrow::Borrow<Record>>(
     let mut latest: BTreeMap<u32, (u64, Vec<Token>)> = BTreeMap::new();
     let mut chains: BTreeMap<u64, Vec<Token>> = BTreeMap::new();
     let mut evicted = Vec::new();
-    let (kv, mut tokens) = replay(
-        records,
-        &exchanges,
-        slots,
-        cache_ram,
-        false,
-        |_, x, prompt, served, reused| {
-            if let Some(slot) = holders.get_mut(served.slot) {
-                *slot = Some(x.id);
+    let kv = replayable.replay(slots, cache_ram, false, |_, x, prompt, served, reused| {
+        if let Some(slot) = holders.get_mut(served.slot) {
+            *slot = Some(x.id);
+        }
+        if let Some((Some(conversation), _)) = rows.get(&x.id) {
+            latest.insert(*conversation, (x.id, prompt.to_vec()));
+        }
+        let previous = links.get(&x.id).copied();
+        if let Some(previous) = previous {
+            chains.remove(&previous);
+        }
+        chains.insert(x.id, prompt.to_vec());
+        // Its previous turn's prompt was not what the slot (or the host cache) gave back.
+        if let (Some(previous), Some(replaced)) = (previous, served.replaced)
+            && replaced != previous
+        {
+            evicted.push((x.id, replaced));
+        }
+        if let (Some(recorded), Some(prompt)) = (x.counts.reused_tokens, x.counts.prompt_tokens) {
+            let model = x.served_model.as_deref().unwrap_or(&x.model).to_string();
+            let entry = calibration.entry(model).or_default();
+            entry.0 += 1;
+            if agrees(prompt.value, recorded.value, reused) {
+                entry.1 += 1;
+            } else {
+                disagreements.push((x.id, recorded.value, reused));
             }
-            if let Some((Some(conversation), _)) = rows.get(&x.id) {
-                latest.insert(*conversation, (x.id, prompt.to_vec()));
-            }
-            let previous = links.get(&x.id).copied();
-            if let Some(previous) = previous {
-                chains.remove(&previous);
-            }
-            chains.insert(x.id, prompt.to_vec());
-            // Its previous turn's prompt was not what the slot (or the host cache) gave back.
-            if let (Some(previous), Some(replaced)) = (previous, served.replaced)
-                && replaced != previous
-            {
-                evicted.push((x.id, replaced));
-            }
-            if let (Some(recorded), Some(prompt)) = (x.counts.reused_tokens, x.counts.prompt_tokens)
-            {
-                let model = x.served_model.as_deref().unwrap_or(&x.model).to_string();
-                let entry = calibration.entry(model).or_default();
-                entry.0 += 1;
-                if agrees(prompt.value, recorded.value, reused) {
-                    entry.1 += 1;
-                } else {
-                    disagreements.push((x.id, recorded.value, reused));
-                }
-            }
-        },
-    );
+        }
+    });
+    let mut tokens = replayable.into_tokens();
     let holders: Vec<Option<Holder>> = holders.into_iter().map(|h| h.map(holder)).collect();
     let mut next_evictions = Vec::new();
     for (&conversation, (id, prompt)) in &latest {

@@ -84,7 +84,7 @@ impl Totals {
 
 /// The chat requests a replay can use (llama.cpp's `timings` ride on OpenAI-style chat
 /// responses, and each needs the server's prompt count), with their record's index.
-pub(super) fn replayable<B: std::borrow::Borrow<Record>>(records: &[B]) -> Vec<(usize, Exchange)> {
+fn replayable<B: std::borrow::Borrow<Record>>(records: &[B]) -> Vec<(usize, Exchange)> {
     records
         .iter()
         .enumerate()
@@ -95,53 +95,252 @@ pub(super) fn replayable<B: std::borrow::Borrow<Record>>(records: &[B]) -> Vec<(
         .collect()
 }
 
-/// Replays `exchanges` (of `records`) on a simulated cache with `slots` and `cache_ram`, in the
-/// order they reached the server, each holding a slot for its recorded duration (queued when
-/// all are busy) and leaving its prompt and reply there; `served` sees each request (record
-/// index, exchange, its sim prompt, what the cache did, the reuse in the server's tokens).
-/// Returns the cache as it ends and the tokens' model, for requests still to come.
-pub(super) fn replay<B: std::borrow::Borrow<Record>>(
-    records: &[B],
-    exchanges: &[(usize, Exchange)],
-    slots: usize,
-    cache_ram: bool,
-    swa_full: bool,
-    mut served: impl FnMut(usize, &Exchange, &[Token], super::kv::Served, u32),
-) -> (KvCache, SimTokens) {
-    let mut order: Vec<&(usize, Exchange)> = exchanges.iter().collect();
-    order.sort_by_key(|(_, x)| (x.t_start_ms, x.id));
-    let mut tokens = SimTokens::of(records);
-    let mut config = KvConfig::new(slots, cache_ram);
-    config.swa_window = sliding_window(records)
-        .filter(|_| !swa_full)
-        .map(|(window, _)| window);
-    let mut kv = KvCache::new(config);
-    let mut free_at = vec![i64::MIN; kv.slot_count()];
-    for (index, x) in order {
-        let Some((prompt, held)) = records
-            .get(*index)
-            .and_then(|record| tokens.answered(record.borrow()))
-        else {
-            continue;
-        };
-        // Wait for a slot if all are busy, as llama-server queues the request.
-        let earliest = free_at.iter().copied().min().unwrap_or(i64::MIN);
-        let start = x.t_start_ms.max(earliest);
-        let slot = kv
-            .choose_slot(&prompt, |i| free_at[i] <= start)
-            .unwrap_or(0);
-        free_at[slot] = start + (x.t_end_ms - x.t_start_ms).max(0);
-        let result = kv.serve(slot, &prompt, x.id);
-        kv.hold(result.slot, &held);
-        let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
-        // The prompt has the server's count of tokens (fewer only where a count was implausible
-        // for its text): the scale is 1 but there.
-        let scale = f64::from(server_prompt) / prompt.len().max(1) as f64;
-        let reused =
-            ((result.cache_n as f64 * scale).round() as u32).min(server_prompt.saturating_sub(1));
-        served(*index, x, &prompt, result, reused);
+/// What every replay of the same records shares: the requests it can use and their tokens. A
+/// request's tokens depend on the order requests reached the server alone (the cutter learns
+/// from the ones before it), never on a replay's settings, so they are cut once for all.
+pub struct Replayable<'a, B> {
+    records: &'a [B],
+    /// In record order, with their record's index.
+    exchanges: Vec<(usize, Exchange)>,
+    /// In the order they reached the server, those the block model can render.
+    cut: Vec<CutRequest>,
+    /// The tokens' model after every request, for requests still to come.
+    tokens: SimTokens,
+    sliding_window: Option<(usize, String)>,
+}
+
+/// A request as every replay serves it.
+struct CutRequest {
+    /// Its position in `Replayable::exchanges`.
+    exchange: usize,
+    prompt: Vec<Token>,
+    /// What its slot holds after it.
+    held: Vec<Token>,
+}
+
+impl<'a, B: std::borrow::Borrow<Record>> Replayable<'a, B> {
+    pub fn of(records: &'a [B]) -> Replayable<'a, B> {
+        let exchanges = replayable(records);
+        let mut order: Vec<usize> = (0..exchanges.len()).collect();
+        order.sort_by_key(|&i| (exchanges[i].1.t_start_ms, exchanges[i].1.id));
+        let mut tokens = SimTokens::of(records);
+        let cut = order
+            .into_iter()
+            .filter_map(|exchange| {
+                let record = records.get(exchanges[exchange].0)?.borrow();
+                let (prompt, held) = tokens.answered(record)?;
+                Some(CutRequest {
+                    exchange,
+                    prompt,
+                    held,
+                })
+            })
+            .collect();
+        Replayable {
+            records,
+            exchanges,
+            cut,
+            tokens,
+            sliding_window: sliding_window(records),
+        }
     }
-    (kv, tokens)
+
+    /// Replays the requests on a simulated cache with `slots` and `cache_ram`, in the order
+    /// they reached the server, each holding a slot for its recorded duration (queued when all
+    /// are busy) and leaving its prompt and reply there; `served` sees each request (record
+    /// index, exchange, its sim prompt, what the cache did, the reuse in the server's tokens).
+    /// Returns the cache as it ends.
+    pub(super) fn replay(
+        &self,
+        slots: usize,
+        cache_ram: bool,
+        swa_full: bool,
+        mut served: impl FnMut(usize, &Exchange, &[Token], super::kv::Served, u32),
+    ) -> KvCache {
+        let mut config = KvConfig::new(slots, cache_ram);
+        config.swa_window = self
+            .sliding_window
+            .as_ref()
+            .filter(|_| !swa_full)
+            .map(|(window, _)| *window);
+        let mut kv = KvCache::new(config);
+        let mut free_at = vec![i64::MIN; kv.slot_count()];
+        for CutRequest {
+            exchange,
+            prompt,
+            held,
+        } in &self.cut
+        {
+            let (index, x) = &self.exchanges[*exchange];
+            // Wait for a slot if all are busy, as llama-server queues the request.
+            let earliest = free_at.iter().copied().min().unwrap_or(i64::MIN);
+            let start = x.t_start_ms.max(earliest);
+            let slot = kv.choose_slot(prompt, |i| free_at[i] <= start).unwrap_or(0);
+            free_at[slot] = start + (x.t_end_ms - x.t_start_ms).max(0);
+            let result = kv.serve(slot, prompt, x.id);
+            kv.hold(result.slot, held);
+            let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
+            // The prompt has the server's count of tokens (fewer only where a count was
+            // implausible for its text): the scale is 1 but there.
+            let scale = f64::from(server_prompt) / prompt.len().max(1) as f64;
+            let reused = ((result.cache_n as f64 * scale).round() as u32)
+                .min(server_prompt.saturating_sub(1));
+            served(*index, x, prompt, result, reused);
+        }
+        kv
+    }
+
+    /// The tokens' model after every request: requests still to come are cut with it.
+    pub(super) fn into_tokens(self) -> SimTokens {
+        self.tokens
+    }
+
+    /// The server's own settings (`recorded_settings`), with the slot count the server's
+    /// `/props` gave where the records do not carry it (the live engine reads the probes
+    /// apart).
+    pub fn settings(&self, props_slots: Option<usize>) -> RecordedSettings {
+        let records = self.records;
+        let mut server = crate::probe::ServerInfo::default();
+        for record in records.iter().map(|r| r.borrow()).filter(|r| r.probe) {
+            server.apply_record(record);
+        }
+        let props_slots = server.total_slots().or(props_slots);
+        let agreed = |slots: usize, cache_ram: bool| -> (usize, usize) {
+            let (mut compared, mut agreed) = (0, 0);
+            self.replay(slots, cache_ram, false, |_, x, _, _, reused| {
+                if let (Some(recorded), Some(prompt)) =
+                    (x.counts.reused_tokens, x.counts.prompt_tokens)
+                {
+                    compared += 1;
+                    agreed += usize::from(super::residency::agrees(
+                        prompt.value,
+                        recorded.value,
+                        reused,
+                    ));
+                }
+            });
+            (compared, agreed)
+        };
+        let slot_choices: Vec<usize> = match props_slots {
+            Some(slots) => vec![slots.clamp(1, 1_024)],
+            None => SLOTS_TRIED.to_vec(),
+        };
+        // Every candidate, best agreement first; among equals the fewest slots, the host cache on.
+        let mut tried: Vec<(usize, bool, (usize, usize))> = slot_choices
+            .iter()
+            .flat_map(|&slots| [(slots, true), (slots, false)])
+            .map(|(slots, cache_ram)| (slots, cache_ram, agreed(slots, cache_ram)))
+            .collect();
+        tried.sort_by_key(|&(slots, cache_ram, (_, agreed))| {
+            (std::cmp::Reverse(agreed), slots, !cache_ram)
+        });
+        let (slots, cache_ram, (compared, best)) = tried[0];
+        let other = tried
+            .iter()
+            .find(|&&(s, c, _)| s == slots && c != cache_ram)
+            .map_or(0, |t| t.2.1);
+        let slots_source = match props_slots {
+            Some(_) => "the server's /props".to_string(),
+            None if compared == 0 => {
+                "assumed: the server said nothing and reported no reuse".into()
+            }
+            None if tried.iter().filter(|t| t.2.1 == best).count() > 1 => format!(
+                "assumed: the fewest that agree best with the server's reuse ({best} of {compared} requests); its /props was not recorded"
+            ),
+            None => format!(
+                "inferred: the simulation agrees with the server's reuse on {best} of {compared} requests with it; its /props was not recorded"
+            ),
+        };
+        // Inferred only when every setting that agrees best has the host cache the same way.
+        let undecided = tried
+            .iter()
+            .any(|&(_, c, (_, agreed))| agreed == best && c != cache_ram);
+        let cache_ram_source = if compared == 0 || best == other {
+            "assumed: llama-server's default; the traffic does not tell".to_string()
+        } else if undecided {
+            format!(
+                "assumed: with {slots} slot{} the simulation agrees with the server's reuse on {best} of {compared} requests with it {}, but other slot counts agree as well either way",
+                if slots == 1 { "" } else { "s" },
+                if cache_ram { "on" } else { "off" }
+            )
+        } else {
+            format!(
+                "inferred: the simulation agrees with the server's reuse on {best} of {compared} requests with it {}, on {other} with it {}",
+                if cache_ram { "on" } else { "off" },
+                if cache_ram { "off" } else { "on" }
+            )
+        };
+        RecordedSettings {
+            sliding_window: self.sliding_window.clone(),
+            slots,
+            slots_source,
+            cache_ram,
+            cache_ram_source,
+        }
+    }
+
+    /// `what_if_given` at these settings: several over the same records cut their requests
+    /// into tokens once.
+    pub fn what_if(
+        &self,
+        slots: usize,
+        cache_ram: bool,
+        swa_full: bool,
+        recorded: &Report,
+    ) -> WhatIf {
+        let records = self.records;
+        let exchanges = &self.exchanges;
+        let tokens_per_char = tokens_per_char(exchanges.iter().map(|(_, x)| x));
+        let rate = prefill_rate(exchanges.iter().map(|(_, x)| x));
+
+        let mut predicted: Vec<Option<Predicted>> = (0..records.len()).map(|_| None).collect();
+        let mut requests = Vec::new();
+        let kv = self.replay(slots, cache_ram, swa_full, |index, x, _, served, reused| {
+            let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
+            let evaluated = server_prompt - reused;
+            requests.push(RequestWhatIf {
+                id: x.id,
+                prompt_tokens: server_prompt,
+                recorded_reused: x.counts.reused_tokens.map(|m| m.value),
+                predicted_reused: reused,
+                slot: served.slot,
+                restored: served.restored,
+            });
+            let prefill_ms = match rate {
+                Some(rate) => f64::from(evaluated) * rate,
+                None => x.counts.prefill_ms.map_or(0.0, |m| m.value),
+            };
+            predicted[index] = Some(Predicted {
+                reused,
+                evaluated,
+                prefill_ms,
+            });
+        });
+        let replayed = requests.len();
+        let rewritten: Vec<Record> = records
+            .iter()
+            .zip(&predicted)
+            .map(|(record, p)| match p {
+                Some(p) => with_counts(record.borrow(), p),
+                None => record.borrow().clone(),
+            })
+            .collect();
+        let config = Config::default();
+        let after = analysis::analyze(&rewritten, &config);
+        WhatIf {
+            slots: kv.slot_count(),
+            cache_ram,
+            replayed,
+            // prefixscope's probe records are not traffic: neither replayed nor left out.
+            not_replayed: records.iter().filter(|r| !r.borrow().probe).count() - replayed,
+            tokens_per_char,
+            prefill_ms_per_token: rate,
+            assumptions: assumptions(tokens_per_char, rate),
+            recorded: Totals::from_report(recorded),
+            predicted: Totals::from_report(&after),
+            requests,
+        }
+    }
 }
 
 /// The server's settings as the recording shows them, each with where it comes from.
@@ -196,98 +395,7 @@ const SLOTS_TRIED: [usize; 4] = [1, 2, 4, 8];
 /// conversation that comes back to a taken slot with its prefix reused); a default
 /// (llama-server's: host cache on) only where nothing tells them apart, and said.
 pub fn recorded_settings<B: std::borrow::Borrow<Record>>(records: &[B]) -> RecordedSettings {
-    settings_with_slots(records, None)
-}
-
-/// `recorded_settings`, with the slot count the server's `/props` gave where the records do
-/// not carry it (the live engine reads the probes apart).
-pub(crate) fn settings_with_slots<B: std::borrow::Borrow<Record>>(
-    records: &[B],
-    props_slots: Option<usize>,
-) -> RecordedSettings {
-    let mut server = crate::probe::ServerInfo::default();
-    for record in records.iter().map(|r| r.borrow()).filter(|r| r.probe) {
-        server.apply_record(record);
-    }
-    let props_slots = server.total_slots().or(props_slots);
-    let exchanges = replayable(records);
-    let agreed = |slots: usize, cache_ram: bool| -> (usize, usize) {
-        let (mut compared, mut agreed) = (0, 0);
-        replay(
-            records,
-            &exchanges,
-            slots,
-            cache_ram,
-            false,
-            |_, x, _, _, reused| {
-                if let (Some(recorded), Some(prompt)) =
-                    (x.counts.reused_tokens, x.counts.prompt_tokens)
-                {
-                    compared += 1;
-                    agreed += usize::from(super::residency::agrees(
-                        prompt.value,
-                        recorded.value,
-                        reused,
-                    ));
-                }
-            },
-        );
-        (compared, agreed)
-    };
-    let slot_choices: Vec<usize> = match props_slots {
-        Some(slots) => vec![slots.clamp(1, 1_024)],
-        None => SLOTS_TRIED.to_vec(),
-    };
-    // Every candidate, best agreement first; among equals the fewest slots, the host cache on.
-    let mut tried: Vec<(usize, bool, (usize, usize))> = slot_choices
-        .iter()
-        .flat_map(|&slots| [(slots, true), (slots, false)])
-        .map(|(slots, cache_ram)| (slots, cache_ram, agreed(slots, cache_ram)))
-        .collect();
-    tried.sort_by_key(|&(slots, cache_ram, (_, agreed))| {
-        (std::cmp::Reverse(agreed), slots, !cache_ram)
-    });
-    let (slots, cache_ram, (compared, best)) = tried[0];
-    let other = tried
-        .iter()
-        .find(|&&(s, c, _)| s == slots && c != cache_ram)
-        .map_or(0, |t| t.2.1);
-    let slots_source = match props_slots {
-        Some(_) => "the server's /props".to_string(),
-        None if compared == 0 => "assumed: the server said nothing and reported no reuse".into(),
-        None if tried.iter().filter(|t| t.2.1 == best).count() > 1 => format!(
-            "assumed: the fewest that agree best with the server's reuse ({best} of {compared} requests); its /props was not recorded"
-        ),
-        None => format!(
-            "inferred: the simulation agrees with the server's reuse on {best} of {compared} requests with it; its /props was not recorded"
-        ),
-    };
-    // Inferred only when every setting that agrees best has the host cache the same way.
-    let undecided = tried
-        .iter()
-        .any(|&(_, c, (_, agreed))| agreed == best && c != cache_ram);
-    let cache_ram_source = if compared == 0 || best == other {
-        "assumed: llama-server's default; the traffic does not tell".to_string()
-    } else if undecided {
-        format!(
-            "assumed: with {slots} slot{} the simulation agrees with the server's reuse on {best} of {compared} requests with it {}, but other slot counts agree as well either way",
-            if slots == 1 { "" } else { "s" },
-            if cache_ram { "on" } else { "off" }
-        )
-    } else {
-        format!(
-            "inferred: the simulation agrees with the server's reuse on {best} of {compared} requests with it {}, on {other} with it {}",
-            if cache_ram { "on" } else { "off" },
-            if cache_ram { "off" } else { "on" }
-        )
-    };
-    RecordedSettings {
-        sliding_window: sliding_window(records),
-        slots,
-        slots_source,
-        cache_ram,
-        cache_ram_source,
-    }
+    Replayable::of(records).settings(None)
 }
 
 /// The simulated server's counts for one request, in the server's tokens.
@@ -303,8 +411,8 @@ pub fn what_if(records: &[Record], slots: usize, cache_ram: bool) -> WhatIf {
 }
 
 /// `what_if` with the recording's own analysis already done (`analysis::analyze(records,
-/// &Config::default())`): several settings over the same records analyse them once.
-/// `swa_full`: a sliding-window model given a full-size cache (llama-server's `--swa-full`).
+/// &Config::default())`). `swa_full`: a sliding-window model given a full-size cache
+/// (llama-server's `--swa-full`).
 pub fn what_if_given(
     records: &[Record],
     slots: usize,
@@ -312,64 +420,7 @@ pub fn what_if_given(
     swa_full: bool,
     recorded: &Report,
 ) -> WhatIf {
-    let exchanges = replayable(records);
-    let tokens_per_char = tokens_per_char(exchanges.iter().map(|(_, x)| x));
-    let rate = prefill_rate(exchanges.iter().map(|(_, x)| x));
-
-    let mut predicted: Vec<Option<Predicted>> = (0..records.len()).map(|_| None).collect();
-    let mut requests = Vec::new();
-    let (kv, _) = replay(
-        records,
-        &exchanges,
-        slots,
-        cache_ram,
-        swa_full,
-        |index, x, _, served, reused| {
-            let server_prompt = x.counts.prompt_tokens.map_or(0, |p| p.value);
-            let evaluated = server_prompt - reused;
-            requests.push(RequestWhatIf {
-                id: x.id,
-                prompt_tokens: server_prompt,
-                recorded_reused: x.counts.reused_tokens.map(|m| m.value),
-                predicted_reused: reused,
-                slot: served.slot,
-                restored: served.restored,
-            });
-            let prefill_ms = match rate {
-                Some(rate) => f64::from(evaluated) * rate,
-                None => x.counts.prefill_ms.map_or(0.0, |m| m.value),
-            };
-            predicted[index] = Some(Predicted {
-                reused,
-                evaluated,
-                prefill_ms,
-            });
-        },
-    );
-    let replayed = requests.len();
-    let rewritten: Vec<Record> = records
-        .iter()
-        .zip(&predicted)
-        .map(|(record, p)| match p {
-            Some(p) => with_counts(record, p),
-            None => record.clone(),
-        })
-        .collect();
-    let config = Config::default();
-    let after = analysis::analyze(&rewritten, &config);
-    WhatIf {
-        slots: kv.slot_count(),
-        cache_ram,
-        replayed,
-        // prefixscope's probe records are not traffic: neither replayed nor left out.
-        not_replayed: records.iter().filter(|r| !r.probe).count() - replayed,
-        tokens_per_char,
-        prefill_ms_per_token: rate,
-        assumptions: assumptions(tokens_per_char, rate),
-        recorded: Totals::from_report(recorded),
-        predicted: Totals::from_report(&after),
-        requests,
-    }
+    Replayable::of(records).what_if(slots, cache_ram, swa_full, recorded)
 }
 
 impl WhatIf {
